@@ -1,0 +1,143 @@
+"""Checkpoints: a directory with config.json and model.safetensors. Never pickle.
+
+config.json:  {"format": "deamoe-trt", "format_version": 1, "num_layers": L,
+               "dtype": "float32", "config": {DeaMoEConfig fields}, "source": {...}}
+model.safetensors: for each layer i, the spec's canonical tensors as "layers.{i}.<name>".
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from ._io import atomic_path, atomic_write_text
+from .config import DeaMoEConfig
+from .errors import CheckpointError, UsageError
+from .layer import DeaMoELayer, DeaMoEStack
+
+FORMAT = "deamoe-trt"
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def save_checkpoint(stack: DeaMoEStack, directory: str | Path, *, source: dict[str, Any] | None = None) -> Path:
+    """Write stack to directory; each file appears whole or not at all."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"cannot write a checkpoint to {directory}: it exists and is not a directory")
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        f"layers.{i}.{name}": tensor.detach().to("cpu").contiguous()
+        for i, layer in enumerate(stack.layers)
+        for name, tensor in layer.state_dict().items()
+    }
+    header = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "num_layers": len(stack.layers),
+        "dtype": dtype_name(stack.dtype),
+        "config": stack.config.to_dict(),
+    }
+    if source:
+        header["source"] = source
+    # Weights first, config last: a config.json only ever describes weights already in place.
+    with atomic_path(directory / WEIGHTS_FILE) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+    atomic_write_text(directory / CONFIG_FILE, json.dumps(header, indent=2) + "\n")
+    return directory
+
+
+def read_header(directory: str | Path) -> dict[str, Any]:
+    """config.json of a checkpoint, checked; the layer config parsed under "config"."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"no checkpoint at {directory}: not a directory (make one with `deamoe-trt init`)")
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{directory} has no {CONFIG_FILE}; is it a deamoe-trt checkpoint?")
+    try:
+        header = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise CheckpointError(f'{path} is not a deamoe-trt checkpoint config (no "format": "{FORMAT}")')
+    if header.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has format_version {header.get('format_version')!r}; this deamoe-trt reads {FORMAT_VERSION}"
+        )
+    num_layers = header.get("num_layers")
+    if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
+        raise CheckpointError(f"{path}: num_layers must be an integer >= 1, got {num_layers!r}")
+    if header.get("dtype") not in DTYPES:
+        raise CheckpointError(f"{path}: dtype must be one of {', '.join(DTYPES)}, got {header.get('dtype')!r}")
+    try:
+        header["config"] = DeaMoEConfig.from_dict(header.get("config"))
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+    return header
+
+
+def load_checkpoint(directory: str | Path, *, device=None) -> DeaMoEStack:
+    """Read a checkpoint written by save_checkpoint, checking every tensor against its config."""
+    directory = Path(directory)
+    header = read_header(directory)
+    config: DeaMoEConfig = header["config"]
+    dtype = DTYPES[header["dtype"]]
+    stack = DeaMoEStack(config, header["num_layers"], dtype=dtype, device="meta")
+    expected = {
+        f"layers.{i}.{name}": tensor for i, layer in enumerate(stack.layers) for name, tensor in layer.state_dict().items()
+    }
+    tensors = _read_tensors(directory / WEIGHTS_FILE)
+
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise CheckpointError(
+            f"{directory / WEIGHTS_FILE} lacks {len(missing)} tensor(s) its config needs, first {missing[0]}"
+        )
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise CheckpointError(
+            f"{directory / WEIGHTS_FILE} has {len(unexpected)} tensor(s) its config does not describe, "
+            f"first {unexpected[0]}"
+        )
+    for name, want in expected.items():
+        got = tensors[name]
+        if tuple(got.shape) != tuple(want.shape):
+            raise CheckpointError(
+                f"{name} has shape {list(got.shape)} but its config needs {list(want.shape)} ({directory / WEIGHTS_FILE})"
+            )
+        if got.dtype != dtype:
+            raise CheckpointError(f"{name} is {dtype_name(got.dtype)} but config.json says {header['dtype']}")
+        if not bool(torch.isfinite(got).all()):
+            raise CheckpointError(f"{name} contains NaN or Inf ({directory / WEIGHTS_FILE})")
+
+    layers = []
+    for i in range(header["num_layers"]):
+        layer = DeaMoELayer(config, dtype=dtype, device="meta")
+        prefix = f"layers.{i}."
+        state = {name[len(prefix) :]: t for name, t in tensors.items() if name.startswith(prefix)}
+        layer.load_state_dict(state, assign=True)
+        layers.append(layer.to(device) if device is not None else layer)
+    return DeaMoEStack.from_layers(layers)
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise CheckpointError(f"{path.parent} has {CONFIG_FILE} but no {WEIGHTS_FILE}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {name: f.get_tensor(name) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): {reason}") from None

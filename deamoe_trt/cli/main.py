@@ -1,0 +1,67 @@
+"""Entry point of `deamoe-trt`: builds the subcommand parser and turns errors into one line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from ..errors import DeaMoEError
+
+# Each module defines register(subparsers) and sets func(args) -> int | None on its parser.
+SUBCOMMANDS = (
+    "deamoe_trt.cli.demo_cmd",
+    "deamoe_trt.cli.init_cmd",
+    "deamoe_trt.cli.info_cmd",
+)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line naming the command and where help is."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="deamoe-trt",
+        description="Take DeaMoE models to NVIDIA GPUs: reference, export, kernels, TensorRT, benchmarks.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    for module in SUBCOMMANDS:
+        importlib.import_module(module).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    prog = f"deamoe-trt {args.command}"
+    try:
+        return int(args.func(args) or 0)
+    except DeaMoEError as exc:
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the CLI's promise is one line, not a traceback
+        if os.environ.get("DEAMOE_TRT_DEBUG"):
+            raise
+        print(
+            f"{prog}: internal error: {type(exc).__name__}: {_one_line(exc)} "
+            "(rerun with DEAMOE_TRT_DEBUG=1 for the traceback and report it)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""Errors the CLI turns into one line on stderr and an exit code.
+
+`UsageError` (exit 2) is for input the user can fix: a bad flag, config, checkpoint or
+model file. `DeaMoEError` (exit 1) is for a run that failed: a tolerance exceeded, a
+missing runtime such as TensorRT.
+"""
+
+
+class DeaMoEError(Exception):
+    exit_code = 1
+
+
+class UsageError(DeaMoEError):
+    exit_code = 2
+
+
+class CheckpointError(UsageError):
+    """A checkpoint that is missing, truncated, corrupt or does not match its config."""
+
+
+class MissingDependencyError(DeaMoEError):
+    """An optional runtime (TensorRT, CUDA, a compiler) is not available here."""

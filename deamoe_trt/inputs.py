@@ -1,0 +1,18 @@
+"""Random decoding inputs for demos, validation and benchmarks."""
+
+from __future__ import annotations
+
+import torch
+
+# Weights are drawn from torch.Generator().manual_seed(seed); inputs drawn from the same
+# stream would repeat the router's rows and route every token with a weight of ~1.
+_INPUT_STREAM = 0x5EED_1A7E
+
+
+def input_generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(_INPUT_STREAM + seed)
+
+
+def random_hidden(tokens: int, hidden: int, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[tokens, hidden] unit-variance activations, as a normalised residual stream is."""
+    return torch.randn(tokens, hidden, generator=input_generator(seed)).to(dtype)

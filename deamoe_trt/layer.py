@@ -1,0 +1,305 @@
+"""The PyTorch reference of the DeaMoE layer: the source of truth for every other runtime."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .config import DeaMoEConfig
+from .errors import UsageError
+from .routing import Routing, route
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """F(x) = (silu(x Wg^T) * (x Wu^T)) Wd^T with gate_up = [Wg; Wu] ([2f, d]) and down [d, f]."""
+    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, down)
+
+
+class Router(nn.Module):
+    def __init__(self, config: DeaMoEConfig, **factory):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size, **factory))
+        # Selection-only bias (DeepSeek-V3's e_score_correction_bias): it picks, never weighs.
+        self.bias = nn.Parameter(torch.empty(config.num_experts, **factory)) if config.router_bias else None
+
+
+class GroupedSwiGLU(nn.Module):
+    """Stacked SwiGLU weights: gate_up [G, 2*f, d] (gate rows, then up rows), down [G, d, f]."""
+
+    def __init__(self, groups: int, hidden: int, width: int, **factory):
+        super().__init__()
+        self.gate_up = nn.Parameter(torch.empty(groups, 2 * width, hidden, **factory))
+        self.down = nn.Parameter(torch.empty(groups, hidden, width, **factory))
+
+    def forward_group(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        return swiglu(x, self.gate_up[index], self.down[index])
+
+
+class SharedExperts(nn.Module):
+    """Always-on experts: ungated (DeepSeek) or gated by sigmoid(x . gate) (Qwen2-MoE)."""
+
+    def __init__(self, config: DeaMoEConfig, **factory):
+        super().__init__()
+        width = config.shared_expert_intermediate_size
+        self.gate_up = nn.Parameter(torch.empty(2 * width, config.hidden_size, **factory))
+        self.down = nn.Parameter(torch.empty(config.hidden_size, width, **factory))
+        self.gate = nn.Parameter(torch.empty(1, config.hidden_size, **factory)) if config.shared_expert_gate else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Gated output in float32."""
+        out = swiglu(x, self.gate_up, self.down).float()
+        if self.gate is not None:
+            out = out * torch.sigmoid(x.float() @ self.gate.float().t())
+        return out
+
+
+class DeaMoELayer(nn.Module):
+    """One DeaMoE layer. Its state_dict holds exactly the spec's canonical tensors.
+
+    Parts of width 0 are absent (departments when f_s = 0, experts when f_p = 0,
+    shared_experts when f_sh = 0) rather than stored as empty tensors.
+    """
+
+    def __init__(self, config: DeaMoEConfig, *, dtype: torch.dtype = torch.float32, device=None):
+        super().__init__()
+        if dtype not in SUPPORTED_DTYPES:
+            raise UsageError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+        factory = {"dtype": dtype, "device": device}
+        self.config = config
+        c = config
+        self.router = Router(c, **factory)
+        self.departments = (
+            GroupedSwiGLU(c.num_departments, c.hidden_size, c.shared_intermediate_size, **factory)
+            if c.shared_intermediate_size
+            else None
+        )
+        self.experts = (
+            GroupedSwiGLU(c.num_experts, c.hidden_size, c.private_intermediate_size, **factory)
+            if c.private_intermediate_size
+            else None
+        )
+        self.shared_experts = SharedExperts(c, **factory) if c.has_shared_experts else None
+
+    # Construction ----------------------------------------------------------------------
+
+    @classmethod
+    def random(
+        cls, config: DeaMoEConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32, device=None
+    ) -> DeaMoELayer:
+        """A randomly initialised layer whose routing is spread and outputs well-conditioned."""
+        layer = cls(config, dtype=torch.float32, device=device)
+        layer.reset_parameters(seed)
+        return layer.to(dtype)
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int = 0) -> None:
+        """Scaled normal init: unit-variance inputs give logits and outputs of order one.
+
+        Router rows of norm ~1 keep softmax scores spread over experts instead of
+        collapsing on one; down projections scaled by 1/sqrt(width) keep each expert's
+        output at the input's scale.
+        """
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        c = self.config
+
+        def normal_(param: torch.Tensor, fan_in: int) -> None:
+            param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(fan_in))
+
+        normal_(self.router.weight, c.hidden_size)
+        if self.router.bias is not None:
+            self.router.bias.copy_(0.02 * torch.randn(self.router.bias.shape, generator=gen))
+        for part, width in (
+            (self.departments, c.shared_intermediate_size),
+            (self.experts, c.private_intermediate_size),
+            (self.shared_experts, c.shared_expert_intermediate_size),
+        ):
+            if part is None:
+                continue
+            normal_(part.gate_up, c.hidden_size)
+            # Shared and private parts add up to one expert: scale by the expert's width.
+            normal_(part.down, c.expert_intermediate_size if part is not self.shared_experts else width)
+            if getattr(part, "gate", None) is not None:
+                normal_(part.gate, c.hidden_size)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.router.weight.dtype
+
+    # Forward --------------------------------------------------------------------------
+
+    def route(self, hidden_states: torch.Tensor) -> Routing:
+        return route(hidden_states, self.router.weight, self.router.bias, self.config)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        shape = self._check_input(hidden_states)
+        x = hidden_states.reshape(-1, self.config.hidden_size)
+        out = self.forward_routed(x, self.route(x))
+        return out.to(hidden_states.dtype).reshape(shape)
+
+    def forward_routed(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
+        """y for tokens x [T, d] given their routing, float32.
+
+        Each department's shared part and each expert's private part runs once, on the
+        tokens that use it, as the load-once kernels do.
+        """
+        c = self.config
+        xw = x.to(self.dtype)
+        out = torch.zeros(x.shape[0], c.hidden_size, dtype=torch.float32, device=x.device)
+        if self.departments is not None:
+            department_weights = routing.department_weights(c.num_departments)
+            for department in routing.used_departments().tolist():
+                tokens = (routing.department_ids == department).any(dim=-1).nonzero().squeeze(-1)
+                y = self.departments.forward_group(department, xw[tokens]).float()
+                out.index_add_(0, tokens, y * department_weights[tokens, department, None])
+        if self.experts is not None:
+            for expert in routing.used_experts().tolist():
+                tokens, slots = (routing.expert_ids == expert).nonzero(as_tuple=True)
+                y = self.experts.forward_group(expert, xw[tokens]).float()
+                out.index_add_(0, tokens, y * routing.weights[tokens, slots, None])
+        if self.shared_experts is not None:
+            out += self.shared_experts(xw)
+        return out
+
+    def _check_input(self, hidden_states: torch.Tensor) -> torch.Size:
+        d = self.config.hidden_size
+        if hidden_states.dim() < 1 or hidden_states.shape[-1] != d:
+            raise UsageError(f"hidden_states must have shape [..., {d}], got {list(hidden_states.shape)}")
+        if hidden_states.dtype not in SUPPORTED_DTYPES:
+            raise UsageError(f"hidden_states must be float32, float16 or bfloat16, got {hidden_states.dtype}")
+        if not bool(torch.isfinite(hidden_states).all()):
+            raise UsageError("hidden_states contains NaN or Inf")
+        return hidden_states.shape
+
+    # Related layers ---------------------------------------------------------------------
+
+    @torch.no_grad()
+    def expanded(self) -> DeaMoELayer:
+        """Same routing and outputs, every department's shared neurons copied into each of
+        its experts (f_s = 0): the layer without sharing, to show what sharing saves."""
+        c = self.config
+        twin = DeaMoELayer(c.expanded(), dtype=self.dtype, device=self.router.weight.device)
+        twin.router.weight.copy_(self.router.weight)
+        if self.router.bias is not None:
+            twin.router.bias.copy_(self.router.bias)
+        gate_up, down = self._expert_weights()
+        twin.experts.gate_up.copy_(gate_up)
+        twin.experts.down.copy_(down)
+        if self.shared_experts is not None:
+            twin.shared_experts.load_state_dict(self.shared_experts.state_dict())
+        return twin
+
+    @torch.no_grad()
+    def vanilla(self) -> DeaMoELayer:
+        """The one-stage top-k MoE of the same experts and router (what users run today).
+
+        Its routing differs from this layer's, so its outputs do too."""
+        twin = self.expanded()
+        vanilla = DeaMoELayer(self.config.vanilla(), dtype=self.dtype, device=self.router.weight.device)
+        vanilla.load_state_dict(twin.state_dict())
+        return vanilla
+
+    def _expert_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every expert as one SwiGLU block of width f_s + f_p: gate_up [N, 2f, d], down [N, d, f]."""
+        c = self.config
+        gates, ups, downs = [], [], []
+        if self.departments is not None:
+            per_expert = self.departments.gate_up.repeat_interleave(c.experts_per_department, dim=0)
+            gate, up = per_expert.chunk(2, dim=1)
+            gates.append(gate)
+            ups.append(up)
+            downs.append(self.departments.down.repeat_interleave(c.experts_per_department, dim=0))
+        if self.experts is not None:
+            gate, up = self.experts.gate_up.chunk(2, dim=1)
+            gates.append(gate)
+            ups.append(up)
+            downs.append(self.experts.down)
+        return torch.cat(gates + ups, dim=1), torch.cat(downs, dim=2)
+
+    # Checkpoints --------------------------------------------------------------------------
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        from .checkpoint import save_checkpoint
+
+        return save_checkpoint(DeaMoEStack.from_layers([self]), directory)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, *, layer: int | None = None, device=None) -> DeaMoELayer:
+        from .checkpoint import load_checkpoint
+
+        stack = load_checkpoint(directory, device=device)
+        if layer is None:
+            if len(stack.layers) != 1:
+                raise UsageError(
+                    f"{directory} holds {len(stack.layers)} layers; pass layer=<index> or load it as DeaMoEStack"
+                )
+            layer = 0
+        if not 0 <= layer < len(stack.layers):
+            raise UsageError(f"layer {layer} is out of range: {directory} holds {len(stack.layers)} layers")
+        return stack.layers[layer]
+
+
+class DeaMoEStack(nn.Module):
+    """Layers of one config applied in turn with a residual connection: x <- x + layer(x).
+
+    The FFN part of a decoder, without attention: what a multi-layer checkpoint holds and
+    what multi-layer exports and benchmarks run."""
+
+    def __init__(self, config: DeaMoEConfig, num_layers: int, *, dtype: torch.dtype = torch.float32, device=None):
+        super().__init__()
+        if num_layers < 1:
+            raise UsageError(f"num_layers must be >= 1, got {num_layers}")
+        self.config = config
+        self.layers = nn.ModuleList(DeaMoELayer(config, dtype=dtype, device=device) for _ in range(num_layers))
+
+    @classmethod
+    def from_layers(cls, layers: list[DeaMoELayer]) -> DeaMoEStack:
+        configs = {layer.config for layer in layers}
+        if len(configs) != 1:
+            raise UsageError("all layers of a stack must share one config")
+        stack = cls.__new__(cls)
+        nn.Module.__init__(stack)
+        stack.config = layers[0].config
+        stack.layers = nn.ModuleList(layers)
+        return stack
+
+    @classmethod
+    def random(
+        cls, config: DeaMoEConfig, num_layers: int, *, seed: int = 0, dtype: torch.dtype = torch.float32
+    ) -> DeaMoEStack:
+        return cls.from_layers(
+            [DeaMoELayer.random(config, seed=seed + i, dtype=dtype) for i in range(num_layers)]
+        )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layers[0].dtype
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        x = hidden_states
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+    def expanded(self) -> DeaMoEStack:
+        return DeaMoEStack.from_layers([layer.expanded() for layer in self.layers])
+
+    def vanilla(self) -> DeaMoEStack:
+        return DeaMoEStack.from_layers([layer.vanilla() for layer in self.layers])
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        from .checkpoint import save_checkpoint
+
+        return save_checkpoint(self, directory)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, *, device=None) -> DeaMoEStack:
+        from .checkpoint import load_checkpoint
+
+        return load_checkpoint(directory, device=device)

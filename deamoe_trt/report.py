@@ -1,0 +1,56 @@
+"""Plain-text tables and progress lines shared by every command."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, title: str | None = None) -> str:
+    """Columns right-aligned except the first; cells already formatted as the caller wants."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+
+    def line(row: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+
+    out = [title] if title else []
+    out += [line(cells[0]), "  ".join("-" * w for w in widths)]
+    out += [line(row) for row in cells[1:]]
+    return "\n".join(out)
+
+
+def format_bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+class Progress:
+    """Progress on stderr: one rewritten line on a terminal, a line per step otherwise.
+
+    Work that takes more than a few seconds reports through this, so CI logs and
+    terminals both show where a long run is."""
+
+    def __init__(self, total: int, label: str, *, stream=None, enabled: bool = True):
+        self.total, self.label, self.done = total, label, 0
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.start = time.perf_counter()
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def update(self, message: str = "", step: int = 1) -> None:
+        self.done += step
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.start
+        text = f"{self.label} [{self.done}/{self.total}] {elapsed:6.1f}s {message}"
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+            if self.done >= self.total:
+                self.stream.write("\n")
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()

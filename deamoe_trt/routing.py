@@ -1,0 +1,111 @@
+"""Department-then-expert routing: the one implementation of the spec's routing math.
+
+Everything else (the layer, the ONNX forms, the CUDA kernels' tests, the benchmarks'
+byte counts) calls these functions or is tested against them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import DeaMoEConfig
+
+# Added to the sum of kept scores before normalising, as DeepSeek-V3 does (spec step 5).
+NORM_EPS = 1e-20
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Per-token routing decisions for T tokens.
+
+    expert_ids:     [T, k] int64, kept experts, best selection score first (ties: lower id).
+    weights:        [T, k] float32, w_e of each kept expert (spec step 5).
+    department_ids: [T, k] int64, department of each kept expert (expert_id // m).
+    kept_departments: [T, g] int64, stage-1 departments, best first. A kept department
+        that received no expert in stage 2 appears here but not in department_ids.
+    scores:         [T, N] float32, s (softmax or sigmoid of the logits).
+    """
+
+    expert_ids: torch.Tensor
+    weights: torch.Tensor
+    department_ids: torch.Tensor
+    kept_departments: torch.Tensor
+    scores: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return self.expert_ids.shape[0]
+
+    def department_weights(self, num_departments: int) -> torch.Tensor:
+        """[T, D] float32: W_j, the sum of w_e over the token's kept experts in department j."""
+        out = torch.zeros(self.num_tokens, num_departments, dtype=torch.float32, device=self.weights.device)
+        return out.scatter_add_(1, self.department_ids, self.weights)
+
+    def used_experts(self) -> torch.Tensor:
+        """Distinct experts kept by any token of the batch, ascending."""
+        return torch.unique(self.expert_ids)
+
+    def used_departments(self) -> torch.Tensor:
+        """Distinct departments holding at least one kept expert over the batch, ascending."""
+        return torch.unique(self.department_ids)
+
+
+def router_logits(hidden: torch.Tensor, router_weight: torch.Tensor) -> torch.Tensor:
+    """z = x Wr^T in float32, whatever the dtype of x and Wr (spec step 1)."""
+    return hidden.reshape(-1, hidden.shape[-1]).float() @ router_weight.float().t()
+
+
+def route(
+    hidden: torch.Tensor,
+    router_weight: torch.Tensor,
+    router_bias: torch.Tensor | None,
+    config: DeaMoEConfig,
+) -> Routing:
+    """Route every token of hidden ([..., d]) to its departments and experts."""
+    return route_logits(router_logits(hidden, router_weight), router_bias, config)
+
+
+def route_logits(logits: torch.Tensor, router_bias: torch.Tensor | None, config: DeaMoEConfig) -> Routing:
+    """Spec steps 1-5 from router logits [T, N]."""
+    num_tokens, num_experts = logits.shape
+    if num_experts != config.num_experts:
+        raise ValueError(f"router logits have {num_experts} experts, config has {config.num_experts}")
+    logits = logits.float()
+    scores = torch.softmax(logits, dim=-1) if config.score_func == "softmax" else torch.sigmoid(logits)
+    selection = scores if router_bias is None else scores + router_bias.float()
+
+    per_department = selection.view(num_tokens, config.num_departments, config.experts_per_department)
+    if config.department_score == "max":
+        department_scores = per_department.amax(dim=-1)
+    elif config.department_score == "sum_top2":
+        department_scores = per_department.topk(2, dim=-1).values.sum(dim=-1)
+    else:
+        department_scores = per_department.sum(dim=-1)
+    kept_departments = top_indices(department_scores, config.top_departments)
+
+    kept = torch.zeros(num_tokens, config.num_departments, dtype=torch.bool, device=logits.device)
+    kept.scatter_(1, kept_departments, True)
+    candidates = selection.masked_fill(~kept.repeat_interleave(config.experts_per_department, dim=1), -torch.inf)
+    expert_ids = top_indices(candidates, config.top_k)
+
+    weights = scores.gather(1, expert_ids)
+    if config.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + NORM_EPS)
+    weights = weights * config.routed_scaling_factor
+    return Routing(
+        expert_ids=expert_ids,
+        weights=weights,
+        department_ids=expert_ids // config.experts_per_department,
+        kept_departments=kept_departments,
+        scores=scores,
+    )
+
+
+def top_indices(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest values along the last dim, best first, ties to the lower index.
+
+    torch.topk does not promise which of equal values wins; a stable descending sort does.
+    """
+    return torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]

@@ -1,0 +1,125 @@
+/*
+ * DeaMoE CUDA kernels: the public surface shared by the TensorRT plugin and the Python
+ * binding (deamoe_trt.cuda). The math is ../../../shared/deamoe-spec.md; the routing
+ * reference is deamoe_trt/routing.py.
+ *
+ * Contract: additions are fine, changes to existing signatures must update both callers
+ * (plugins/deamoe/deamoePlugin.cpp and deamoe_trt/cuda/).
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace deamoe
+{
+
+enum class DataType : int32_t
+{
+    kFLOAT = 0,
+    kHALF = 1,
+    kBF16 = 2,
+};
+
+enum class ScoreFunc : int32_t
+{
+    kSOFTMAX = 0,
+    kSIGMOID = 1,
+};
+
+enum class DepartmentScore : int32_t
+{
+    kMAX = 0,
+    kSUM_TOP2 = 1,
+    kSUM = 2,
+};
+
+// Sizes and routing of one layer; field for field the Python DeaMoEConfig.
+struct LayerParams
+{
+    int32_t hidden;                 // d
+    int32_t numDepartments;         // D
+    int32_t expertsPerDepartment;   // m
+    int32_t sharedWidth;            // f_s (0: no department shared part)
+    int32_t privateWidth;           // f_p (0: no private part)
+    int32_t topK;                   // k
+    int32_t topDepartments;         // g
+    ScoreFunc scoreFunc;
+    DepartmentScore departmentScore;
+    int32_t normTopkProb;           // bool
+    float routedScalingFactor;
+    int32_t hasRouterBias;          // bool
+    int32_t sharedExpertWidth;      // f_sh (0: none)
+    int32_t sharedExpertGate;       // bool
+};
+
+// Device pointers in the canonical layouts of the spec ([out, in], gate rows then up
+// rows). All share the activation dtype. Absent parts are nullptr.
+struct LayerWeights
+{
+    void const* routerWeight;       // [N, d]
+    void const* routerBias;         // [N] or nullptr
+    void const* departmentGateUp;   // [D, 2*f_s, d] or nullptr
+    void const* departmentDown;     // [D, d, f_s] or nullptr
+    void const* expertGateUp;       // [N, 2*f_p, d] or nullptr
+    void const* expertDown;         // [N, d, f_p] or nullptr
+    void const* sharedGateUp;       // [2*f_sh, d] or nullptr
+    void const* sharedDown;         // [d, f_sh] or nullptr
+    void const* sharedGate;         // [1, d] or nullptr
+};
+
+// Routing results for T tokens, device memory, row-major.
+struct RoutingOutputs
+{
+    int32_t* expertIds;       // [T, k], best selection score first, ties to the lower id
+    float* weights;           // [T, k], w_e
+    int32_t* departmentIds;   // [T, k], expertIds / m
+    int32_t* keptDepartments; // [T, g], stage-1 departments, best first
+};
+
+enum class Status : int32_t
+{
+    kSUCCESS = 0,
+    kINVALID_PARAMS = 1,     // a LayerParams that DeaMoEConfig would reject
+    kINVALID_ARGUMENT = 2,   // null pointer, tokens < 0, workspace too small
+    kUNSUPPORTED = 3,        // dtype or size this build cannot run
+    kCUDA_ERROR = 4,         // a launch failed; cudaGetLastError() has the reason
+};
+
+char const* statusString(Status status) noexcept;
+
+// Checks params the way DeaMoEConfig does; kSUCCESS when valid.
+Status validate(LayerParams const& params) noexcept;
+
+// Bytes of scratch memory forward() needs for up to maxTokens tokens.
+size_t workspaceSize(LayerParams const& params, int32_t maxTokens, DataType dtype) noexcept;
+
+// Routing only (spec steps 1-5), for tests and for callers that want the decisions.
+Status route(LayerParams const& params, DataType dtype, void const* hidden, void const* routerWeight,
+    void const* routerBias, int32_t numTokens, RoutingOutputs const& out, void* workspace, size_t workspaceBytes,
+    cudaStream_t stream) noexcept;
+
+// The whole layer: route, plan (distinct departments/experts with their tokens), grouped
+// SwiGLU over the plan reading every weight row once, deterministic weighted sum.
+// hidden and output are [numTokens, d] in dtype.
+Status forward(LayerParams const& params, LayerWeights const& weights, DataType dtype, void const* hidden,
+    void* output, int32_t numTokens, void* workspace, size_t workspaceBytes, cudaStream_t stream) noexcept;
+
+} // namespace deamoe
+
+// C ABI for ctypes (deamoe_trt.cuda). Same semantics; returns a Status as int32_t.
+extern "C"
+{
+    int32_t deamoe_validate(deamoe::LayerParams const* params);
+    size_t deamoe_workspace_size(deamoe::LayerParams const* params, int32_t max_tokens, int32_t dtype);
+    int32_t deamoe_route(deamoe::LayerParams const* params, int32_t dtype, void const* hidden,
+        void const* router_weight, void const* router_bias, int32_t num_tokens, int32_t* expert_ids, float* weights,
+        int32_t* department_ids, int32_t* kept_departments, void* workspace, size_t workspace_bytes,
+        cudaStream_t stream);
+    int32_t deamoe_forward(deamoe::LayerParams const* params, deamoe::LayerWeights const* weights, int32_t dtype,
+        void const* hidden, void* output, int32_t num_tokens, void* workspace, size_t workspace_bytes,
+        cudaStream_t stream);
+    char const* deamoe_status_string(int32_t status);
+}
