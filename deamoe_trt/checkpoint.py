@@ -96,7 +96,9 @@ def load_checkpoint(directory: str | Path, *, device=None) -> DeaMoEStack:
     dtype = DTYPES[header["dtype"]]
     stack = DeaMoEStack(config, header["num_layers"], dtype=dtype, device="meta")
     expected = {
-        f"layers.{i}.{name}": tensor for i, layer in enumerate(stack.layers) for name, tensor in layer.state_dict().items()
+        f"layers.{i}.{name}": tensor
+        for i, layer in enumerate(stack.layers)
+        for name, tensor in layer.state_dict().items()
     }
     tensors = _read_tensors(directory / WEIGHTS_FILE)
 
@@ -115,7 +117,8 @@ def load_checkpoint(directory: str | Path, *, device=None) -> DeaMoEStack:
         got = tensors[name]
         if tuple(got.shape) != tuple(want.shape):
             raise CheckpointError(
-                f"{name} has shape {list(got.shape)} but its config needs {list(want.shape)} ({directory / WEIGHTS_FILE})"
+                f"{name} has shape {list(got.shape)} but its config needs {list(want.shape)} "
+                f"({directory / WEIGHTS_FILE})"
             )
         if got.dtype != dtype:
             raise CheckpointError(f"{name} is {dtype_name(got.dtype)} but config.json says {header['dtype']}")
@@ -137,7 +140,7 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path.parent} has {CONFIG_FILE} but no {WEIGHTS_FILE}")
     try:
         with safe_open(str(path), framework="pt") as f:
-            return {name: f.get_tensor(name) for name in f.keys()}
+            return {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - safe_open is not a dict
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): {reason}") from None

@@ -273,9 +273,7 @@ class DeaMoEStack(nn.Module):
     def random(
         cls, config: DeaMoEConfig, num_layers: int, *, seed: int = 0, dtype: torch.dtype = torch.float32
     ) -> DeaMoEStack:
-        return cls.from_layers(
-            [DeaMoELayer.random(config, seed=seed + i, dtype=dtype) for i in range(num_layers)]
-        )
+        return cls.from_layers([DeaMoELayer.random(config, seed=seed + i, dtype=dtype) for i in range(num_layers)])
 
     @property
     def dtype(self) -> torch.dtype:

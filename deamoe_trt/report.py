@@ -13,7 +13,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, ti
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
 
     def line(row: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
 
     out = [title] if title else []
     out += [line(cells[0]), "  ".join("-" * w for w in widths)]

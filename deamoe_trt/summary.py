@@ -37,7 +37,7 @@ def routing_table(layer: DeaMoELayer, routing: Routing) -> str:
     rows = []
     for t in range(routing.num_tokens):
         experts = ", ".join(
-            f"{e}:{w:.3f}" for e, w in zip(routing.expert_ids[t].tolist(), routing.weights[t].tolist())
+            f"{e}:{w:.3f}" for e, w in zip(routing.expert_ids[t].tolist(), routing.weights[t].tolist(), strict=True)
         )
         rows.append((t, " ".join(map(str, routing.kept_departments[t].tolist())), experts))
     return format_table(

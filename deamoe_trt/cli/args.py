@@ -49,7 +49,9 @@ def add_seed(parser: argparse.ArgumentParser) -> None:
 
 
 def add_dtype(parser: argparse.ArgumentParser, *, choices=tuple(DTYPE_NAMES), default: str = "fp32") -> None:
-    parser.add_argument("--dtype", choices=choices, default=default, help=f"weight and activation dtype (default {default})")
+    parser.add_argument(
+        "--dtype", choices=choices, default=default, help=f"weight and activation dtype (default {default})"
+    )
 
 
 def add_output(parser: argparse.ArgumentParser, *, required: bool = True, help: str = "output path") -> None:

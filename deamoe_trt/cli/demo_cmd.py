@@ -9,7 +9,9 @@ from . import args as common
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("demo", help="run the whole toolchain on the built-in tiny model", description=__doc__)
+    parser = subparsers.add_parser(
+        "demo", help="run the whole toolchain on the built-in tiny model", description=__doc__
+    )
     common.add_output(parser, required=False, help="keep the demo's files here (default: a temporary directory)")
     common.add_seed(parser)
     parser.set_defaults(func=run)

@@ -1,0 +1,97 @@
+"""The spec's math written a second time, plainly, for tests: per-token loops in float64 numpy.
+
+It shares no code with deamoe_trt.routing or deamoe_trt.layer, so agreement between the
+two is evidence, not tautology. Slow; for small shapes only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def spec_route(logits_row, bias, cfg):
+    """One token's routing: (kept departments, kept experts, weights), each best first."""
+    n, m = cfg.num_experts, cfg.experts_per_department
+    z = [float(v) for v in logits_row]
+    if cfg.score_func == "softmax":
+        top = max(z)
+        e = [math.exp(v - top) for v in z]
+        total = sum(e)
+        s = [v / total for v in e]
+    else:
+        s = [1.0 / (1.0 + math.exp(-v)) for v in z]
+    c = [s[i] + (float(bias[i]) if bias is not None else 0.0) for i in range(n)]
+
+    department_scores = []
+    for j in range(cfg.num_departments):
+        members = c[j * m : (j + 1) * m]
+        if cfg.department_score == "max":
+            department_scores.append(max(members))
+        elif cfg.department_score == "sum_top2":
+            ordered = sorted(members, reverse=True)
+            department_scores.append(ordered[0] + ordered[1])
+        else:
+            department_scores.append(sum(members))
+    # Ties to the lower index: sort by (-score, index).
+    departments = sorted(range(cfg.num_departments), key=lambda j: (-department_scores[j], j))
+    departments = departments[: cfg.top_departments]
+
+    candidates = [e for e in range(n) if e // m in departments]
+    experts = sorted(candidates, key=lambda e: (-c[e], e))[: cfg.top_k]
+    weights = [s[e] for e in experts]
+    if cfg.norm_topk_prob:
+        total = sum(weights) + 1e-20
+        weights = [w / total for w in weights]
+    weights = [w * cfg.routed_scaling_factor for w in weights]
+    return departments, experts, weights
+
+
+def _swiglu(x, gate_up, down):
+    width = gate_up.shape[0] // 2
+    gate = gate_up[:width] @ x
+    up = gate_up[width:] @ x
+    return down @ (gate / (1.0 + np.exp(-gate)) * up)
+
+
+def spec_forward(x, tensors, cfg):
+    """y for tokens x [T, d] from canonical tensors (name -> array), float64."""
+    t = {name: np.asarray(v, dtype=np.float64) for name, v in tensors.items()}
+    x = np.asarray(x, dtype=np.float64)
+    bias = t.get("router.bias")
+    out = np.zeros_like(x)
+    for i, row in enumerate(x):
+        _, experts, weights = spec_route(t["router.weight"] @ row, bias, cfg)
+        y = np.zeros_like(row)
+        department_weight: dict[int, float] = {}
+        for e, w in zip(experts, weights, strict=True):
+            department_weight[e // cfg.experts_per_department] = (
+                department_weight.get(e // cfg.experts_per_department, 0.0) + w
+            )
+            if cfg.private_intermediate_size:
+                y += w * _swiglu(row, t["experts.gate_up"][e], t["experts.down"][e])
+        if cfg.shared_intermediate_size:
+            for j, w in department_weight.items():
+                y += w * _swiglu(row, t["departments.gate_up"][j], t["departments.down"][j])
+        if cfg.shared_expert_intermediate_size:
+            shared = _swiglu(row, t["shared_experts.gate_up"], t["shared_experts.down"])
+            if cfg.shared_expert_gate:
+                shared = shared / (1.0 + np.exp(-(t["shared_experts.gate"][0] @ row)))
+            y += shared
+        out[i] = y
+    return out
+
+
+def spec_bytes(cfg, expert_sets, bytes_per_weight):
+    """The spec's formula for one step, from the kept experts of each token (plus the
+    selection bias and shared-expert gate vectors, which deamoe-trt counts too)."""
+    d, b = cfg.hidden_size, bytes_per_weight
+    experts = set().union(*expert_sets)
+    departments = {e // cfg.experts_per_department for e in experts}
+    total = len(departments) * 3 * d * cfg.shared_intermediate_size * b
+    total += len(experts) * 3 * d * cfg.private_intermediate_size * b
+    total += cfg.num_experts * d * b + 3 * d * cfg.shared_expert_intermediate_size * b
+    total += cfg.num_experts * b if cfg.router_bias else 0
+    total += d * b if cfg.shared_expert_gate else 0
+    return total

@@ -1,0 +1,149 @@
+import numpy as np
+import pytest
+import torch
+
+from deamoe_trt import PRESETS, DeaMoEConfig, DeaMoELayer, DeaMoEStack, UsageError
+from deamoe_trt.inputs import random_hidden
+from spec_reference import spec_forward
+
+CONFIGS = {
+    "tiny": PRESETS["tiny"],
+    "deepseek-style": DeaMoEConfig(
+        hidden_size=32,
+        num_departments=4,
+        experts_per_department=4,
+        shared_intermediate_size=24,
+        private_intermediate_size=8,
+        top_k=4,
+        top_departments=2,
+        score_func="sigmoid",
+        department_score="sum_top2",
+        routed_scaling_factor=2.5,
+        router_bias=True,
+        shared_expert_intermediate_size=16,
+    ),
+    "qwen2-style-gated-shared": DeaMoEConfig(
+        hidden_size=32,
+        num_departments=1,
+        experts_per_department=8,
+        shared_intermediate_size=0,
+        private_intermediate_size=16,
+        top_k=2,
+        top_departments=1,
+        norm_topk_prob=False,
+        shared_expert_intermediate_size=24,
+        shared_expert_gate=True,
+    ),
+    "shared-only": PRESETS["tiny"].replace(private_intermediate_size=0),
+}
+
+
+def canonical(layer):
+    return {name: t.detach().double().numpy() for name, t in layer.state_dict().items()}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_forward_matches_spec_math(name):
+    layer = DeaMoELayer.random(CONFIGS[name], seed=3)
+    x = random_hidden(9, layer.config.hidden_size, seed=3)
+    with torch.no_grad():
+        y = layer(x)
+    expected = spec_forward(x.numpy(), canonical(layer), layer.config)
+    np.testing.assert_allclose(y.double().numpy(), expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+
+
+def test_state_dict_holds_the_canonical_tensors():
+    c = CONFIGS["deepseek-style"].replace(shared_expert_gate=True)
+    shapes = {name: list(t.shape) for name, t in DeaMoELayer(c).state_dict().items()}
+    d, D, N, fs, fp, fsh = 32, 4, 16, 24, 8, 16
+    assert shapes == {
+        "router.weight": [N, d],
+        "router.bias": [N],
+        "departments.gate_up": [D, 2 * fs, d],
+        "departments.down": [D, d, fs],
+        "experts.gate_up": [N, 2 * fp, d],
+        "experts.down": [N, d, fp],
+        "shared_experts.gate_up": [2 * fsh, d],
+        "shared_experts.down": [d, fsh],
+        "shared_experts.gate": [1, d],
+    }
+
+
+def test_parts_of_width_zero_are_absent():
+    names = set(DeaMoELayer(CONFIGS["qwen2-style-gated-shared"]).state_dict())
+    assert not any(n.startswith("departments.") for n in names)
+    assert "router.bias" not in names
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_expanded_twin_gives_the_same_outputs_without_sharing(name):
+    layer = DeaMoELayer.random(CONFIGS[name], seed=4)
+    twin = layer.expanded()
+    assert twin.config.shared_intermediate_size == 0
+    assert twin.config.private_intermediate_size == layer.config.expert_intermediate_size
+    x = random_hidden(17, layer.config.hidden_size, seed=4)
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), layer(x), rtol=1e-5, atol=1e-5)
+        assert torch.equal(twin.route(x).expert_ids, layer.route(x).expert_ids)
+
+
+def test_vanilla_twin_routes_in_one_stage_over_all_experts():
+    layer = DeaMoELayer.random(CONFIGS["tiny"], seed=5)
+    vanilla = layer.vanilla()
+    x = random_hidden(32, 64, seed=5)
+    scores = torch.softmax(x @ layer.router.weight.t(), dim=-1)
+    expected = scores.topk(4, dim=-1).indices.sort(dim=-1).values
+    assert torch.equal(vanilla.route(x).expert_ids.sort(dim=-1).values, expected)
+    expected_y = spec_forward(x.numpy(), canonical(vanilla), vanilla.config)
+    np.testing.assert_allclose(vanilla(x).detach().double().numpy(), expected_y, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_forward_stays_close_to_fp32(dtype):
+    layer = DeaMoELayer.random(CONFIGS["tiny"], seed=6)
+    x = random_hidden(8, 64, seed=6)
+    with torch.no_grad():
+        reference = layer(x)
+        half = layer.to(dtype)
+        y = half(x.to(dtype))
+    assert y.dtype == dtype
+    scale = reference.abs().max()
+    assert (y.float() - reference).abs().max() <= (0.02 if dtype == torch.bfloat16 else 0.005) * scale
+
+
+def test_forward_keeps_leading_dimensions():
+    layer = DeaMoELayer.random(CONFIGS["tiny"], seed=7)
+    x = random_hidden(6, 64, seed=7)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x.reshape(2, 3, 64)).reshape(6, 64), layer(x))
+
+
+@pytest.mark.parametrize(
+    ("x", "message"),
+    [
+        (torch.zeros(3, 63), r"\[\.\.\., 64\]"),
+        (torch.zeros(3, 64, dtype=torch.float64), "float32, float16 or bfloat16"),
+        (torch.full((3, 64), float("nan")), "NaN"),
+    ],
+)
+def test_bad_input_is_rejected_with_a_clear_error(x, message):
+    layer = DeaMoELayer.random(CONFIGS["tiny"])
+    with pytest.raises(UsageError, match=message):
+        layer(x)
+
+
+def test_random_init_spreads_routing_over_experts():
+    layer = DeaMoELayer.random(PRESETS["tiny"], seed=0)
+    routing = layer.route(random_hidden(256, 64, seed=0))
+    counts = torch.bincount(routing.expert_ids.flatten(), minlength=16)
+    assert (counts > 0).all()
+    assert routing.weights[:, 0].mean() < 0.9  # no token is sent to a single expert alone
+
+
+def test_stack_applies_layers_with_residuals():
+    stack = DeaMoEStack.random(CONFIGS["tiny"], 2, seed=8)
+    x = random_hidden(5, 64, seed=8)
+    with torch.no_grad():
+        h = x + stack.layers[0](x)
+        torch.testing.assert_close(stack(x), h + stack.layers[1](h))
+        torch.testing.assert_close(stack.expanded()(x), stack(x), rtol=1e-5, atol=1e-5)

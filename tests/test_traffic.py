@@ -1,0 +1,51 @@
+import pytest
+import torch
+
+from deamoe_trt import PRESETS, DeaMoELayer, route_logits, weights_loaded
+from deamoe_trt.inputs import random_hidden
+from deamoe_trt.routing import router_logits
+from deamoe_trt.traffic import compare_traffic
+from spec_reference import spec_bytes, spec_route
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen3-30b-a3b-layer", "deepseek-v3-layer"])
+@pytest.mark.parametrize("tokens", [1, 4, 16])
+def test_bytes_follow_the_spec_formula(name, tokens):
+    config = PRESETS[name]
+    gen = torch.Generator().manual_seed(tokens)
+    logits = torch.randn(tokens, config.num_experts, generator=gen)
+    bias = 0.05 * torch.randn(config.num_experts, generator=gen) if config.router_bias else None
+    expert_sets = [set(spec_route(row.tolist(), None if bias is None else bias.tolist(), config)[1]) for row in logits]
+    for bytes_per_weight in (2, 4):
+        traffic = weights_loaded(config, route_logits(logits, bias, config), bytes_per_weight)
+        assert traffic.total == spec_bytes(config, expert_sets, bytes_per_weight)
+
+
+def test_qwen3_preset_loads_at_most_five_eighths_of_its_twin_per_token():
+    config = PRESETS["qwen3-30b-a3b-layer"]
+    logits = torch.randn(64, config.num_experts, generator=torch.Generator().manual_seed(0))
+    for row in logits:
+        traffic = compare_traffic(config, row[None], None, 4)
+        routed = traffic["deamoe"].total - traffic["deamoe"].router_bytes
+        twin_routed = traffic["expanded"].total - traffic["expanded"].router_bytes
+        assert routed <= 0.625 * twin_routed
+
+
+def test_deepseek_preset_loads_half_of_its_twin_per_token_in_the_experts():
+    config = PRESETS["deepseek-v3-layer"]
+    logits = torch.randn(1, config.num_experts)
+    traffic = compare_traffic(config, logits, torch.zeros(config.num_experts), 2)
+    fixed = traffic["deamoe"].router_bytes + traffic["deamoe"].shared_expert_bytes
+    # 8 experts in <= 2 departments: 2*1536 + 8*512 = 7168 of 8*2048 = 16384 neurons when both
+    # departments are used, 1536 + 4096 when one is.
+    ratio = (traffic["deamoe"].total - fixed) / (traffic["expanded"].total - fixed)
+    assert ratio in (pytest.approx(7168 / 16384), pytest.approx(5632 / 16384))
+
+
+def test_expanded_and_vanilla_share_the_expert_width():
+    layer = DeaMoELayer.random(PRESETS["tiny"], seed=1)
+    x = random_hidden(1, 64, seed=1)
+    traffic = compare_traffic(layer.config, router_logits(x, layer.router.weight), None, 4)
+    # One token: both twins read k full-width experts.
+    assert traffic["expanded"].total == traffic["vanilla"].total
+    assert traffic["expanded"].experts_used == layer.config.top_k
