@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # noqa: BLE001 - the CLI's promise is one line, not a traceback
+    except Exception as exc:  # the CLI promises one line, not a traceback
         if os.environ.get("DEAMOE_TRT_DEBUG"):
             raise
         print(
