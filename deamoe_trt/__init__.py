@@ -29,15 +29,15 @@ __all__ = [
 ]
 
 
-def from_hf(module):
+def from_hf(module, **kwargs):
     """A DeaMoELayer with the same outputs as a Hugging Face MoE block (see importers.hf)."""
     from .importers.hf import from_hf as _from_hf
 
-    return _from_hf(module)
+    return _from_hf(module, **kwargs)
 
 
-def from_hf_model(model):
+def from_hf_model(model, **kwargs):
     """Every MoE layer of a Hugging Face model as a DeaMoEStack (see importers.hf)."""
     from .importers.hf import from_hf_model as _from_hf_model
 
-    return _from_hf_model(model)
+    return _from_hf_model(model, **kwargs)

@@ -294,7 +294,8 @@ class DeaMoEStack(nn.Module):
     def save_pretrained(self, directory: str | Path) -> Path:
         from .checkpoint import save_checkpoint
 
-        return save_checkpoint(self, directory)
+        # Imported stacks carry where they came from (importers.hf sets .source).
+        return save_checkpoint(self, directory, source=getattr(self, "source", None))
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, *, device=None) -> DeaMoEStack:

@@ -14,6 +14,7 @@ SUBCOMMANDS = (
     "deamoe_trt.cli.demo_cmd",
     "deamoe_trt.cli.init_cmd",
     "deamoe_trt.cli.info_cmd",
+    "deamoe_trt.cli.import_cmd",
 )
 
 

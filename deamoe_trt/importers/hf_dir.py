@@ -1,0 +1,153 @@
+"""A local Hugging Face model directory (config.json + *.safetensors) as a DeaMoE stack.
+
+The model is built by transformers from the directory alone (local_files_only, no remote
+code) and its weights are read from safetensors only: pickled weights (*.bin, *.pt) are
+refused, never opened. The whole model is instantiated on the CPU, so this needs memory
+for the whole model in its stored dtype; the MoE blocks are then imported with from_hf_model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import MissingDependencyError, UsageError
+from ..layer import DeaMoEStack
+from .hf import SUPPORTED_MODEL_TYPES, find_moe_blocks, from_hf_model
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def read_hf_config(model_dir: str | Path) -> dict[str, Any]:
+    """config.json of a local Hugging Face model directory, checked for a supported model_type."""
+    path = Path(model_dir)
+    if not path.exists():
+        raise UsageError(f"{path} does not exist; pass a local Hugging Face model directory")
+    if not path.is_dir():
+        raise UsageError(
+            f"{path} is not a directory; pass a local Hugging Face model directory (config.json + *.safetensors)"
+        )
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise UsageError(f"{path} has no config.json; is it a Hugging Face model directory?")
+    try:
+        config = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{config_path} is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{config_path} is not a JSON object")
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UsageError(
+            f"unsupported Hugging Face model_type {model_type!r} in {config_path}; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    quantization = config.get("quantization_config")
+    if quantization:
+        method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else "?"
+        raise UsageError(
+            f"{path} holds quantized weights (quant_method {method!r}); "
+            "dequantize them to bfloat16 or float32 safetensors first"
+        )
+    return config
+
+
+def safetensors_files(model_dir: str | Path) -> list[Path]:
+    """The directory's *.safetensors files; a clear error when it has only pickled weights."""
+    path = Path(model_dir)
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        return files
+    pickled = sorted(p.name for p in path.iterdir() if p.is_file() and p.suffix in PICKLE_SUFFIXES)
+    if pickled:
+        raise UsageError(
+            f"{path} has only pickled weights ({pickled[0]}); deamoe-trt never unpickles files: "
+            "convert them to safetensors first (e.g. load and save_pretrained with transformers where you trust them)"
+        )
+    raise UsageError(f"{path} has no *.safetensors weights")
+
+
+def load_hf_dir(
+    model_dir: str | Path, *, layers: Sequence[int] | None = None, dtype: torch.dtype | None = None
+) -> DeaMoEStack:
+    """The MoE layers of the model in model_dir (all, or the HF layer indices in layers).
+
+    dtype: the stack's dtype; default the dtype the weights are stored in. The stack's
+    ``source`` is {"hf_model_type", "hf_module", "layers"} (see from_hf_model).
+    """
+    read_hf_config(model_dir)
+    safetensors_files(model_dir)
+    try:
+        import transformers
+    except ImportError:
+        raise MissingDependencyError(
+            "importing Hugging Face models needs transformers: pip install 'deamoe-trt[hf]'"
+        ) from None
+
+    path = str(Path(model_dir))
+    try:
+        hf_config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"transformers cannot read {path}/config.json: {_first_line(exc)}") from None
+
+    # Check the layer selection on an empty (meta) model before reading any weights.
+    with torch.device("meta"):
+        skeleton = transformers.AutoModel.from_config(hf_config, trust_remote_code=False)
+    available = [index for index, _, _ in find_moe_blocks(skeleton)]
+    del skeleton
+    if not available:
+        raise UsageError(f"{path} ({hf_config.model_type}) has no MoE layers: every layer is dense")
+    if layers is not None:
+        missing = [i for i in layers if i not in available]
+        if missing:
+            raise UsageError(
+                f"layer {missing[0]} is not a MoE layer of {path} (dense or out of range); "
+                f"its MoE layers are {', '.join(map(str, available))}"
+            )
+
+    try:
+        with _quiet(transformers):
+            model, info = transformers.AutoModel.from_pretrained(
+                path,
+                local_files_only=True,
+                use_safetensors=True,
+                trust_remote_code=False,
+                dtype=dtype if dtype is not None else "auto",
+                output_loading_info=True,
+            )
+    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as exc:
+        raise UsageError(f"transformers cannot load {path}: {_first_line(exc)}") from None
+    # transformers fills missing tensors with random values and only warns: refuse instead.
+    blocks = [name for index, name, _ in find_moe_blocks(model) if layers is None or index in layers]
+    missing = sorted(k for k in info.get("missing_keys", ()) if any(k.startswith(b + ".") for b in blocks))
+    if missing:
+        raise UsageError(
+            f"{path} lacks {len(missing)} tensor(s) of its MoE layers, first {missing[0]}; "
+            "refusing to import randomly initialised weights"
+        )
+    return from_hf_model(model, layers=layers, dtype=dtype)
+
+
+@contextlib.contextmanager
+def _quiet(transformers) -> Iterator[None]:
+    """No progress bars or load reports from transformers while loading; restored after."""
+    logging = transformers.utils.logging
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
