@@ -100,7 +100,7 @@ def load_checkpoint(directory: str | Path, *, device=None) -> DeaMoEStack:
         for i, layer in enumerate(stack.layers)
         for name, tensor in layer.state_dict().items()
     }
-    tensors = _read_tensors(directory / WEIGHTS_FILE)
+    tensors = read_tensors(directory / WEIGHTS_FILE)
 
     missing = sorted(set(expected) - set(tensors))
     if missing:
@@ -135,7 +135,7 @@ def load_checkpoint(directory: str | Path, *, device=None) -> DeaMoEStack:
     return DeaMoEStack.from_layers(layers)
 
 
-def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise CheckpointError(f"{path.parent} has {CONFIG_FILE} but no {WEIGHTS_FILE}")
     try:

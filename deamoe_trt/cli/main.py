@@ -45,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     except DeaMoEError as exc:
         print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:
+        # `deamoe-trt ... | head` closed our stdout: not an error of ours, and nothing left to say.
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
