@@ -107,6 +107,35 @@ Status route(LayerParams const& params, DataType dtype, void const* hidden, void
 Status forward(LayerParams const& params, LayerWeights const& weights, DataType dtype, void const* hidden,
     void* output, int32_t numTokens, void* workspace, size_t workspaceBytes, cudaStream_t stream) noexcept;
 
+// ---- Additions (kernel engineer, issue 5); everything above is unchanged. ----
+// plugins/deamoe/KERNELS.md documents the design, workspace and stream behaviour.
+
+// forward() processes the batch in tiles of this many tokens: within a tile every used
+// weight row is read once; a batch of T tokens reads them ceil(T / kMaxTileTokens) times.
+constexpr int32_t kMaxTileTokens = 16;
+
+// Why the last call on this thread did not return kSUCCESS (one line, never null; empty
+// after a success). For kCUDA_ERROR it names the failed launch and the CUDA error.
+char const* lastErrorMessage() noexcept;
+
+// Router logits z = x Wr^T accumulated in float32: logits is [numTokens, N] float32
+// (device memory). The exact logits route() and forward() route from. No workspace.
+Status routerLogits(LayerParams const& params, DataType dtype, void const* hidden, void const* routerWeight,
+    int32_t numTokens, float* logits, cudaStream_t stream) noexcept;
+
+// Spec steps 1-5 from given float32 logits [numTokens, N] (device memory); routerBias is
+// [N] in dtype or nullptr. route() == routerLogits() then routeLogits(). No workspace.
+Status routeLogits(LayerParams const& params, DataType dtype, float const* logits, void const* routerBias,
+    int32_t numTokens, RoutingOutputs const& out, cudaStream_t stream) noexcept;
+
+// Programmatic dependent launch (Hopper and newer; ignored before sm_90): each forward
+// kernel may be scheduled while the previous one drains, hiding launch gaps. Results are
+// identical either way (every kernel waits for its predecessor before touching memory).
+// Off by default; DEAMOE_PROGRAMMATIC_LAUNCH=1 in the environment turns it on at load.
+// Process-wide; safe inside CUDA graph capture (CUDA >= 12.3).
+void setProgrammaticLaunch(bool enabled) noexcept;
+bool programmaticLaunch() noexcept;
+
 } // namespace deamoe
 
 // C ABI for ctypes (deamoe_trt.cuda). Same semantics; returns a Status as int32_t.
@@ -122,4 +151,15 @@ extern "C"
         void const* hidden, void* output, int32_t num_tokens, void* workspace, size_t workspace_bytes,
         cudaStream_t stream);
     char const* deamoe_status_string(int32_t status);
+
+    // Additions (see above).
+    int32_t deamoe_max_tile_tokens(void);
+    char const* deamoe_last_error(void);
+    int32_t deamoe_router_logits(deamoe::LayerParams const* params, int32_t dtype, void const* hidden,
+        void const* router_weight, int32_t num_tokens, float* logits, cudaStream_t stream);
+    int32_t deamoe_route_logits(deamoe::LayerParams const* params, int32_t dtype, float const* logits,
+        void const* router_bias, int32_t num_tokens, int32_t* expert_ids, float* weights, int32_t* department_ids,
+        int32_t* kept_departments, cudaStream_t stream);
+    void deamoe_set_programmatic_launch(int32_t enabled);
+    int32_t deamoe_programmatic_launch(void);
 }

@@ -1,0 +1,190 @@
+"""Finding, or building on first use, libdeamoe_kernels.so."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ..errors import MissingDependencyError
+from ._abi import bind
+
+ENV_LIBRARY = "DEAMOE_TRT_KERNELS_LIB"
+LIBRARY_NAME = "libdeamoe_kernels.so"
+
+# The files the kernel library is built from (the TensorRT plugin's files are not).
+_SOURCE_PATTERNS = ("CMakeLists.txt", "deamoe/deamoe*.h", "deamoe/deamoe*.cuh", "deamoe/deamoe*.cu")
+
+_loaded: dict[str, ctypes.CDLL] = {}
+
+
+class KernelBuildError(MissingDependencyError):
+    """The kernel library is not there and could not be built (no nvcc/CMake, a failed build)."""
+
+
+def plugins_dir() -> Path:
+    """plugins/ of the source tree this package runs from."""
+    return Path(__file__).resolve().parents[2] / "plugins"
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "deamoe_trt"
+
+
+def load_library(path: str | os.PathLike | None = None, *, cuda_architectures: str | None = None) -> ctypes.CDLL:
+    """The DeaMoE kernel library, loaded once per path.
+
+    Looks at, in order: `path`; the environment variable DEAMOE_TRT_KERNELS_LIB; a build
+    cached under ~/.cache/deamoe_trt/<hash>/ (hash of the kernel sources, the CUDA
+    compiler and the architectures). When none exists it builds one with CMake and nvcc
+    for `cuda_architectures` (default: the current GPU's, e.g. "90"), printing progress
+    to stderr; that takes a minute or two, once.
+    """
+    if path is None:
+        path = os.environ.get(ENV_LIBRARY) or None
+    if path is None:
+        path = _cached_or_built(cuda_architectures)
+    path = str(Path(path).expanduser().resolve())
+    if path not in _loaded:
+        if not Path(path).is_file():
+            raise KernelBuildError(f"DeaMoE kernel library {path} does not exist")
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as exc:
+            raise KernelBuildError(f"cannot load the DeaMoE kernel library {path}: {exc}") from None
+        try:
+            _loaded[path] = bind(lib)
+        except AttributeError as exc:
+            raise KernelBuildError(f"{path} is not a DeaMoE kernel library of this version: {exc}") from None
+    return _loaded[path]
+
+
+def _cached_or_built(cuda_architectures: str | None) -> Path:
+    source = plugins_dir()
+    if not (source / "CMakeLists.txt").is_file():
+        raise KernelBuildError(
+            f"the DeaMoE kernel sources are not at {source}; build libdeamoe_kernels.so "
+            f"(plugins/build_kernels.sh) and set {ENV_LIBRARY} to its path"
+        )
+    archs = cuda_architectures or _local_architecture()
+    nvcc = _find_nvcc()
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise KernelBuildError(f"building the DeaMoE kernels needs CMake (>= 3.18) on PATH; or set {ENV_LIBRARY}")
+    key = _build_key(source, nvcc, archs)
+    target_dir = cache_root() / key
+    library = target_dir / LIBRARY_NAME
+    if library.is_file():
+        return library
+    target_dir.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target_dir / ".lock"):
+        if not library.is_file():  # another process may have built it meanwhile
+            _build(source, target_dir, library, cmake, nvcc, archs)
+    return library
+
+
+def _local_architecture() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        from . import CudaUnavailableError
+
+        raise CudaUnavailableError(
+            "deamoe_trt.cuda needs a CUDA GPU to pick the architecture to build for: "
+            "torch.cuda.is_available() is False (pass cuda_architectures=, or set "
+            f"{ENV_LIBRARY})"
+        )
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}{minor}"
+
+
+def _find_nvcc() -> str:
+    candidates = [os.environ.get("CUDACXX"), shutil.which("nvcc")]
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            candidates.append(str(Path(home) / "bin" / "nvcc"))
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    raise KernelBuildError(
+        f"building the DeaMoE kernels needs nvcc (the CUDA toolkit): not on PATH, CUDA_HOME or /usr/local/cuda; "
+        f"or set {ENV_LIBRARY}"
+    )
+
+
+def _build_key(source: Path, nvcc: str, archs: str) -> str:
+    digest = hashlib.sha256()
+    for pattern in _SOURCE_PATTERNS:
+        for file in sorted(source.glob(pattern)):
+            digest.update(file.relative_to(source).as_posix().encode())
+            digest.update(file.read_bytes())
+    try:
+        version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = nvcc
+    digest.update(version.encode())
+    digest.update(archs.encode())
+    return f"{digest.hexdigest()[:16]}-sm{archs.replace(';', '_')}"
+
+
+def _build(source: Path, target_dir: Path, library: Path, cmake: str, nvcc: str, archs: str) -> None:
+    print(
+        f"deamoe_trt.cuda: building the DeaMoE CUDA kernels for sm_{archs} into {target_dir} "
+        "(first use only; a minute or two)...",
+        file=sys.stderr,
+        flush=True,
+    )
+    build_dir = Path(tempfile.mkdtemp(prefix="build-", dir=target_dir))
+    configure = [
+        cmake,
+        "-S",
+        str(source),
+        "-B",
+        str(build_dir),
+        "-DCMAKE_BUILD_TYPE=Release",
+        f"-DCMAKE_CUDA_COMPILER={nvcc}",
+        f"-DCMAKE_CUDA_ARCHITECTURES={archs}",
+        "-DDEAMOE_KERNELS_ONLY=ON",
+    ]
+    if shutil.which("ninja"):
+        configure += ["-G", "Ninja"]
+    steps = [
+        configure,
+        [cmake, "--build", str(build_dir), "--target", "deamoe_kernels", "-j", str(os.cpu_count() or 2)],
+    ]
+    log = build_dir / "build.log"
+    with log.open("w") as out:
+        for step in steps:
+            result = subprocess.run(step, stdout=out, stderr=subprocess.STDOUT, check=False)
+            if result.returncode != 0:
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+                raise KernelBuildError(
+                    f"building the DeaMoE kernels failed ({' '.join(step[:2])} ...); full log: {log}\n{tail}"
+                )
+    built = build_dir / LIBRARY_NAME
+    if not built.is_file():
+        raise KernelBuildError(f"the DeaMoE kernel build finished but {built} is missing; log: {log}")
+    partial = library.with_suffix(".so.partial")
+    shutil.copy2(built, partial)
+    os.replace(partial, library)
+    shutil.rmtree(build_dir, ignore_errors=True)
+    print(f"deamoe_trt.cuda: built {library}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    import fcntl
+
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

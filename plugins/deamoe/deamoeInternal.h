@@ -1,0 +1,95 @@
+/*
+ * Internal to the kernel library: workspace layout, launch geometry and the per-dtype
+ * entry points (defined in deamoeForward{Float,Half,Bf16}.cu, which instantiate
+ * deamoeForward.cuh once per dtype so the three compile in parallel).
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "deamoeKernels.h"
+#include "deamoePlan.cuh"
+#include "deamoeRouting.cuh"
+
+namespace deamoe
+{
+namespace detail
+{
+
+// Launch geometry. Changing these changes performance only, never results, except
+// kDownRowsPerTile, which is also the unit of the down kernel's fused reduction.
+constexpr int kGemvThreads = 128;                     // gate/up and down blocks: 4 warps
+constexpr int kGemvWarps = kGemvThreads / kWarpSize;
+constexpr int kDownRowsPerWarp = 2;
+constexpr int kDownRowsPerTile = kGemvWarps * kDownRowsPerWarp; // 8 output rows per down block
+constexpr int kRoutePlanThreads = 512;                // routing/plan block + shared-expert down blocks
+constexpr int kRoutePlanWarps = kRoutePlanThreads / kWarpSize;
+constexpr int kSharedDownRowsPerBlock = kRoutePlanWarps * kDownRowsPerWarp;
+constexpr int kRouteThreads = 128;                    // route(): one warp per token
+constexpr size_t kSmemBudget = 48 * 1024;             // no opt-in attribute needed anywhere
+constexpr size_t kAlign = 256;
+
+RoutingConfig routingConfig(LayerParams const& p);
+PlanConfig planConfig(LayerParams const& p);
+
+// Byte offsets into the workspace for a tile of up to `tileTokens` tokens.
+struct WorkspaceLayout
+{
+    int32_t tileTokens;
+    int32_t maxDepartmentParts;
+    int32_t maxExpertParts;
+    int32_t departmentSlotsPerToken; // min(g, k)
+    int32_t partialSlots;            // S = k + (f_s ? min(g,k) : 0) + (f_sh ? 1 : 0)
+    int32_t logitsStride;            // N + 1 (column N: the shared-expert gate logit)
+    int32_t downTiles;               // ceil(d / kDownRowsPerTile): counters
+    size_t logits;                   // float [tile][N + 1]
+    size_t counts;                   // int [2]
+    size_t departments;              // int [maxDepartmentParts]
+    size_t experts;                  // int [maxExpertParts]
+    size_t departmentEntryCounts;    // int [maxDepartmentParts]
+    size_t expertEntryCounts;        // int [maxExpertParts]
+    size_t departmentEntries;        // PlanEntry [maxDepartmentParts][kMaxTileTokens]
+    size_t expertEntries;            // PlanEntry [maxExpertParts][kMaxTileTokens]
+    size_t departmentSlots;          // int [kMaxTileTokens]
+    size_t counters;                 // int [downTiles]
+    size_t hShared;                  // float [tile][f_sh]
+    size_t hDepartment;              // float [tile][min(g,k)][f_s]
+    size_t hExpert;                  // float [tile][k][f_p]
+    size_t partials;                 // float [tile][S][d]
+    size_t forwardBytes;             // everything above
+    size_t routeBytes;               // logits only (route())
+};
+
+WorkspaceLayout workspaceLayout(LayerParams const& p, int32_t tileTokens);
+
+// Records the reason for a failure (deamoe_last_error()) and returns status.
+Status fail(Status status, char const* format, ...) noexcept;
+
+// Checks the launches just made; kCUDA_ERROR (with the reason recorded) if one failed.
+Status checkLaunch(char const* what) noexcept;
+
+// Whether to launch the forward kernels as programmatic dependents: enabled
+// (setProgrammaticLaunch, or DEAMOE_PROGRAMMATIC_LAUNCH=1 in the environment) and the
+// current device is sm_90 or newer.
+bool programmaticLaunchUsable() noexcept;
+
+// What one dtype's translation unit provides. Pointers are already validated.
+struct TypedOps
+{
+    Status (*forward)(LayerParams const& p, LayerWeights const& w, void const* hidden, void* output,
+        int32_t numTokens, void* workspace, cudaStream_t stream);
+    Status (*route)(LayerParams const& p, void const* hidden, void const* routerWeight, void const* routerBias,
+        int32_t numTokens, RoutingOutputs const& out, void* workspace, cudaStream_t stream);
+    Status (*routerLogits)(LayerParams const& p, void const* hidden, void const* routerWeight, int32_t numTokens,
+        float* logits, cudaStream_t stream);
+    Status (*routeLogits)(LayerParams const& p, float const* logits, void const* routerBias, int32_t numTokens,
+        RoutingOutputs const& out, cudaStream_t stream);
+};
+
+TypedOps const& typedOpsFloat();
+TypedOps const& typedOpsHalf();
+TypedOps const& typedOpsBf16();
+
+} // namespace detail
+} // namespace deamoe

@@ -1,0 +1,821 @@
+#!/usr/bin/env python3
+"""GPU check of the DeaMoE CUDA kernels: correctness against the PyTorch reference, then speed.
+
+    PYTHONUNBUFFERED=1 python plugins/deamoe/gpu_check.py --out DIR
+
+On any CUDA machine with PyTorch (no install needed: it imports deamoe_trt from this
+checkout). It
+1. builds the kernels for the local GPU only (CMake + nvcc, cached in ~/.cache/deamoe_trt);
+2. measures the device copy bandwidth (a 1 GiB device-to-device copy; bytes read + written)
+   and a read-only bandwidth;
+3. checks, per preset and dtype, the kernels' routing (exact ids vs the reference; any
+   difference must be a near-tie of the scores) and outputs (float32: allclose; fp16/bf16:
+   relative error against float32 math on the same weights, from the kernels' routing);
+4. times DeaMoE forward at 1/2/4/8/16 tokens: the kernels, the same kernels on
+   layer.expanded() (f_s = 0, f_p = f_s + f_p) and the PyTorch reference, with CUDA events,
+   warm-up, a fresh pre-generated input per iteration and the L2 flushed (read of a 1 GiB
+   buffer) before each; eager launches and CUDA-graph replay; programmatic dependent launch
+   off and on. Reports bytes loaded per step (deamoe_trt.traffic.weights_loaded on the
+   kernels' routing of that input), achieved bandwidth, its fraction of the copy bandwidth
+   and the speedups;
+5. writes DIR/gpu_check.json (everything) and DIR/gpu_check.txt (the tables), prints them.
+Exit status 0 when every correctness check passed (performance targets are reported, not
+enforced), 1 otherwise. Designed to finish in under 5 minutes on an H200 (--budget-s).
+
+--dry-run runs the same flow on the CPU through the SIMT-emulated kernel library (tests)
+with shrunken presets: a check of this script, not of the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from deamoe_trt.config import DeaMoEConfig  # noqa: E402
+from deamoe_trt.layer import DeaMoELayer  # noqa: E402
+from deamoe_trt.presets import PRESETS  # noqa: E402
+from deamoe_trt.routing import Routing, route_logits  # noqa: E402
+
+try:
+    from deamoe_trt.traffic import weights_loaded
+except ImportError:  # pragma: no cover - older checkouts: the spec's formula inline
+    weights_loaded = None
+
+T0 = time.perf_counter()
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+# Relative error bounds against float32 math on the same weights (see MODE note in main()).
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+NEAR_TIE = 1e-5  # score units: routing differences closer than this are float rounding
+TARGET_SPEEDUP = 1.9  # deepseek-v3-layer, bf16, 1 token, vs the expanded twin
+TARGET_COPY_FRACTION = 0.75
+
+
+def log(message: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f}s] {message}", flush=True)
+
+
+def elapsed() -> float:
+    return time.perf_counter() - T0
+
+
+# ---------------------------------------------------------------------------------------
+# Backends: the GPU (deamoe_trt.cuda, CUDA events) or the emulated library on the CPU.
+
+
+class GpuBackend:
+    name = "cuda"
+    device = torch.device("cuda")
+
+    def __init__(self, library: str | None):
+        from deamoe_trt import cuda
+
+        self.cuda = cuda
+        started = time.perf_counter()
+        self.lib = cuda.load_library(library)
+        self.build_seconds = time.perf_counter() - started
+        self.library_path = self.lib._name
+
+    def forward(self, layer, x):
+        return self.cuda.forward(layer, x)
+
+    def route(self, layer, x):
+        return self.cuda.route(layer, x)
+
+    def router_logits(self, layer, x):
+        return self.cuda.router_logits(layer, x)
+
+    def set_programmatic_launch(self, enabled: bool) -> None:
+        self.cuda.set_programmatic_launch(enabled)
+
+    def sync(self) -> None:
+        torch.cuda.synchronize()
+
+    def time_each(self, run, count: int, before=None) -> list[float]:
+        """Microseconds of run(i) for i < count, each between two CUDA events."""
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        for i in range(count):
+            if before is not None:
+                before(i)
+            starts[i].record()
+            run(i)
+            ends[i].record()
+        torch.cuda.synchronize()
+        return [1e3 * s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+
+    def graph(self, fn, static_input):
+        """A replayable capture of fn(static_input), or None when capture fails."""
+        fn(static_input)  # warm: library loaded, allocator primed
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn(static_input)
+        return graph
+
+
+class EmulatedBackend:
+    """The SIMT-emulated kernel library (tests/plugins/deamoe) on CPU tensors."""
+
+    name = "emulated"
+    device = torch.device("cpu")
+
+    def __init__(self, library: str | None):
+        from deamoe_trt.cuda import _abi, _ops
+
+        self._ops = _ops
+        started = time.perf_counter()
+        path = Path(library) if library else self._build()
+        self.lib = _abi.bind(ctypes.CDLL(str(path)))
+        self.build_seconds = time.perf_counter() - started
+        self.library_path = str(path)
+
+    @staticmethod
+    def _build() -> Path:
+        sys.path.insert(0, str(REPO / "tests"))
+        from plugins.conftest import EMULATOR_DIR, KERNEL_DIR, find_cuda_include, find_cxx
+
+        out = Path("/tmp") / "deamoe_gpu_check_dry_run" / "libdeamoe_emulated.so"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [find_cxx(), "-std=c++20", "-O2", "-pthread", "-ffp-contract=off", "-shared", "-fPIC",
+               f"-I{find_cuda_include()}", f"-I{KERNEL_DIR}", f"-I{EMULATOR_DIR}",
+               str(EMULATOR_DIR / "emulated_kernels.cpp"), "-o", str(out)]  # fmt: skip
+        subprocess.run(cmd, check=True)
+        return out
+
+    def forward(self, layer, x):
+        return self._ops.forward_with(self.lib, layer, x)
+
+    def route(self, layer, x):
+        return self._ops.route_with(self.lib, layer, x)
+
+    def router_logits(self, layer, x):
+        return self._ops.router_logits_with(self.lib, layer, x)
+
+    def set_programmatic_launch(self, enabled: bool) -> None:
+        self.lib.deamoe_set_programmatic_launch(int(enabled))
+
+    def sync(self) -> None:
+        pass
+
+    def time_each(self, run, count: int, before=None) -> list[float]:
+        times = []
+        for i in range(count):
+            if before is not None:
+                before(i)
+            started = time.perf_counter()
+            run(i)
+            times.append(1e6 * (time.perf_counter() - started))
+        return times
+
+    def graph(self, fn, static_input):
+        return None
+
+
+# ---------------------------------------------------------------------------------------
+# Layers
+
+
+def layer_bytes(config: DeaMoEConfig, bytes_per_weight: int) -> int:
+    c = config
+    d = c.hidden_size
+    params = c.num_experts * d + (c.num_experts if c.router_bias else 0)
+    params += c.num_departments * 3 * c.shared_intermediate_size * d
+    params += c.num_experts * 3 * c.private_intermediate_size * d
+    params += 3 * c.shared_expert_intermediate_size * d + (d if c.shared_expert_gate else 0)
+    return params * bytes_per_weight
+
+
+@torch.no_grad()
+def random_layer(config: DeaMoEConfig, dtype: torch.dtype, device: torch.device, seed: int) -> DeaMoELayer:
+    """DeaMoELayer.random's distribution; generated on the GPU for big layers (the 6.3 GB
+    deepseek preset would take minutes through random()'s CPU float32 path)."""
+    if device.type == "cpu" or layer_bytes(config, 4) < 2 * 2**30:
+        return DeaMoELayer.random(config, seed=seed, dtype=dtype).to(device)
+    c = config
+    layer = DeaMoELayer(c, dtype=dtype, device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def normal_(param: torch.Tensor, fan_in: int) -> None:
+        param.normal_(0.0, 1.0 / math.sqrt(fan_in), generator=gen)
+
+    normal_(layer.router.weight, c.hidden_size)
+    if layer.router.bias is not None:
+        layer.router.bias.normal_(0.0, 0.02, generator=gen)
+    for part, width in (
+        (layer.departments, c.expert_intermediate_size),
+        (layer.experts, c.expert_intermediate_size),
+        (layer.shared_experts, c.shared_expert_intermediate_size),
+    ):
+        if part is None:
+            continue
+        normal_(part.gate_up, c.hidden_size)
+        normal_(part.down, width)
+        if getattr(part, "gate", None) is not None:
+            normal_(part.gate, c.hidden_size)
+    return layer
+
+
+def free(*objects) -> None:
+    for obj in objects:
+        del obj
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------
+# Correctness
+
+
+def swiglu32(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    gate, up = (x @ gate_up.float().t()).chunk(2, dim=-1)
+    return (F.silu(gate) * up) @ down.float().t()
+
+
+@torch.no_grad()
+def reference_fp32(layer: DeaMoELayer, x: torch.Tensor, routing: Routing) -> torch.Tensor:
+    """The spec's output in float32 from the layer's weights, for the given routing; casts
+    only the parts the routing uses (memory-light for the big presets)."""
+    c = layer.config
+    xf = x.reshape(-1, c.hidden_size).float()
+    out = torch.zeros_like(xf)
+    if layer.departments is not None:
+        weights = routing.department_weights(c.num_departments)
+        for j in routing.used_departments().tolist():
+            tokens = (routing.department_ids == j).any(dim=-1).nonzero().squeeze(-1)
+            y = swiglu32(xf[tokens], layer.departments.gate_up[j], layer.departments.down[j])
+            out.index_add_(0, tokens, y * weights[tokens, j, None])
+    if layer.experts is not None:
+        for e in routing.used_experts().tolist():
+            tokens, slots = (routing.expert_ids == e).nonzero(as_tuple=True)
+            y = swiglu32(xf[tokens], layer.experts.gate_up[e], layer.experts.down[e])
+            out.index_add_(0, tokens, y * routing.weights[tokens, slots, None])
+    if layer.shared_experts is not None:
+        y = swiglu32(xf, layer.shared_experts.gate_up, layer.shared_experts.down)
+        if layer.shared_experts.gate is not None:
+            y = y * torch.sigmoid(xf @ layer.shared_experts.gate.float().t())
+        out += y
+    return out
+
+
+def decision_margin(config: DeaMoEConfig, logits: torch.Tensor, bias: torch.Tensor | None) -> float:
+    """Smallest score gap that decides one token's routing (stage-1 order up to g+1, stage-2
+    order up to k+1): a routing difference at a gap below NEAR_TIE is float rounding."""
+    c = config
+    z = logits.float().cpu()
+    s = torch.softmax(z, -1) if c.score_func == "softmax" else torch.sigmoid(z)
+    sel = s + (bias.float().cpu() if bias is not None else 0.0)
+    per = sel.view(c.num_departments, c.experts_per_department)
+    if c.department_score == "max":
+        dept = per.amax(-1)
+    elif c.department_score == "sum_top2":
+        dept = per.topk(2, -1).values.sum(-1)
+    else:
+        dept = per.sum(-1)
+    gaps = []
+    ranked = dept.sort(descending=True).values[: c.top_departments + 1]
+    gaps += (ranked[:-1] - ranked[1:]).tolist()
+    kept = dept.sort(descending=True, stable=True).indices[: c.top_departments]
+    candidates = per[kept].flatten().sort(descending=True).values[: c.top_k + 1]
+    gaps += (candidates[:-1] - candidates[1:]).tolist()
+    return min(gaps) if gaps else math.inf
+
+
+@torch.no_grad()
+def check_correctness(backend, layer: DeaMoELayer, preset: str, tokens: int, seed: int) -> dict:
+    c, dtype = layer.config, layer.dtype
+    gen = torch.Generator(device=backend.device).manual_seed(seed)
+    x = torch.randn(tokens, c.hidden_size, generator=gen, device=backend.device).to(dtype)
+    result: dict = {"preset": preset, "dtype": DTYPE_NAMES[dtype], "tokens": tokens}
+    try:
+        got = backend.route(layer, x)
+        ref = layer.route(x)
+        logits = backend.router_logits(layer, x)
+        torch_logits = x.float() @ layer.router.weight.float().t()
+        # The decision logic alone: the reference's routing of the kernels' own logits.
+        own = route_logits(logits, layer.router.bias, c)
+        logic_exact = torch.equal(got.expert_ids, own.expert_ids) and torch.equal(
+            got.kept_departments, own.kept_departments
+        )
+        rows = (got.expert_ids != ref.expert_ids).any(-1) | (got.kept_departments != ref.kept_departments).any(-1)
+        mismatched = rows.nonzero().flatten().tolist()
+        margins = [decision_margin(c, torch_logits[t], layer.router.bias) for t in mismatched]
+        unexplained = [t for t, m in zip(mismatched, margins, strict=True) if m >= NEAR_TIE]
+        weight_err = float((got.weights - own.weights).abs().max()) if tokens else 0.0
+        result["routing"] = {
+            "logic_exact": logic_exact,
+            "tokens_differing_from_reference": len(mismatched),
+            "differences_not_near_ties": len(unexplained),
+            "max_logit_abs_error_vs_torch": float((logits - torch_logits).abs().max()),
+            "max_weight_abs_error": weight_err,
+        }
+        y = backend.forward(layer, x)
+        y2 = backend.forward(layer, x)
+        want = reference_fp32(layer, x, got)
+        err = float((y.float() - want).norm() / want.norm().clamp_min(1e-30))
+        same_rows = ~rows
+        native = layer(x).float()
+        native_err = float(
+            (y.float()[same_rows] - native[same_rows]).norm() / native[same_rows].norm().clamp_min(1e-30)
+        )
+        result["output"] = {
+            "relative_error_vs_fp32_math": err,
+            "tolerance": TOLERANCE[dtype],
+            "relative_error_vs_native_reference": native_err,
+            "finite": bool(torch.isfinite(y).all()),
+            "deterministic": bool(torch.equal(y, y2)),
+            "shape_dtype_ok": y.shape == x.shape and y.dtype == dtype,
+        }
+        ok = (
+            logic_exact
+            and not unexplained
+            and err < TOLERANCE[dtype]
+            and result["output"]["finite"]
+            and result["output"]["deterministic"]
+            and result["output"]["shape_dtype_ok"]
+        )
+        result["pass"] = bool(ok)
+    except Exception as exc:  # recorded, and the run goes on
+        result["pass"] = False
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["traceback"] = traceback.format_exc()
+    status = "PASS" if result["pass"] else "FAIL"
+    detail = result.get("error") or (
+        f"rel.err {result['output']['relative_error_vs_fp32_math']:.2e} (tol {TOLERANCE[dtype]:.0e}), "
+        f"routing diffs {result['routing']['tokens_differing_from_reference']} "
+        f"(not near-ties: {result['routing']['differences_not_near_ties']}), "
+        f"logic exact {result['routing']['logic_exact']}"
+    )
+    log(f"  {status} {preset} {DTYPE_NAMES[dtype]} T={tokens}: {detail}")
+    return result
+
+
+# ---------------------------------------------------------------------------------------
+# Bandwidth and benchmarks
+
+
+def measure_bandwidth(backend, size_bytes: int, repeats: int) -> dict:
+    n = size_bytes // 4
+    src = torch.rand(n, device=backend.device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+        src.amax()
+    copy_us = statistics.median(backend.time_each(lambda i: dst.copy_(src), repeats))
+    read_us = statistics.median(backend.time_each(lambda i: src.amax(), repeats))
+    free(src, dst)
+    return {
+        "buffer_bytes": n * 4,
+        "copy_GBps": 2 * n * 4 / copy_us / 1e3,  # bytes read + written
+        "read_GBps": n * 4 / read_us / 1e3,
+        "copy_us": copy_us,
+        "read_us": read_us,
+    }
+
+
+def step_bytes(config: DeaMoEConfig, routing: Routing, bytes_per_weight: int) -> int:
+    if weights_loaded is not None:
+        return int(weights_loaded(config, routing, bytes_per_weight).total)
+    c, d, b = config, config.hidden_size, bytes_per_weight  # the spec's formula
+    used_d = int(routing.used_departments().numel()) if c.shared_intermediate_size else 0
+    used_e = int(routing.used_experts().numel()) if c.private_intermediate_size else 0
+    return (
+        used_d * 3 * d * c.shared_intermediate_size * b
+        + used_e * 3 * d * c.private_intermediate_size * b
+        + c.num_experts * d * b
+        + 3 * d * c.shared_expert_intermediate_size * b
+    )
+
+
+@dataclass
+class Timing:
+    variant: str  # deamoe | expanded | torch
+    mode: str  # eager | graph
+    pdl: bool
+    times_us: list[float]
+    bytes_per_step: list[int] = field(default_factory=list)
+
+    def summary(self, copy_GBps: float) -> dict:
+        t = sorted(self.times_us)
+        out = {
+            "variant": self.variant,
+            "mode": self.mode,
+            "pdl": self.pdl,
+            "iterations": len(t),
+            "median_us": statistics.median(t),
+            "p10_us": t[len(t) // 10],
+            "p90_us": t[min(len(t) - 1, (9 * len(t)) // 10)],
+        }
+        if self.bytes_per_step:
+            per_iter = [b / us / 1e3 for b, us in zip(self.bytes_per_step, self.times_us, strict=True)]
+            out["bytes_per_step_mean"] = statistics.mean(self.bytes_per_step)
+            out["bandwidth_GBps"] = statistics.median(per_iter)
+            out["copy_fraction"] = out["bandwidth_GBps"] / copy_GBps if copy_GBps else None
+        return out
+
+
+class Bench:
+    def __init__(self, backend, iters: int, torch_iters: int, flush_bytes: int):
+        self.backend = backend
+        self.iters = iters
+        self.torch_iters = torch_iters
+        self.flush = torch.empty(max(flush_bytes // 4, 1), device=backend.device)
+        self.flush.uniform_()
+
+    def before(self, i: int) -> None:
+        # A read-only sweep: evicts the weights from L2 without dirtying it, and keeps the GPU
+        # busy long enough (~0.25 ms for 1 GiB) for the host to enqueue the whole timed call,
+        # so eager timings measure the GPU, not Python's launch overhead.
+        self.flush.amax()
+
+    def kernels(self, variant: str, layer, xs, routing_bytes, pdl: bool) -> list[Timing]:
+        b = self.backend
+        b.set_programmatic_launch(pdl)
+        try:
+            with torch.no_grad():
+                for i in range(min(3, len(xs))):
+                    b.forward(layer, xs[i])
+                b.sync()
+                eager = Timing(
+                    variant, "eager", pdl, b.time_each(lambda i: b.forward(layer, xs[i]), len(xs), self.before)
+                )
+                eager.bytes_per_step = routing_bytes
+                timings = [eager]
+                static = xs[0].clone()
+                graph = None
+                with contextlib.suppress(Exception):
+                    graph = b.graph(lambda x: b.forward(layer, x), static)
+                if graph is not None:
+
+                    def before(i: int) -> None:
+                        static.copy_(xs[i])
+                        self.before(i)
+
+                    replay = Timing(variant, "graph", pdl, b.time_each(lambda i: graph.replay(), len(xs), before))
+                    replay.bytes_per_step = routing_bytes
+                    timings.append(replay)
+                    del graph
+            return timings
+        finally:
+            b.set_programmatic_launch(False)
+
+    def reference(self, layer, xs) -> Timing:
+        count = min(self.torch_iters, len(xs))
+        with torch.no_grad():
+            layer(xs[0])
+            self.backend.sync()
+            times = self.backend.time_each(lambda i: layer(xs[i]), count, self.before)
+        return Timing("torch", "eager", False, times)
+
+
+def profile_kernels(backend, layer, xs) -> list[dict]:
+    """Per-kernel GPU time of the DeaMoE forward (torch.profiler / CUPTI), if available."""
+    if backend.name != "cuda":
+        return []
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for x in xs:
+            backend.forward(layer, x)
+        torch.cuda.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if total and event.count:
+            rows.append({"name": event.key[:120], "calls": event.count, "avg_us": total / event.count})
+    rows.sort(key=lambda r: -r["avg_us"] * r["calls"])
+    return rows[:12]
+
+
+def bench_preset(backend, bench: Bench, preset: str, layer: DeaMoELayer, tokens: list[int], copy_GBps: float,
+                 results: dict, pdl_tokens: set[int], budget_s: float) -> None:  # fmt: skip
+    c = layer.config
+    B = torch.finfo(layer.dtype).bits // 8
+    log(f"  building the expanded twin of {preset} (f_s=0, f_p={c.expert_intermediate_size})")
+    twin = layer.expanded()
+    backend.sync()
+    twin_config = twin.config
+    try:
+        for T in tokens:
+            if elapsed() > budget_s:
+                log(f"  time budget reached: skipping {preset} T>={T}")
+                results["skipped"].append(f"{preset} benchmarks from T={T}: time budget")
+                break
+            gen = torch.Generator(device=backend.device).manual_seed(1000 + T)
+            xs = [
+                torch.randn(T, c.hidden_size, generator=gen, device=backend.device).to(layer.dtype)
+                for _ in range(bench.iters)
+            ]
+            routings = [backend.route(layer, x) for x in xs]
+            deamoe_bytes = [step_bytes(c, r, B) for r in routings]
+            twin_bytes = [step_bytes(twin_config, r, B) for r in routings]
+            used_d = statistics.mean(int(r.used_departments().numel()) for r in routings)
+            used_e = statistics.mean(int(r.used_experts().numel()) for r in routings)
+            rows = []
+            for pdl in [False, True] if T in pdl_tokens else [False]:
+                rows += bench.kernels("deamoe", layer, xs, deamoe_bytes, pdl)
+                rows += bench.kernels("expanded", twin, xs, twin_bytes, pdl)
+            rows.append(bench.reference(layer, xs))
+            summaries = [row.summary(copy_GBps) for row in rows]
+            entry = {
+                "preset": preset,
+                "dtype": DTYPE_NAMES[layer.dtype],
+                "tokens": T,
+                "mean_used_departments": used_d,
+                "mean_used_experts": used_e,
+                "timings": summaries,
+            }
+
+            def find(variant, mode="eager", pdl=False, rows=summaries):
+                return next(
+                    (s for s in rows if s["variant"] == variant and s["mode"] == mode and s["pdl"] == pdl), None
+                )
+
+            speedups = {}
+            for mode in ("eager", "graph"):
+                for pdl in (False, True):
+                    d, e = find("deamoe", mode, pdl), find("expanded", mode, pdl)
+                    if d and e:
+                        speedups[f"vs_expanded_{mode}{'_pdl' if pdl else ''}"] = e["median_us"] / d["median_us"]
+            ref, d = find("torch"), find("deamoe")
+            if ref and d:
+                speedups["vs_torch_eager"] = ref["median_us"] / d["median_us"]
+            entry["speedups"] = speedups
+            results["benchmarks"].append(entry)
+            d, e, g = find("deamoe"), find("expanded"), find("deamoe", "graph")
+            log(
+                f"  {preset} {DTYPE_NAMES[layer.dtype]} T={T:2d}: deamoe {d['median_us']:8.1f} us "
+                f"({d.get('bandwidth_GBps', 0):6.0f} GB/s, {100 * (d.get('copy_fraction') or 0):5.1f}% of copy)"
+                + (f", graph {g['median_us']:8.1f} us" if g else "")
+                + f" | expanded {e['median_us']:8.1f} us | x{speedups.get('vs_expanded_eager', 0):.2f} vs expanded"
+                f", x{speedups.get('vs_torch_eager', 0):.1f} vs torch | U_d {used_d:.1f} U_e {used_e:.1f}"
+            )
+            if tokens[0] == T and backend.name == "cuda":
+                with contextlib.suppress(Exception):
+                    entry["profile"] = profile_kernels(backend, layer, xs[:5])
+            del xs, routings
+    finally:
+        free(twin)
+
+
+# ---------------------------------------------------------------------------------------
+# Report
+
+
+def table(results: dict) -> str:
+    lines = []
+    bw = results.get("bandwidth") or {}
+    lines.append(
+        f"device copy bandwidth {bw.get('copy_GBps', 0):.0f} GB/s (read+write), read-only {bw.get('read_GBps', 0):.0f}"
+        " GB/s"
+    )
+    lines.append("")
+    lines.append("correctness")
+    for r in results["correctness"]:
+        out = r.get("output") or {}
+        route = r.get("routing") or {}
+        lines.append(
+            f"  {'PASS' if r['pass'] else 'FAIL'} {r['preset']:22s} {r['dtype']} T={r['tokens']:3d} "
+            + (
+                f"rel.err {out.get('relative_error_vs_fp32_math', float('nan')):.1e} "
+                f"routing diffs {route.get('tokens_differing_from_reference', '?')} "
+                f"(non-tie {route.get('differences_not_near_ties', '?')})"
+                if not r.get("error")
+                else r["error"][:100]
+            )
+        )
+    lines.append("")
+    header = (
+        f"  {'preset':20s} {'dt':4s} {'T':>3s} {'deamoe us':>10s} {'graph us':>9s} {'GB/s':>6s} {'%copy':>6s} "
+        f"{'expand us':>10s} {'x exp':>6s} {'x exp g':>7s} {'pdl us':>8s} {'x pdl':>6s} "
+        f"{'torch us':>9s} {'x torch':>7s}"
+    )
+    lines.append("benchmarks (medians; x exp = expanded / deamoe, eager; g = CUDA graph; pdl = programmatic launch)")
+    lines.append(header)
+    for b in results["benchmarks"]:
+        t = {(s["variant"], s["mode"], s["pdl"]): s for s in b["timings"]}
+        d = t.get(("deamoe", "eager", False), {})
+        g = t.get(("deamoe", "graph", False), {})
+        e = t.get(("expanded", "eager", False), {})
+        p = t.get(("deamoe", "eager", True), {})
+        r = t.get(("torch", "eager", False), {})
+        s = b["speedups"]
+
+        def num(value, fmt):
+            width = int(fmt.split(".")[0] or 0)
+            return format(value, fmt) if isinstance(value, (int, float)) else "-".rjust(width)
+
+        lines.append(
+            f"  {b['preset']:20s} {b['dtype']:4s} {b['tokens']:3d} {num(d.get('median_us'), '10.1f')} "
+            f"{num(g.get('median_us'), '9.1f')} {num(d.get('bandwidth_GBps'), '6.0f')} "
+            f"{num(100 * d['copy_fraction'] if d.get('copy_fraction') else None, '6.1f')} "
+            f"{num(e.get('median_us'), '10.1f')} {num(s.get('vs_expanded_eager'), '6.2f')} "
+            f"{num(s.get('vs_expanded_graph'), '7.2f')} {num(p.get('median_us'), '8.1f')} "
+            f"{num(s.get('vs_expanded_eager_pdl'), '6.2f')} {num(r.get('median_us'), '9.1f')} "
+            f"{num(s.get('vs_torch_eager'), '7.1f')}"
+        )
+    if results.get("targets"):
+        lines.append("")
+        lines.append("targets (deepseek-v3-layer, bf16, 1 token)")
+        for name, value in results["targets"].items():
+            lines.append(f"  {name}: {value}")
+    if results["errors"] or results["skipped"]:
+        lines.append("")
+        lines += [f"  error: {e}" for e in results["errors"]] + [f"  skipped: {s}" for s in results["skipped"]]
+    return "\n".join(lines)
+
+
+def targets(results: dict) -> dict:
+    out = {}
+    for b in results["benchmarks"]:
+        if b["preset"] != "deepseek-v3-layer" or b["dtype"] != "bf16" or b["tokens"] != 1:
+            continue
+        t = {(s["variant"], s["mode"], s["pdl"]): s for s in b["timings"]}
+        for mode in ("eager", "graph"):
+            for pdl in (False, True):
+                d = t.get(("deamoe", mode, pdl))
+                e = t.get(("expanded", mode, pdl))
+                if not d or not e:
+                    continue
+                key = f"{mode}{' + pdl' if pdl else ''}"
+                speedup = e["median_us"] / d["median_us"]
+                fraction = d.get("copy_fraction") or 0.0
+                out[key] = (
+                    f"speedup vs expanded {speedup:.2f} (target >= {TARGET_SPEEDUP}: "
+                    f"{'met' if speedup >= TARGET_SPEEDUP else 'NOT met'}), "
+                    f"{100 * fraction:.1f}% of copy bandwidth (target >= {100 * TARGET_COPY_FRACTION:.0f}%: "
+                    f"{'met' if fraction >= TARGET_COPY_FRACTION else 'NOT met'})"
+                )
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def shrink(config: DeaMoEConfig) -> DeaMoEConfig:
+    """The preset's routing shape at a size the emulator runs in seconds (--dry-run)."""
+    scale = 64 / config.hidden_size
+    return config.replace(
+        hidden_size=64,
+        shared_intermediate_size=max(8, int(config.shared_intermediate_size * scale) // 8 * 8)
+        if config.shared_intermediate_size
+        else 0,
+        private_intermediate_size=max(8, int(config.private_intermediate_size * scale) // 8 * 8)
+        if config.private_intermediate_size
+        else 0,
+        shared_expert_intermediate_size=max(8, int(config.shared_expert_intermediate_size * scale) // 8 * 8)
+        if config.shared_expert_intermediate_size
+        else 0,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, type=Path, help="folder for gpu_check.json and gpu_check.txt")
+    parser.add_argument("--library", help="a built libdeamoe_kernels.so (default: build for this GPU, cached)")
+    parser.add_argument("--tokens", default="1,2,4,8,16", help="token counts to benchmark")
+    parser.add_argument("--iters", type=int, default=40, help="timed iterations per kernel measurement")
+    parser.add_argument("--torch-iters", type=int, default=10, help="timed iterations of the PyTorch reference")
+    parser.add_argument("--pdl-tokens", default="1,4,16", help="token counts also timed with programmatic launch")
+    parser.add_argument("--skip-bench", action="store_true", help="correctness only")
+    parser.add_argument("--budget-s", type=float, default=270.0, help="stop starting benchmarks after this many s")
+    parser.add_argument("--dry-run", action="store_true", help="CPU + SIMT-emulated kernels, shrunken presets")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tokens = [int(t) for t in args.tokens.split(",") if t]
+    pdl_tokens = {int(t) for t in args.pdl_tokens.split(",") if t}
+
+    results: dict = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "mode": "dry-run (CPU, emulated kernels)" if args.dry_run else "gpu",
+        "correctness": [],
+        "benchmarks": [],
+        "errors": [],
+        "skipped": [],
+    }
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+    }
+    if not args.dry_run:
+        if not torch.cuda.is_available():
+            print("gpu_check: torch.cuda.is_available() is False; this check needs a CUDA GPU (or --dry-run)")
+            return 2
+        props = torch.cuda.get_device_properties(0)
+        env.update(
+            gpu=props.name,
+            capability=f"{props.major}.{props.minor}",
+            sms=props.multi_processor_count,
+            memory_GiB=round(props.total_memory / 2**30, 1),
+            l2_MiB=round(getattr(props, "L2_cache_size", 0) / 2**20, 1),
+        )
+    results["environment"] = env
+    log(f"environment: {env}")
+
+    def write() -> None:
+        results["elapsed_s"] = elapsed()
+        results["targets"] = targets(results)
+        (args.out / "gpu_check.json").write_text(json.dumps(results, indent=2, default=str))
+        (args.out / "gpu_check.txt").write_text(table(results) + "\n")
+
+    try:
+        log("loading the kernel library (builds for this GPU on first use)")
+        backend = EmulatedBackend(args.library) if args.dry_run else GpuBackend(args.library)
+        results["build"] = {"seconds": backend.build_seconds, "library": backend.library_path}
+        log(f"kernel library ready in {backend.build_seconds:.1f}s: {backend.library_path}")
+    except Exception as exc:
+        results["errors"].append(f"kernel library: {type(exc).__name__}: {exc}")
+        write()
+        print(table(results))
+        return 1
+
+    dry = args.dry_run
+    presets = {name: shrink(PRESETS[name]) if dry and name != "tiny" else PRESETS[name] for name in PRESETS}
+    check_tokens = {
+        "tiny": [1, 3, 16, 17, 40],
+        "qwen3-30b-a3b-layer": [1, 5, 16, 33],
+        "deepseek-v3-layer": [1, 4, 16, 20],
+    }
+    if dry:
+        check_tokens = {"tiny": [1, 3], "qwen3-30b-a3b-layer": [1, 2], "deepseek-v3-layer": [1, 2]}
+        tokens = tokens[:2]
+        args.iters = min(args.iters, 2)
+        args.torch_iters = min(args.torch_iters, 2)
+
+    try:
+        log("measuring device bandwidth")
+        results["bandwidth"] = measure_bandwidth(backend, (2**30) if not dry else (2**22), 20 if not dry else 2)
+        bw = results["bandwidth"]
+        log(f"  copy {bw['copy_GBps']:.0f} GB/s (read+write), read-only {bw['read_GBps']:.0f} GB/s")
+    except Exception as exc:
+        results["errors"].append(f"bandwidth: {type(exc).__name__}: {exc}")
+        results["bandwidth"] = {"copy_GBps": 0.0}
+    copy_GBps = results["bandwidth"].get("copy_GBps", 0.0)
+    bench = None if args.skip_bench else Bench(backend, args.iters, args.torch_iters, 2**30 if not dry else 2**16)
+
+    # Order: the tiny preset first (fast, catches gross errors), then the deepseek target,
+    # then qwen3. Each layer is freed before the next is made.
+    plan = [
+        ("tiny", [torch.float32, torch.float16, torch.bfloat16], None),
+        ("deepseek-v3-layer", [torch.bfloat16], torch.bfloat16),
+        ("qwen3-30b-a3b-layer", [torch.float32, torch.bfloat16], torch.bfloat16),
+    ]
+    for preset, check_dtypes, bench_dtype in plan:
+        config = presets[preset]
+        for dtype in check_dtypes:
+            layer = None
+            try:
+                size_gb = layer_bytes(config, dtype.itemsize) / 1e9
+                log(f"{preset} {DTYPE_NAMES[dtype]}: making the layer ({size_gb:.2f} GB)")
+                layer = random_layer(config, dtype, backend.device, seed=0)
+                backend.sync()
+                for i, T in enumerate(check_tokens[preset]):
+                    results["correctness"].append(check_correctness(backend, layer, preset, T, seed=10 * i + T))
+                write()
+                if bench is not None and dtype == bench_dtype:
+                    if elapsed() > args.budget_s:
+                        results["skipped"].append(f"{preset} benchmarks: time budget")
+                        log(f"time budget reached: skipping the {preset} benchmarks")
+                    else:
+                        log(f"{preset} {DTYPE_NAMES[dtype]}: benchmarks at T={tokens}")
+                        bench_preset(
+                            backend, bench, preset, layer, tokens, copy_GBps, results, pdl_tokens, args.budget_s
+                        )
+            except Exception as exc:
+                results["errors"].append(f"{preset} {DTYPE_NAMES[dtype]}: {type(exc).__name__}: {exc}")
+                results.setdefault("tracebacks", []).append(traceback.format_exc())
+                log(f"ERROR {preset} {DTYPE_NAMES[dtype]}: {type(exc).__name__}: {exc}")
+            finally:
+                free(layer)
+                write()
+
+    write()
+    report = table(results)
+    print("\n" + report, flush=True)
+    log(f"wrote {args.out / 'gpu_check.json'} and {args.out / 'gpu_check.txt'}")
+    passed = all(r["pass"] for r in results["correctness"]) and results["correctness"] and not results["errors"]
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

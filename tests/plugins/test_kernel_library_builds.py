@@ -1,0 +1,85 @@
+"""The kernel library builds with CMake + nvcc (no GPU needed) and ptxas reports no spills.
+
+One architecture here (sm_90, the H200's) to keep the suite fast; plugins/build_kernels.sh
+builds all default architectures with the same checks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
+
+
+def _nvcc() -> str | None:
+    for candidate in (os.environ.get("CUDACXX"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return None
+
+
+@pytest.fixture(scope="module")
+def tools():
+    nvcc, cmake = _nvcc(), shutil.which("cmake")
+    if nvcc is None or cmake is None:
+        pytest.skip("building the kernels needs nvcc and cmake")
+    return nvcc, cmake
+
+
+def _configure(tools, build: Path, *options: str) -> str:
+    nvcc, cmake = tools
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    cmd = [cmake, "-S", str(PLUGINS), "-B", str(build), *generator, f"-DCMAKE_CUDA_COMPILER={nvcc}", *options]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def _nvcc_version(nvcc: str) -> tuple[int, int]:
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    major, minor = re.search(r"release (\d+)\.(\d+)", out).groups()
+    return int(major), int(minor)
+
+
+def test_default_architectures_follow_the_cuda_version(tools, tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDAARCHS", raising=False)
+    out = _configure(tools, tmp_path / "build")
+    archs = re.search(r"DeaMoE: CUDA \S+, architectures (\S+)", out).group(1)
+    version = _nvcc_version(tools[0])
+    thor = ["110"] if version >= (13, 0) else ["101"] if version >= (12, 8) else []
+    assert archs.split(";") == ["86", "87", "89", "90", *thor]
+
+
+def test_kernel_library_builds_without_spills_and_exports_the_c_abi(tools, tmp_path):
+    build = tmp_path / "build"
+    _configure(tools, build, "-DCMAKE_CUDA_ARCHITECTURES=90", "-DDEAMOE_PTXAS_VERBOSE=ON", "-DDEAMOE_KERNELS_ONLY=ON")
+    result = subprocess.run(
+        [tools[1], "--build", str(build), "--target", "deamoe_kernels", "deamoe_kernels_static", "-j", "2"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-6000:]
+    reports = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert len(reports) >= 16, "expected ptxas reports for every kernel"
+    assert all(stores == "0" and loads == "0" for stores, loads in reports), "ptxas reports register spills"
+    assert (build / "libdeamoe_kernels.a").is_file()
+
+    # The shared library loads without a GPU (static CUDA runtime) and its host-only
+    # entry points work.
+    from deamoe_trt.cuda._abi import bind, layer_params
+    from deamoe_trt.presets import PRESETS
+
+    lib = bind(ctypes.CDLL(str(build / "libdeamoe_kernels.so")))
+    params = layer_params(PRESETS["deepseek-v3-layer"])
+    assert lib.deamoe_validate(ctypes.byref(params)) == 0
+    assert lib.deamoe_workspace_size(ctypes.byref(params), 1, 2) > 0
+    assert lib.deamoe_max_tile_tokens() == 16
