@@ -1,0 +1,53 @@
+"""The export dtypes under their CLI names, with the torch and ONNX types each stands for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from onnx import TensorProto
+
+from ..errors import UsageError
+
+
+@dataclass(frozen=True)
+class ExportDtype:
+    name: str  # as on the command line and in recipes: fp32, fp16, bf16
+    torch: torch.dtype
+    onnx: int  # TensorProto element type
+    forms: tuple[str, ...]  # forms that can carry it
+
+
+# bf16 only for the plugin form: ONNX Runtime's CPU kernels (MatMul, MoE) have no bf16, so the
+# ort and onnx forms could not be run or validated in bf16; TensorRT's plugin can.
+DTYPES: dict[str, ExportDtype] = {
+    "fp32": ExportDtype("fp32", torch.float32, TensorProto.FLOAT, ("plugin", "ort", "onnx")),
+    "fp16": ExportDtype("fp16", torch.float16, TensorProto.FLOAT16, ("plugin", "ort", "onnx")),
+    "bf16": ExportDtype("bf16", torch.bfloat16, TensorProto.BFLOAT16, ("plugin",)),
+}
+
+
+def get_dtype(name: str, form: str | None = None) -> ExportDtype:
+    """The dtype called name, checked against what form supports."""
+    if isinstance(name, ExportDtype):
+        name = name.name
+    dtype = DTYPES.get(name)
+    if dtype is None:
+        raise UsageError(f"unknown dtype {name!r}; choose one of: {', '.join(DTYPES)}")
+    if form is not None and form not in dtype.forms:
+        supported = ", ".join(n for n, d in DTYPES.items() if form in d.forms)
+        raise UsageError(f"the {form} form does not support {name}; it supports: {supported}")
+    return dtype
+
+
+def dtype_of_onnx(elem_type: int) -> ExportDtype | None:
+    return next((d for d in DTYPES.values() if d.onnx == elem_type), None)
+
+
+def to_numpy(tensor: torch.Tensor, dtype: ExportDtype) -> np.ndarray:
+    """tensor cast to dtype as a numpy array; bf16 travels as its raw 16-bit pattern (numpy has no bf16)."""
+    t = tensor.detach().to("cpu", dtype.torch).contiguous()
+    if dtype.torch is torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()

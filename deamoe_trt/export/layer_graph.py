@@ -1,0 +1,39 @@
+"""One DeaMoE layer appended to a graph under construction, in any of the three forms."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import UsageError
+from ..layer import DeaMoELayer
+from . import onnx_form, ort_form, plugin_form
+from .graph import GraphBuilder
+
+FORMS = {"plugin": plugin_form.emit, "ort": ort_form.emit, "onnx": onnx_form.emit}
+
+
+def check_form(form: str) -> str:
+    if form not in FORMS:
+        raise UsageError(f"unknown form {form!r}; choose one of: {', '.join(FORMS)}")
+    return form
+
+
+def emit_layer(builder: GraphBuilder, x_name: str, layer: DeaMoELayer, form: str, prefix: str) -> str:
+    """Append layer's nodes and weights to builder; returns the name of its output.
+
+    x_name: a [T, d] value of the builder's dtype (reshape [B, S, d] to [B*S, d] around it).
+    The output is [T, d], same dtype: the layer's y, without a residual.
+    prefix: prepended to the canonical weight names (e.g. "model.layers.3.mlp." gives the
+    initializer "model.layers.3.mlp.router.weight") and to every generated name; weights are
+    cast to the builder's dtype. Names must be new to the graph.
+    """
+    emit = FORMS[check_form(form)]
+    if not isinstance(layer, DeaMoELayer):
+        raise UsageError(f"emit_layer needs a DeaMoELayer, got {type(layer).__name__}")
+    weights = {}
+    for name, tensor in layer.state_dict().items():
+        if not bool(torch.isfinite(tensor).all()):
+            raise UsageError(f"{prefix}{name} contains NaN or Inf; refusing to export it")
+        weights[name] = builder.weight(f"{prefix}{name}", tensor)
+    with builder.scope(prefix):
+        return emit(builder, x_name, weights, layer.config)

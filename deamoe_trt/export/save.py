@@ -1,0 +1,78 @@
+"""Writing a model file: whole or not at all, weights beside it once it would pass protobuf's 2 GB."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx import external_data_helper
+
+from .._io import atomic_path
+from ..errors import UsageError
+
+# Protobuf cannot serialise a message of 2 GiB or more; keep 64 MiB for the graph itself.
+EXTERNAL_DATA_THRESHOLD = 2**31 - 2**26
+# Tensors this small stay inside the model even when the rest goes out (constants, biases).
+MIN_EXTERNAL_TENSOR = 1024
+# Large tensors start on 64 KiB boundaries so runtimes can memory-map them (onnx's default).
+ALIGN_THRESHOLD, ALIGNMENT = 2**20, 2**16
+
+
+def data_path(path: Path) -> Path:
+    """Where the external weights of the model at path go: <model file name>.data beside it."""
+    return path.with_name(path.name + ".data")
+
+
+def initializer_bytes(model: onnx.ModelProto) -> int:
+    return sum(len(t.raw_data) for t in model.graph.initializer)
+
+
+def save_model(
+    model: onnx.ModelProto, path: str | Path, *, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD
+) -> Path:
+    """Write model to path; if its weights pass external_data_threshold bytes, they go to path.data.
+
+    Both files appear whole or not at all: the data file lands first, the model (which names
+    it) last. The model's large initializers are moved out in place (model is modified).
+    A stale path.data from an earlier export is removed when the new model needs none.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"cannot write the model to {path}: it is a directory")
+    external = initializer_bytes(model) > external_data_threshold
+    data = data_path(path)
+    with atomic_path(path) as model_tmp:
+        if external:
+            with atomic_path(data) as data_tmp:
+                _move_out(model, data_tmp, data.name)
+                _write(model, model_tmp)
+        else:
+            _write(model, model_tmp)
+    if not external:
+        data.unlink(missing_ok=True)
+    return path
+
+
+def _move_out(model: onnx.ModelProto, data_file: Path, location: str) -> None:
+    """Append large initializers' bytes to data_file and point the tensors at location."""
+    with data_file.open("wb") as f:
+        for tensor in model.graph.initializer:
+            raw = tensor.raw_data
+            if len(raw) < MIN_EXTERNAL_TENSOR:
+                continue
+            if len(raw) >= ALIGN_THRESHOLD:
+                f.seek(-f.tell() % ALIGNMENT, 1)
+            offset = f.tell()
+            f.write(raw)
+            external_data_helper.set_external_data(tensor, location=location, offset=offset, length=len(raw))
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            tensor.ClearField("raw_data")
+
+
+def _write(model: onnx.ModelProto, path: Path) -> None:
+    try:
+        path.write_bytes(model.SerializeToString())
+    except ValueError as exc:  # protobuf's own limit, should the threshold be set above it
+        raise UsageError(
+            f"the model is too large for one protobuf file ({exc}); lower the external data threshold"
+        ) from None

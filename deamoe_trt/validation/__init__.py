@@ -1,0 +1,222 @@
+"""Validate an exported model (or a TensorRT engine) against the PyTorch reference of its checkpoint.
+
+validate() = a polygraphy runner for the model (runners.onnx_runner / runners.engine_runner)
++ the reference runner (runners.ReferenceRunner) + one comparison (compare.compare) on
+random inputs per token count. Its report holds one row per output and token count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import external_data_helper, numpy_helper
+
+from ..checkpoint import load_checkpoint, read_header
+from ..errors import UsageError
+from ..export.dtypes import DTYPES, ExportDtype, to_numpy
+from ..export.metadata import INPUT_NAME, OUTPUT_NAME, ExportInfo, export_info, load_model
+from ..export.plugin_node import config_differences
+from ..inputs import random_hidden
+from ..layer import DeaMoELayer, DeaMoEStack
+from .compare import Comparison, compare, comparison_table
+from .runners import ReferenceRunner, engine_runner, is_engine, onnx_runner
+from .session import make_session
+
+# (atol, rtol) per dtype; an element fails only when it exceeds both. Measured errors on the
+# tiny and DeepSeek-style test configs are 10-100x below these (export/README.md).
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "fp32": (1e-4, 1e-3),
+    "fp16": (1e-2, 1e-2),
+    "bf16": (5e-2, 5e-2),
+}
+DEFAULT_TOKENS = (1, 4, 16)
+
+
+@dataclass
+class ValidationReport:
+    model: str
+    checkpoint: str
+    description: str  # e.g. "plugin form, fp16, stack of 2 layers"
+    provider: str
+    atol: float
+    rtol: float
+    rows: list[Comparison]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.rows)
+
+    def table(self) -> str:
+        title = (
+            f"{self.model} ({self.description}) on {self.provider} vs the PyTorch reference of {self.checkpoint}; "
+            f"atol {self.atol:g}, rtol {self.rtol:g}"
+        )
+        return "\n".join([comparison_table(self.rows, title=title), *self.notes])
+
+    def failure(self) -> str:
+        """One line on what exceeded tolerance (for DeaMoEError)."""
+        failed = [r for r in self.rows if not r.passed]
+        worst = max(failed, key=lambda r: r.max_abs)
+        return (
+            f"{len(failed)} of {len(self.rows)} comparison(s) exceed tolerance "
+            f"(atol {self.atol:g}, rtol {self.rtol:g}); "
+            f"worst: {worst.output} at {worst.tokens} token(s), max abs error {worst.max_abs:.3e}"
+        )
+
+
+def validate(
+    model: str | Path,
+    checkpoint: str | Path,
+    *,
+    tokens: Sequence[int] = DEFAULT_TOKENS,
+    atol: float | None = None,
+    rtol: float | None = None,
+    seed: int = 0,
+    provider: str = "cpu",
+    plugin: str | Path | None = None,
+    inputs: np.ndarray | None = None,
+) -> ValidationReport:
+    """Compare model with checkpoint's reference on random inputs of each token count (or on inputs [T, d])."""
+    notes: list[str] = []
+    if is_engine(model):
+        runner, reference, dtype, description = _engine_side(model, checkpoint, plugin)
+    else:
+        proto = load_model(model)
+        from ..lm.validate import is_lm_export, validate_lm  # a whole language model: its own feeds
+
+        if is_lm_export(proto):
+            if inputs is not None:
+                raise UsageError("--inputs is for layer and stack models; a language model is fed token ids")
+            return validate_lm(model, checkpoint, tokens=tokens, atol=atol, rtol=rtol, seed=seed, provider=provider)
+        info = export_info(proto, str(model))
+        reference = reference_module(info, checkpoint)
+        check_weights(proto, Path(model), info, reference, checkpoint)
+        runner, dtype = onnx_runner(model, provider), DTYPES[info.dtype]
+        description = f"{info.form} form, {info.dtype}, " + (
+            "one layer" if info.module == "layer" else f"stack of {info.num_layers} layers"
+        )
+        if info.ort_routing == "moe-op":
+            notes.append(
+                "note: routing by com.microsoft.MoE's own softmax and top-k (vanilla MoE): "
+                "ties go to the higher index there, to the lower in the spec"
+            )
+        if info.max_tokens is not None and max(tokens) > info.max_tokens:
+            notes.append(f"note: token counts above the model's max_tokens ({info.max_tokens}) were checked too")
+    feeds = _feeds(reference.config.hidden_size, dtype, tokens, seed, inputs)
+    default_atol, default_rtol = DEFAULT_TOLERANCES[dtype.name]
+    atol = default_atol if atol is None else atol
+    rtol = default_rtol if rtol is None else rtol
+    reference_runner = ReferenceRunner(
+        reference, input_name=INPUT_NAME, output_name=OUTPUT_NAME, input_dtype=next(iter(feeds[0].values())).dtype
+    )
+    rows = compare(runner, reference_runner, feeds, atol=atol, rtol=rtol)
+    return ValidationReport(str(model), str(checkpoint), description, provider, atol, rtol, rows, notes)
+
+
+def reference_module(info: ExportInfo, checkpoint: str | Path) -> DeaMoELayer | DeaMoEStack:
+    """The checkpoint's layers the model holds, as the model runs them, in the model's dtype.
+
+    Checks first that the checkpoint can be the model's: same config, and the layers exist."""
+    header = read_header(checkpoint)
+    differences = config_differences(info.config, header["config"])
+    if differences:
+        more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
+        raise UsageError(
+            f"checkpoint {checkpoint} does not match the model: {differences[0]} (model vs checkpoint){more}"
+        )
+    if max(info.layers) >= header["num_layers"]:
+        raise UsageError(
+            f"checkpoint {checkpoint} does not match the model: the model holds layer(s) "
+            f"{','.join(map(str, info.layers))} but the checkpoint has {header['num_layers']} layer(s)"
+        )
+    stack = load_checkpoint(checkpoint)
+    dtype = DTYPES[info.dtype].torch
+    layers = [stack.layers[i].to(dtype) for i in info.layers]
+    return layers[0] if info.module == "layer" else DeaMoEStack.from_layers(layers)
+
+
+def check_weights(
+    proto: onnx.ModelProto, path: Path, info: ExportInfo, reference: DeaMoELayer | DeaMoEStack, checkpoint
+) -> None:
+    """Each layer's router weights in the model equal the checkpoint's, bit for bit (cheap; catches
+    a model exported from another checkpoint of the same shape before any error table)."""
+    initializers = {t.name: t for t in proto.graph.initializer}
+    layers = [reference] if info.module == "layer" else list(reference.layers)
+    for index, layer in zip(info.layers, layers, strict=True):
+        name = "router.weight" if info.module == "layer" else f"layers.{index}.router.weight"
+        tensor = initializers.get(name)
+        if tensor is None:
+            continue
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            tensor = _loaded(tensor, path.parent)
+        expected = to_numpy(layer.router.weight, DTYPES[info.dtype]).tobytes()
+        if numpy_helper.to_array(tensor).tobytes() != expected:  # raw_data or typed fields alike
+            raise UsageError(
+                f"checkpoint {checkpoint} does not match the model: its layer {index} router weights differ "
+                f"from the model's {name} (was the model exported from another checkpoint?)"
+            )
+
+
+def _loaded(tensor: onnx.TensorProto, base_dir: Path) -> onnx.TensorProto:
+    copy = onnx.TensorProto()
+    copy.CopyFrom(tensor)
+    try:
+        external_data_helper.load_external_data_for_tensor(copy, str(base_dir))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read the model's external data for {tensor.name}: {exc}") from None
+    return copy
+
+
+def _engine_side(model, checkpoint, plugin):
+    """Runner, reference, dtype and description for a TensorRT engine (no metadata: the whole checkpoint)."""
+    runner = engine_runner(model, plugin)
+    stack = load_checkpoint(checkpoint)
+    with runner:
+        meta = runner.get_input_metadata()
+    try:
+        fed_as = np.dtype(meta[INPUT_NAME].dtype) if INPUT_NAME in meta else np.dtype(np.float32)
+    except TypeError:  # a dtype numpy lacks (bf16): feed float32 holding bf16 values, as for ONNX
+        fed_as = np.dtype(np.float32)
+    if fed_as == np.float16:
+        dtype = DTYPES["fp16"]
+    else:  # float32 feeds: an fp32 engine, or a bf16 one fed float32 like the bf16 ONNX models
+        dtype = DTYPES["bf16"] if stack.dtype == torch.bfloat16 else DTYPES["fp32"]
+    stack.to(dtype.torch)
+    reference = stack.layers[0] if len(stack.layers) == 1 else stack
+    return runner, reference, dtype, f"TensorRT engine, {dtype.name}"
+
+
+def _feeds(hidden: int, dtype: ExportDtype, tokens: Sequence[int], seed: int, inputs: np.ndarray | None):
+    """One feed per token count (random, unit variance) or the given inputs, in the model's input dtype."""
+    if inputs is not None:
+        batches = [check_inputs(inputs, hidden)]
+    else:
+        batches = [random_hidden(t, hidden, seed=seed + i, dtype=dtype.torch) for i, t in enumerate(tokens)]
+    feeds = []
+    for x in batches:
+        x = x.to(dtype.torch)
+        # bf16 models are fed float32 holding bf16 values (numpy has no bf16), as the session expects.
+        array = x.numpy() if dtype.torch != torch.bfloat16 else x.float().numpy()
+        feeds.append({INPUT_NAME: array})
+    return feeds
+
+
+def check_inputs(inputs: np.ndarray, hidden: int) -> torch.Tensor:
+    """User-given hidden states: [T, d] floats without NaN/Inf."""
+    array = np.asarray(inputs)
+    if array.ndim != 2 or array.shape[1] != hidden or array.shape[0] < 1:
+        raise UsageError(f"inputs must have shape [T, {hidden}], got {list(array.shape)}")
+    if array.dtype.kind != "f":
+        raise UsageError(f"inputs must be floating point, got {array.dtype}")
+    if not np.isfinite(array).all():
+        raise UsageError(f"inputs contain NaN or Inf ({int((~np.isfinite(array)).sum())} element(s))")
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+
+
+__all__ = ["DEFAULT_TOKENS", "DEFAULT_TOLERANCES", "ValidationReport", "make_session", "validate"]

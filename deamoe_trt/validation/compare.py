@@ -1,0 +1,97 @@
+"""One comparison: run the model's and the reference's runners on the same feeds, tabulate the errors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from polygraphy.backend.base import BaseRunner
+from polygraphy.comparator import Comparator
+from polygraphy.exception import PolygraphyException
+from polygraphy.logger import G_LOGGER
+
+from ..errors import DeaMoEError
+from ..report import format_table
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Errors of one output on one feed (tokens = the feed's token count)."""
+
+    output: str
+    tokens: int
+    max_abs: float
+    max_rel: float  # elementwise, over |reference|: large wherever the reference is near 0
+    mean_abs: float
+    max_abs_scaled: float  # max_abs / max |reference|: the error relative to the output's scale
+    passed: bool
+
+
+def compare(
+    model: BaseRunner, reference: BaseRunner, feeds: Sequence[dict[str, np.ndarray]], *, atol: float, rtol: float
+) -> list[Comparison]:
+    """Run both runners on every feed through polygraphy's Comparator; one Comparison per output and feed.
+
+    An element passes when |model - reference| <= atol or <= rtol * |reference| (polygraphy's
+    elementwise check); an output passes when all its elements do."""
+    with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
+        try:
+            results = Comparator.run([model, reference], data_loader=list(feeds))
+            accuracy = Comparator.compare_accuracy(results, compare_func=_simple(atol=atol, rtol=rtol))
+        except PolygraphyException as exc:
+            raise DeaMoEError(f"comparison failed: {' '.join(str(exc).split())}") from None
+    if isinstance(accuracy, list) or hasattr(accuracy, "lst"):  # newer polygraphy: one result per compare func
+        accuracy = accuracy[0]
+    iterations = accuracy[(model.name, reference.name)]
+    rows = []
+    for feed, outputs, expected in zip(feeds, iterations, results[reference.name], strict=True):
+        tokens = next(iter(feed.values())).shape[0]
+        for name, result in outputs.items():
+            scale = float(np.abs(np.asarray(expected[name], dtype=np.float32)).max())
+            rows.append(
+                Comparison(
+                    output=name,
+                    tokens=tokens,
+                    max_abs=result.max_absdiff,
+                    max_rel=result.max_reldiff,
+                    mean_abs=result.mean_absdiff,
+                    max_abs_scaled=_scaled(result.max_absdiff, scale),
+                    passed=bool(result),
+                )
+            )
+    return rows
+
+
+def _scaled(error: float, scale: float) -> float:
+    if scale > 0:
+        return error / scale
+    return 0.0 if error == 0 else float("inf")
+
+
+def _simple(**tolerances):
+    """Polygraphy's elementwise atol/rtol check (SimpleCompareFunc since 0.50; CompareFunc.simple before)."""
+    try:
+        from polygraphy.comparator import SimpleCompareFunc
+    except ImportError:
+        from polygraphy.comparator import CompareFunc
+
+        return CompareFunc.simple(**tolerances)
+    return SimpleCompareFunc(**tolerances)
+
+
+def comparison_table(rows: Sequence[Comparison], *, title: str) -> str:
+    cells = [
+        (
+            r.output,
+            r.tokens,
+            f"{r.max_abs:.3e}",
+            f"{r.max_rel:.3e}",
+            f"{r.max_abs_scaled:.3e}",
+            f"{r.mean_abs:.3e}",
+            "ok" if r.passed else "FAIL",
+        )
+        for r in rows
+    ]
+    headers = ("output", "tokens", "max abs err", "max rel err", "max abs / max|ref|", "mean abs err", "within tol")
+    return format_table(headers, cells, title=title)

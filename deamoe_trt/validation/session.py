@@ -1,0 +1,79 @@
+"""ONNX Runtime sessions for deamoe-trt exports: the one way validation and tests open a model."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+import onnx
+
+from ..errors import MissingDependencyError, UsageError
+from ..export.metadata import load_model
+from .plugin_op import for_reference, has_plugin_nodes, register_reference_ops
+
+PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+
+
+def make_session(model: str | Path | onnx.ModelProto, provider: str = "cpu"):
+    """An onnxruntime.InferenceSession for model (a path or a ModelProto) on provider.
+
+    Plugin-form models run their DeaMoE nodes through the PyTorch reference op
+    (plugin_op.for_reference); other forms run as written. A model whose weights sit in
+    external data is opened from beside its file, so the data resolves as it does for users.
+    """
+    import onnxruntime as ort
+
+    providers = _providers(provider, ort.get_available_providers())
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: ORT's warnings about folded initializers are noise here
+    where = str(model) if not isinstance(model, onnx.ModelProto) else "the model"
+    proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
+    try:
+        if not has_plugin_nodes(proto):
+            source = proto.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+            return ort.InferenceSession(source, options, providers=providers)
+        rewritten = for_reference(proto)
+        options.register_custom_ops_library(register_reference_ops())
+        if isinstance(model, onnx.ModelProto) or not _has_external_data(proto):
+            return ort.InferenceSession(rewritten.SerializeToString(), options, providers=providers)
+        with _beside(Path(model), rewritten) as path:
+            return ort.InferenceSession(str(path), options, providers=providers)
+    except (UsageError, MissingDependencyError):
+        raise
+    except Exception as exc:
+        raise UsageError(f"ONNX Runtime cannot load {where}: {_first_line(exc)}") from None
+
+
+def _providers(provider: str, available: list[str]) -> list[str]:
+    if provider not in PROVIDERS:
+        raise UsageError(f"unknown provider {provider!r}; choose one of: {', '.join(PROVIDERS)}")
+    wanted = PROVIDERS[provider]
+    if wanted[0] not in available:
+        raise MissingDependencyError(
+            f"this onnxruntime has no {wanted[0]} (it has {', '.join(available)}); "
+            "for cuda install onnxruntime-gpu on a machine with a CUDA GPU"
+        )
+    return wanted
+
+
+def _has_external_data(model: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+@contextlib.contextmanager
+def _beside(original: Path, model: onnx.ModelProto):
+    """model written as a hidden temporary file next to original (for its relative external data)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{original.name}.", suffix=".reference.onnx", dir=original.parent)
+    os.close(fd)
+    try:
+        Path(tmp).write_bytes(model.SerializeToString())
+        yield Path(tmp)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:500] if text else type(exc).__name__

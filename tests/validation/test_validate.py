@@ -1,0 +1,90 @@
+"""validate(): the model's runner + the reference runner + one comparison, and its pieces."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from deamoe_trt import DeaMoEStack, MissingDependencyError, UsageError, get_preset
+from deamoe_trt.export import build_model, export
+from deamoe_trt.validation import DEFAULT_TOLERANCES, make_session, validate
+from deamoe_trt.validation.compare import compare
+from deamoe_trt.validation.plugin_op import for_reference
+from deamoe_trt.validation.runners import ReferenceRunner, engine_runner
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("validate") / "ckpt"
+    DeaMoEStack.random(get_preset("tiny"), 2, seed=11).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize(("form", "dtype"), [("plugin", "bf16"), ("onnx", "fp16"), ("ort", "fp32")])
+def test_report_has_a_passing_row_per_token_count_with_dtype_tolerances(checkpoint, tmp_path, form, dtype):
+    stack = DeaMoEStack.from_pretrained(checkpoint)
+    model = export(stack, tmp_path / "m.onnx", form, dtype)
+    report = validate(model, checkpoint, tokens=(1, 5))
+    assert report.passed
+    assert [(r.output, r.tokens) for r in report.rows] == [("output", 1), ("output", 5)]
+    assert (report.atol, report.rtol) == DEFAULT_TOLERANCES[dtype]
+    assert all(r.max_abs <= report.atol for r in report.rows)
+    assert f"{form} form, {dtype}, stack of 2 layers" in report.table()
+
+
+def test_report_fails_when_errors_exceed_tolerance(checkpoint, tmp_path):
+    model = export(DeaMoEStack.from_pretrained(checkpoint), tmp_path / "m.onnx", "ort")
+    report = validate(model, checkpoint, tokens=(3,), atol=0.0, rtol=0.0)
+    assert not report.passed
+    assert "1 of 1 comparison(s) exceed tolerance" in report.failure()
+
+
+def test_reference_runner_compares_to_itself_exactly():
+    stack = DeaMoEStack.random(get_preset("tiny"), 1, seed=1)
+    runners = [
+        ReferenceRunner(stack, input_name="x", output_name="y", input_dtype=np.float32, name=name)
+        for name in ("first", "second")
+    ]
+    feeds = [{"x": np.random.default_rng(0).standard_normal((t, 64)).astype(np.float32)} for t in (1, 4)]
+    rows = compare(*runners, feeds, atol=0.0, rtol=0.0)
+    assert [(r.tokens, r.max_abs, r.passed) for r in rows] == [(1, 0.0, True), (4, 0.0, True)]
+
+
+def test_engine_validation_without_the_tensorrt_backend_names_what_it_needs(monkeypatch):
+    monkeypatch.setitem(sys.modules, "deamoe_trt.trt.runner", None)  # as if the module did not exist
+    with pytest.raises(MissingDependencyError, match=r"TensorRT engine validation needs deamoe_trt\.trt\.runner"):
+        engine_runner("model.engine")
+
+
+def test_cuda_provider_without_cuda_is_a_missing_dependency():
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA")
+    model = build_model(DeaMoEStack.random(get_preset("tiny"), 1).layers[0], "ort")
+    with pytest.raises(MissingDependencyError, match="no CUDAExecutionProvider"):
+        make_session(model, "cuda")
+
+
+def test_plugin_node_whose_weights_disagree_with_its_attributes_is_refused():
+    layer = DeaMoEStack.random(get_preset("tiny"), 1).layers[0]
+    model = build_model(layer, "plugin")
+    (node,) = model.graph.node
+    for attr in node.attribute:
+        if attr.name == "private_intermediate_size":
+            attr.i = 8
+    with pytest.raises(UsageError, match=r"input experts.gate_up \(experts.gate_up\) has shape \[16, 32, 64\]"):
+        for_reference(model)
+
+
+def test_bf16_plugin_model_is_fed_and_read_as_float32_holding_bf16_values():
+    layer = DeaMoEStack.random(get_preset("tiny"), 1).layers[0].to(torch.bfloat16)
+    session = make_session(build_model(layer, "plugin", "bf16"))
+    assert [(i.name, i.type) for i in session.get_inputs()] == [("hidden_states", "tensor(float)")]
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    (y,) = session.run(None, {"hidden_states": x.float().numpy()})
+    with torch.no_grad():
+        np.testing.assert_array_equal(y, layer(x).float().numpy())
