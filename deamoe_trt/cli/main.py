@@ -15,6 +15,8 @@ SUBCOMMANDS = (
     "deamoe_trt.cli.init_cmd",
     "deamoe_trt.cli.info_cmd",
     "deamoe_trt.cli.import_cmd",
+    "deamoe_trt.cli.build_cmd",
+    "deamoe_trt.cli.doctor_cmd",
     "deamoe_trt.cli.export_cmd",
     "deamoe_trt.cli.validate_cmd",
 )

@@ -1,0 +1,11 @@
+"""TensorRT deployment of DeaMoE layers: build targets, engine builds, the plugin, runners, doctor.
+
+Nothing here imports TensorRT at import time: `_tensorrt.import_tensorrt()` does, when a
+command needs it, and turns its absence into one MissingDependencyError line. The target
+profiles (targets.py) and the ONNX preparation for the Python plugin (qdp.prepare_model)
+work without TensorRT or a GPU.
+
+    build:     builder.build_engine(BuildOptions(...))  (CLI: deamoe-trt build)
+    validate:  runner.make_engine_runner(path, plugin_path)  (polygraphy TrtRunner)
+    doctor:    doctor.run_doctor(plugin)  (CLI: deamoe-trt doctor)
+"""

@@ -1,0 +1,395 @@
+"""`deamoe-trt build`: an ONNX model to a TensorRT engine for one target device.
+
+The decisions (target, token range, precision mode) are pure functions tested without
+TensorRT; `build_engine` applies them through the TensorRT Python API, which differs
+between 10.x and 11.x where noted.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from .._io import atomic_path
+from ..errors import DeaMoEError, MissingDependencyError, UsageError
+from ..report import format_bytes
+from . import targets as tg
+from .onnx_info import ModelFacts, model_facts
+from .plugin import BUILD_HINT, PLUGIN_NAME, PluginChoice, load_plugin, resolve_plugin
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+# ---------------------------------------------------------------------------------------
+# Decisions
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """How the network is typed and which reduced-precision builder flags are set."""
+
+    strongly_typed: bool
+    flags: tuple[str, ...]  # trt.BuilderFlag names
+    note: str | None = None
+
+
+def precision_plan(
+    trt_version: tuple[int, int], model_dtype: str | None, target: tg.TargetProfile, strongly_typed: bool | None
+) -> PrecisionPlan:
+    """The precision mode for a build.
+
+    TensorRT 11 networks are always strongly typed: every tensor keeps the type the ONNX
+    gives it, so the DeaMoE layer runs in the exported dtype. TensorRT 10 can also build
+    weakly typed networks, where BuilderFlag.FP16/BF16 let it lower float32 layers.
+
+    strongly_typed None (auto) on 10.x: strongly typed when the model already has a
+    reduced dtype (or the target wants fp32): the plugin then runs exactly that dtype and
+    no weight is recast. A float32 model for an fp16/bf16 target is built weakly typed with
+    the target's flag, so TensorRT may run the layer in the target precision.
+    """
+    want = target.precision
+    mismatch = (
+        f"the model is {model_dtype} and the {target.name} target prefers {want}: the engine runs {model_dtype} "
+        f"(export with --dtype {want} for a {want} engine)"
+        if model_dtype and model_dtype != want
+        else None
+    )
+    if trt_version >= (11, 0):
+        if strongly_typed is False:
+            raise UsageError("TensorRT 11 builds strongly typed networks only; drop --weakly-typed")
+        return PrecisionPlan(True, (), mismatch)
+    if strongly_typed is None:
+        # Unknown dtype (a model from elsewhere): weakly typed, as TensorRT 10 builds by default.
+        strongly_typed = model_dtype is not None and (model_dtype != "fp32" or want == "fp32")
+    if strongly_typed:
+        return PrecisionPlan(True, (), mismatch)
+    flags = () if want == "fp32" else (want.upper(),)
+    note = None
+    if flags and model_dtype in (None, "fp32"):
+        note = (
+            f"weakly typed build with BuilderFlag.{flags[0]}: TensorRT picks float32 or {want} per layer; "
+            f"export with --dtype {want} to pin the DeaMoE layer to {want}"
+        )
+    elif model_dtype and model_dtype != "fp32" and model_dtype != want:
+        note = mismatch
+    return PrecisionPlan(False, flags, note)
+
+
+DTYPE_BY_TRT = {"FLOAT": "fp32", "HALF": "fp16", "BF16": "bf16"}
+
+
+# ---------------------------------------------------------------------------------------
+# Progress
+# ---------------------------------------------------------------------------------------
+
+
+class _Ticker:
+    """Fallback progress: a line every `every` seconds while the builder works (no IProgressMonitor)."""
+
+    def __init__(self, stream: TextIO, every: float = 15.0):
+        self.stream, self.every = stream, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.start = time.perf_counter()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.stream.write(f"[build] still building ({time.perf_counter() - self.start:.0f}s)\n")
+            self.stream.flush()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+
+
+def _progress_monitor(trt, stream: TextIO):
+    """An IProgressMonitor (TensorRT 10+) printing top-level phases and their steps, throttled."""
+    base = getattr(trt, "IProgressMonitor", None)
+    if base is None:
+        return None
+
+    class Monitor(base):
+        def __init__(self):
+            base.__init__(self)
+            self.start = time.perf_counter()
+            self.depth: dict[str, int] = {}
+            self.steps: dict[str, int] = {}
+            self.last_print = 0.0
+            self.cancel = False
+
+        def _say(self, text: str) -> None:
+            stream.write(f"[build {time.perf_counter() - self.start:6.1f}s] {text}\n")
+            stream.flush()
+
+        # TensorRT calls these from its build thread; an exception escaping here would only
+        # be printed by the bindings, so every callback catches and asks to cancel instead.
+        def phase_start(self, phase_name, parent_phase, num_steps):
+            try:
+                depth = self.depth.get(parent_phase, -1) + 1 if parent_phase else 0
+                self.depth[phase_name] = depth
+                self.steps[phase_name] = num_steps
+                if depth <= 1:
+                    self._say(f"{'  ' * depth}{phase_name} ({num_steps} step{'s' if num_steps != 1 else ''})")
+            except BaseException:
+                self.cancel = True
+
+        def step_complete(self, phase_name, step):
+            try:
+                now = time.perf_counter()
+                if self.depth.get(phase_name, 9) <= 1 and now - self.last_print >= 2.0:
+                    self.last_print = now
+                    depth = self.depth[phase_name]
+                    self._say(f"{'  ' * depth}{phase_name}: {step + 1}/{self.steps.get(phase_name, '?')}")
+            except BaseException:
+                self.cancel = True
+            return not self.cancel
+
+        def phase_finish(self, phase_name):
+            try:
+                self.depth.pop(phase_name, None)
+            except BaseException:
+                self.cancel = True
+
+    return Monitor()
+
+
+# ---------------------------------------------------------------------------------------
+# Build
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class BuildOptions:
+    model: Path
+    output: Path
+    target: str = "auto"
+    max_tokens: int | None = None
+    plugin: str | None = None  # a library path, "python", or None (search)
+    timing_cache: str | None = None  # a path, "none", or None (per-target default)
+    strongly_typed: bool | None = None  # None: decide (precision_plan); TensorRT 10 only
+    workspace_mib: int | None = None  # override the target's memory-pool limit
+    verbose: bool = False
+    gpu: tg.GpuInfo | None = None  # injected by tests; queried otherwise
+
+
+@dataclass
+class BuildResult:
+    engine: Path
+    target: str
+    gpu: str
+    compute_capability: str
+    tensorrt: str
+    plugin: str
+    tokens: tuple[int, int, int]
+    precision: str
+    strongly_typed: bool
+    engine_bytes: int
+    seconds: float
+    timing_cache: str | None
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        mn, opt, mx = self.tokens
+        return [
+            f"wrote {self.engine} ({format_bytes(self.engine_bytes)}) in {self.seconds:.1f}s",
+            f"  target {self.target} on {self.gpu} (compute capability {self.compute_capability}), "
+            f"TensorRT {self.tensorrt}",
+            f"  tokens min {mn} / opt {opt} / max {mx}; {self.precision}"
+            f" ({'strongly' if self.strongly_typed else 'weakly'} typed); plugin: {self.plugin}",
+            *([f"  timing cache: {self.timing_cache}"] if self.timing_cache else []),
+            *(f"  note: {n}" for n in self.notes),
+        ]
+
+
+def check_request(options: BuildOptions) -> ModelFacts:
+    """Everything that can be checked before TensorRT is imported: the files and the numbers."""
+    model = Path(options.model)
+    facts = model_facts(model)
+    if not facts.has_graph:
+        raise UsageError(f"{model} is not an ONNX model (no graph in it)")
+    if facts.form == "ort":
+        raise UsageError(
+            f"{model} is the ort form (com.microsoft.MoE), which TensorRT cannot parse; "
+            "export with --form plugin for TensorRT (or --form onnx for standard ops)"
+        )
+    output = Path(options.output)
+    if output.is_dir():
+        raise UsageError(f"-o {output} is a directory; give the engine's file name")
+    if output.resolve() == model.resolve():
+        raise UsageError("-o would overwrite the ONNX model; give the engine another name")
+    if options.target != "auto":
+        tg.check_max_tokens(tg.get_target(options.target), options.max_tokens)
+    if options.workspace_mib is not None and options.workspace_mib < 1:
+        raise UsageError(f"--workspace must be >= 1 MiB, got {options.workspace_mib}")
+    if options.plugin is not None:
+        resolve_plugin(options.plugin)  # a missing path is a usage error, TensorRT or not
+    return facts
+
+
+def build_engine(options: BuildOptions, *, progress: TextIO | None = None) -> BuildResult:
+    """Build options.model into options.output (atomically) on this machine's GPU."""
+    from ._tensorrt import import_tensorrt, make_logger, tensorrt_version
+
+    progress = progress or sys.stderr
+    started = time.perf_counter()
+    facts = check_request(options)
+    trt = import_tensorrt()
+    version = tensorrt_version(trt)
+
+    from .device import query_gpu
+
+    gpu = options.gpu or query_gpu()
+    profile = tg.resolve_target(options.target, gpu)
+    if version < profile.min_tensorrt:
+        raise MissingDependencyError(
+            f"the {profile.name} target needs TensorRT {profile.min_tensorrt[0]}.{profile.min_tensorrt[1]}+, "
+            f"this is {trt.__version__}"
+        )
+    max_tokens = tg.check_max_tokens(profile, options.max_tokens or facts.max_tokens)
+    tokens = tg.token_range(profile, max_tokens)
+    plan = precision_plan(version, facts.dtype, profile, options.strongly_typed)
+    notes = [plan.note] if plan.note else []
+
+    choice = resolve_plugin(options.plugin)
+    plugin_text = "none (model without DeaMoE nodes)"
+    if choice.kind != "none":
+        plugin_text = load_plugin(choice, trt)
+    elif facts.form == "plugin":
+        raise MissingDependencyError(f"{options.model} has DeaMoE plugin nodes but no plugin was found ({BUILD_HINT})")
+    progress.write(
+        f"[build] {options.model} -> {options.output}: target {profile.name} on {gpu.name} ({gpu.sm}), "
+        f"TensorRT {trt.__version__}, tokens {tokens[0]}/{tokens[1]}/{tokens[2]}, plugin {plugin_text}\n"
+    )
+
+    logger = make_logger(trt, options.verbose)
+    builder = trt.Builder(logger)
+    flags = 0
+    if plan.strongly_typed and version < (11, 0):
+        # 11.x: always strongly typed, the flag is deprecated and ignored, so it is not set.
+        flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    _parse(trt, parser, options, choice)
+
+    inputs = [(network.get_input(i).name, tuple(network.get_input(i).shape)) for i in range(network.num_inputs)]
+    shapes = tg.profile_shapes(inputs, tokens)
+    input_dtype = DTYPE_BY_TRT.get(getattr(network.get_input(0).dtype, "name", "")) if inputs else None
+
+    config = builder.create_builder_config()
+    workspace = options.workspace_mib * tg.MiB if options.workspace_mib else profile.workspace_bytes
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace)
+    config.builder_optimization_level = profile.optimization_level
+    for name in plan.flags:
+        flag = getattr(trt.BuilderFlag, name, None)
+        if flag is None:  # pragma: no cover - precision_plan only asks for flags on 10.x
+            raise DeaMoEError(f"this TensorRT ({trt.__version__}) has no BuilderFlag.{name}")
+        config.set_flag(flag)
+    if shapes:
+        opt_profile = builder.create_optimization_profile()
+        for name, (mn, opt, mx) in shapes.items():
+            opt_profile.set_shape(name, mn, opt, mx)
+        config.add_optimization_profile(opt_profile)
+
+    cache_path = _timing_cache_path(options, profile, gpu, version)
+    if cache_path is not None:
+        _load_timing_cache(config, cache_path, progress)
+
+    monitor = _progress_monitor(trt, progress)
+    if monitor is not None:
+        config.progress_monitor = monitor
+        serialized = builder.build_serialized_network(network, config)
+    else:
+        with _Ticker(progress):
+            serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        if monitor is not None and monitor.cancel:
+            raise DeaMoEError("the build was cancelled")
+        raise DeaMoEError(
+            "TensorRT could not build the engine (its errors are above); for a DeaMoE layer, check that the "
+            f"plugin library matches this TensorRT and GPU ({gpu.sm}), or raise --workspace"
+        )
+    output = Path(options.output)
+    with atomic_path(output) as tmp, open(tmp, "wb") as f:
+        f.write(memoryview(serialized))
+    if cache_path is not None:
+        _save_timing_cache(config, cache_path, progress)
+
+    precision = ", ".join([facts.dtype or input_dtype or "model dtype", *(f.lower() for f in plan.flags)])
+    return BuildResult(
+        engine=output,
+        target=profile.name,
+        gpu=gpu.name,
+        compute_capability=gpu.cc,
+        tensorrt=trt.__version__,
+        plugin=plugin_text,
+        tokens=tokens,
+        precision=precision,
+        strongly_typed=plan.strongly_typed,
+        engine_bytes=output.stat().st_size,
+        seconds=time.perf_counter() - started,
+        timing_cache=str(cache_path) if cache_path else None,
+        notes=notes,
+    )
+
+
+def _parse(trt, parser, options: BuildOptions, choice: PluginChoice) -> None:
+    model = Path(options.model)
+    if choice.kind == "python":
+        from .qdp import prepare_model_bytes
+
+        data, count = prepare_model_bytes(model)
+        if count == 0:
+            raise UsageError(f"{model} has no DeaMoE node; --plugin python has nothing to do (drop it)")
+        ok = parser.parse(data, str(model))
+    else:
+        ok = parser.parse_from_file(str(model))
+    if ok:
+        return
+    errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+    first = errors[0] if errors else "no error message"
+    if PLUGIN_NAME in first and "lugin" in first:
+        raise MissingDependencyError(
+            f"TensorRT found no usable {PLUGIN_NAME} plugin for {model}: {first} "
+            f"(plugin: {choice.describe()}; {BUILD_HINT})"
+        )
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    raise UsageError(f"TensorRT could not parse {model}: {first}{more}")
+
+
+def _timing_cache_path(options: BuildOptions, profile, gpu, version) -> Path | None:
+    if options.timing_cache is not None and str(options.timing_cache).lower() == "none":
+        return None
+    if options.timing_cache:
+        return Path(options.timing_cache).expanduser()
+    return tg.default_timing_cache(profile, gpu, version)
+
+
+def _load_timing_cache(config, path: Path, progress: TextIO) -> None:
+    data = b""
+    if path.is_file():
+        data = path.read_bytes()
+    cache = config.create_timing_cache(data)
+    if not config.set_timing_cache(cache, False):
+        # From another GPU or TensorRT version: start a fresh one rather than fail.
+        progress.write(f"[build] timing cache {path} does not match this GPU/TensorRT; starting a new one\n")
+        config.set_timing_cache(config.create_timing_cache(b""), False)
+
+
+def _save_timing_cache(config, path: Path, progress: TextIO) -> None:
+    try:
+        cache = config.get_timing_cache()
+        if cache is None:
+            return
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(memoryview(cache.serialize()))
+    except OSError as exc:  # the engine is written; a cache we cannot save is only slower next time
+        progress.write(f"[build] could not save the timing cache to {path}: {exc}\n")

@@ -1,0 +1,368 @@
+"""The Python route: DeaMoE as a TensorRT Quickly Deployable Plugin (`tensorrt.plugin`, 10.6+).
+
+For users with a pip-installed TensorRT and no headers to build the C++ library. The
+plugin "deamoe_trt::DeaMoE" describes the same node as plugins/deamoe/README.md and runs
+the same CUDA kernels, through deamoe_trt.cuda, from a Python callback at every enqueue.
+
+Limits (also in plugins/deamoe/README.md and docs/deploying.md):
+- TensorRT 10.6+ (tensorrt.plugin), torch with CUDA and deamoe_trt.cuda at build AND run
+  time: the engine calls back into this process's Python, so it runs only where this
+  module is imported (no trtexec, no C++ runtime);
+- a Python call per layer per step: fine for validation and prototyping, slower than the
+  C++ library for decoding.
+
+Two differences from the C++ plugin's node, both bridged by `prepare_model` at build time:
+- QDP reserves the empty namespace, so the plugin lives in "deamoe_trt" and each node's
+  plugin_namespace attribute is set to it (the ONNX parser matches op_type, plugin_version
+  and plugin_namespace);
+- a QDP has a fixed list of inputs, so absent optional inputs are filled with a one-element
+  placeholder of the node's dtype; the config attributes say which inputs are real.
+
+NOTE: no `from __future__ import annotations` here: tensorrt.plugin reads the annotations
+of the decorated functions as classes (TensorDesc, Tensor), not strings.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from ..config import DeaMoEConfig
+from ..errors import MissingDependencyError, UsageError
+from ..export import plugin_node
+
+QDP_NAMESPACE = "deamoe_trt"
+QDP_NAME = plugin_node.OP_TYPE  # the ONNX parser requires op_type == plugin name
+QDP_ID = f"{QDP_NAMESPACE}::{QDP_NAME}"
+MIN_TENSORRT = (10, 6)
+PLACEHOLDER_PREFIX = "deamoe_trt.qdp.absent."
+
+# The QDP's inputs: hidden_states, then every weight input of the contract in its order.
+# (Names differ from the attributes': the node has both an input and an attribute "router_bias".)
+TENSOR_ARGS = (
+    "hidden_states",
+    "router_w",
+    "router_b",
+    "dept_gate_up",
+    "dept_down",
+    "expert_gate_up",
+    "expert_down",
+    "shared_gate_up",
+    "shared_down",
+    "shared_gate",
+)
+CANONICAL_INPUTS = ("hidden_states", *(name for name, _ in plugin_node.WEIGHT_INPUTS))
+assert len(TENSOR_ARGS) == len(CANONICAL_INPUTS) == plugin_node.MAX_INPUTS
+
+# Attribute -> Python type the QDP declares. Bools travel as ONNX INT, so they are ints here.
+ATTRS: dict[str, type] = {
+    "hidden_size": int,
+    "num_departments": int,
+    "experts_per_department": int,
+    "shared_intermediate_size": int,
+    "private_intermediate_size": int,
+    "top_k": int,
+    "top_departments": int,
+    "score_func": str,
+    "department_score": str,
+    "norm_topk_prob": int,
+    "routed_scaling_factor": float,
+    "router_bias": int,
+    "shared_expert_intermediate_size": int,
+    "shared_expert_gate": int,
+}
+
+
+# ---------------------------------------------------------------------------------------
+# The ONNX side (no TensorRT needed: unit-tested everywhere)
+# ---------------------------------------------------------------------------------------
+
+
+def _elem_type_of(model: onnx.ModelProto, name: str) -> int | None:
+    for tensor in model.graph.initializer:
+        if tensor.name == name:
+            return tensor.data_type
+    for value in (*model.graph.input, *model.graph.value_info, *model.graph.output):
+        if value.name == name and value.type.HasField("tensor_type"):
+            return value.type.tensor_type.elem_type
+    return None
+
+
+def _placeholder(model: onnx.ModelProto, elem_type: int, cache: dict[int, str]) -> str:
+    """One [1]-element zero initializer per dtype, shared by every absent input of that dtype."""
+    if elem_type not in cache:
+        name = PLACEHOLDER_PREFIX + TensorProto.DataType.Name(elem_type).lower()
+        if elem_type == TensorProto.BFLOAT16:
+            tensor = helper.make_tensor(name, elem_type, [1], vals=np.zeros(1, np.uint16).tobytes(), raw=True)
+        else:
+            dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+            tensor = helper.make_tensor(name, elem_type, [1], vals=np.zeros(1, dtype).tobytes(), raw=True)
+        model.graph.initializer.append(tensor)
+        cache[elem_type] = name
+    return cache[elem_type]
+
+
+def prepare_model(model: onnx.ModelProto) -> int:
+    """Retarget every DeaMoE node of model (in place) to the QDP; returns how many there were.
+
+    Each node's attributes are checked against the contract first (config_from_node), so a
+    malformed node fails here with the export's own message rather than inside TensorRT.
+    """
+    count = 0
+    cache: dict[int, str] = {}
+    for node in model.graph.node:
+        if (node.op_type, node.domain) != (plugin_node.OP_TYPE, plugin_node.DOMAIN):
+            continue
+        config = plugin_node.config_from_node(node)
+        present = ["hidden_states", *plugin_node.weight_inputs(config)]
+        given = dict(zip(present, node.input, strict=True))
+        elem_type = _elem_type_of(model, given["router.weight"]) or _elem_type_of(model, given["hidden_states"])
+        if elem_type is None:
+            raise UsageError(f"DeaMoE node {node.name!r}: cannot tell its dtype (router.weight has no type)")
+        inputs = [given.get(name) or _placeholder(model, elem_type, cache) for name in CANONICAL_INPUTS]
+        del node.input[:]
+        node.input.extend(inputs)
+        for attr in node.attribute:
+            if attr.name == "plugin_namespace":
+                attr.s = QDP_NAMESPACE.encode()
+        count += 1
+    return count
+
+
+def prepare_model_bytes(path: str | Path) -> tuple[bytes, int]:
+    """The model at path retargeted to the QDP, serialised; external weights stay where they are.
+
+    Pass the bytes to OnnxParser.parse(bytes, path) so TensorRT finds the external data
+    relative to the original file.
+    """
+    from ..export.metadata import load_model
+
+    model = load_model(path)  # without external data: only the graph and small tensors
+    count = prepare_model(model)
+    return model.SerializeToString(), count
+
+
+# ---------------------------------------------------------------------------------------
+# The TensorRT side
+# ---------------------------------------------------------------------------------------
+
+
+def _text(value: str) -> str:
+    # The ONNX parser hands STRING attributes over with a trailing NUL, and the QDP creator
+    # decodes the whole buffer: "softmax\x00".
+    return value.rstrip("\x00")
+
+
+def config_from_attrs(values: dict[str, Any]) -> DeaMoEConfig:
+    fields = {}
+    for name, kind in ATTRS.items():
+        value = values[name]
+        if kind is str:
+            value = _text(value)
+        fields[name] = value
+    for flag in ("norm_topk_prob", "router_bias", "shared_expert_gate"):
+        fields[flag] = bool(fields[flag])
+    return DeaMoEConfig(**fields)
+
+
+_registered = False
+
+
+def register() -> None:
+    """Register deamoe_trt::DeaMoE with tensorrt.plugin (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from ._tensorrt import import_tensorrt, tensorrt_version
+
+    trt = import_tensorrt()
+    version = tensorrt_version(trt)
+    if version < MIN_TENSORRT:
+        raise MissingDependencyError(
+            f"--plugin python needs TensorRT {MIN_TENSORRT[0]}.{MIN_TENSORRT[1]}+ (tensorrt.plugin); this is "
+            f"{trt.__version__}: build the C++ plugin library instead (docs/deploying.md)"
+        )
+    _check_runtime()
+    try:
+        import tensorrt.plugin as trtp
+    except ImportError as exc:
+        raise MissingDependencyError(f"tensorrt.plugin is not importable ({exc}); pip install tensorrt>=10.6") from None
+    _define(trtp)
+    _registered = True
+
+
+def _check_runtime() -> None:
+    """The callback needs torch with CUDA and the kernel binding; say which is missing."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        raise MissingDependencyError("--plugin python needs torch with CUDA") from None
+    if not torch.cuda.is_available():
+        raise MissingDependencyError(
+            f"--plugin python runs the kernels through torch, and torch {torch.__version__} has no CUDA device "
+            "(install a CUDA build of torch; on Jetson, NVIDIA's JetPack wheel)"
+        )
+    try:
+        from .. import cuda as _  # noqa: F401
+    except ImportError as exc:
+        raise MissingDependencyError(f"--plugin python needs the kernel binding deamoe_trt.cuda: {exc}") from None
+
+
+def _define(trtp) -> None:
+    """The QDP's three functions. Their parameter names and order are the QDP's schema."""
+    TensorDesc, Tensor = trtp.TensorDesc, trtp.Tensor
+
+    @trtp.register(QDP_ID)
+    def deamoe_desc(
+        hidden_states: TensorDesc,
+        router_w: TensorDesc,
+        router_b: TensorDesc,
+        dept_gate_up: TensorDesc,
+        dept_down: TensorDesc,
+        expert_gate_up: TensorDesc,
+        expert_down: TensorDesc,
+        shared_gate_up: TensorDesc,
+        shared_down: TensorDesc,
+        shared_gate: TensorDesc,
+        hidden_size: int,
+        num_departments: int,
+        experts_per_department: int,
+        shared_intermediate_size: int,
+        private_intermediate_size: int,
+        top_k: int,
+        top_departments: int,
+        score_func: str,
+        department_score: str,
+        norm_topk_prob: int,
+        routed_scaling_factor: float,
+        router_bias: int,
+        shared_expert_intermediate_size: int,
+        shared_expert_gate: int,
+    ) -> TensorDesc:
+        return hidden_states.like()
+
+    @trtp.autotune(QDP_ID)
+    def deamoe_autotune(
+        hidden_states: TensorDesc,
+        router_w: TensorDesc,
+        router_b: TensorDesc,
+        dept_gate_up: TensorDesc,
+        dept_down: TensorDesc,
+        expert_gate_up: TensorDesc,
+        expert_down: TensorDesc,
+        shared_gate_up: TensorDesc,
+        shared_down: TensorDesc,
+        shared_gate: TensorDesc,
+        outputs: tuple[TensorDesc],
+    ) -> list[trtp.AutoTuneCombination]:
+        # Ten inputs and the output, all one float type ('|' ties the positions together).
+        return [trtp.AutoTuneCombination(", ".join(["FP32|FP16|BF16"] * (len(TENSOR_ARGS) + 1)))]
+
+    @trtp.impl(QDP_ID)
+    def deamoe_impl(
+        hidden_states: Tensor,
+        router_w: Tensor,
+        router_b: Tensor,
+        dept_gate_up: Tensor,
+        dept_down: Tensor,
+        expert_gate_up: Tensor,
+        expert_down: Tensor,
+        shared_gate_up: Tensor,
+        shared_down: Tensor,
+        shared_gate: Tensor,
+        hidden_size: int,
+        num_departments: int,
+        experts_per_department: int,
+        shared_intermediate_size: int,
+        private_intermediate_size: int,
+        top_k: int,
+        top_departments: int,
+        score_func: str,
+        department_score: str,
+        norm_topk_prob: int,
+        routed_scaling_factor: float,
+        router_bias: int,
+        shared_expert_intermediate_size: int,
+        shared_expert_gate: int,
+        outputs: tuple[Tensor],
+        stream: int,
+    ) -> None:
+        values = locals()
+        config = config_from_attrs({name: values[name] for name in ATTRS})
+        _run(config, [values[name] for name in TENSOR_ARGS], outputs[0], stream)
+
+
+# ---------------------------------------------------------------------------------------
+# The callback's work: TensorRT's buffers as torch tensors, then deamoe_trt.cuda.forward
+# ---------------------------------------------------------------------------------------
+
+# trt.DataType name -> (__cuda_array_interface__ typestr, torch dtype). bfloat16 has no
+# typestr, so it is wrapped as uint16 and viewed as bfloat16 (tensorrt.plugin.Tensor's own
+# __cuda_array_interface__ refuses BF16 for that reason).
+_TYPES = {"FLOAT": ("<f4", "float32"), "HALF": ("<f2", "float16"), "BF16": ("<u2", "bfloat16")}
+
+# Weight tensors by the canonical name DeaMoELayer's state_dict uses, with the QDP argument
+# that carries each.
+_STATE_NAMES = dict(zip(TENSOR_ARGS[1:], (name for name, _ in plugin_node.WEIGHT_INPUTS), strict=True))
+
+
+class _DeviceArray:
+    """A bare __cuda_array_interface__ over a TensorRT buffer (contiguous: linear format)."""
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], typestr: str):
+        self.__cuda_array_interface__ = {
+            "data": (ptr, False),
+            "shape": shape,
+            "typestr": typestr,
+            "strides": None,
+            "version": 3,
+        }
+
+
+def _as_torch(tensor):
+    import torch
+
+    typestr, dtype = _TYPES[tensor.dtype.name]
+    shape = tuple(int(d) for d in tensor.shape)
+    view = torch.as_tensor(_DeviceArray(int(tensor.data_ptr), shape, typestr), device="cuda")
+    return view.view(getattr(torch, dtype)) if typestr == "<u2" else view
+
+
+# The weights of an engine are constants: the same pointers at every step. The layer built
+# around them is kept, so a step costs one kernel call, not a module construction.
+_layers: dict[tuple, object] = {}
+
+
+def _layer_for(config: DeaMoEConfig, tensors: list):
+    from ..layer import DeaMoELayer
+
+    present = set(plugin_node.weight_inputs(config))
+    weights = {
+        state: t for arg, t in zip(TENSOR_ARGS[1:], tensors[1:], strict=True) if (state := _STATE_NAMES[arg]) in present
+    }
+    key = (config, tuple((name, int(t.data_ptr), t.dtype.name) for name, t in sorted(weights.items())))
+    layer = _layers.get(key)
+    if layer is None:
+        layer = DeaMoELayer(config, device="meta")
+        layer.load_state_dict({name: _as_torch(t) for name, t in weights.items()}, assign=True)
+        if len(_layers) > 64:  # engines rebuilt in one process: forget the oldest
+            _layers.pop(next(iter(_layers)))
+        _layers[key] = layer
+    return layer
+
+
+def _run(config: DeaMoEConfig, tensors: list, output, stream: int) -> None:
+    import torch
+
+    from .. import cuda
+
+    with torch.no_grad(), torch.cuda.stream(torch.cuda.ExternalStream(stream)):
+        hidden = _as_torch(tensors[0])
+        out = _as_torch(output)
+        if hidden.shape[0] == 0:
+            return
+        # deamoe_trt.cuda runs on torch's current stream, here TensorRT's; its workspace comes
+        # from torch's caching allocator on that stream.
+        out.copy_(cuda.forward(_layer_for(config, tensors), hidden))

@@ -1,0 +1,968 @@
+/*
+ * DeaMoE TensorRT plugin: the glue between TensorRT's IPluginV3 interfaces and the kernels
+ * of deamoeKernels.h. No math lives here: routing and the grouped SwiGLU are
+ * deamoe::forward's; this file maps node fields to LayerParams, node inputs to
+ * LayerWeights, and TensorRT's questions (shapes, types, formats, workspace) to answers.
+ *
+ * Every noexcept method catches whatever it throws and reports it through TensorRT's
+ * logger (falling back to stderr), so a bad node fails the build with a message instead
+ * of terminating the process.
+ */
+#include "deamoePlugin.h"
+
+#include <NvInferRuntime.h>
+
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+using TrtType = nvinfer1::DataType; // deamoe::DataType is the kernels' own enum
+using nvinfer1::DimsExprs;
+using nvinfer1::DynamicPluginTensorDesc;
+using nvinfer1::ILogger;
+using nvinfer1::PluginField;
+using nvinfer1::PluginFieldCollection;
+using nvinfer1::PluginFieldType;
+using nvinfer1::PluginTensorDesc;
+using nvinfer1::TensorFormat;
+
+namespace deamoe
+{
+namespace plugin
+{
+namespace
+{
+
+// ---------------------------------------------------------------------------------------
+// Reporting
+// ---------------------------------------------------------------------------------------
+
+// Set by setLoggerFinder() when TensorRT loads the dynamic library variant; the logger it
+// finds is the one of the builder/runtime that is calling us.
+std::atomic<nvinfer1::ILoggerFinder*> gLoggerFinder{nullptr};
+
+ILogger* currentLogger() noexcept
+{
+    if (nvinfer1::ILoggerFinder* finder = gLoggerFinder.load())
+    {
+        try
+        {
+            if (ILogger* logger = finder->findLogger())
+            {
+                return logger;
+            }
+        }
+        catch (...)
+        {
+        }
+    }
+#if !(defined(DEAMOE_PLUGIN_DYNAMIC) && DEAMOE_PLUGIN_DYNAMIC)
+    // libnvinfer's logger: the one handed to the last builder/runtime created. Only the
+    // statically registered variant may call into libnvinfer like this; the dynamic one can
+    // be loaded by a lean runtime that has no such symbol.
+    return getLogger();
+#else
+    return nullptr;
+#endif
+}
+
+void logMessage(ILogger::Severity severity, std::string const& message) noexcept
+{
+    try
+    {
+        std::string const text = "[DeaMoE plugin] " + message;
+        if (ILogger* logger = currentLogger())
+        {
+            logger->log(severity, text.c_str());
+            return;
+        }
+        std::fprintf(stderr, "%s\n", text.c_str());
+    }
+    catch (...)
+    {
+        // Logging must never be the reason a noexcept method terminates the process.
+    }
+}
+
+void reportError(char const* where, char const* what) noexcept
+{
+    try
+    {
+        logMessage(ILogger::Severity::kERROR, std::string(where) + ": " + what);
+    }
+    catch (...)
+    {
+    }
+}
+
+// Wraps the body of a noexcept method: an exception becomes a logged error and `onError`.
+template <typename Result, typename Body>
+Result guarded(char const* where, Result onError, Body&& body) noexcept
+{
+    try
+    {
+        return body();
+    }
+    catch (std::exception const& e)
+    {
+        reportError(where, e.what());
+    }
+    catch (...)
+    {
+        reportError(where, "unknown exception");
+    }
+    return onError;
+}
+
+[[noreturn]] void fail(std::string const& message)
+{
+    throw std::invalid_argument(message);
+}
+
+// ---------------------------------------------------------------------------------------
+// Fields: one per DeaMoEConfig field, named as the ONNX node's attributes.
+// ---------------------------------------------------------------------------------------
+
+enum class FieldKind
+{
+    kINT,
+    kBOOL,
+    kFLOAT,
+    kSTRING,
+};
+
+struct FieldSpec
+{
+    char const* name;
+    FieldKind kind;
+    bool required;
+};
+
+// Order = the attribute table of README.md. Optional fields default as DeaMoEConfig does.
+constexpr FieldSpec kFIELDS[] = {
+    {"hidden_size", FieldKind::kINT, true},
+    {"num_departments", FieldKind::kINT, true},
+    {"experts_per_department", FieldKind::kINT, true},
+    {"shared_intermediate_size", FieldKind::kINT, true},
+    {"private_intermediate_size", FieldKind::kINT, true},
+    {"top_k", FieldKind::kINT, true},
+    {"top_departments", FieldKind::kINT, true},
+    {"score_func", FieldKind::kSTRING, false},
+    {"department_score", FieldKind::kSTRING, false},
+    {"norm_topk_prob", FieldKind::kBOOL, false},
+    {"routed_scaling_factor", FieldKind::kFLOAT, false},
+    {"router_bias", FieldKind::kBOOL, false},
+    {"shared_expert_intermediate_size", FieldKind::kINT, false},
+    {"shared_expert_gate", FieldKind::kBOOL, false},
+};
+
+// Node attributes that select the plugin rather than configure it. The ONNX parser never
+// passes them (it only passes getFieldNames()), but a Python caller copying a node's
+// attributes might.
+constexpr char const* kIGNORED_FIELDS[] = {"plugin_version", "plugin_namespace"};
+
+PluginFieldType pluginFieldType(FieldKind kind)
+{
+    switch (kind)
+    {
+    case FieldKind::kINT:
+    case FieldKind::kBOOL: return PluginFieldType::kINT32;
+    case FieldKind::kFLOAT: return PluginFieldType::kFLOAT32;
+    case FieldKind::kSTRING: return PluginFieldType::kCHAR;
+    }
+    return PluginFieldType::kUNKNOWN;
+}
+
+void checkScalar(PluginField const& field)
+{
+    if (field.data == nullptr || field.length < 1)
+    {
+        fail(std::string("field '") + field.name + "' has no value");
+    }
+    if (field.length != 1)
+    {
+        fail(std::string("field '") + field.name + "' must be a scalar, got " + std::to_string(field.length)
+            + " values");
+    }
+}
+
+// ONNX INT attributes arrive as kINT32 from the parser; other callers may send int64 etc.
+int64_t readInteger(PluginField const& field)
+{
+    checkScalar(field);
+    switch (field.type)
+    {
+    case PluginFieldType::kINT8: return *static_cast<int8_t const*>(field.data);
+    case PluginFieldType::kINT16: return *static_cast<int16_t const*>(field.data);
+    case PluginFieldType::kINT32: return *static_cast<int32_t const*>(field.data);
+    case PluginFieldType::kINT64: return *static_cast<int64_t const*>(field.data);
+    default: break;
+    }
+    fail(std::string("field '") + field.name + "' must be an integer (kINT32), got PluginFieldType "
+        + std::to_string(static_cast<int32_t>(field.type)));
+}
+
+int32_t readInt32(PluginField const& field)
+{
+    int64_t const value = readInteger(field);
+    if (value < std::numeric_limits<int32_t>::min() || value > std::numeric_limits<int32_t>::max())
+    {
+        fail(std::string("field '") + field.name + "' is out of the int32 range: " + std::to_string(value));
+    }
+    return static_cast<int32_t>(value);
+}
+
+int32_t readBool(PluginField const& field)
+{
+    int64_t const value = readInteger(field);
+    if (value != 0 && value != 1)
+    {
+        fail(std::string("field '") + field.name + "' must be 0 or 1, got " + std::to_string(value));
+    }
+    return static_cast<int32_t>(value);
+}
+
+float readFloat(PluginField const& field)
+{
+    checkScalar(field);
+    switch (field.type)
+    {
+    case PluginFieldType::kFLOAT32: return *static_cast<float const*>(field.data);
+    case PluginFieldType::kFLOAT64: return static_cast<float>(*static_cast<double const*>(field.data));
+    // An exporter that wrote routed_scaling_factor=2 as an INT attribute still means 2.0.
+    case PluginFieldType::kINT32:
+    case PluginFieldType::kINT64: return static_cast<float>(readInteger(field));
+    default: break;
+    }
+    fail(std::string("field '") + field.name + "' must be a float (kFLOAT32), got PluginFieldType "
+        + std::to_string(static_cast<int32_t>(field.type)));
+}
+
+// The ONNX parser sends a STRING attribute as kCHAR with length = characters + 1 (it appends
+// a NUL); other callers may not, so read up to the first NUL within length.
+std::string readString(PluginField const& field)
+{
+    if (field.type != PluginFieldType::kCHAR)
+    {
+        fail(std::string("field '") + field.name + "' must be a string (kCHAR), got PluginFieldType "
+            + std::to_string(static_cast<int32_t>(field.type)));
+    }
+    if (field.data == nullptr || field.length < 0)
+    {
+        fail(std::string("field '") + field.name + "' has no value");
+    }
+    auto const* chars = static_cast<char const*>(field.data);
+    return std::string(chars, strnlen(chars, static_cast<size_t>(field.length)));
+}
+
+char const* scoreFuncName(ScoreFunc value)
+{
+    return value == ScoreFunc::kSIGMOID ? "sigmoid" : "softmax";
+}
+
+char const* departmentScoreName(DepartmentScore value)
+{
+    switch (value)
+    {
+    case DepartmentScore::kSUM_TOP2: return "sum_top2";
+    case DepartmentScore::kSUM: return "sum";
+    case DepartmentScore::kMAX: break;
+    }
+    return "max";
+}
+
+ScoreFunc parseScoreFunc(std::string const& text)
+{
+    if (text == "softmax")
+    {
+        return ScoreFunc::kSOFTMAX;
+    }
+    if (text == "sigmoid")
+    {
+        return ScoreFunc::kSIGMOID;
+    }
+    fail("field 'score_func' must be 'softmax' or 'sigmoid', got '" + text + "'");
+}
+
+DepartmentScore parseDepartmentScore(std::string const& text)
+{
+    if (text == "max")
+    {
+        return DepartmentScore::kMAX;
+    }
+    if (text == "sum_top2")
+    {
+        return DepartmentScore::kSUM_TOP2;
+    }
+    if (text == "sum")
+    {
+        return DepartmentScore::kSUM;
+    }
+    fail("field 'department_score' must be 'max', 'sum_top2' or 'sum', got '" + text + "'");
+}
+
+// ---------------------------------------------------------------------------------------
+// Tensors
+// ---------------------------------------------------------------------------------------
+
+bool isSupportedType(TrtType type)
+{
+    return type == TrtType::kFLOAT || type == TrtType::kHALF || type == TrtType::kBF16;
+}
+
+deamoe::DataType toKernelType(TrtType type)
+{
+    switch (type)
+    {
+    case TrtType::kFLOAT: return deamoe::DataType::kFLOAT;
+    case TrtType::kHALF: return deamoe::DataType::kHALF;
+    case TrtType::kBF16: return deamoe::DataType::kBF16;
+    default: break;
+    }
+    fail("unsupported tensor type " + std::to_string(static_cast<int32_t>(type))
+        + " (DeaMoE runs float32, float16 or bfloat16)");
+}
+
+char const* typeName(TrtType type)
+{
+    switch (type)
+    {
+    case TrtType::kFLOAT: return "float32";
+    case TrtType::kHALF: return "float16";
+    case TrtType::kBF16: return "bfloat16";
+    default: break;
+    }
+    return "unsupported";
+}
+
+std::string dimsString(nvinfer1::Dims const& dims)
+{
+    std::ostringstream out;
+    out << "[";
+    for (int32_t i = 0; i < dims.nbDims; ++i)
+    {
+        out << (i ? ", " : "") << dims.d[i];
+    }
+    out << "]";
+    return out.str();
+}
+
+std::string shapeString(std::vector<int64_t> const& shape)
+{
+    std::ostringstream out;
+    out << "[";
+    for (size_t i = 0; i < shape.size(); ++i)
+    {
+        out << (i ? ", " : "");
+        if (shape[i] < 0)
+        {
+            out << "T";
+        }
+        else
+        {
+            out << shape[i];
+        }
+    }
+    out << "]";
+    return out.str();
+}
+
+// The kernels' status and, when they give one, their reason (for kCUDA_ERROR: the failed
+// launch and the CUDA error, so the plugin never calls the CUDA runtime itself).
+std::string kernelError(Status status)
+{
+    std::string text = statusString(status);
+    char const* reason = lastErrorMessage();
+    if (reason != nullptr && reason[0] != '\0')
+    {
+        text += std::string(": ") + reason;
+    }
+    return text;
+}
+
+int32_t clampTokens(int64_t tokens)
+{
+    if (tokens < 1)
+    {
+        return 1;
+    }
+    return tokens > std::numeric_limits<int32_t>::max() ? std::numeric_limits<int32_t>::max()
+                                                        : static_cast<int32_t>(tokens);
+}
+
+} // namespace
+
+// ---------------------------------------------------------------------------------------
+// Free functions of deamoePlugin.h
+// ---------------------------------------------------------------------------------------
+
+char const* inputRoleName(InputRole role) noexcept
+{
+    switch (role)
+    {
+    case InputRole::kHIDDEN: return "hidden_states";
+    case InputRole::kROUTER_WEIGHT: return "router.weight";
+    case InputRole::kROUTER_BIAS: return "router.bias";
+    case InputRole::kDEPARTMENT_GATE_UP: return "departments.gate_up";
+    case InputRole::kDEPARTMENT_DOWN: return "departments.down";
+    case InputRole::kEXPERT_GATE_UP: return "experts.gate_up";
+    case InputRole::kEXPERT_DOWN: return "experts.down";
+    case InputRole::kSHARED_GATE_UP: return "shared_experts.gate_up";
+    case InputRole::kSHARED_DOWN: return "shared_experts.down";
+    case InputRole::kSHARED_GATE: return "shared_experts.gate";
+    }
+    return "unknown";
+}
+
+std::vector<InputRole> presentInputs(LayerParams const& p)
+{
+    std::vector<InputRole> roles{InputRole::kHIDDEN, InputRole::kROUTER_WEIGHT};
+    if (p.hasRouterBias)
+    {
+        roles.push_back(InputRole::kROUTER_BIAS);
+    }
+    if (p.sharedWidth > 0)
+    {
+        roles.push_back(InputRole::kDEPARTMENT_GATE_UP);
+        roles.push_back(InputRole::kDEPARTMENT_DOWN);
+    }
+    if (p.privateWidth > 0)
+    {
+        roles.push_back(InputRole::kEXPERT_GATE_UP);
+        roles.push_back(InputRole::kEXPERT_DOWN);
+    }
+    if (p.sharedExpertWidth > 0)
+    {
+        roles.push_back(InputRole::kSHARED_GATE_UP);
+        roles.push_back(InputRole::kSHARED_DOWN);
+    }
+    if (p.sharedExpertGate)
+    {
+        roles.push_back(InputRole::kSHARED_GATE);
+    }
+    return roles;
+}
+
+std::vector<int64_t> expectedShape(LayerParams const& p, InputRole role)
+{
+    int64_t const d = p.hidden;
+    int64_t const D = p.numDepartments;
+    int64_t const N = static_cast<int64_t>(p.numDepartments) * p.expertsPerDepartment;
+    switch (role)
+    {
+    case InputRole::kHIDDEN: return {-1, d};
+    case InputRole::kROUTER_WEIGHT: return {N, d};
+    case InputRole::kROUTER_BIAS: return {N};
+    case InputRole::kDEPARTMENT_GATE_UP: return {D, 2 * int64_t{p.sharedWidth}, d};
+    case InputRole::kDEPARTMENT_DOWN: return {D, d, p.sharedWidth};
+    case InputRole::kEXPERT_GATE_UP: return {N, 2 * int64_t{p.privateWidth}, d};
+    case InputRole::kEXPERT_DOWN: return {N, d, p.privateWidth};
+    case InputRole::kSHARED_GATE_UP: return {2 * int64_t{p.sharedExpertWidth}, d};
+    case InputRole::kSHARED_DOWN: return {d, p.sharedExpertWidth};
+    case InputRole::kSHARED_GATE: return {1, d};
+    }
+    return {};
+}
+
+LayerParams paramsFromFields(PluginFieldCollection const& fc)
+{
+    if (fc.nbFields > 0 && fc.fields == nullptr)
+    {
+        fail("the field collection has no fields array");
+    }
+    LayerParams p{};
+    // DeaMoEConfig's defaults for the optional fields.
+    p.scoreFunc = ScoreFunc::kSOFTMAX;
+    p.departmentScore = DepartmentScore::kMAX;
+    p.normTopkProb = 1;
+    p.routedScalingFactor = 1.0F;
+    p.hasRouterBias = 0;
+    p.sharedExpertWidth = 0;
+    p.sharedExpertGate = 0;
+
+    std::set<std::string> seen;
+    for (int32_t i = 0; i < fc.nbFields; ++i)
+    {
+        PluginField const& field = fc.fields[i];
+        std::string const name = field.name ? field.name : "";
+        bool ignored = false;
+        for (char const* skip : kIGNORED_FIELDS)
+        {
+            ignored = ignored || name == skip;
+        }
+        if (ignored)
+        {
+            continue;
+        }
+        if (!seen.insert(name).second)
+        {
+            fail("field '" + name + "' is given twice");
+        }
+        if (name == "hidden_size")
+            p.hidden = readInt32(field);
+        else if (name == "num_departments")
+            p.numDepartments = readInt32(field);
+        else if (name == "experts_per_department")
+            p.expertsPerDepartment = readInt32(field);
+        else if (name == "shared_intermediate_size")
+            p.sharedWidth = readInt32(field);
+        else if (name == "private_intermediate_size")
+            p.privateWidth = readInt32(field);
+        else if (name == "top_k")
+            p.topK = readInt32(field);
+        else if (name == "top_departments")
+            p.topDepartments = readInt32(field);
+        else if (name == "score_func")
+            p.scoreFunc = parseScoreFunc(readString(field));
+        else if (name == "department_score")
+            p.departmentScore = parseDepartmentScore(readString(field));
+        else if (name == "norm_topk_prob")
+            p.normTopkProb = readBool(field);
+        else if (name == "routed_scaling_factor")
+            p.routedScalingFactor = readFloat(field);
+        else if (name == "router_bias")
+            p.hasRouterBias = readBool(field);
+        else if (name == "shared_expert_intermediate_size")
+            p.sharedExpertWidth = readInt32(field);
+        else if (name == "shared_expert_gate")
+            p.sharedExpertGate = readBool(field);
+        else
+        {
+            // Strict on purpose: a misspelt optional field would otherwise silently take its default.
+            std::string known;
+            for (FieldSpec const& spec : kFIELDS)
+            {
+                known += (known.empty() ? "" : ", ") + std::string(spec.name);
+            }
+            fail("unknown field '" + name + "'; known: " + known);
+        }
+    }
+    for (FieldSpec const& spec : kFIELDS)
+    {
+        if (spec.required && seen.count(spec.name) == 0)
+        {
+            fail(std::string("missing field '") + spec.name
+                + "' (a DeaMoE node needs every required DeaMoEConfig attribute)");
+        }
+    }
+    return p;
+}
+
+std::string describe(LayerParams const& p)
+{
+    std::ostringstream out;
+    out << "d=" << p.hidden << " D=" << p.numDepartments << " m=" << p.expertsPerDepartment
+        << " f_s=" << p.sharedWidth << " f_p=" << p.privateWidth << " k=" << p.topK << " g=" << p.topDepartments
+        << " score_func=" << scoreFuncName(p.scoreFunc)
+        << " department_score=" << departmentScoreName(p.departmentScore) << " norm_topk_prob=" << p.normTopkProb
+        << " routed_scaling_factor=" << p.routedScalingFactor << " router_bias=" << p.hasRouterBias
+        << " f_sh=" << p.sharedExpertWidth << " shared_expert_gate=" << p.sharedExpertGate;
+    return out.str();
+}
+
+// ---------------------------------------------------------------------------------------
+// DeaMoEPlugin
+// ---------------------------------------------------------------------------------------
+
+DeaMoEPlugin::DeaMoEPlugin(std::string layerName, LayerParams const& params)
+    : mLayerName(std::move(layerName))
+    , mParams(params)
+{
+    Status const status = deamoe::validate(mParams);
+    if (status != Status::kSUCCESS)
+    {
+        fail("invalid DeaMoE layer (" + describe(mParams) + "): " + kernelError(status));
+    }
+    mInputs = presentInputs(mParams);
+    mMetadata = describe(mParams);
+}
+
+DeaMoEPlugin::DeaMoEPlugin(DeaMoEPlugin const& other)
+    : mLayerName(other.mLayerName)
+    , mNamespace(other.mNamespace)
+    , mParams(other.mParams)
+    , mInputs(other.mInputs)
+    , mMetadata(other.mMetadata)
+{
+    // mSerialFields point into their owner; a copy rebuilds its own in getFieldsToSerialize().
+}
+
+nvinfer1::IPluginCapability* DeaMoEPlugin::getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept
+{
+    return guarded<nvinfer1::IPluginCapability*>("getCapabilityInterface", nullptr,
+        [&]() -> nvinfer1::IPluginCapability* {
+            switch (type)
+            {
+            case nvinfer1::PluginCapabilityType::kCORE: return static_cast<nvinfer1::IPluginV3OneCore*>(this);
+            case nvinfer1::PluginCapabilityType::kBUILD: return static_cast<nvinfer1::IPluginV3OneBuild*>(this);
+            case nvinfer1::PluginCapabilityType::kRUNTIME: return static_cast<nvinfer1::IPluginV3OneRuntime*>(this);
+            }
+            fail("unknown capability type " + std::to_string(static_cast<int32_t>(type)));
+        });
+}
+
+nvinfer1::IPluginV3* DeaMoEPlugin::clone() noexcept
+{
+    return guarded<nvinfer1::IPluginV3*>(
+        "clone", nullptr, [&]() -> nvinfer1::IPluginV3* { return std::make_unique<DeaMoEPlugin>(*this).release(); });
+}
+
+char const* DeaMoEPlugin::getPluginName() const noexcept
+{
+    return kPLUGIN_NAME;
+}
+
+char const* DeaMoEPlugin::getPluginVersion() const noexcept
+{
+    return kPLUGIN_VERSION;
+}
+
+char const* DeaMoEPlugin::getPluginNamespace() const noexcept
+{
+    return mNamespace.c_str();
+}
+
+int32_t DeaMoEPlugin::getNbOutputs() const noexcept
+{
+    return 1;
+}
+
+int32_t DeaMoEPlugin::getOutputDataTypes(
+    TrtType* outputTypes, int32_t nbOutputs, TrtType const* inputTypes, int32_t nbInputs) const noexcept
+{
+    return guarded<int32_t>("getOutputDataTypes", -1, [&]() -> int32_t {
+        if (outputTypes == nullptr || inputTypes == nullptr || nbOutputs != 1)
+        {
+            fail("expected one output");
+        }
+        if (nbInputs != static_cast<int32_t>(mInputs.size()))
+        {
+            fail("layer '" + mLayerName + "' has " + std::to_string(nbInputs) + " inputs; its attributes ("
+                + mMetadata + ") need " + std::to_string(mInputs.size()));
+        }
+        outputTypes[0] = inputTypes[0]; // output = hidden_states' dtype
+        return 0;
+    });
+}
+
+int32_t DeaMoEPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInputs, DimsExprs const* /*shapeInputs*/,
+    int32_t nbShapeInputs, DimsExprs* outputs, int32_t nbOutputs, nvinfer1::IExprBuilder& /*exprBuilder*/) noexcept
+{
+    return guarded<int32_t>("getOutputShapes", -1, [&]() -> int32_t {
+        if (inputs == nullptr || outputs == nullptr || nbOutputs != 1 || nbShapeInputs != 0)
+        {
+            fail("expected one output and no shape inputs");
+        }
+        if (nbInputs != static_cast<int32_t>(mInputs.size()))
+        {
+            fail("layer '" + mLayerName + "' has " + std::to_string(nbInputs) + " inputs; its attributes ("
+                + mMetadata + ") need " + std::to_string(mInputs.size()));
+        }
+        if (inputs[0].nbDims != 2)
+        {
+            fail("hidden_states must be [T, d], got rank " + std::to_string(inputs[0].nbDims));
+        }
+        // Sizes are checked against the attributes in configurePlugin/onShapeChange, where
+        // they are numbers rather than expressions.
+        outputs[0] = inputs[0];
+        return 0;
+    });
+}
+
+bool DeaMoEPlugin::supportsFormatCombination(
+    int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t nbInputs, int32_t nbOutputs) noexcept
+{
+    return guarded<bool>("supportsFormatCombination", false, [&]() -> bool {
+        if (inOut == nullptr || pos < 0 || pos >= nbInputs + nbOutputs)
+        {
+            return false;
+        }
+        PluginTensorDesc const& desc = inOut[pos].desc;
+        if (desc.format != TensorFormat::kLINEAR)
+        {
+            return false;
+        }
+        // TensorRT asks position by position with the earlier positions already chosen: the
+        // first input picks a float type, every other input and the output must match it.
+        if (pos == 0)
+        {
+            return isSupportedType(desc.type);
+        }
+        return desc.type == inOut[0].desc.type;
+    });
+}
+
+void DeaMoEPlugin::checkTensors(
+    PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* out, int32_t nbOutputs) const
+{
+    if (in == nullptr || out == nullptr || nbOutputs != 1)
+    {
+        fail("expected one output");
+    }
+    if (nbInputs != static_cast<int32_t>(mInputs.size()))
+    {
+        fail("layer '" + mLayerName + "' has " + std::to_string(nbInputs) + " inputs; its attributes (" + mMetadata
+            + ") need " + std::to_string(mInputs.size()));
+    }
+    for (int32_t i = 0; i < nbInputs; ++i)
+    {
+        InputRole const role = mInputs[i];
+        std::vector<int64_t> const want = expectedShape(mParams, role);
+        nvinfer1::Dims const& got = in[i].dims;
+        bool ok = got.nbDims == static_cast<int32_t>(want.size());
+        for (int32_t j = 0; ok && j < got.nbDims; ++j)
+        {
+            // -1: the token dimension, or any dimension TensorRT does not know yet at build time.
+            ok = want[j] < 0 || got.d[j] < 0 || got.d[j] == want[j];
+        }
+        if (!ok)
+        {
+            fail("input " + std::to_string(i) + " (" + inputRoleName(role) + ") has shape " + dimsString(got)
+                + " but the layer's attributes (" + mMetadata + ") need " + shapeString(want));
+        }
+        if (in[i].type != in[0].type)
+        {
+            fail("input " + std::to_string(i) + " (" + inputRoleName(role) + ") is " + typeName(in[i].type)
+                + " but hidden_states is " + typeName(in[0].type) + "; all inputs must share one dtype");
+        }
+    }
+    if (!isSupportedType(in[0].type))
+    {
+        fail(std::string("hidden_states is ") + typeName(in[0].type) + "; DeaMoE runs float32, float16 or bfloat16");
+    }
+    if (out[0].type != in[0].type || out[0].dims.nbDims != 2)
+    {
+        fail("the output must be [T, d] in hidden_states' dtype");
+    }
+}
+
+int32_t DeaMoEPlugin::configurePlugin(
+    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept
+{
+    return guarded<int32_t>("configurePlugin", -1, [&]() -> int32_t {
+        if (in == nullptr || out == nullptr || nbInputs < 0 || nbOutputs < 0)
+        {
+            fail("null tensor descriptions");
+        }
+        std::vector<PluginTensorDesc> inDesc(static_cast<size_t>(nbInputs));
+        std::vector<PluginTensorDesc> outDesc(static_cast<size_t>(nbOutputs));
+        for (int32_t i = 0; i < nbInputs; ++i)
+        {
+            inDesc[i] = in[i].desc;
+        }
+        for (int32_t i = 0; i < nbOutputs; ++i)
+        {
+            outDesc[i] = out[i].desc;
+        }
+        checkTensors(inDesc.data(), nbInputs, outDesc.data(), nbOutputs);
+        return 0;
+    });
+}
+
+size_t DeaMoEPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
+    DynamicPluginTensorDesc const* /*outputs*/, int32_t /*nbOutputs*/) const noexcept
+{
+    return guarded<size_t>("getWorkspaceSize", 0, [&]() -> size_t {
+        if (inputs == nullptr || nbInputs < 1)
+        {
+            fail("no inputs");
+        }
+        // Scratch for the most tokens this profile allows: TensorRT reserves it once per
+        // context, and enqueue never needs more for fewer tokens.
+        int32_t const maxTokens = clampTokens(inputs[0].max.d[0]);
+        deamoe::DataType const dtype
+            = isSupportedType(inputs[0].desc.type) ? toKernelType(inputs[0].desc.type) : deamoe::DataType::kFLOAT;
+        return deamoe::workspaceSize(mParams, maxTokens, dtype);
+    });
+}
+
+char const* DeaMoEPlugin::getMetadataString() noexcept
+{
+    return mMetadata.c_str();
+}
+
+int32_t DeaMoEPlugin::onShapeChange(
+    PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* out, int32_t nbOutputs) noexcept
+{
+    return guarded<int32_t>("onShapeChange", -1, [&]() -> int32_t {
+        checkTensors(in, nbInputs, out, nbOutputs);
+        return 0;
+    });
+}
+
+int32_t DeaMoEPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /*outputDesc*/,
+    void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept
+{
+    return guarded<int32_t>("enqueue", -1, [&]() -> int32_t {
+        if (inputDesc == nullptr || inputs == nullptr || outputs == nullptr)
+        {
+            fail("null inputs or outputs");
+        }
+        int64_t const tokens = inputDesc[0].dims.d[0];
+        if (tokens == 0)
+        {
+            return 0; // an empty step: nothing to route, nothing to write
+        }
+        if (tokens < 0 || tokens > std::numeric_limits<int32_t>::max())
+        {
+            fail("hidden_states has " + std::to_string(tokens) + " tokens");
+        }
+        deamoe::DataType const dtype = toKernelType(inputDesc[0].type);
+
+        LayerWeights weights{};
+        for (size_t i = 1; i < mInputs.size(); ++i)
+        {
+            void const* ptr = inputs[i];
+            switch (mInputs[i])
+            {
+            case InputRole::kROUTER_WEIGHT: weights.routerWeight = ptr; break;
+            case InputRole::kROUTER_BIAS: weights.routerBias = ptr; break;
+            case InputRole::kDEPARTMENT_GATE_UP: weights.departmentGateUp = ptr; break;
+            case InputRole::kDEPARTMENT_DOWN: weights.departmentDown = ptr; break;
+            case InputRole::kEXPERT_GATE_UP: weights.expertGateUp = ptr; break;
+            case InputRole::kEXPERT_DOWN: weights.expertDown = ptr; break;
+            case InputRole::kSHARED_GATE_UP: weights.sharedGateUp = ptr; break;
+            case InputRole::kSHARED_DOWN: weights.sharedDown = ptr; break;
+            case InputRole::kSHARED_GATE: weights.sharedGate = ptr; break;
+            case InputRole::kHIDDEN: break;
+            }
+        }
+        // enqueue is not told the workspace's size. TensorRT gave us at least
+        // getWorkspaceSize() for the profile's max tokens, which covers this step's tokens,
+        // so the bytes forward() may use are exactly what it asks for at this size.
+        int32_t const numTokens = static_cast<int32_t>(tokens);
+        size_t const workspaceBytes = deamoe::workspaceSize(mParams, numTokens, dtype);
+        Status const status = deamoe::forward(
+            mParams, weights, dtype, inputs[0], outputs[0], numTokens, workspace, workspaceBytes, stream);
+        if (status != Status::kSUCCESS)
+        {
+            fail("layer '" + mLayerName + "': deamoe::forward failed for " + std::to_string(tokens)
+                + " token(s): " + kernelError(status));
+        }
+        return 0;
+    });
+}
+
+nvinfer1::IPluginV3* DeaMoEPlugin::attachToContext(nvinfer1::IPluginResourceContext* /*context*/) noexcept
+{
+    // No per-context resources: the workspace comes from TensorRT on every enqueue.
+    return clone();
+}
+
+PluginFieldCollection const* DeaMoEPlugin::getFieldsToSerialize() noexcept
+{
+    return guarded<PluginFieldCollection const*>("getFieldsToSerialize", nullptr, [&]() -> PluginFieldCollection const* {
+        // The same names and types the ONNX parser passes, so createPlugin() reads an engine's
+        // fields exactly as it reads a node's.
+        mScoreFuncName = scoreFuncName(mParams.scoreFunc);
+        mDepartmentScoreName = departmentScoreName(mParams.departmentScore);
+        auto const text = [](std::string const& s) { return static_cast<int32_t>(s.size() + 1); };
+        mSerialFields = {
+            PluginField("hidden_size", &mParams.hidden, PluginFieldType::kINT32, 1),
+            PluginField("num_departments", &mParams.numDepartments, PluginFieldType::kINT32, 1),
+            PluginField("experts_per_department", &mParams.expertsPerDepartment, PluginFieldType::kINT32, 1),
+            PluginField("shared_intermediate_size", &mParams.sharedWidth, PluginFieldType::kINT32, 1),
+            PluginField("private_intermediate_size", &mParams.privateWidth, PluginFieldType::kINT32, 1),
+            PluginField("top_k", &mParams.topK, PluginFieldType::kINT32, 1),
+            PluginField("top_departments", &mParams.topDepartments, PluginFieldType::kINT32, 1),
+            PluginField("score_func", mScoreFuncName.c_str(), PluginFieldType::kCHAR, text(mScoreFuncName)),
+            PluginField("department_score", mDepartmentScoreName.c_str(), PluginFieldType::kCHAR,
+                text(mDepartmentScoreName)),
+            PluginField("norm_topk_prob", &mParams.normTopkProb, PluginFieldType::kINT32, 1),
+            PluginField("routed_scaling_factor", &mParams.routedScalingFactor, PluginFieldType::kFLOAT32, 1),
+            PluginField("router_bias", &mParams.hasRouterBias, PluginFieldType::kINT32, 1),
+            PluginField("shared_expert_intermediate_size", &mParams.sharedExpertWidth, PluginFieldType::kINT32, 1),
+            PluginField("shared_expert_gate", &mParams.sharedExpertGate, PluginFieldType::kINT32, 1),
+        };
+        mSerialFC.nbFields = static_cast<int32_t>(mSerialFields.size());
+        mSerialFC.fields = mSerialFields.data();
+        return &mSerialFC;
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// DeaMoEPluginCreator
+// ---------------------------------------------------------------------------------------
+
+DeaMoEPluginCreator::DeaMoEPluginCreator()
+{
+    // The ONNX parser turns exactly these node attributes into PluginFields (a missing one is
+    // skipped with a warning); the type here is informational, the parser uses the
+    // attribute's own type.
+    for (FieldSpec const& spec : kFIELDS)
+    {
+        mFieldNames.emplace_back(spec.name, nullptr, pluginFieldType(spec.kind), 1);
+    }
+    mFC.nbFields = static_cast<int32_t>(mFieldNames.size());
+    mFC.fields = mFieldNames.data();
+}
+
+char const* DeaMoEPluginCreator::getPluginName() const noexcept
+{
+    return kPLUGIN_NAME;
+}
+
+char const* DeaMoEPluginCreator::getPluginVersion() const noexcept
+{
+    return kPLUGIN_VERSION;
+}
+
+char const* DeaMoEPluginCreator::getPluginNamespace() const noexcept
+{
+    return kPLUGIN_NAMESPACE;
+}
+
+PluginFieldCollection const* DeaMoEPluginCreator::getFieldNames() noexcept
+{
+    return &mFC;
+}
+
+nvinfer1::IPluginV3* DeaMoEPluginCreator::createPlugin(
+    char const* name, PluginFieldCollection const* fc, nvinfer1::TensorRTPhase /*phase*/) noexcept
+{
+    // Build (fields from the ONNX node) and runtime (fields from getFieldsToSerialize) read
+    // the same fields, so the phase changes nothing here.
+    std::string const layer = name ? name : "";
+    std::string const where = "createPlugin('" + layer + "')";
+    return guarded<nvinfer1::IPluginV3*>(where.c_str(), nullptr, [&]() -> nvinfer1::IPluginV3* {
+        if (fc == nullptr)
+        {
+            fail("no fields");
+        }
+        return std::make_unique<DeaMoEPlugin>(layer, paramsFromFields(*fc)).release();
+    });
+}
+
+#if !(defined(DEAMOE_PLUGIN_DYNAMIC) && DEAMOE_PLUGIN_DYNAMIC)
+// Loading libdeamoe_plugin.so (dlopen, ctypes.CDLL, trtexec --staticPlugins, polygraphy
+// --plugins) registers the creator in the global registry under namespace "".
+REGISTER_TENSORRT_PLUGIN(DeaMoEPluginCreator);
+#endif
+
+} // namespace plugin
+} // namespace deamoe
+
+#if defined(DEAMOE_PLUGIN_DYNAMIC) && DEAMOE_PLUGIN_DYNAMIC
+extern "C" nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators)
+{
+    static deamoe::plugin::DeaMoEPluginCreator sCreator;
+    static nvinfer1::IPluginCreatorInterface* const sCreators[] = {&sCreator};
+    nbCreators = 1;
+    return sCreators;
+}
+
+extern "C" void setLoggerFinder(nvinfer1::ILoggerFinder* finder)
+{
+    if (finder != nullptr)
+    {
+        deamoe::plugin::gLoggerFinder.store(finder);
+    }
+}
+#endif

@@ -1,0 +1,171 @@
+/*
+ * DeaMoE TensorRT plugin (IPluginV3): one DeaMoE layer of ../../../shared/deamoe-spec.md as
+ * one TensorRT layer. It consumes the ONNX node described in README.md (op_type DeaMoE,
+ * plugin name/version/namespace DeaMoE/1/"") and runs deamoe::forward (deamoeKernels.h).
+ *
+ * Built against TensorRT 10.3 (JetPack 6) up to 11.x; see README.md, "TensorRT versions".
+ */
+#pragma once
+
+#include "deamoeKernels.h"
+
+#include <NvInferRuntime.h>
+#include <NvInferVersion.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#if NV_TENSORRT_MAJOR < 10 || (NV_TENSORRT_MAJOR == 10 && NV_TENSORRT_MINOR < 3)
+#error "The DeaMoE plugin needs TensorRT 10.3 or newer (IPluginV3, getCreators); JetPack 6 ships 10.3."
+#endif
+
+namespace deamoe
+{
+namespace plugin
+{
+
+// Plugin identity: what the ONNX parser looks up from op_type, plugin_version and
+// plugin_namespace of the node (README.md, "The ONNX node it consumes").
+constexpr char const* kPLUGIN_NAME{"DeaMoE"};
+constexpr char const* kPLUGIN_VERSION{"1"};
+constexpr char const* kPLUGIN_NAMESPACE{""};
+
+// What each input of the node is. The node carries only the inputs its config says are
+// present, in this order, so the position of a role depends on the config.
+enum class InputRole : int32_t
+{
+    kHIDDEN = 0,
+    kROUTER_WEIGHT,
+    kROUTER_BIAS,
+    kDEPARTMENT_GATE_UP,
+    kDEPARTMENT_DOWN,
+    kEXPERT_GATE_UP,
+    kEXPERT_DOWN,
+    kSHARED_GATE_UP,
+    kSHARED_DOWN,
+    kSHARED_GATE,
+};
+
+char const* inputRoleName(InputRole role) noexcept;
+
+// The present inputs of a layer with these params, in node order.
+std::vector<InputRole> presentInputs(LayerParams const& params);
+
+// The shape input `role` must have; -1 marks the token dimension of hidden_states.
+std::vector<int64_t> expectedShape(LayerParams const& params, InputRole role);
+
+// PluginFields (from the ONNX parser, the Python API or a serialized engine) to LayerParams.
+// Throws std::invalid_argument naming the offending field. Accepts ints as any integer
+// field type, floats as kFLOAT32/kFLOAT64, strings as kCHAR with or without the trailing
+// NUL the ONNX parser appends.
+LayerParams paramsFromFields(nvinfer1::PluginFieldCollection const& fc);
+
+// One line describing the params, for errors and the engine's layer information.
+std::string describe(LayerParams const& params);
+
+class DeaMoEPlugin : public nvinfer1::IPluginV3,
+                     public nvinfer1::IPluginV3OneCore,
+                     public nvinfer1::IPluginV3OneBuild,
+                     public nvinfer1::IPluginV3OneRuntime
+{
+public:
+    // Throws std::invalid_argument when params are not a valid layer (deamoe::validate).
+    DeaMoEPlugin(std::string layerName, LayerParams const& params);
+    DeaMoEPlugin(DeaMoEPlugin const& other);
+    DeaMoEPlugin& operator=(DeaMoEPlugin const&) = delete;
+    ~DeaMoEPlugin() override = default;
+
+    LayerParams const& params() const noexcept
+    {
+        return mParams;
+    }
+
+    // IPluginV3
+    nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
+    nvinfer1::IPluginV3* clone() noexcept override;
+
+    // IPluginV3OneCore
+    char const* getPluginName() const noexcept override;
+    char const* getPluginVersion() const noexcept override;
+    char const* getPluginNamespace() const noexcept override;
+
+    // IPluginV3OneBuild
+    int32_t getNbOutputs() const noexcept override;
+    int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
+        nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept override;
+    int32_t getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs,
+        nvinfer1::DimsExprs const* shapeInputs, int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs,
+        int32_t nbOutputs, nvinfer1::IExprBuilder& exprBuilder) noexcept override;
+    bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
+        int32_t nbOutputs) noexcept override;
+    int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
+        nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
+    size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
+        nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
+    char const* getMetadataString() noexcept override;
+
+    // IPluginV3OneRuntime
+    int32_t onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs,
+        nvinfer1::PluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
+    int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
+        void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
+    nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
+    nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
+
+private:
+    // Throws std::invalid_argument when the tensors do not fit the params.
+    void checkTensors(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs, nvinfer1::PluginTensorDesc const* out,
+        int32_t nbOutputs) const;
+
+    std::string mLayerName;
+    std::string mNamespace{kPLUGIN_NAMESPACE};
+    LayerParams mParams;
+    std::vector<InputRole> mInputs;
+    std::string mMetadata;
+
+    // Backing storage of getFieldsToSerialize(): the collection points into these members,
+    // so it stays valid for the plugin's lifetime and is rebuilt on every call.
+    std::string mScoreFuncName;
+    std::string mDepartmentScoreName;
+    std::vector<nvinfer1::PluginField> mSerialFields;
+    nvinfer1::PluginFieldCollection mSerialFC{};
+};
+
+class DeaMoEPluginCreator : public nvinfer1::IPluginCreatorV3One
+{
+public:
+    DeaMoEPluginCreator();
+    ~DeaMoEPluginCreator() override = default;
+
+    char const* getPluginName() const noexcept override;
+    char const* getPluginVersion() const noexcept override;
+    char const* getPluginNamespace() const noexcept override;
+    nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override;
+    nvinfer1::IPluginV3* createPlugin(
+        char const* name, nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase) noexcept override;
+
+private:
+    std::vector<nvinfer1::PluginField> mFieldNames;
+    nvinfer1::PluginFieldCollection mFC{};
+};
+
+} // namespace plugin
+} // namespace deamoe
+
+// Entry points of the dynamically loaded library variant (libdeamoe_plugin_dynamic.so, built
+// with DEAMOE_PLUGIN_DYNAMIC=1): IPluginRegistry::loadLibrary / trtexec --dynamicPlugins look
+// these up by name. The statically registered variant (libdeamoe_plugin.so) does not export
+// them, because loadLibrary fails when a creator it returns is already registered.
+#if defined(DEAMOE_PLUGIN_DYNAMIC) && DEAMOE_PLUGIN_DYNAMIC
+#if defined(_WIN32)
+#define DEAMOE_PLUGIN_EXPORT __declspec(dllexport)
+#else
+#define DEAMOE_PLUGIN_EXPORT __attribute__((visibility("default")))
+#endif
+extern "C"
+{
+    DEAMOE_PLUGIN_EXPORT nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators);
+    DEAMOE_PLUGIN_EXPORT void setLoggerFinder(nvinfer1::ILoggerFinder* finder);
+}
+#endif

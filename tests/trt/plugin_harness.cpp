@@ -1,0 +1,714 @@
+/*
+ * Host-only harness for the DeaMoE plugin's TensorRT glue (plugins/deamoe/deamoePlugin.cpp).
+ *
+ * Compiled by tests/trt/test_plugin_cpp.py against TensorRT *headers* only: the kernels are
+ * stubbed below, and the plugin is built as
+ * its dynamic-library variant (DEAMOE_PLUGIN_DYNAMIC=1), so nothing from libnvinfer or a
+ * GPU is needed. It drives the plugin the way the ONNX parser and the builder/runtime do:
+ * fields as the parser makes them, format negotiation, shape checks, workspace, enqueue's
+ * mapping of node inputs to kernel weights, and serialisation round trips.
+ *
+ * Prints one line per failed check and "N passed, M failed" last; exits non-zero on failure.
+ */
+#include "deamoePlugin.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace nvinfer1;
+using deamoe::plugin::DeaMoEPlugin;
+using deamoe::plugin::DeaMoEPluginCreator;
+
+// ---------------------------------------------------------------------------------------
+// Stubs: kernels (deamoeKernels.h) and the CUDA runtime calls the plugin makes
+// ---------------------------------------------------------------------------------------
+
+namespace
+{
+struct ForwardCall
+{
+    int calls = 0;
+    deamoe::LayerWeights weights{};
+    void const* hidden = nullptr;
+    void* output = nullptr;
+    int32_t numTokens = 0;
+    void* workspace = nullptr;
+    size_t workspaceBytes = 0;
+    deamoe::DataType dtype = deamoe::DataType::kFLOAT;
+};
+ForwardCall gForward;
+deamoe::Status gForwardResult = deamoe::Status::kSUCCESS;
+char const* gLastError = "";
+
+size_t dtypeBytes(deamoe::DataType dtype)
+{
+    return dtype == deamoe::DataType::kFLOAT ? 4 : 2;
+}
+} // namespace
+
+namespace deamoe
+{
+char const* statusString(Status status) noexcept
+{
+    switch (status)
+    {
+    case Status::kSUCCESS: return "success";
+    case Status::kINVALID_PARAMS: return "invalid params";
+    case Status::kINVALID_ARGUMENT: return "invalid argument";
+    case Status::kUNSUPPORTED: return "unsupported";
+    case Status::kCUDA_ERROR: return "CUDA error";
+    }
+    return "?";
+}
+
+char const* lastErrorMessage() noexcept
+{
+    return gLastError;
+}
+
+// The checks DeaMoEConfig makes that matter to these tests.
+Status validate(LayerParams const& p) noexcept
+{
+    gLastError = "";
+    if (p.hidden < 1 || p.numDepartments < 1 || p.expertsPerDepartment < 1 || p.topK < 1 || p.topDepartments < 1
+        || p.sharedWidth < 0 || p.privateWidth < 0 || p.sharedExpertWidth < 0
+        || (p.sharedWidth == 0 && p.privateWidth == 0) || p.topDepartments > p.numDepartments
+        || p.topK > p.topDepartments * p.expertsPerDepartment || !(p.routedScalingFactor > 0.0F)
+        || (p.sharedExpertGate && p.sharedExpertWidth == 0))
+    {
+        gLastError = "stub: top_k must be <= top_departments * experts_per_department";
+        return Status::kINVALID_PARAMS;
+    }
+    return Status::kSUCCESS;
+}
+
+size_t workspaceSize(LayerParams const& p, int32_t maxTokens, DataType dtype) noexcept
+{
+    return 1000 + static_cast<size_t>(maxTokens) * static_cast<size_t>(p.hidden) * dtypeBytes(dtype);
+}
+
+Status forward(LayerParams const&, LayerWeights const& weights, DataType dtype, void const* hidden, void* output,
+    int32_t numTokens, void* workspace, size_t workspaceBytes, cudaStream_t) noexcept
+{
+    gForward.calls++;
+    gForward.weights = weights;
+    gForward.hidden = hidden;
+    gForward.output = output;
+    gForward.numTokens = numTokens;
+    gForward.workspace = workspace;
+    gForward.workspaceBytes = workspaceBytes;
+    gForward.dtype = dtype;
+    gLastError = gForwardResult == Status::kSUCCESS ? "" : "stub launch failure (cudaErrorLaunchFailure)";
+    return gForwardResult;
+}
+} // namespace deamoe
+
+
+// ---------------------------------------------------------------------------------------
+// Test scaffolding
+// ---------------------------------------------------------------------------------------
+
+namespace
+{
+int gPassed = 0;
+int gFailed = 0;
+
+void check(bool ok, std::string const& what)
+{
+    if (ok)
+    {
+        ++gPassed;
+    }
+    else
+    {
+        ++gFailed;
+        std::printf("FAILED: %s\n", what.c_str());
+    }
+}
+
+// Captures what the plugin reports, as a builder's logger would.
+class CaptureLogger : public ILogger
+{
+public:
+    void log(Severity severity, AsciiChar const* msg) noexcept override
+    {
+        if (severity <= Severity::kWARNING)
+        {
+            last = msg;
+        }
+    }
+    std::string last;
+};
+
+class Finder : public ILoggerFinder
+{
+public:
+    ILogger* findLogger() override
+    {
+        return &logger;
+    }
+    CaptureLogger logger;
+};
+
+Finder gFinder;
+
+bool lastErrorHas(std::string const& needle)
+{
+    return gFinder.logger.last.find(needle) != std::string::npos;
+}
+
+// Node attributes as TensorRT's ONNX parser turns them into PluginFields: INT -> one int32
+// (kINT32), FLOAT -> one float (kFLOAT32), STRING -> chars plus a NUL (kCHAR, length incl. NUL).
+class Fields
+{
+public:
+    Fields& i32(char const* name, int32_t value)
+    {
+        return add(name, PluginFieldType::kINT32, &value, sizeof(value), 1);
+    }
+    Fields& i64(char const* name, int64_t value)
+    {
+        return add(name, PluginFieldType::kINT64, &value, sizeof(value), 1);
+    }
+    Fields& f32(char const* name, float value)
+    {
+        return add(name, PluginFieldType::kFLOAT32, &value, sizeof(value), 1);
+    }
+    Fields& str(char const* name, std::string const& value, bool withNul = true)
+    {
+        auto const length = static_cast<int32_t>(value.size() + (withNul ? 1 : 0));
+        return add(name, PluginFieldType::kCHAR, value.c_str(), value.size() + 1, length);
+    }
+    Fields& without(char const* name)
+    {
+        for (auto it = mEntries.begin(); it != mEntries.end(); ++it)
+        {
+            if (it->name == name)
+            {
+                mEntries.erase(it);
+                break;
+            }
+        }
+        return *this;
+    }
+    // Rebuilt on every call so that copies of a Fields point into their own storage.
+    PluginFieldCollection const* fc()
+    {
+        mFields.clear();
+        for (auto const& e : mEntries)
+        {
+            mFields.emplace_back(e.name.c_str(), e.bytes.data(), e.type, e.length);
+        }
+        mFC.nbFields = static_cast<int32_t>(mFields.size());
+        mFC.fields = mFields.data();
+        return &mFC;
+    }
+
+private:
+    struct Entry
+    {
+        std::string name;
+        PluginFieldType type;
+        std::vector<char> bytes;
+        int32_t length;
+    };
+    Fields& add(char const* name, PluginFieldType type, void const* data, size_t bytes, int32_t length)
+    {
+        auto const* p = static_cast<char const*>(data);
+        mEntries.push_back(Entry{name, type, std::vector<char>(p, p + bytes), length});
+        return *this;
+    }
+    std::vector<Entry> mEntries;
+    std::vector<PluginField> mFields;
+    PluginFieldCollection mFC{};
+};
+
+// The tiny preset, every attribute the exporter writes.
+Fields tinyFields()
+{
+    Fields f;
+    f.i32("hidden_size", 64)
+        .i32("num_departments", 4)
+        .i32("experts_per_department", 4)
+        .i32("shared_intermediate_size", 32)
+        .i32("private_intermediate_size", 16)
+        .i32("top_k", 4)
+        .i32("top_departments", 2)
+        .str("score_func", "softmax")
+        .str("department_score", "max")
+        .i32("norm_topk_prob", 1)
+        .f32("routed_scaling_factor", 1.0F)
+        .i32("router_bias", 0)
+        .i32("shared_expert_intermediate_size", 0)
+        .i32("shared_expert_gate", 0);
+    return f;
+}
+
+// Every optional input present: bias, departments, experts, gated shared experts.
+Fields fullFields()
+{
+    Fields f;
+    f.i32("hidden_size", 32)
+        .i32("num_departments", 2)
+        .i32("experts_per_department", 4)
+        .i32("shared_intermediate_size", 8)
+        .i32("private_intermediate_size", 4)
+        .i32("top_k", 3)
+        .i32("top_departments", 1)
+        .str("score_func", "sigmoid")
+        .str("department_score", "sum_top2")
+        .i32("norm_topk_prob", 1)
+        .f32("routed_scaling_factor", 2.5F)
+        .i32("router_bias", 1)
+        .i32("shared_expert_intermediate_size", 16)
+        .i32("shared_expert_gate", 1);
+    return f;
+}
+
+struct PluginDeleter
+{
+    void operator()(IPluginV3* p) const
+    {
+        delete p;
+    }
+};
+using PluginPtr = std::unique_ptr<IPluginV3, PluginDeleter>;
+
+DeaMoEPluginCreator& creator()
+{
+    int32_t n = 0;
+    IPluginCreatorInterface* const* creators = getCreators(n);
+    return *static_cast<DeaMoEPluginCreator*>(creators[0]);
+}
+
+PluginPtr create(Fields& f, TensorRTPhase phase = TensorRTPhase::kBUILD)
+{
+    return PluginPtr(creator().createPlugin("layer0", f.fc(), phase));
+}
+
+Dims dims(std::vector<int64_t> const& values)
+{
+    Dims d{};
+    d.nbDims = static_cast<int32_t>(values.size());
+    for (size_t i = 0; i < values.size(); ++i)
+    {
+        d.d[i] = values[i];
+    }
+    return d;
+}
+
+PluginTensorDesc desc(std::vector<int64_t> const& shape, DataType type = DataType::kHALF,
+    TensorFormat format = TensorFormat::kLINEAR)
+{
+    PluginTensorDesc d{};
+    d.dims = dims(shape);
+    d.type = type;
+    d.format = format;
+    d.scale = 1.0F;
+    return d;
+}
+
+DynamicPluginTensorDesc dyn(std::vector<int64_t> const& shape, DataType type = DataType::kHALF,
+    int64_t minTokens = 1, int64_t maxTokens = 16)
+{
+    DynamicPluginTensorDesc d{};
+    d.desc = desc(shape, type);
+    d.min = dims(shape);
+    d.max = dims(shape);
+    d.opt = dims(shape);
+    if (!shape.empty() && shape[0] < 0)
+    {
+        d.min.d[0] = minTokens;
+        d.max.d[0] = maxTokens;
+        d.opt.d[0] = minTokens;
+    }
+    return d;
+}
+
+// Shapes of the tiny preset's node inputs: hidden, router, departments x2, experts x2.
+std::vector<std::vector<int64_t>> tinyShapes(int64_t tokens)
+{
+    return {{tokens, 64}, {16, 64}, {4, 64, 64}, {4, 64, 32}, {16, 32, 64}, {16, 64, 16}};
+}
+
+std::vector<std::vector<int64_t>> fullShapes(int64_t tokens)
+{
+    return {{tokens, 32}, {8, 32}, {8}, {2, 16, 32}, {2, 32, 8}, {8, 8, 32}, {8, 32, 4}, {32, 32}, {32, 16},
+        {1, 32}};
+}
+
+std::string paramsOf(IPluginV3* plugin)
+{
+    return deamoe::plugin::describe(static_cast<DeaMoEPlugin*>(plugin)->params());
+}
+
+struct FakeExprBuilder : IExprBuilder
+{
+};
+
+// ---------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------
+
+void testCreatorIdentity()
+{
+    int32_t n = 0;
+    IPluginCreatorInterface* const* creators = getCreators(n);
+    check(n == 1 && creators != nullptr && creators[0] != nullptr, "getCreators returns one creator");
+    check(std::strcmp(creators[0]->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0,
+        "the creator is an IPluginCreatorV3One");
+    auto& c = creator();
+    check(std::strcmp(c.getPluginName(), "DeaMoE") == 0, "plugin name DeaMoE");
+    check(std::strcmp(c.getPluginVersion(), "1") == 0, "plugin version 1");
+    check(std::strcmp(c.getPluginNamespace(), "") == 0, "plugin namespace empty");
+    PluginFieldCollection const* names = c.getFieldNames();
+    check(names != nullptr && names->nbFields == 14, "14 field names (one per DeaMoEConfig field)");
+    char const* expected[] = {"hidden_size", "num_departments", "experts_per_department",
+        "shared_intermediate_size", "private_intermediate_size", "top_k", "top_departments", "score_func",
+        "department_score", "norm_topk_prob", "routed_scaling_factor", "router_bias",
+        "shared_expert_intermediate_size", "shared_expert_gate"};
+    for (int i = 0; i < 14 && names; ++i)
+    {
+        check(std::strcmp(names->fields[i].name, expected[i]) == 0, std::string("field ") + expected[i]);
+    }
+    check(names->fields[7].type == PluginFieldType::kCHAR, "score_func is kCHAR");
+    check(names->fields[10].type == PluginFieldType::kFLOAT32, "routed_scaling_factor is kFLOAT32");
+    check(names->fields[0].type == PluginFieldType::kINT32, "hidden_size is kINT32");
+}
+
+void testCreateFromParserFields()
+{
+    auto f = tinyFields();
+    PluginPtr plugin = create(f);
+    check(plugin != nullptr, "createPlugin from parser-style fields");
+    if (!plugin)
+    {
+        return;
+    }
+    check(paramsOf(plugin.get()).find("d=64 D=4 m=4 f_s=32 f_p=16 k=4 g=2 score_func=softmax department_score=max")
+            == 0,
+        "fields mapped to LayerParams: " + paramsOf(plugin.get()));
+    auto* core = static_cast<IPluginV3OneCore*>(plugin->getCapabilityInterface(PluginCapabilityType::kCORE));
+    check(core != nullptr && std::strcmp(core->getPluginName(), "DeaMoE") == 0, "core capability");
+    check(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD) != nullptr, "build capability");
+    check(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME) != nullptr, "runtime capability");
+
+    auto g = fullFields();
+    PluginPtr full = create(g);
+    check(full != nullptr, "createPlugin with every optional input");
+    if (full)
+    {
+        check(paramsOf(full.get()).find("score_func=sigmoid department_score=sum_top2") != std::string::npos
+                && paramsOf(full.get()).find("routed_scaling_factor=2.5 router_bias=1 f_sh=16 shared_expert_gate=1")
+                    != std::string::npos,
+            "optional fields mapped: " + paramsOf(full.get()));
+    }
+
+    // Other callers (Python API, older/newer parsers): int64 ints, strings without NUL.
+    Fields h;
+    h.i64("hidden_size", 64)
+        .i64("num_departments", 4)
+        .i64("experts_per_department", 4)
+        .i64("shared_intermediate_size", 32)
+        .i64("private_intermediate_size", 16)
+        .i64("top_k", 4)
+        .i64("top_departments", 2)
+        .str("score_func", "sigmoid", false)
+        .str("plugin_version", "1")
+        .str("plugin_namespace", "");
+    PluginPtr other = create(h);
+    check(other != nullptr, "int64 fields, strings without NUL, defaults for optional fields");
+    if (other)
+    {
+        check(paramsOf(other.get()).find("score_func=sigmoid department_score=max norm_topk_prob=1 "
+                                         "routed_scaling_factor=1 router_bias=0 f_sh=0 shared_expert_gate=0")
+                != std::string::npos,
+            "defaults as DeaMoEConfig: " + paramsOf(other.get()));
+    }
+}
+
+void testCreateRejects()
+{
+    struct Case
+    {
+        char const* what;
+        Fields fields;
+        char const* message;
+    };
+    std::vector<Case> cases;
+    cases.push_back({"missing required field", tinyFields().without("top_k"), "missing field 'top_k'"});
+    cases.push_back({"unknown field", tinyFields().i32("topk", 4), "unknown field 'topk'"});
+    cases.push_back({"bad score_func", tinyFields().without("score_func").str("score_func", "relu"), "score_func"});
+    cases.push_back({"bad department_score", tinyFields().without("department_score").str("department_score", "min"),
+        "department_score"});
+    cases.push_back({"bool out of range", tinyFields().without("router_bias").i32("router_bias", 2), "router_bias"});
+    cases.push_back({"int as string", tinyFields().without("top_k").str("top_k", "4"), "top_k"});
+    cases.push_back({"duplicate field", tinyFields().i32("top_k", 4), "twice"});
+    cases.push_back({"invalid layer (k > g*m)", tinyFields().without("top_k").i32("top_k", 9),
+        "invalid DeaMoE layer"});
+    cases.push_back({"the kernels' reason is passed on", tinyFields().without("top_k").i32("top_k", 9),
+        "stub: top_k must be"});
+    cases.push_back(
+        {"int64 overflow", tinyFields().without("hidden_size").i64("hidden_size", int64_t{1} << 40), "int32"});
+    for (auto& c : cases)
+    {
+        gFinder.logger.last.clear();
+        PluginPtr plugin = create(c.fields);
+        check(plugin == nullptr, std::string("rejects: ") + c.what);
+        check(lastErrorHas(c.message), std::string("error names the problem (") + c.what + "): " + gFinder.logger.last);
+    }
+    gFinder.logger.last.clear();
+    check(creator().createPlugin("x", nullptr, TensorRTPhase::kBUILD) == nullptr && lastErrorHas("no fields"),
+        "null field collection is an error, not a crash");
+}
+
+void testSerialisationRoundTrip()
+{
+    for (auto f : {tinyFields(), fullFields()})
+    {
+        PluginPtr plugin = create(f);
+        if (!plugin)
+        {
+            check(false, "create for round trip");
+            continue;
+        }
+        auto* runtime = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+        PluginFieldCollection const* fc = runtime->getFieldsToSerialize();
+        check(fc != nullptr && fc->nbFields == 14, "14 serialized fields");
+        PluginPtr back(creator().createPlugin("layer0", fc, TensorRTPhase::kRUNTIME));
+        check(back != nullptr && paramsOf(back.get()) == paramsOf(plugin.get()),
+            "serialized fields recreate the same layer: " + paramsOf(plugin.get()));
+        for (int i = 0; fc && i < fc->nbFields; ++i)
+        {
+            if (std::strcmp(fc->fields[i].name, "score_func") == 0)
+            {
+                check(fc->fields[i].type == PluginFieldType::kCHAR, "score_func serialized as kCHAR");
+            }
+        }
+    }
+    // A clone outlives its original and serialises from its own storage.
+    auto f = fullFields();
+    PluginPtr plugin = create(f);
+    PluginPtr copy(plugin ? plugin->clone() : nullptr);
+    std::string const expected = plugin ? paramsOf(plugin.get()) : "";
+    plugin.reset();
+    if (copy)
+    {
+        auto* runtime = static_cast<IPluginV3OneRuntime*>(copy->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+        PluginPtr back(creator().createPlugin("layer0", runtime->getFieldsToSerialize(), TensorRTPhase::kRUNTIME));
+        check(back != nullptr && paramsOf(back.get()) == expected, "clone serialises after the original is gone");
+        PluginPtr attached(runtime->attachToContext(nullptr));
+        check(attached != nullptr && paramsOf(attached.get()) == expected, "attachToContext returns a working clone");
+    }
+    else
+    {
+        check(false, "clone");
+    }
+}
+
+void testTypesAndFormats()
+{
+    auto f = tinyFields();
+    PluginPtr plugin = create(f);
+    if (!plugin)
+    {
+        check(false, "create for types");
+        return;
+    }
+    auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    check(build->getNbOutputs() == 1, "one output");
+
+    DataType in[6] = {DataType::kBF16, DataType::kBF16, DataType::kBF16, DataType::kBF16, DataType::kBF16,
+        DataType::kBF16};
+    DataType out[1] = {DataType::kFLOAT};
+    check(build->getOutputDataTypes(out, 1, in, 6) == 0 && out[0] == DataType::kBF16, "output dtype = input 0's");
+    gFinder.logger.last.clear();
+    check(build->getOutputDataTypes(out, 1, in, 5) != 0 && lastErrorHas("need 6"), "wrong input count rejected");
+
+    auto shapes = tinyShapes(-1);
+    for (DataType type : {DataType::kFLOAT, DataType::kHALF, DataType::kBF16})
+    {
+        std::vector<DynamicPluginTensorDesc> io;
+        for (auto const& s : shapes)
+        {
+            io.push_back(dyn(s, type));
+        }
+        io.push_back(dyn({-1, 64}, type));
+        bool all = true;
+        for (int32_t pos = 0; pos < 7; ++pos)
+        {
+            all = all && build->supportsFormatCombination(pos, io.data(), 6, 1);
+        }
+        check(all, "linear, all one float type: supported (type " + std::to_string(static_cast<int>(type)) + ")");
+    }
+    std::vector<DynamicPluginTensorDesc> io;
+    for (auto const& s : shapes)
+    {
+        io.push_back(dyn(s, DataType::kHALF));
+    }
+    io.push_back(dyn({-1, 64}, DataType::kHALF));
+    io[3].desc.type = DataType::kFLOAT;
+    check(!build->supportsFormatCombination(3, io.data(), 6, 1), "mixed types rejected");
+    io[3].desc.type = DataType::kHALF;
+    io[0].desc.type = DataType::kINT8;
+    check(!build->supportsFormatCombination(0, io.data(), 6, 1), "int8 rejected");
+    io[0].desc.type = DataType::kHALF;
+    io[2].desc.format = TensorFormat::kCHW2;
+    check(!build->supportsFormatCombination(2, io.data(), 6, 1), "non-linear format rejected");
+    check(!build->supportsFormatCombination(7, io.data(), 6, 1), "position out of range rejected");
+}
+
+void testShapes()
+{
+    auto f = tinyFields();
+    PluginPtr plugin = create(f);
+    if (!plugin)
+    {
+        check(false, "create for shapes");
+        return;
+    }
+    auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    auto* runtime = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+
+    // getOutputShapes passes hidden_states' expressions through; they are never dereferenced here.
+    auto const* t = reinterpret_cast<IDimensionExpr const*>(uintptr_t{0x10});
+    auto const* d = reinterpret_cast<IDimensionExpr const*>(uintptr_t{0x20});
+    std::vector<DimsExprs> inputs(6);
+    for (auto& e : inputs)
+    {
+        e.nbDims = 2;
+        e.d[0] = t;
+        e.d[1] = d;
+    }
+    DimsExprs output{};
+    FakeExprBuilder builder;
+    check(build->getOutputShapes(inputs.data(), 6, nullptr, 0, &output, 1, builder) == 0 && output.nbDims == 2
+            && output.d[0] == t && output.d[1] == d,
+        "output shape = hidden_states' shape");
+    inputs[0].nbDims = 3;
+    check(build->getOutputShapes(inputs.data(), 6, nullptr, 0, &output, 1, builder) != 0, "rank-3 hidden rejected");
+
+    std::vector<DynamicPluginTensorDesc> in;
+    for (auto const& s : tinyShapes(-1))
+    {
+        in.push_back(dyn(s));
+    }
+    DynamicPluginTensorDesc out = dyn({-1, 64});
+    check(build->configurePlugin(in.data(), 6, &out, 1) == 0, "configurePlugin accepts the node's shapes");
+    in[4] = dyn({16, 32, 65});
+    gFinder.logger.last.clear();
+    check(build->configurePlugin(in.data(), 6, &out, 1) != 0 && lastErrorHas("input 4 (experts.gate_up)"),
+        "configurePlugin names a wrong weight shape: " + gFinder.logger.last);
+    in[4] = dyn({16, 32, 64});
+    in[0] = dyn({-1, 48});
+    check(build->configurePlugin(in.data(), 6, &out, 1) != 0, "wrong hidden size rejected");
+
+    std::vector<PluginTensorDesc> rin;
+    for (auto const& s : tinyShapes(3))
+    {
+        rin.push_back(desc(s));
+    }
+    PluginTensorDesc rout = desc({3, 64});
+    check(runtime->onShapeChange(rin.data(), 6, &rout, 1) == 0, "onShapeChange accepts real shapes");
+    rin[1] = desc({15, 64});
+    check(runtime->onShapeChange(rin.data(), 6, &rout, 1) != 0, "onShapeChange rejects a wrong router shape");
+}
+
+void testWorkspaceAndEnqueue()
+{
+    auto f = fullFields();
+    PluginPtr plugin = create(f);
+    if (!plugin)
+    {
+        check(false, "create for enqueue");
+        return;
+    }
+    auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    auto* runtime = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+
+    std::vector<DynamicPluginTensorDesc> in;
+    for (auto const& s : fullShapes(-1))
+    {
+        in.push_back(dyn(s, DataType::kHALF, 1, 64));
+    }
+    DynamicPluginTensorDesc out = dyn({-1, 32}, DataType::kHALF, 1, 64);
+    check(build->getWorkspaceSize(in.data(), 10, &out, 1) == 1000 + 64 * 32 * 2,
+        "workspace = deamoe::workspaceSize for the profile's max tokens");
+
+    std::vector<PluginTensorDesc> rin;
+    for (auto const& s : fullShapes(5))
+    {
+        rin.push_back(desc(s, DataType::kHALF));
+    }
+    PluginTensorDesc rout = desc({5, 32}, DataType::kHALF);
+    char buffers[11] = {};
+    void const* inputs[10];
+    for (int i = 0; i < 10; ++i)
+    {
+        inputs[i] = &buffers[i];
+    }
+    void* outputs[1] = {&buffers[10]};
+    char workspace[4];
+    gForward = ForwardCall{};
+    int32_t rc = runtime->enqueue(rin.data(), &rout, inputs, outputs, workspace, nullptr);
+    check(rc == 0 && gForward.calls == 1, "enqueue calls deamoe::forward once");
+    deamoe::LayerWeights const& w = gForward.weights;
+    check(gForward.hidden == inputs[0] && gForward.output == outputs[0], "hidden and output pointers");
+    check(w.routerWeight == inputs[1] && w.routerBias == inputs[2] && w.departmentGateUp == inputs[3]
+            && w.departmentDown == inputs[4] && w.expertGateUp == inputs[5] && w.expertDown == inputs[6]
+            && w.sharedGateUp == inputs[7] && w.sharedDown == inputs[8] && w.sharedGate == inputs[9],
+        "every node input lands on its LayerWeights field");
+    check(gForward.numTokens == 5 && gForward.dtype == deamoe::DataType::kHALF && gForward.workspace == workspace
+            && gForward.workspaceBytes == 1000 + 5 * 32 * 2,
+        "tokens, dtype, workspace and its size for this step");
+
+    // The tiny preset: no bias, no shared experts; the absent fields stay null.
+    auto t = tinyFields();
+    PluginPtr tiny = create(t);
+    auto* trun = static_cast<IPluginV3OneRuntime*>(tiny->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    std::vector<PluginTensorDesc> tin;
+    for (auto const& s : tinyShapes(2))
+    {
+        tin.push_back(desc(s, DataType::kFLOAT));
+    }
+    PluginTensorDesc tout = desc({2, 64}, DataType::kFLOAT);
+    gForward = ForwardCall{};
+    rc = trun->enqueue(tin.data(), &tout, inputs, outputs, workspace, nullptr);
+    check(rc == 0 && gForward.weights.routerBias == nullptr && gForward.weights.sharedGateUp == nullptr
+            && gForward.weights.sharedGate == nullptr && gForward.weights.departmentGateUp == inputs[2]
+            && gForward.weights.expertDown == inputs[5] && gForward.dtype == deamoe::DataType::kFLOAT,
+        "absent inputs are nullptr, present ones shift left");
+
+    rin[0] = desc({0, 32}, DataType::kHALF);
+    gForward = ForwardCall{};
+    check(runtime->enqueue(rin.data(), &rout, inputs, outputs, workspace, nullptr) == 0 && gForward.calls == 0,
+        "zero tokens: nothing launched");
+
+    rin[0] = desc({5, 32}, DataType::kHALF);
+    gForwardResult = deamoe::Status::kCUDA_ERROR;
+    gFinder.logger.last.clear();
+    check(runtime->enqueue(rin.data(), &rout, inputs, outputs, workspace, nullptr) != 0
+            && lastErrorHas("CUDA error") && lastErrorHas("stub launch failure"),
+        "a failing kernel is reported with the CUDA error: " + gFinder.logger.last);
+    gForwardResult = deamoe::Status::kSUCCESS;
+}
+
+} // namespace
+
+int main()
+{
+    setLoggerFinder(&gFinder);
+    testCreatorIdentity();
+    testCreateFromParserFields();
+    testCreateRejects();
+    testSerialisationRoundTrip();
+    testTypesAndFormats();
+    testShapes();
+    testWorkspaceAndEnqueue();
+    std::printf("%d passed, %d failed\n", gPassed, gFailed);
+    return gFailed == 0 ? 0 : 1;
+}

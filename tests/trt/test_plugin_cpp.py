@@ -1,0 +1,74 @@
+"""The C++ plugin's TensorRT glue, compiled against TensorRT headers and driven by plugin_harness.cpp.
+
+Needs TensorRT's headers (not its libraries, not a GPU): set TENSORRT_ROOT, or
+DEAMOE_TRT_HEADERS to the folder holding NvInferRuntime.h (e.g. include/ of a checkout of
+github.com/NVIDIA/TensorRT at the release tag). Skipped without them, as in CI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from deamoe_trt.trt.doctor import tensorrt_header_dirs
+
+pytestmark = pytest.mark.trt
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN_DIR = ROOT / "plugins" / "deamoe"
+
+
+def _headers() -> Path | None:
+    env = os.environ.get("DEAMOE_TRT_HEADERS")
+    candidates = [Path(env)] if env else tensorrt_header_dirs()
+    return next((d for d in candidates if (d / "NvInferRuntime.h").is_file()), None)
+
+
+def _cuda_include() -> Path | None:
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda", "/usr"]
+    return next(
+        (Path(r) / "include" for r in roots if r and (Path(r) / "include" / "cuda_runtime_api.h").is_file()), None
+    )
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++")
+
+
+@pytest.fixture(scope="module")
+def toolchain():
+    headers, cuda, cxx = _headers(), _cuda_include(), _compiler()
+    if headers is None:
+        pytest.skip("TensorRT headers not found (set TENSORRT_ROOT or DEAMOE_TRT_HEADERS to compile the plugin)")
+    if cuda is None:
+        pytest.skip("CUDA headers (cuda_runtime_api.h) not found (set CUDA_HOME)")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    return headers, cuda, cxx
+
+
+def _compile(toolchain, out: Path, sources: list[Path], *extra: str) -> None:
+    headers, cuda, cxx = toolchain
+    cmd = [cxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{PLUGIN_DIR}", "-isystem", str(headers),
+           "-isystem", str(cuda), *extra, *map(str, sources), "-o", str(out)]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr[-4000:]}"
+
+
+@pytest.mark.parametrize("dynamic", [0, 1])
+def test_plugin_compiles_cleanly(toolchain, tmp_path, dynamic):
+    _compile(toolchain, tmp_path / "plugin.o", [PLUGIN_DIR / "deamoePlugin.cpp"], "-c", "-fPIC",
+             f"-DDEAMOE_PLUGIN_DYNAMIC={dynamic}")  # fmt: skip
+
+
+def test_plugin_harness(toolchain, tmp_path):
+    exe = tmp_path / "harness"
+    _compile(toolchain, exe, [PLUGIN_DIR / "deamoePlugin.cpp", Path(__file__).with_name("plugin_harness.cpp")],
+             "-O1", "-DDEAMOE_PLUGIN_DYNAMIC=1")  # fmt: skip
+    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip().splitlines()[-1].endswith(" passed, 0 failed")

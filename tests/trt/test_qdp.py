@@ -1,0 +1,192 @@
+"""The Python (QDP) route without TensorRT: the ONNX retargeting, and the plugin's schema.
+
+tensorrt.plugin checks a QDP's functions by their signatures (parameter names, order and
+annotations); the rules below restate those checks (TensorRT 10.6-11.1,
+python/packaging/bindings_wheel/tensorrt/plugin/_validate.py) so drift shows up here.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import onnx
+import pytest
+from onnx import TensorProto
+
+from deamoe_trt import DeaMoEConfig
+from deamoe_trt.errors import UsageError
+from deamoe_trt.export import plugin_node
+from deamoe_trt.trt import qdp
+
+from .conftest import export_model
+
+FULL = DeaMoEConfig(
+    hidden_size=32,
+    num_departments=2,
+    experts_per_department=4,
+    shared_intermediate_size=8,
+    private_intermediate_size=4,
+    top_k=3,
+    top_departments=1,
+    score_func="sigmoid",
+    department_score="sum_top2",
+    routed_scaling_factor=2.5,
+    router_bias=True,
+    shared_expert_intermediate_size=16,
+    shared_expert_gate=True,
+)
+EXPERTS_ONLY = FULL.replace(
+    shared_intermediate_size=0, router_bias=False, shared_expert_intermediate_size=0, shared_expert_gate=False
+)
+
+
+def _deamoe_nodes(model):
+    return [n for n in model.graph.node if n.op_type == "DeaMoE"]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_prepare_model_pads_inputs_and_sets_the_namespace(tmp_path, dtype):
+    path = export_model(tmp_path, dtype=dtype)  # tiny: no bias, no shared experts
+    data, count = qdp.prepare_model_bytes(path)
+    model = onnx.load_from_string(data)
+    assert count == 1
+    (node,) = _deamoe_nodes(model)
+    assert len(node.input) == len(qdp.CANONICAL_INPUTS) == 10
+    elem = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}[dtype]
+    placeholder = qdp.PLACEHOLDER_PREFIX + TensorProto.DataType.Name(elem).lower()
+    assert [node.input[i] == placeholder for i in range(10)] == [
+        False,
+        False,
+        True,
+        False,
+        False,
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
+    tensor = next(t for t in model.graph.initializer if t.name == placeholder)
+    assert tensor.data_type == elem and list(tensor.dims) == [1]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["plugin_namespace"] == b"deamoe_trt" and attrs["plugin_version"] == b"1"
+    onnx.checker.check_model(model)
+
+
+def test_prepare_model_keeps_present_inputs_in_place(tmp_path):
+    from deamoe_trt import DeaMoEStack
+
+    stack = DeaMoEStack.random(FULL, 2)
+    from deamoe_trt.export import build_model
+
+    model = build_model(stack, "plugin", "fp16")
+    before = [list(n.input) for n in _deamoe_nodes(model)]
+    assert qdp.prepare_model(model) == 2
+    after = [list(n.input) for n in _deamoe_nodes(model)]
+    assert after == before  # every input present: nothing to pad
+    assert not [t for t in model.graph.initializer if t.name.startswith(qdp.PLACEHOLDER_PREFIX)]
+
+    model = build_model(DeaMoEStack.random(EXPERTS_ONLY, 1), "plugin", "fp32")
+    qdp.prepare_model(model)
+    (node,) = _deamoe_nodes(model)
+    names = dict(zip(qdp.CANONICAL_INPUTS, node.input, strict=True))
+    assert names["experts.gate_up"].endswith("experts.gate_up")
+    assert names["departments.gate_up"].startswith(qdp.PLACEHOLDER_PREFIX)
+
+
+def test_prepare_model_checks_the_node(tmp_path):
+    model = onnx.load(str(export_model(tmp_path)))
+    (node,) = _deamoe_nodes(model)
+    del node.input[-1]
+    with pytest.raises(UsageError, match="input"):
+        qdp.prepare_model(model)
+    plain = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], []))
+    assert qdp.prepare_model(plain) == 0
+
+
+def test_config_from_attrs_strips_the_parsers_nul():
+    attrs = {
+        name: (
+            value.encode().decode() + "\x00"
+            if isinstance(value, str)
+            else int(value)
+            if isinstance(value, bool)
+            else value
+        )
+        for name, value in FULL.to_dict().items()
+    }
+    assert qdp.config_from_attrs(attrs) == FULL
+
+
+# --- the QDP's schema, checked with a recording stand-in for tensorrt.plugin ---------------
+
+
+class _Recorder:
+    class TensorDesc:
+        pass
+
+    class Tensor:
+        pass
+
+    class AutoTuneCombination:
+        def __init__(self, io_types=None, layouts=None, tactics=None):
+            self.io_types = io_types
+
+    def __init__(self):
+        self.functions = {}
+
+    def _decorator(self, kind):
+        def decorate(plugin_id):
+            def record(fn):
+                self.functions[kind] = (plugin_id, fn)
+                return fn
+
+            return record
+
+        return decorate
+
+    def __getattr__(self, kind):
+        if kind in ("register", "impl", "autotune"):
+            return self._decorator(kind)
+        raise AttributeError(kind)
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    trtp = _Recorder()
+    qdp._define(trtp)
+    return trtp
+
+
+def test_plugin_id_follows_the_qdp_naming_rules(recorded):
+    namespace, name = qdp.QDP_ID.split("::")
+    assert namespace not in ("", "trt", "tensorrt", "std") and "." not in namespace + name
+    assert name == plugin_node.OP_TYPE  # the ONNX parser maps op_type to the plugin name
+    assert {plugin_id for plugin_id, _ in recorded.functions.values()} == {qdp.QDP_ID}
+
+
+def test_attributes_are_the_nodes(recorded):
+    node_attributes = set(plugin_node.ATTRIBUTE_TYPES) - {"plugin_version", "plugin_namespace"}
+    assert set(qdp.ATTRS) == node_attributes
+    assert not set(qdp.ATTRS) & {"outputs", "stream", "tactic"}
+    assert not set(qdp.ATTRS) & set(qdp.TENSOR_ARGS)
+
+
+def test_register_signature(recorded):
+    _, fn = recorded.functions["register"]
+    sig = inspect.signature(fn)
+    assert tuple(sig.parameters) == (*qdp.TENSOR_ARGS, *qdp.ATTRS)
+    for name, param in sig.parameters.items():
+        assert param.default is inspect.Parameter.empty
+        want = _Recorder.TensorDesc if name in qdp.TENSOR_ARGS else qdp.ATTRS[name]
+        assert param.annotation is want, name  # classes, not strings: no postponed annotations
+    assert sig.return_annotation is _Recorder.TensorDesc
+
+
+def test_impl_and_autotune_signatures(recorded):
+    _, impl = recorded.functions["impl"]
+    assert tuple(inspect.signature(impl).parameters) == (*qdp.TENSOR_ARGS, *qdp.ATTRS, "outputs", "stream")
+    _, autotune = recorded.functions["autotune"]
+    assert tuple(inspect.signature(autotune).parameters) == (*qdp.TENSOR_ARGS, "outputs")
+    (combination,) = autotune(*[None] * 11)
+    assert combination.io_types.split(", ") == ["FP32|FP16|BF16"] * 11
