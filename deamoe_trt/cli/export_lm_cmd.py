@@ -1,0 +1,66 @@
+"""`deamoe-trt export-lm`: a language-model checkpoint as one ONNX graph with its KV cache as inputs/outputs."""
+
+from __future__ import annotations
+
+from . import args as common
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "export-lm",
+        help="export a language-model checkpoint (prefill + decode, KV cache) to ONNX",
+        description=__doc__,
+    )
+    common.add_checkpoint(parser, help="language-model checkpoint directory (e.g. samples/models/tiny-lm)")
+    common.add_output(parser, help="ONNX file to write")
+    parser.add_argument(
+        "--form",
+        choices=("plugin", "ort", "onnx"),
+        default="ort",
+        help="how each DeaMoE FFN is written: plugin (TensorRT), ort (ONNX Runtime MoE, default), onnx (standard ops)",
+    )
+    common.add_dtype(parser)
+    parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default 17)")
+    parser.add_argument(
+        "--twin",
+        choices=("deamoe", "expanded", "vanilla"),
+        default="deamoe",
+        help="export the model (default), its expanded twin (same outputs, no sharing) or its vanilla twin",
+    )
+    parser.add_argument(
+        "--validate",
+        action="store_true",
+        help="then compare logits and cache with the PyTorch model (ort/onnx forms fast)",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from ..errors import DeaMoEError
+    from ..lm.checkpoint import load_lm
+    from ..lm.onnx_export import export_lm
+    from ..report import format_bytes
+
+    loaded = load_lm(args.checkpoint)
+    dtype = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}[args.dtype]
+    path = export_lm(
+        loaded.model.twin(args.twin),
+        Path(args.output),
+        args.form,
+        dtype,
+        args.opset,
+        tokenizer=loaded.tokenizer,
+        twin=args.twin,
+    )
+    size = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+    print(f"wrote {path} ({args.twin}, {args.form} form, {dtype}, {format_bytes(size)})")
+    if args.validate:
+        from ..lm.validate import validate_lm
+
+        report = validate_lm(path, args.checkpoint)
+        print(report.table())
+        if not report.passed:
+            raise DeaMoEError(report.failure())
+    return 0

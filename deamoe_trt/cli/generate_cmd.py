@@ -1,0 +1,94 @@
+"""`deamoe-trt generate`: prefill a prompt and decode with the KV cache; prints the text and TPOT."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import args as common
+
+TWINS = ("deamoe", "expanded", "vanilla")
+RUNTIMES = ("torch", "ort")
+
+
+def twin_list(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if text.strip() == "all":
+        return list(TWINS)
+    bad = [n for n in names if n not in TWINS]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(
+            f"expected deamoe, expanded, vanilla, a comma-separated list or all, got {text!r}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "generate", help="generate text from a language-model checkpoint and time each token", description=__doc__
+    )
+    common.add_checkpoint(parser, help="language-model checkpoint directory (e.g. samples/models/tiny-lm)")
+    parser.add_argument("--prompt", required=True, help="text to continue (characters the model's tokenizer knows)")
+    parser.add_argument(
+        "--max-new-tokens", type=common.positive_int, default=200, help="tokens to generate (default 200)"
+    )
+    parser.add_argument(
+        "--runtime", choices=RUNTIMES, default="torch", help="torch (reference) or ort (ONNX Runtime CPU)"
+    )
+    parser.add_argument(
+        "--twin",
+        type=twin_list,
+        default=["deamoe"],
+        metavar="NAME[,NAME]",
+        help="deamoe (default), expanded (same outputs, no sharing), vanilla (one-stage top-k), a list, or all",
+    )
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sample")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0; greedy ignores it)")
+    parser.add_argument(
+        "--threads", type=common.positive_int, default=1, help="CPU threads for torch and ONNX Runtime (default 1)"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(args) -> int:
+    from ..lm.checkpoint import load_lm
+    from ..lm.generate import Sampling, TorchDecoder, check_prompt, generate, timing_table, warm_up
+
+    sampling = Sampling(temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    loaded = load_lm(args.checkpoint)
+    prompt_ids = loaded.tokenizer.encode(args.prompt)
+    check_prompt(prompt_ids, loaded.model.config.max_position_embeddings)
+    results = []
+    for name in args.twin:
+        model = loaded.model.twin(name)
+        decoder = TorchDecoder(model) if args.runtime == "torch" else _ort_decoder(model, args.threads)
+        warm_up(decoder, prompt_ids)
+        result = generate(decoder, prompt_ids, args.max_new_tokens, sampling=sampling, model=name)
+        results.append(result)
+        text = loaded.tokenizer.decode(result.new_ids)
+        same = [r.model for r in results[:-1] if r.new_ids == result.new_ids]
+        note = f" (same tokens as {same[0]})" if same else ""
+        print(f"--- {name} on {decoder.name}, {sampling.describe()}{note}")
+        print(args.prompt + text)
+        if result.stopped == "context":
+            print(f"(stopped after {len(result.new_ids)} tokens: the context of {decoder.max_context} is full)")
+        print()
+    print(timing_table(results))
+    return 0
+
+
+def _ort_decoder(model, threads: int):
+    from ..lm.ort import OrtDecoder
+
+    return OrtDecoder.from_model(model, form="ort", threads=threads)

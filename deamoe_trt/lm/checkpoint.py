@@ -1,0 +1,148 @@
+"""Language-model checkpoints: a directory with config.json and model.safetensors. Never pickle.
+
+Same conventions as deamoe_trt.checkpoint (weights first, then the config, each written
+atomically; every tensor checked against the config on load), with its own format name
+so a layer checkpoint and a model checkpoint are never mistaken for one another.
+
+config.json:  {"format": "deamoe-trt-lm", "format_version": 1, "dtype": "float32",
+               "config": {LMConfig fields, "moe": {DeaMoEConfig fields}},
+               "tokenizer": {"type": "bytes", "vocab_size": 256, "alphabet": "..."},
+               "training": {...}}   (training: optional, how the weights were made)
+model.safetensors: DeaMoELM.state_dict() (names in deamoe_trt.lm.model's docstring).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from .._io import atomic_path, atomic_write_text
+from ..checkpoint import CONFIG_FILE, DTYPES, WEIGHTS_FILE, dtype_name, read_tensors
+from ..checkpoint import FORMAT as LAYER_FORMAT
+from ..errors import CheckpointError, UsageError
+from .config import LMConfig
+from .model import DeaMoELM
+from .tokenizer import ByteTokenizer
+
+FORMAT = "deamoe-trt-lm"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class LoadedLM:
+    model: DeaMoELM
+    tokenizer: ByteTokenizer
+    training: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+
+def save_lm(
+    model: DeaMoELM,
+    directory: str | Path,
+    *,
+    tokenizer: ByteTokenizer | None = None,
+    training: dict[str, Any] | None = None,
+) -> Path:
+    """Write model (and its tokenizer) to directory; each file appears whole or not at all."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"cannot write a checkpoint to {directory}: it exists and is not a directory")
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = tokenizer or ByteTokenizer(vocab_size=model.config.vocab_size)
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
+    header: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "dtype": dtype_name(model.dtype),
+        "config": model.config.to_dict(),
+        "tokenizer": tokenizer.to_dict(),
+    }
+    if training:
+        header["training"] = training
+    with atomic_path(directory / WEIGHTS_FILE) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+    atomic_write_text(directory / CONFIG_FILE, json.dumps(header, indent=2) + "\n")
+    return directory
+
+
+def read_lm_header(directory: str | Path) -> dict[str, Any]:
+    """config.json of a model checkpoint, checked; "config" and "tokenizer" parsed."""
+    directory = Path(directory)
+    if not directory.exists():
+        raise CheckpointError(
+            f"no model checkpoint at {directory}: it does not exist "
+            "(the shipped one is samples/models/tiny-lm; make one with `deamoe-trt train-tiny`)"
+        )
+    if not directory.is_dir():
+        raise CheckpointError(f"no model checkpoint at {directory}: not a directory (config.json + model.safetensors)")
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{directory} has no {CONFIG_FILE}; is it a deamoe-trt model checkpoint?")
+    try:
+        header = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    if isinstance(header, dict) and header.get("format") == LAYER_FORMAT:
+        raise CheckpointError(
+            f"{directory} is a DeaMoE layer checkpoint, not a language model; "
+            f"this needs a {FORMAT} checkpoint such as samples/models/tiny-lm"
+        )
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise CheckpointError(f'{path} is not a deamoe-trt model checkpoint config (no "format": "{FORMAT}")')
+    if header.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has format_version {header.get('format_version')!r}; this deamoe-trt reads {FORMAT_VERSION}"
+        )
+    if header.get("dtype") not in DTYPES:
+        raise CheckpointError(f"{path}: dtype must be one of {', '.join(DTYPES)}, got {header.get('dtype')!r}")
+    try:
+        header["config"] = LMConfig.from_dict(header.get("config"))
+        header["tokenizer"] = ByteTokenizer.from_dict(header.get("tokenizer"))
+    except (ValueError, TypeError, UsageError) as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+    if header["tokenizer"].vocab_size != header["config"].vocab_size:
+        raise CheckpointError(
+            f"{path}: tokenizer vocab_size {header['tokenizer'].vocab_size} differs from the model's "
+            f"{header['config'].vocab_size}"
+        )
+    return header
+
+
+def load_lm(directory: str | Path, *, device=None) -> LoadedLM:
+    """Read a checkpoint written by save_lm, checking every tensor against its config."""
+    directory = Path(directory)
+    header = read_lm_header(directory)
+    config: LMConfig = header["config"]
+    dtype = DTYPES[header["dtype"]]
+    model = DeaMoELM(config, dtype=dtype, device="meta")
+    expected = model.state_dict()
+    weights = directory / WEIGHTS_FILE
+    tensors = read_tensors(weights)
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise CheckpointError(f"{weights} lacks {len(missing)} tensor(s) its config needs, first {missing[0]}")
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise CheckpointError(
+            f"{weights} has {len(unexpected)} tensor(s) its config does not describe, first {unexpected[0]}"
+        )
+    for name, want in expected.items():
+        got = tensors[name]
+        if tuple(got.shape) != tuple(want.shape):
+            raise CheckpointError(
+                f"{name} has shape {list(got.shape)} but its config needs {list(want.shape)} ({weights})"
+            )
+        if got.dtype != dtype:
+            raise CheckpointError(f"{name} is {dtype_name(got.dtype)} but config.json says {header['dtype']}")
+        if not bool(torch.isfinite(got).all()):
+            raise CheckpointError(f"{name} contains NaN or Inf ({weights})")
+    model.load_state_dict(tensors, assign=True)
+    model = model._materialize_rope(device)
+    return LoadedLM(
+        model=model.eval(), tokenizer=header["tokenizer"], training=header.get("training") or {}, path=directory
+    )

@@ -1,0 +1,237 @@
+"""The whole language model as one ONNX graph with its KV cache as inputs and outputs.
+
+One graph serves prefill and decode (Hugging Face Optimum's "merged decoder" I/O, without
+its If node): the past length P and the new-token count T are both dynamic, P may be 0.
+
+    inputs   input_ids                   int64 [batch, tokens]
+             past_key_values.{i}.key     dtype [batch, kv_heads, past, head_dim]   i = 0..L-1
+             past_key_values.{i}.value   dtype [batch, kv_heads, past, head_dim]
+    outputs  logits                      float32 [batch, tokens, vocab]
+             present.{i}.key             dtype [batch, kv_heads, past + tokens, head_dim]
+             present.{i}.value           dtype [batch, kv_heads, past + tokens, head_dim]
+
+Prefill feeds the prompt with past = 0 (empty tensors); each decode step feeds one token
+and the previous step's present.* as past_key_values.*. Keys in the cache are already
+rotated. Positions are past .. past + tokens - 1; everything is left-aligned (no padding).
+
+Why one graph rather than a prefill graph and a decode graph: the weights are stored and
+loaded once (two graphs would carry them twice, or need shared external data that
+TensorRT engines cannot share anyway), one TensorRT engine holds both shapes as two
+optimisation profiles, and the cache flows between the two phases without conversion.
+What two graphs would buy (a static decode shape for CUDA graphs) TensorRT gets from a
+decode profile whose T is fixed to 1.
+
+Each block's FFN is written by deamoe_trt.export.emit_layer in the chosen form (plugin,
+ort or onnx), its weights under "layers.{i}.mlp.<canonical name>"; every other weight keeps
+its checkpoint name. Attention, RMSNorm and rotary embeddings are standard ONNX ops in every
+form (GQA by broadcasting MatMul over a kv-head axis, no repeated K/V).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto
+
+from .. import __version__
+from ..errors import UsageError
+from ..export import GraphBuilder, emit_layer, get_dtype, save_model
+from ..export.graph import check_opset
+from ..export.layer_graph import check_form
+from ..export.routing_graph import to_float32
+from .config import LMConfig
+from .model import DeaMoELM
+from .tokenizer import ByteTokenizer
+
+F32 = TensorProto.FLOAT
+I64 = TensorProto.INT64
+
+FORMAT = "deamoe-trt-lm-onnx"
+FORMAT_VERSION = "1"
+PREFIX = "deamoe_trt."
+INPUT_IDS = "input_ids"
+LOGITS = "logits"
+
+
+def past_names(i: int) -> tuple[str, str]:
+    return f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+
+
+def present_names(i: int) -> tuple[str, str]:
+    return f"present.{i}.key", f"present.{i}.value"
+
+
+@dataclass(frozen=True)
+class LMExportInfo:
+    """What an exported language model says about itself (metadata_props under deamoe_trt.)."""
+
+    form: str
+    dtype: str
+    config: LMConfig
+    tokenizer: ByteTokenizer
+    twin: str = "deamoe"
+
+    def to_metadata(self) -> dict[str, str]:
+        meta = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "module": "lm",
+            "form": self.form,
+            "dtype": self.dtype,
+            "twin": self.twin,
+            "lm_config": json.dumps(self.config.to_dict(), sort_keys=True),
+            "tokenizer": json.dumps(self.tokenizer.to_dict(), sort_keys=True),
+        }
+        return {PREFIX + k: v for k, v in meta.items()}
+
+
+def lm_export_info(model: onnx.ModelProto, where: str = "the model") -> LMExportInfo:
+    meta = {p.key[len(PREFIX) :]: p.value for p in model.metadata_props if p.key.startswith(PREFIX)}
+    if meta.get("format") != FORMAT:
+        raise UsageError(
+            f"{where} is not a deamoe-trt language-model export (made with `deamoe-trt export-lm`)"
+            + (f"; its deamoe_trt.format is {meta['format']!r}" if "format" in meta else "")
+        )
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise UsageError(f"{where} has format_version {meta.get('format_version')!r}; this deamoe-trt reads 1")
+    try:
+        return LMExportInfo(
+            form=meta["form"],
+            dtype=meta["dtype"],
+            config=LMConfig.from_dict(json.loads(meta["lm_config"])),
+            tokenizer=ByteTokenizer.from_dict(json.loads(meta["tokenizer"])),
+            twin=meta.get("twin", "deamoe"),
+        )
+    except (KeyError, ValueError, TypeError) as exc:
+        raise UsageError(f"{where} has damaged deamoe_trt metadata ({type(exc).__name__}: {exc})") from None
+
+
+def build_lm_model(
+    model: DeaMoELM,
+    form: str = "ort",
+    dtype: str = "fp32",
+    opset: int | None = None,
+    *,
+    tokenizer: ByteTokenizer | None = None,
+    twin: str = "deamoe",
+) -> onnx.ModelProto:
+    """model as one ONNX graph with KV-cache inputs and outputs (see the module docstring)."""
+    if not isinstance(model, DeaMoELM):
+        raise UsageError(f"build_lm_model needs a DeaMoELM, got {type(model).__name__}")
+    check_form(form)
+    export_dtype = get_dtype(dtype, form)
+    c = model.config
+    b = GraphBuilder(check_opset(opset), export_dtype)
+    act = export_dtype.onnx
+    hd, half, kvh, groups = c.head_dim, c.head_dim // 2, c.num_key_value_heads, c.num_heads // c.num_key_value_heads
+
+    ids = b.add_input(INPUT_IDS, ["batch", "tokens"], I64)
+    pasts = []
+    for i in range(c.num_layers):
+        pasts.append(tuple(b.add_input(n, ["batch", kvh, "past", hd]) for n in past_names(i)))
+    state = model.state_dict()
+
+    def w(name: str) -> str:
+        return b.weight(name, state[name])
+
+    # Shapes and positions: P from the first cache input, B and T from input_ids.
+    bt = b.op("Shape", [ids])  # [B, T]
+    past_len = b.op("Gather", [b.op("Shape", [pasts[0][0]]), b.i64(2)])  # [1]
+    tokens = b.op("Gather", [bt, b.i64(1)])  # [1]
+    total = b.op("Add", [past_len, tokens])  # [1]
+    positions = b.op("Range", [b.squeeze(past_len, [0]), b.squeeze(total, [0]), b.const(1, I64, shape=())])  # [T]
+    cos_table, sin_table = model.rope_cos, model.rope_sin
+    cos = b.op("Gather", [b.weight("rope.cos", cos_table, "fp32"), positions], axis=0)  # [T, half] float32
+    sin = b.op("Gather", [b.weight("rope.sin", sin_table, "fp32"), positions], axis=0)
+    # Causal mask over [T, P + T]: key j is hidden from query i when j > P + i.
+    key_pos = b.op("Range", [b.const(0, I64, shape=()), b.squeeze(total, [0]), b.const(1, I64, shape=())])
+    hidden_mask = b.op("Greater", [key_pos, b.unsqueeze(positions, [1])])  # [T, S] bool
+    neg_inf = b.scalar(-math.inf)
+    q_shape = b.op("Concat", [bt, b.i64(c.num_heads, hd)], axis=0)  # [B, T, H, hd]
+    kv_shape = b.op("Concat", [bt, b.i64(kvh, hd)], axis=0)
+    scale = b.scalar(1.0 / math.sqrt(hd))
+
+    def rms_norm(x: str, weight: str) -> str:
+        xf = to_float32(b, x)
+        mean = b.reduce("ReduceMean", b.op("Mul", [xf, xf]), [-1], keepdims=True)
+        inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [mean, b.scalar(c.rms_norm_eps)])])])
+        y = b.op("Mul", [b.op("Mul", [xf, inv]), to_float32(b, w(weight))])
+        return b.cast(y, act) if act != F32 else y
+
+    def linear(x: str, weight: str) -> str:
+        return b.op("Gemm", [x, w(weight)], transB=1)
+
+    def heads(x: str, shape: str) -> str:  # [N, H*hd] -> [B, H, T, hd]
+        return b.op("Transpose", [b.op("Reshape", [x, shape])], perm=[0, 2, 1, 3])
+
+    def rope(x: str) -> str:  # [B, H, T, hd], halves rotated in float32
+        x1, x2 = b.op("Split", [to_float32(b, x), b.i64(half, half)], outputs=2, axis=-1)
+        r1 = b.op("Sub", [b.op("Mul", [x1, cos]), b.op("Mul", [x2, sin])])
+        r2 = b.op("Add", [b.op("Mul", [x2, cos]), b.op("Mul", [x1, sin])])
+        out = b.op("Concat", [r1, r2], axis=-1)
+        return b.cast(out, act) if act != F32 else out
+
+    x = b.reshape(b.op("Gather", [w("embed_tokens.weight"), ids], axis=0), [-1, c.hidden_size])  # [N, d]
+    for i, block in enumerate(model.layers):
+        p = f"layers.{i}."
+        with b.scope(p):
+            h = rms_norm(x, p + "input_layernorm.weight")
+            q = rope(heads(linear(h, p + "self_attn.q_proj.weight"), q_shape))
+            k = rope(heads(linear(h, p + "self_attn.k_proj.weight"), kv_shape))
+            v = heads(linear(h, p + "self_attn.v_proj.weight"), kv_shape)
+            k_all = b.op("Concat", [pasts[i][0], k], axis=2, outputs=[present_names(i)[0]])[0]
+            v_all = b.op("Concat", [pasts[i][1], v], axis=2, outputs=[present_names(i)[1]])[0]
+            # Grouped-query attention: q [B, kvh, g, T, hd] against k, v [B, kvh, 1, S, hd].
+            q5 = b.op("Reshape", [q, b.i64(0, kvh, groups, -1, hd)])
+            k5, v5 = b.unsqueeze(to_float32(b, k_all), [2]), b.unsqueeze(to_float32(b, v_all), [2])
+            scores = b.op(
+                "Mul", [b.op("MatMul", [to_float32(b, q5), b.op("Transpose", [k5], perm=[0, 1, 2, 4, 3])]), scale]
+            )
+            probs = b.op("Softmax", [b.op("Where", [hidden_mask, neg_inf, scores])], axis=-1)
+            ctx = b.op("MatMul", [probs, v5])  # [B, kvh, g, T, hd] float32
+            ctx = b.op("Reshape", [ctx, b.i64(0, c.num_heads, -1, hd)])  # [B, H, T, hd]
+            ctx = b.reshape(b.op("Transpose", [ctx], perm=[0, 2, 1, 3]), [-1, c.num_heads * hd])
+            ctx = b.cast(ctx, act) if act != F32 else ctx
+            x = b.op("Add", [x, linear(ctx, p + "self_attn.o_proj.weight")], name="attn_residual")
+            h = rms_norm(x, p + "post_attention_layernorm.weight")
+        y = emit_layer(b, h, block.mlp, form, prefix=p + "mlp.")
+        with b.scope(p):
+            x = b.op("Add", [x, y], name="ffn_residual")
+    logits = linear(rms_norm(x, "norm.weight"), "lm_head.weight")  # [N, V]
+    logits = b.op("Reshape", [to_float32(b, logits), b.op("Concat", [bt, b.i64(c.vocab_size)], axis=0)])
+    b.add_output(logits, ["batch", "tokens", c.vocab_size], F32, name=LOGITS)
+    for i in range(c.num_layers):
+        for name in present_names(i):
+            b.add_output(name, ["batch", kvh, "total", hd])
+
+    info = LMExportInfo(
+        form=form,
+        dtype=export_dtype.name,
+        config=c,
+        tokenizer=tokenizer or ByteTokenizer(vocab_size=c.vocab_size),
+        twin=twin,
+    )
+    doc = (
+        f"DeaMoE language model ({c.num_layers} blocks, d={c.hidden_size}) with KV cache, FFNs in the {form} "
+        f"form, {export_dtype.name}; deamoe-trt {__version__}"
+    )
+    return b.build(f"deamoe_lm_{form}", metadata=info.to_metadata(), doc=doc)
+
+
+def export_lm(
+    model: DeaMoELM,
+    path: str | Path,
+    form: str = "ort",
+    dtype: str = "fp32",
+    opset: int | None = None,
+    *,
+    tokenizer: ByteTokenizer | None = None,
+    twin: str = "deamoe",
+) -> Path:
+    """build_lm_model(...) written to path (atomically; weights to path.data past 2 GB)."""
+    proto = build_lm_model(model, form, dtype, opset, tokenizer=tokenizer, twin=twin)
+    return save_model(proto, path)

@@ -1,0 +1,216 @@
+"""Train a small DeaMoE language model on the shipped text, deterministically, on a CPU.
+
+The text (data/persuasion.txt, Jane Austen's "Persuasion", public domain; see data/SOURCE.md)
+is split by position: the first 90% trains, the last 10% measures validation loss. Batches
+are random windows drawn from a torch.Generator seeded with the seed; the model's weights
+come from the same seed; torch runs with deterministic algorithms on a fixed number of
+threads, so a seed and a thread count give the same losses and weights on every run.
+
+Loss: next-byte cross-entropy (nats) plus a small Switch-Transformer load-balancing term
+per block (num_experts * sum_e f_e * P_e, f_e the share of routing slots expert e got and
+P_e its mean router score), which keeps the routers from collapsing onto a few experts.
+Reported losses are the cross-entropy alone.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from ..errors import UsageError
+from ..report import Progress
+from ..routing import Routing
+from .config import LMConfig
+from .model import DeaMoELM
+from .presets import get_lm_preset
+from .tokenizer import ByteTokenizer
+
+TEXT_NAME = "persuasion.txt"
+TEXT_SOURCE = "Jane Austen, Persuasion (1818), public domain; via Debian r-cran-janeaustenr 1.0.0-1"
+
+
+def shipped_text() -> str:
+    return resources.files("deamoe_trt.lm").joinpath("data", TEXT_NAME).read_text(encoding="ascii")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    steps: int = 1500
+    batch_size: int = 16
+    seq_len: int = 128
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 50
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    aux_loss_coef: float = 0.01
+    val_fraction: float = 0.1
+    eval_batches: int = 8
+    log_every: int = 50
+    seed: int = 0
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "seq_len", "eval_batches", "log_every", "threads"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+
+
+# `--quick`: seconds, for tests and a first look; the loss still drops visibly.
+QUICK = TrainSettings(steps=40, batch_size=8, seq_len=64, lr=5e-3, warmup=5, eval_batches=2, log_every=10)
+
+
+@dataclass
+class TrainResult:
+    model: DeaMoELM
+    tokenizer: ByteTokenizer
+    initial_val_loss: float
+    train_loss: float  # mean cross-entropy of the last 10% of steps (at least 1)
+    val_loss: float
+    losses: list[float] = field(default_factory=list)  # cross-entropy per step
+    seconds: float = 0.0
+
+    def summary(self, settings: TrainSettings) -> dict:
+        return {
+            "text": TEXT_SOURCE,
+            "tokenizer": "bytes",
+            "steps": settings.steps,
+            "batch_size": settings.batch_size,
+            "seq_len": settings.seq_len,
+            "lr": settings.lr,
+            "seed": settings.seed,
+            "threads": settings.threads,
+            "initial_val_loss": round(self.initial_val_loss, 4),
+            "train_loss": round(self.train_loss, 4),
+            "val_loss": round(self.val_loss, 4),
+            "seconds": round(self.seconds, 1),
+            "torch": torch.__version__,
+        }
+
+
+def split_text(text: str, tokenizer: ByteTokenizer, val_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.tensor(tokenizer.encode(text, what="the training text"), dtype=torch.long)
+    cut = int(len(ids) * (1 - val_fraction))
+    return ids[:cut], ids[cut:]
+
+
+def windows(data: torch.Tensor, batch: int, seq_len: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    if len(data) <= seq_len + 1:
+        raise UsageError(f"the text has {len(data)} tokens, too few for windows of {seq_len + 1}")
+    starts = torch.randint(0, len(data) - seq_len - 1, (batch,), generator=gen)
+    chunk = torch.stack([data[s : s + seq_len + 1] for s in starts.tolist()])
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+def load_balance_loss(routing: Routing, num_experts: int) -> torch.Tensor:
+    counts = torch.zeros(num_experts, device=routing.scores.device)
+    counts.scatter_add_(0, routing.expert_ids.reshape(-1), torch.ones(routing.expert_ids.numel()))
+    share = counts / counts.sum()
+    return num_experts * (share * routing.scores.mean(0)).sum()
+
+
+@torch.no_grad()
+def evaluate(model: DeaMoELM, data: torch.Tensor, settings: TrainSettings) -> float:
+    """Mean cross-entropy over fixed windows (the same ones at every call and for every seed)."""
+    gen = torch.Generator().manual_seed(0x5EED)
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    for _ in range(settings.eval_batches):
+        x, y = windows(data, settings.batch_size, settings.seq_len, gen)
+        logits = model(x).logits
+        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
+    model.train(was_training)
+    return total / settings.eval_batches
+
+
+def train(
+    config: LMConfig | None = None,
+    settings: TrainSettings | None = None,
+    *,
+    text: str | None = None,
+    tokenizer: ByteTokenizer | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Train config (default tiny-lm) on text (default the shipped one); deterministic given
+    settings.seed and settings.threads."""
+    config = config or get_lm_preset("tiny-lm")
+    settings = settings or TrainSettings()
+    tokenizer = tokenizer or ByteTokenizer(vocab_size=config.vocab_size)
+    if settings.seq_len > config.max_position_embeddings:
+        raise UsageError(f"seq_len {settings.seq_len} exceeds the model's context {config.max_position_embeddings}")
+    train_ids, val_ids = split_text(text if text is not None else shipped_text(), tokenizer, settings.val_fraction)
+
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(settings.threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        torch.manual_seed(settings.seed)
+        model = DeaMoELM.random(config, seed=settings.seed)
+        result = _train(model, tokenizer, train_ids, val_ids, settings, progress)
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+    return result
+
+
+def _train(model, tokenizer, train_ids, val_ids, settings: TrainSettings, progress: bool) -> TrainResult:
+    start = time.perf_counter()
+    initial_val = evaluate(model, val_ids, settings)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=settings.lr,
+        betas=(0.9, 0.95),
+    )
+    gen = torch.Generator().manual_seed(settings.seed)
+    bar = Progress(settings.steps, "train-tiny", enabled=progress)
+    losses: list[float] = []
+    num_experts = model.config.moe.num_experts
+    model.train()
+    for step in range(settings.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = _lr(step, settings)
+        x, y = windows(train_ids, settings.batch_size, settings.seq_len, gen)
+        out = model(x)
+        ce = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), y.reshape(-1))
+        aux = sum(load_balance_loss(r, num_experts) for r in out.routings) / len(out.routings)
+        optimizer.zero_grad(set_to_none=True)
+        (ce + settings.aux_loss_coef * aux).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+        optimizer.step()
+        losses.append(ce.item())
+        last = step + 1 == settings.steps
+        if (step + 1) % settings.log_every == 0 or last:
+            window = losses[-settings.log_every :]
+            bar.update(f"loss {sum(window) / len(window):.3f}", step=step + 1 - bar.done)
+    tail = losses[-max(1, settings.steps // 10) :]
+    val = evaluate(model, val_ids, settings)
+    model.eval()
+    return TrainResult(
+        model=model,
+        tokenizer=tokenizer,
+        initial_val_loss=initial_val,
+        train_loss=sum(tail) / len(tail),
+        val_loss=val,
+        losses=losses,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _lr(step: int, s: TrainSettings) -> float:
+    if step < s.warmup:
+        return s.lr * (step + 1) / s.warmup
+    progress = (step - s.warmup) / max(1, s.steps - s.warmup)
+    return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def save_trained(result: TrainResult, settings: TrainSettings, directory: str | Path) -> Path:
+    return result.model.save_pretrained(directory, tokenizer=result.tokenizer, training=result.summary(settings))

@@ -1,0 +1,94 @@
+import subprocess
+import sys
+
+import pytest
+
+from deamoe_trt.cli.main import main
+from deamoe_trt.layer import DeaMoEStack
+from deamoe_trt.lm import load_lm
+from deamoe_trt.presets import get_preset
+
+
+def run_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "deamoe_trt", *args], capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_generate_prints_text_and_a_tpot_table(micro_checkpoint, capsys):
+    assert main(["generate", str(micro_checkpoint), "--prompt", "Anne", "--max-new-tokens", "12", "--twin", "all"]) == 0
+    out = capsys.readouterr().out
+    assert sum(line.startswith("--- ") for line in out.splitlines()) == 3 and "(same tokens as deamoe)" in out
+    assert "TPOT ms" in out and "tokens/s" in out and "vanilla" in out
+
+
+def test_generate_on_ort_matches_torch(micro_checkpoint, capsys):
+    args = ["generate", str(micro_checkpoint), "--prompt", "Anne", "--max-new-tokens", "10"]
+    assert main(args) == 0
+    torch_text = capsys.readouterr().out.split("\n")[1]
+    assert main([*args, "--runtime", "ort"]) == 0
+    out = capsys.readouterr().out
+    assert out.split("\n")[1] == torch_text
+    assert "\nort " in out
+
+
+def test_generate_with_sampling_is_reproducible(micro_checkpoint, capsys):
+    args = [
+        "generate",
+        str(micro_checkpoint),
+        "--prompt",
+        "A",
+        "--max-new-tokens",
+        "20",
+        "--temperature",
+        "1.0",
+        "--top-k",
+        "8",
+        "--seed",
+        "3",
+    ]
+    main(args)
+    first = capsys.readouterr().out.split("\n")[1]
+    main(args)
+    assert capsys.readouterr().out.split("\n")[1] == first
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ("", "the prompt is empty; give at least one character"),
+        ("x" * 48, "the prompt is 48 tokens but the model's context (its KV cache) holds 48"),
+        ("caf\u00e9", "the prompt has '\u00e9' (U+00E9) at character 4"),
+    ],
+)
+def test_generate_rejects_bad_prompts_in_one_line(micro_checkpoint, capsys, prompt, message):
+    assert main(["generate", str(micro_checkpoint), "--prompt", prompt]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and err.startswith("deamoe-trt generate: error:")
+
+
+def test_missing_and_wrong_model_files(tmp_path, capsys):
+    assert main(["generate", str(tmp_path / "nope"), "--prompt", "a"]) == 2
+    assert "no model checkpoint at" in capsys.readouterr().err
+    DeaMoEStack.random(get_preset("tiny"), 1).save_pretrained(tmp_path / "layer")
+    assert main(["generate", str(tmp_path / "layer"), "--prompt", "a"]) == 2
+    assert "is a DeaMoE layer checkpoint, not a language model" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["generate", str(tmp_path / "empty"), "--prompt", "a"]) == 2
+    assert "has no config.json" in capsys.readouterr().err
+
+
+def test_bad_input_through_the_real_console_has_no_traceback(micro_checkpoint):
+    result = run_cli("generate", str(micro_checkpoint), "--prompt", "it\u2019s")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert '(write "\'" instead)' in result.stderr
+
+
+def test_train_tiny_quick(tmp_path, capsys):
+    out = tmp_path / "tiny"
+    assert main(["train-tiny", "--quick", "--steps", "12", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "validation, after training" in text and "greedy sample" in text
+    training = load_lm(out).training
+    assert training["steps"] == 12 and training["val_loss"] < training["initial_val_loss"]
