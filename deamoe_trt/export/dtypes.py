@@ -46,8 +46,11 @@ def dtype_of_onnx(elem_type: int) -> ExportDtype | None:
 
 
 def to_numpy(tensor: torch.Tensor, dtype: ExportDtype) -> np.ndarray:
-    """tensor cast to dtype as a numpy array; bf16 travels as its raw 16-bit pattern (numpy has no bf16)."""
-    t = tensor.detach().to("cpu", dtype.torch).contiguous()
+    """tensor cast to dtype as a numpy array; bf16 travels as its raw 16-bit pattern (numpy has no bf16).
+
+    Strided views stay views: tobytes() writes them in C order with one copy, where making
+    them contiguous first would hold a second copy of weights that can be gigabytes."""
+    t = tensor.detach().to("cpu", dtype.torch)
     if dtype.torch is torch.bfloat16:
         return t.view(torch.int16).numpy().view(np.uint16)
     return t.numpy()

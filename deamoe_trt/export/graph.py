@@ -154,18 +154,29 @@ class GraphBuilder:
         )
         return value
 
-    def weight(self, name: str, tensor: torch.Tensor, dtype: str | ExportDtype | None = None) -> str:
-        """Store tensor as an initializer called name, cast to dtype (default: the builder's)."""
+    def weight(
+        self,
+        name: str,
+        tensor: torch.Tensor,
+        dtype: str | ExportDtype | None = None,
+        shape: Sequence[int] | None = None,
+    ) -> str:
+        """Store tensor as an initializer called name, cast to dtype (default: the builder's).
+
+        shape: the initializer's dims when they differ from the tensor's (a strided view
+        whose C-order elements are the stored tensor's, e.g. [G, f, 2, d] stored as [G, 2f, d])."""
         export_dtype = self.dtype if dtype is None else get_dtype(dtype)
-        return self.add_initializer(name, to_numpy(tensor, export_dtype), export_dtype.onnx)
+        return self.add_initializer(name, to_numpy(tensor, export_dtype), export_dtype.onnx, shape)
 
-    def add_initializer(self, name: str, array: np.ndarray, elem_type: int) -> str:
+    def add_initializer(self, name: str, array: np.ndarray, elem_type: int, shape: Sequence[int] | None = None) -> str:
         """Store array (already of elem_type's numpy type; uint16 bits for bf16) as initializer name."""
-        return self._store(self._claim(name, "initializer"), array, elem_type)
+        if shape is not None and int(np.prod(shape)) != array.size:
+            raise ValueError(f"initializer {name}: shape {list(shape)} does not hold {array.size} elements")
+        return self._store(self._claim(name, "initializer"), array, elem_type, shape)
 
-    def _store(self, name: str, array: np.ndarray, elem_type: int) -> str:
-        proto = TensorProto(name=name, data_type=elem_type, dims=list(array.shape))
-        proto.raw_data = np.ascontiguousarray(array).tobytes()
+    def _store(self, name: str, array: np.ndarray, elem_type: int, shape: Sequence[int] | None = None) -> str:
+        proto = TensorProto(name=name, data_type=elem_type, dims=list(array.shape if shape is None else shape))
+        proto.raw_data = array.tobytes()  # C order whatever the strides: one copy
         self.initializers[name] = proto
         return name
 

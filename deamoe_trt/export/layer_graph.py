@@ -10,6 +10,8 @@ from . import onnx_form, ort_form, plugin_form
 from .graph import GraphBuilder
 
 FORMS = {"plugin": plugin_form.emit, "ort": ort_form.emit, "onnx": onnx_form.emit}
+# Per form, weights its ops read in another layout: name -> fn(tensor) -> (suffix, view, shape).
+WEIGHT_LAYOUTS = {"ort": ort_form.WEIGHT_LAYOUTS}
 
 
 def check_form(form: str) -> str:
@@ -30,10 +32,15 @@ def emit_layer(builder: GraphBuilder, x_name: str, layer: DeaMoELayer, form: str
     emit = FORMS[check_form(form)]
     if not isinstance(layer, DeaMoELayer):
         raise UsageError(f"emit_layer needs a DeaMoELayer, got {type(layer).__name__}")
+    layouts = WEIGHT_LAYOUTS.get(form, {})
     weights = {}
     for name, tensor in layer.state_dict().items():
         if not bool(torch.isfinite(tensor).all()):
             raise UsageError(f"{prefix}{name} contains NaN or Inf; refusing to export it")
-        weights[name] = builder.weight(f"{prefix}{name}", tensor)
+        stored, shape = name, None
+        if name in layouts:
+            suffix, tensor, shape = layouts[name](tensor)
+            stored = f"{name}.{suffix}"
+        weights[name] = builder.weight(f"{prefix}{stored}", tensor, shape=shape)
     with builder.scope(prefix):
         return emit(builder, x_name, weights, layer.config)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from onnx import TensorProto
 
 from ..config import DeaMoEConfig
@@ -74,17 +75,17 @@ def emit(b: GraphBuilder, x: str, weights: dict[str, str], config: DeaMoEConfig)
     parts = []
     if is_vanilla(c):
         probs = b.cast(router_logits(b, x32, weights["router.weight"]), b.dtype.onnx)
-        parts.append(_moe(b, x, probs, weights, "experts", c.private_intermediate_size, c.top_k, c.norm_topk_prob))
+        parts.append(_moe(b, x, probs, weights, "experts", c.top_k, c.norm_topk_prob))
     else:
         routing = emit_routing(b, x32, weights, c)
         total = b.reduce("ReduceSum", routing.weights, [1], keepdims=True)  # sum(w) = sum(W)
         if c.shared_intermediate_size:
             values = _log_ratio(b, routing.department_weights)
-            out = _moe(b, x, values, weights, "departments", c.shared_intermediate_size, c.top_departments, False)
+            out = _moe(b, x, values, weights, "departments", c.top_departments, False)
             parts.append(b.op("Mul", [out, total]))
         if c.private_intermediate_size:
             full = dense_weights(b, routing.expert_ids, routing.weights, b.op("Shape", [routing.logits]))
-            out = _moe(b, x, _log_ratio(b, full), weights, "experts", c.private_intermediate_size, c.top_k, False)
+            out = _moe(b, x, _log_ratio(b, full), weights, "experts", c.top_k, False)
             parts.append(b.op("Mul", [out, total]))
     if c.has_shared_experts:
         parts.append(shared_experts(b, x, x32, weights, c))
@@ -104,13 +105,12 @@ def _log_ratio(b: GraphBuilder, dense: str) -> str:
 
 
 def _moe(
-    b: GraphBuilder, x: str, router_values: str, weights: dict[str, str], part: str, width: int, k: int, normalize: bool
+    b: GraphBuilder, x: str, router_values: str, weights: dict[str, str], part: str, k: int, normalize: bool
 ) -> str:
     """MoE over one part's stacked SwiGLU blocks -> [T, d] float32."""
-    fc1 = _interleave_gate_up(b, weights[f"{part}.gate_up"], width)
     out = b.op(
         "MoE",
-        [x, router_values, fc1, "", weights[f"{part}.down"]],
+        [x, router_values, weights[f"{part}.gate_up"], "", weights[f"{part}.down"]],
         domain=MOE_DOMAIN,
         name=f"{part}_MoE",
         **moe_attributes(k, normalize),
@@ -118,11 +118,18 @@ def _moe(
     return to_float32(b, out)
 
 
-def _interleave_gate_up(b: GraphBuilder, gate_up: str, width: int) -> str:
+def interleaved_gate_up(gate_up: torch.Tensor) -> tuple[str, torch.Tensor, tuple[int, int, int]]:
     """[G, 2f, d] gate rows then up rows -> rows g0, u0, g1, u1, ... (MoE's swiglu_fusion=1).
 
-    Done by nodes on the canonical initializer (ONNX Runtime folds them into a constant when
-    the session starts), so the file keeps the canonical tensors every form shares."""
-    split = b.op("Reshape", [gate_up, b.i64(0, 2, width, -1)])  # [G, 2, f, d]
-    paired = b.op("Transpose", [split], perm=[0, 2, 1, 3])  # [G, f, 2, d]
-    return b.op("Reshape", [paired, b.i64(0, 2 * width, -1)])
+    Stored so at export, under "<name>.interleaved" (layer_graph.emit_layer), rather than
+    re-laid out by nodes in the graph: ONNX Runtime 1.32 does not constant-fold a Transpose
+    of a weight this large (1.6 GB for the qwen3 layer's experts) and would transpose all of
+    it on every run (118 ms a step instead of 7). Returned as a [G, f, 2, d] view, written
+    in C order when serialised, so no interleaved copy is ever held."""
+    groups, rows, hidden = gate_up.shape
+    paired = gate_up.view(groups, 2, rows // 2, hidden).transpose(1, 2)
+    return "interleaved", paired, (groups, rows, hidden)
+
+
+# Weights this form's ops read in another layout than the canonical one.
+WEIGHT_LAYOUTS = {"experts.gate_up": interleaved_gate_up, "departments.gate_up": interleaved_gate_up}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import onnx
 import pytest
 
 from deamoe_trt import DeaMoEStack
@@ -80,3 +81,16 @@ def test_edge_configs_match_reference(form, config_name):
     layer = layer_of(EDGE_CONFIGS[config_name], seed=2)
     session = make_session(build_model(layer, form))
     assert max(max_error(session, layer, t, seed=t) for t in TOKENS) <= TOLERANCE["fp32"]
+
+
+def test_ort_form_stores_gate_up_interleaved_so_the_runtime_transposes_nothing_per_step():
+    layer = layer_of(CONFIGS["tiny"], seed=2)
+    model = build_model(layer, "ort")
+    assert not [n.op_type for n in model.graph.node if n.op_type == "Transpose"]
+    stored = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    canonical = layer.experts.gate_up.detach().numpy()  # [N, 2f, d]: gate rows, then up rows
+    width = layer.config.private_intermediate_size
+    interleaved = stored["experts.gate_up.interleaved"]
+    assert (interleaved[:, 0::2] == canonical[:, :width]).all()
+    assert (interleaved[:, 1::2] == canonical[:, width:]).all()
+    assert "experts.gate_up" not in stored
