@@ -15,13 +15,14 @@ SUBCOMMANDS = (
     "deamoe_trt.cli.init_cmd",
     "deamoe_trt.cli.info_cmd",
     "deamoe_trt.cli.import_cmd",
+    "deamoe_trt.cli.export_cmd",
+    "deamoe_trt.cli.validate_cmd",
+    "deamoe_trt.cli.bench_cmd",
+    "deamoe_trt.cli.build_cmd",
+    "deamoe_trt.cli.doctor_cmd",
     "deamoe_trt.cli.train_cmd",
     "deamoe_trt.cli.generate_cmd",
     "deamoe_trt.cli.export_lm_cmd",
-    "deamoe_trt.cli.build_cmd",
-    "deamoe_trt.cli.doctor_cmd",
-    "deamoe_trt.cli.export_cmd",
-    "deamoe_trt.cli.validate_cmd",
 )
 
 

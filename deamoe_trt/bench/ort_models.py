@@ -1,0 +1,96 @@
+"""ONNX Runtime contenders: models from deamoe_trt.export's `ort` form, run on the CPU.
+
+The vanilla anchor is the `ort` form of DeaMoELayer.vanilla(): router logits straight into
+com.microsoft.MoE, which does its own softmax top-k routing (deamoe_trt/export/ort_form.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import DeaMoEError, MissingDependencyError, UsageError
+from ..layer import DeaMoELayer
+
+ONNX_DTYPES = {torch.float32: "fp32", torch.float16: "fp16"}
+# Initializers at least this big are handed to ONNX Runtime as in-memory arrays.
+_IN_MEMORY_MIN_BYTES = 1 << 16
+BUILDER = "deamoe_trt.export.build_model"
+
+
+def build_ort_model(layer: DeaMoELayer):
+    """The layer's `ort` form as a ModelProto."""
+    from ..export import build_model
+
+    dtype = ONNX_DTYPES.get(layer.dtype)
+    if dtype is None:
+        raise UsageError(f"the ort form runs fp32 or fp16 here, not {layer.dtype}")
+    return build_model(layer, "ort", dtype=dtype)
+
+
+def session_options(threads: int, spinning: bool):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    # Spinning threads keep a core busy after each run; in an interleaved benchmark they
+    # would steal it from the next contender.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    return options
+
+
+class OrtModel:
+    """An ONNX Runtime CPU session and the arrays that hold its weights (kept alive with it)."""
+
+    def __init__(self, session, arrays: dict):
+        self.session = session
+        self.arrays = arrays
+        self.input_name = session.get_inputs()[0].name
+        self.output_name = session.get_outputs()[0].name
+
+    def run(self, x):
+        return self.session.run([self.output_name], {self.input_name: x})[0]
+
+
+def make_session(model, threads: int, *, spinning: bool = False) -> OrtModel:
+    """An ONNX Runtime CPU session for model (consumed: its weights are moved out of it).
+
+    The weights reach ONNX Runtime as in-memory initializers (numpy arrays it uses in place),
+    not in a serialized model, a measured fix: protobuf cannot hold more than 2 GB, and
+    weights saved as external data are memory-mapped from the file, where a host that
+    reclaims cold page cache (DAMON pageout, as on this project's CI VMs) drops them and
+    steps then read them from disk.
+    """
+    try:
+        import onnx
+        import onnxruntime as ort
+        from onnx import external_data_helper, numpy_helper
+    except ImportError as exc:
+        raise MissingDependencyError(f"ONNX Runtime contenders need onnx and onnxruntime: {exc}") from None
+
+    arrays: dict[str, np.ndarray] = {}
+
+    def to_memory(tensor) -> None:
+        arrays[tensor.name] = np.ascontiguousarray(numpy_helper.to_array(tensor))
+        external_data_helper.set_external_data(tensor, location="deamoe-bench-in-memory")
+        tensor.ClearField("raw_data")
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+
+    for tensor in model.graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL and len(tensor.raw_data) >= _IN_MEMORY_MIN_BYTES:
+            to_memory(tensor)
+
+    options = session_options(threads, spinning)
+    if arrays:
+        names = list(arrays)
+        options.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(arrays[n]) for n in names])
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT reports every failure as its own exception types
+        text = " ".join(str(exc).split())
+        raise DeaMoEError(f"ONNX Runtime could not load the model: {text[:300]}") from None
+    return OrtModel(session, arrays)

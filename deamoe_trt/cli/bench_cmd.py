@@ -1,0 +1,120 @@
+"""`deamoe-trt bench`: DeaMoE vs its expanded twin vs ONNX Runtime's vanilla MoE on this CPU.
+
+Times every contender in one process, interleaved step by step, on fresh random inputs,
+and reports medians, weights loaded per step, the roof (bytes / measured read bandwidth)
+and speedups; --json keeps every figure, --plot draws them. See docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import args as common
+
+
+def _layers(text: str):
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a layer count or 'auto', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a layer count >= 0 or 'auto', got {text!r}")
+    return value
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def register(subparsers) -> None:
+    from ..presets import PRESETS
+
+    parser = subparsers.add_parser(
+        "bench",
+        help="time DeaMoE against its expanded twin and ONNX Runtime's vanilla MoE on this CPU",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        default=None,
+        help="layer shape (default qwen3-30b-a3b-layer; tiny with --quick)",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=common.token_counts,
+        default=None,
+        metavar="N,N,...",
+        help="tokens per decoding step to try (default 1,2,4,8; 1,3 with --quick)",
+    )
+    common.add_dtype(parser, choices=("fp32", "fp16"))
+    parser.add_argument(
+        "--steps", type=common.positive_int, default=None, help="timed steps per token count (default 200)"
+    )
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default max(3, steps/10))")
+    parser.add_argument("--json", metavar="PATH", help="write every figure as JSON here")
+    parser.add_argument("--plot", metavar="PATH", help="write the figure (PNG) here")
+    parser.add_argument("--quick", action="store_true", help="a small run in seconds (tiny preset, few steps)")
+    parser.add_argument(
+        "--layers",
+        type=_layers,
+        default=None,
+        metavar="N|auto",
+        help="multi-layer section: layers in the stack, 'auto' (as many as fit comfortably, the default) or 0 (off)",
+    )
+    parser.add_argument(
+        "--stack-dtype", choices=("fp16", "fp32"), default="fp16", help="dtype of the multi-layer stack (default fp16)"
+    )
+    parser.add_argument(
+        "--threads", type=common.positive_int, default=None, help="threads per runtime (default: all cores)"
+    )
+    parser.add_argument(
+        "--only",
+        type=_names,
+        default=None,
+        metavar="NAME,...",
+        help="run only these contenders, e.g. deamoe/cpu,vanilla/ort",
+    )
+    parser.add_argument(
+        "--gap-ms",
+        type=float,
+        default=None,
+        help="busy pause before each timed call, longer after runtimes whose threads spin (default 2; 0 with --quick)",
+    )
+    parser.add_argument(
+        "--ort-spinning",
+        choices=("on", "off"),
+        default=None,
+        help="let ONNX Runtime's threads spin between runs (its own default; off here: see docs/benchmarks.md)",
+    )
+    common.add_seed(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..bench import BenchOptions, format_result, run_bench, write_json, write_plot
+
+    changes = {
+        "dtype": args.dtype,
+        "seed": args.seed,
+        "threads": args.threads,
+        "stack_dtype": args.stack_dtype,
+        "only": args.only,
+    }
+    if args.ort_spinning is not None:
+        changes["ort_spinning"] = args.ort_spinning == "on"
+    for name in ("preset", "tokens", "steps", "warmup", "layers"):
+        if getattr(args, name) is not None:
+            changes[name] = getattr(args, name)
+    if args.gap_ms is not None:
+        changes["gap_ms"] = args.gap_ms
+    options = BenchOptions.quick_run(**changes) if args.quick else BenchOptions(**changes)
+    result = run_bench(options)
+    print(format_result(result))
+    if args.json:
+        print(f"\nwrote {write_json(result, args.json)}")
+    if args.plot:
+        print(f"wrote {write_plot(result, args.plot)}")
+    return 0

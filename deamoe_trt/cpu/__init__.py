@@ -1,0 +1,430 @@
+"""The fast CPU path: a DeaMoE layer on a small C++ kernel that streams each weight once.
+
+    from deamoe_trt.cpu import CpuDeaMoE
+    fast = CpuDeaMoE(layer)          # repacks the weights (fp32 or fp16) once
+    y = fast(x)                      # same outputs as layer(x), x: [..., d]
+
+One call per step computes the router logits, routes (the spec's routing, restated in C++
+and held by tests/cpu to deamoe_trt.routing's decisions; routing="torch" calls
+deamoe_trt.routing itself) and runs every used department's shared part once for all its
+tokens and every used expert's private part once for its tokens. See deamoe_cpu.cpp for
+the design and _build.py for how it is built (at first use, with the system C++ compiler).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+
+import torch
+
+from ..errors import DeaMoEError, UsageError
+from ..layer import DeaMoELayer, DeaMoEStack
+from ..routing import Routing, route_logits
+from ._build import build, cache_dir, load
+
+__all__ = [
+    "ROUTINGS",
+    "CpuDeaMoE",
+    "CpuDeaMoEStack",
+    "build",
+    "cache_dir",
+    "default_threads",
+    "load",
+    "pool",
+    "simd",
+    "stream_read",
+]
+
+_DTYPE_CODES = {torch.float32: 0, torch.float16: 1}
+
+
+# Workers spin this long (microseconds) after a job before they sleep: short, so an idle pool
+# leaves the cores to others. A layer call wakes them first thing (Pool.wake) and they then
+# spin up to _WAKE_SPIN_US for its job, which bridges the routing computed in between.
+def _env_us(name: str, default: int) -> int:
+    try:
+        return max(0, int(os.environ.get(name, default)))
+    except ValueError:
+        raise UsageError(f"{name} must be a whole number of microseconds, got {os.environ[name]!r}") from None
+
+
+_SPIN_US = _env_us("DEAMOE_TRT_CPU_SPIN_US", 50)
+_WAKE_SPIN_US = _env_us("DEAMOE_TRT_CPU_WAKE_SPIN_US", 2000)
+
+
+def default_threads() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class Pool:
+    """The kernel's thread pool (the calling thread plus threads-1 workers)."""
+
+    def __init__(self, threads: int, *, spin_us: int = _SPIN_US, wake_spin_us: int = _WAKE_SPIN_US):
+        self.lib = load()
+        self.threads = threads
+        self.handle = self.lib.dm_pool_create(threads, spin_us, wake_spin_us)
+        if not self.handle:
+            raise DeaMoEError(f"could not start a CPU thread pool of {threads} threads")
+
+    def wake(self) -> None:
+        self.lib.dm_pool_wake(self.handle)
+
+    def busy_wait(self, seconds: float) -> None:
+        """Keep every thread of this pool busy for `seconds` (see dm_busy_wait)."""
+        self.lib.dm_busy_wait(self.handle, int(seconds * 1e6))
+
+    def __del__(self):
+        handle, self.handle = getattr(self, "handle", None), None
+        if handle:
+            self.lib.dm_pool_destroy(handle)
+
+
+_pools: dict[int, Pool] = {}
+
+
+def pool(threads: int | None = None) -> Pool:
+    """The process's pool of `threads` threads (default: all cores), created once."""
+    threads = threads or default_threads()
+    if threads < 1:
+        raise UsageError(f"threads must be >= 1, got {threads}")
+    if threads not in _pools:
+        _pools[threads] = Pool(threads)
+    return _pools[threads]
+
+
+def simd() -> str:
+    """The vector ISA the kernel was built for: 'avx512' or 'avx2'."""
+    return load().dm_simd().decode()
+
+
+class _Buffer:
+    """Memory from the kernel's allocator (2 MiB aligned, transparent huge pages)."""
+
+    def __init__(self, nbytes: int):
+        self.lib = load()
+        self.nbytes = nbytes
+        self.ptr = self.lib.dm_alloc(max(nbytes, 1))
+        if not self.ptr:
+            raise DeaMoEError(f"out of memory: could not allocate {nbytes / 1e9:.2f} GB for the CPU path's weights")
+
+    def __del__(self):
+        ptr, self.ptr = getattr(self, "ptr", None), None
+        if ptr:
+            self.lib.dm_free(ptr)
+
+
+def stream_read(nbytes: int, passes: int, threads: int | None = None) -> list[float]:
+    """Read bandwidth in bytes/s of `passes` reads of an nbytes buffer with the kernel's
+    threads, each streaming one contiguous share (the access pattern of a MoE step)."""
+    import time
+
+    p = pool(threads)
+    floats = max(nbytes // 4 // (64 * p.threads), 1) * 64 * p.threads
+    buf = _Buffer(floats * 4)
+    # Write every page first: untouched pages all map the one zero page, which reads from cache.
+    ctypes.memset(buf.ptr, 1, floats * 4)
+    p.lib.dm_stream_read(p.handle, buf.ptr, floats)  # warm-up: page tables, worker wake-up
+    rates = []
+    for _ in range(passes):
+        p.wake()
+        start = time.perf_counter()
+        p.lib.dm_stream_read(p.handle, buf.ptr, floats)
+        rates.append(floats * 4 / (time.perf_counter() - start))
+    return rates
+
+
+@contextlib.contextmanager
+def _single_threaded_torch():
+    """The routing's tensors are tiny: PyTorch's intra-op threads would only add fork/join
+    costs, and compete for the cores with the kernel's workers, which are spinning by then."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def _ptr(tensor: torch.Tensor | None) -> int | None:
+    return tensor.data_ptr() if tensor is not None else None
+
+
+class _LayerDesc(ctypes.Structure):
+    """Mirror of `struct dm_layer` in deamoe_cpu.cpp."""
+
+    _fields_ = [
+        ("dtype", ctypes.c_int32),
+        ("score_func", ctypes.c_int32),
+        ("department_score", ctypes.c_int32),
+        ("norm_topk_prob", ctypes.c_int32),
+        ("d", ctypes.c_int64),
+        ("dp", ctypes.c_int64),
+        ("num_departments", ctypes.c_int64),
+        ("experts_per_department", ctypes.c_int64),
+        ("top_k", ctypes.c_int64),
+        ("top_departments", ctypes.c_int64),
+        ("routed_scaling_factor", ctypes.c_float),
+        ("reserved", ctypes.c_float),
+        ("router", ctypes.c_void_p),
+        ("router_bias", ctypes.c_void_p),
+        ("departments", ctypes.c_void_p),
+        ("groups_s", ctypes.c_int64),
+        ("experts", ctypes.c_void_p),
+        ("groups_p", ctypes.c_int64),
+        ("shared", ctypes.c_void_p),
+        ("groups_sh", ctypes.c_int64),
+        ("shared_gate", ctypes.c_void_p),
+    ]
+
+
+ROUTINGS = ("native", "torch")
+
+
+class CpuDeaMoE:
+    """A DeaMoELayer on the fast CPU path: fp32 or fp16 weights, fp32 math, fp32 outputs
+    cast back to the input's dtype (as DeaMoELayer.forward does).
+
+    routing="native" (default) routes in the kernel, one call per step: a restatement of
+    deamoe_trt.routing that tests/cpu holds to the same decisions. routing="torch" calls
+    deamoe_trt.routing.route_logits itself on the kernel's logits (a few hundred
+    microseconds of PyTorch dispatch per step when caches are cold)."""
+
+    def __init__(self, layer: DeaMoELayer, *, threads: int | None = None, routing: str = "native"):
+        if layer.dtype not in _DTYPE_CODES:
+            raise UsageError(
+                f"the CPU path runs float32 or float16 weights, not {layer.dtype}; convert the layer first"
+            )
+        if layer.router.weight.device.type != "cpu":
+            raise UsageError("the CPU path needs the layer's weights on the CPU")
+        if routing not in ROUTINGS:
+            raise UsageError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+        self.lib = load()
+        self.pool = pool(threads)
+        self.routing = routing
+        self.config = c = layer.config
+        self.dtype = layer.dtype
+        self.esize = 2 if layer.dtype == torch.float16 else 4
+        self.d = c.hidden_size
+        self.dp = _round_up(self.d, int(self.lib.dm_row_pad()))
+        self.nb = int(self.lib.dm_neurons_per_group())
+        self.nbytes = 0
+
+        with torch.no_grad():
+            self.router = self._pad_rows(layer.router.weight)
+            self.router_bias = (
+                layer.router.bias.detach().float().contiguous() if layer.router.bias is not None else None
+            )
+            self.departments, groups_s = self._pack(layer.departments, c.num_departments)
+            self.experts, groups_p = self._pack(layer.experts, c.num_experts)
+            shared = layer.shared_experts
+            self.shared, groups_sh = self._pack(shared, 1)
+            self.shared_gate = None
+            if shared is not None and shared.gate is not None:
+                self.shared_gate = torch.zeros(self.dp, dtype=torch.float32)
+                self.shared_gate[: self.d] = shared.gate.detach().float().reshape(-1)
+        self.desc = _LayerDesc(
+            dtype=_DTYPE_CODES[layer.dtype],
+            score_func=("softmax", "sigmoid").index(c.score_func),
+            department_score=("max", "sum_top2", "sum").index(c.department_score),
+            norm_topk_prob=int(c.norm_topk_prob),
+            d=self.d,
+            dp=self.dp,
+            num_departments=c.num_departments,
+            experts_per_department=c.experts_per_department,
+            top_k=c.top_k,
+            top_departments=c.top_departments,
+            routed_scaling_factor=c.routed_scaling_factor,
+            router=self.router.ptr,
+            router_bias=_ptr(self.router_bias),
+            departments=self.departments.ptr if self.departments else None,
+            groups_s=groups_s,
+            experts=self.experts.ptr if self.experts else None,
+            groups_p=groups_p,
+            shared=self.shared.ptr if self.shared else None,
+            groups_sh=groups_sh,
+            shared_gate=_ptr(self.shared_gate),
+        )
+        self._desc_ref = ctypes.byref(self.desc)
+        self._buffers: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._buffer_ptrs: dict[int, tuple[int, ...]] = {}
+
+    # Packing -------------------------------------------------------------------------------
+
+    def _pad_rows(self, weight: torch.Tensor) -> _Buffer:
+        w = weight.detach().contiguous()
+        rows = w.shape[0]
+        buf = _Buffer(rows * self.dp * self.esize)
+        self._check(self.lib.dm_pad_rows(w.data_ptr(), rows, self.d, self.dp, self.esize, buf.ptr), "pad router")
+        self.nbytes += buf.nbytes
+        return buf
+
+    def _pack(self, part, count: int) -> tuple[_Buffer | None, int]:
+        """Blocks of a GroupedSwiGLU (or the shared experts, count 1) in the kernel's group layout."""
+        if part is None:
+            return None, 0
+        gate_up = part.gate_up.detach().contiguous()
+        down = part.down.detach().contiguous()
+        width = down.shape[-1]
+        groups = -(-width // self.nb)
+        buf = _Buffer(count * groups * 3 * self.nb * self.dp * self.esize)
+        self._check(
+            self.lib.dm_pack(gate_up.data_ptr(), down.data_ptr(), count, width, self.d, self.dp, self.esize, buf.ptr),
+            "pack weights",
+        )
+        self.nbytes += buf.nbytes
+        return buf, groups
+
+    @staticmethod
+    def _check(code: int, what: str) -> None:
+        if code != 0:
+            raise DeaMoEError(f"CPU kernel: {what} failed (code {code})")
+
+    # Forward ---------------------------------------------------------------------------------
+
+    def _step_buffers(self, tokens: int) -> tuple[torch.Tensor, ...]:
+        """Per token count, reused: scratch (partial outputs), logits, ids, weights."""
+        bufs = self._buffers.get(tokens)
+        if bufs is None:
+            c = self.config
+            bufs = self._buffers[tokens] = (
+                torch.empty(self.pool.threads * tokens * self.dp, dtype=torch.float32),
+                torch.empty(tokens, c.num_experts, dtype=torch.float32),
+                torch.empty(tokens, c.top_k, dtype=torch.int64),
+                torch.empty(tokens, c.top_k, dtype=torch.float32),
+            )
+        return bufs
+
+    def _padded(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dp == self.d and x.dtype == torch.float32 and x.dim() == 2 and x.is_contiguous():
+            return x
+        x = x.reshape(-1, self.d)
+        if self.dp == self.d:
+            return x.to(torch.float32).contiguous()
+        out = torch.zeros(x.shape[0], self.dp, dtype=torch.float32)
+        out[:, : self.d] = x
+        return out
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Router logits [T, N] in float32 for tokens x [T, d]."""
+        xp = self._padded(x)
+        tokens = xp.shape[0]
+        out = torch.empty(tokens, self.config.num_experts, dtype=torch.float32)
+        # On this thread (pool None): the router is small, and a layer call's workers are
+        # waking up meanwhile.
+        code = self.lib.dm_router(
+            None, self.desc.dtype, self.router.ptr, self.config.num_experts, self.dp, xp.data_ptr(), tokens,
+            out.data_ptr(),
+        )  # fmt: skip
+        self._check(code, "router")
+        return out
+
+    def route(self, x: torch.Tensor) -> Routing:
+        """The routing this path runs for tokens x [T, d] (native or deamoe_trt.routing's)."""
+        logits = self.logits(x)
+        if self.routing == "torch":
+            return route_logits(logits, self.router_bias, self.config)
+        return self.native_route(logits)
+
+    def native_route(self, logits: torch.Tensor) -> Routing:
+        """The kernel's routing of logits [T, N], as a deamoe_trt.routing.Routing."""
+        c = self.config
+        tokens = logits.shape[0]
+        logits = logits.float().contiguous()
+        ids = torch.empty(tokens, c.top_k, dtype=torch.int64)
+        weights = torch.empty(tokens, c.top_k, dtype=torch.float32)
+        kept = torch.empty(tokens, c.top_departments, dtype=torch.int64)
+        scores = torch.empty(tokens, c.num_experts, dtype=torch.float32)
+        code = self.lib.dm_route(
+            self._desc_ref, logits.data_ptr(), tokens, ids.data_ptr(), weights.data_ptr(), kept.data_ptr(),
+            scores.data_ptr(),
+        )  # fmt: skip
+        self._check(code, "route")
+        return Routing(ids, weights, ids // c.experts_per_department, kept, scores)
+
+    def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if hidden_states.shape[-1] != self.d:
+            raise UsageError(f"hidden_states must have shape [..., {self.d}], got {list(hidden_states.shape)}")
+        # Wake the workers first thing: a futex wake-up takes tens of microseconds in a VM,
+        # which the preparation below and the router (on this thread) then hide.
+        self.pool.wake()
+        if self.routing == "torch":
+            with _single_threaded_torch(), torch.inference_mode():
+                xp = self._padded(hidden_states)
+                y = torch.empty(xp.shape[0], self.d, dtype=torch.float32)
+                routing = route_logits(self.logits(hidden_states), self.router_bias, self.config)
+                self._run(xp, routing, y, self._step_buffers(xp.shape[0])[0])
+                return y.to(hidden_states.dtype).reshape(hidden_states.shape)
+        # Native routing: one call, and as little Python around it as possible (each PyTorch
+        # call costs microseconds, tens when the caches are cold after streaming the weights).
+        xp = self._padded(hidden_states)
+        tokens = xp.shape[0]
+        y = torch.empty(tokens, self.d, dtype=torch.float32)
+        ptrs = self._buffer_ptrs.get(tokens) or self._make_buffers(tokens)
+        code = self.lib.dm_layer_forward(self.pool.handle, self._desc_ref, xp.data_ptr(), tokens, y.data_ptr(), *ptrs)
+        if code != 0:
+            self._check(code, "forward")
+        if hidden_states.dtype != torch.float32 or hidden_states.dim() != 2:
+            y = y.to(hidden_states.dtype).reshape(hidden_states.shape)
+        return y
+
+    def _make_buffers(self, tokens: int) -> tuple[int, ...]:
+        """dm_layer_forward's scratch, logits, ids and weights buffers for `tokens` tokens."""
+        self._buffer_ptrs[tokens] = tuple(t.data_ptr() for t in self._step_buffers(tokens))
+        return self._buffer_ptrs[tokens]
+
+    def forward_routed(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
+        """y [T, d] float32 for tokens x [T, d] given their routing (as DeaMoELayer.forward_routed)."""
+        xp = self._padded(x)
+        y = torch.empty(xp.shape[0], self.d, dtype=torch.float32)
+        self._run(xp, routing, y, self._step_buffers(xp.shape[0])[0])
+        return y
+
+    def _run(self, xp: torch.Tensor, routing: Routing, y: torch.Tensor, scratch: torch.Tensor) -> None:
+        ids = routing.expert_ids.to(torch.int64).contiguous()
+        weights = routing.weights.to(torch.float32).contiguous()
+        if ids.shape != (xp.shape[0], self.config.top_k):
+            raise UsageError(f"routing has expert_ids of shape {list(ids.shape)}, expected [{xp.shape[0]}, top_k]")
+        shared_w = None
+        if self.shared_gate is not None:
+            shared_w = torch.sigmoid(xp @ self.shared_gate).contiguous()
+        code = self.lib.dm_moe_forward(
+            self.pool.handle, self._desc_ref, xp.data_ptr(), xp.shape[0], ids.data_ptr(), weights.data_ptr(),
+            _ptr(shared_w), y.data_ptr(), scratch.data_ptr(),
+        )  # fmt: skip
+        self._check(code, "forward")
+
+
+class CpuDeaMoEStack:
+    """A DeaMoEStack on the fast CPU path: x <- x + layer(x) for each layer in turn."""
+
+    def __init__(self, stack: DeaMoEStack, *, threads: int | None = None, routing: str = "native"):
+        self.layers = [CpuDeaMoE(layer, threads=threads, routing=routing) for layer in stack.layers]
+        self.nbytes = sum(layer.nbytes for layer in self.layers)
+
+    @classmethod
+    def from_layers(cls, layers: list[CpuDeaMoE]) -> CpuDeaMoEStack:
+        """A stack of layers already on the CPU path (packed one at a time, say, to keep the
+        PyTorch copies from piling up)."""
+        stack = cls.__new__(cls)
+        stack.layers = list(layers)
+        stack.nbytes = sum(layer.nbytes for layer in stack.layers)
+        return stack
+
+    def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        x = hidden_states
+        for layer in self.layers:
+            x = x + layer(x)
+        return x

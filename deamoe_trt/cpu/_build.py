@@ -1,0 +1,140 @@
+"""Build the CPU kernel at first use and load it with ctypes.
+
+Why not a setuptools extension: the kernel is only fast when compiled for the CPU it runs
+on (-march=native picks AVX-512 or AVX2, F16C, the cache-friendly tuning), which a wheel
+built elsewhere cannot know; a plain C ABI also spares us the Python C API, so one build
+serves every Python version; and `pip install -e .` stays a pure-Python install that works
+without a compiler. The price is a one-off compile (a few seconds) on first use, cached
+under a key that changes with the source, the flags, the compiler and the CPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..errors import DeaMoEError, MissingDependencyError
+
+SOURCE = Path(__file__).with_name("deamoe_cpu.cpp")
+FLAGS = ("-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-pthread", "-DNDEBUG")
+ABI_VERSION = 2
+LIBRARY_NAME = "libdeamoe_cpu.so"
+
+_lib: ctypes.CDLL | None = None
+
+
+def cache_dir() -> Path:
+    """Where built libraries live: $DEAMOE_TRT_CACHE_DIR, else $XDG_CACHE_HOME/deamoe-trt, else ~/.cache/deamoe-trt."""
+    if os.environ.get("DEAMOE_TRT_CACHE_DIR"):
+        return Path(os.environ["DEAMOE_TRT_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "deamoe-trt"
+
+
+def compiler() -> str:
+    """The C++ compiler to use: $CXX, else g++, else c++, else clang++."""
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    raise MissingDependencyError(
+        "the fast CPU path builds its kernel at first use and needs a C++ compiler: none found "
+        "(install g++, e.g. `apt-get install g++`, or set CXX)"
+    )
+
+
+def _cpu_signature() -> str:
+    """What -march=native depends on: the CPU model and its feature flags."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    wanted = [line for line in text.splitlines() if line.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(wanted)))
+
+
+def library_path(cxx: str) -> Path:
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
+    key = hashlib.sha256()
+    for part in (
+        SOURCE.read_bytes(),
+        " ".join(FLAGS).encode(),
+        cxx.encode(),
+        version.encode(),
+        _cpu_signature().encode(),
+    ):
+        key.update(part)
+        key.update(b"\0")
+    return cache_dir() / "cpu" / key.hexdigest()[:20] / LIBRARY_NAME
+
+
+def build(force: bool = False) -> Path:
+    """Compile the kernel unless a build for this source, flags, compiler and CPU exists."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        raise MissingDependencyError(
+            "the fast CPU path needs Linux on x86-64 (AVX2 or AVX-512); "
+            f"this is {platform.system()} {platform.machine()}"
+        )
+    cxx = compiler()
+    target = library_path(cxx)
+    if target.is_file() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename: concurrent first uses never load a half-written file.
+    fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        result = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            errors = [line for line in result.stderr.splitlines() if "error" in line] or result.stderr.splitlines()
+            first = errors[0].strip() if errors else f"exit code {result.returncode}"
+            raise DeaMoEError(f"building the CPU kernel with {cxx} failed: {first}")
+        os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return target
+
+
+def load() -> ctypes.CDLL:
+    """The kernel library, built if needed; loaded once per process."""
+    global _lib
+    if _lib is None:
+        lib = ctypes.CDLL(str(build()))
+        _declare(lib)
+        if lib.dm_abi_version() != ABI_VERSION:
+            raise DeaMoEError(f"CPU kernel ABI {lib.dm_abi_version()} does not match this deamoe-trt ({ABI_VERSION})")
+        _lib = lib
+    return _lib
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    i32, i64, ptr, f64 = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
+    signatures = {
+        "dm_abi_version": (i32, []),
+        "dm_simd": (ctypes.c_char_p, []),
+        "dm_row_pad": (i64, []),
+        "dm_neurons_per_group": (i64, []),
+        "dm_pool_create": (ptr, [i32, i32, i32]),
+        "dm_pool_destroy": (None, [ptr]),
+        "dm_pool_size": (i32, [ptr]),
+        "dm_pool_wake": (None, [ptr]),
+        "dm_alloc": (ptr, [i64]),
+        "dm_free": (None, [ptr]),
+        "dm_pack": (i32, [ptr, ptr, i64, i64, i64, i64, i32, ptr]),
+        "dm_pad_rows": (i32, [ptr, i64, i64, i64, i32, ptr]),
+        "dm_router": (i32, [ptr, i32, ptr, i64, i64, ptr, i64, ptr]),
+        "dm_route": (i32, [ptr, ptr, i64, ptr, ptr, ptr, ptr]),
+        "dm_moe_forward": (i32, [ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr]),
+        "dm_layer_forward": (i32, [ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr]),
+        "dm_stream_read": (f64, [ptr, ptr, i64]),
+        "dm_busy_wait": (None, [ptr, i64]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes

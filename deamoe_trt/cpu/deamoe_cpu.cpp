@@ -1,0 +1,894 @@
+// deamoe_cpu.cpp: the fast CPU path of deamoe-trt.
+//
+// Small-batch decoding of an MoE layer is memory-bound: a step's time is the bytes of
+// weights it streams divided by the machine's read bandwidth. This kernel's only job is to
+// stream each weight the step needs exactly once, contiguously, with all cores, and to do
+// the arithmetic on the fly:
+//   - every used department's shared part is read once for all tokens that use it
+//     (weighted by W_j), every used expert's private part once for its tokens (by w_e),
+//     the always-on shared experts once for all tokens (by a);
+//   - the weights are repacked at load time so that one neuron group (NB neurons: their
+//     gate rows, up rows and down columns) is one contiguous run of memory; a block is a
+//     sequence of such groups, so any range of groups is one sequential stream;
+//   - each thread takes a fixed, equal range of every block's neuron groups (static and
+//     balanced: same bytes per thread whatever the routing) and accumulates its share of
+//     the down projection into a private output; the partial outputs are summed in thread
+//     order at the end. The result does not depend on timing: it is deterministic.
+//   - neurons never materialise as a [T, f] intermediate: for each group, gate and up
+//     dot products (fp32 accumulation), silu(g) * u * w, then the group's down columns
+//     are added into the outputs while still in L1/L2.
+// Routing: dm_layer_forward computes the router logits and the routing itself (a
+// restatement of deamoe_trt/routing.py, the reference, that tests/cpu holds to the same
+// decisions), so a layer step is one call; dm_moe_forward instead executes a routing the
+// caller computed with deamoe_trt.routing.
+//
+// Plain C ABI (loaded with ctypes), no Python headers: built at first use with the system
+// compiler and -march=native (see _build.py).
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include <pthread.h>
+#include <sched.h>
+#include <sys/mman.h>
+
+namespace {
+
+// ----------------------------------------------------------------------------------------
+// SIMD: one vector of W floats, loaded from fp32 or fp16 weights.
+// ----------------------------------------------------------------------------------------
+
+#if defined(__AVX512F__)
+constexpr int W = 16;
+using V = __m512;
+inline V vzero() { return _mm512_setzero_ps(); }
+inline V vset1(float v) { return _mm512_set1_ps(v); }
+inline V vload(const float* p) { return _mm512_loadu_ps(p); }
+// F16C-style widening: 16 halves -> 16 floats in one instruction (vcvtph2ps).
+inline V vload(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
+inline V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
+inline float vsum(V v) { return _mm512_reduce_add_ps(v); }
+inline V vsub(V a, V b) { return _mm512_sub_ps(a, b); }
+inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
+inline V vdiv(V a, V b) { return _mm512_div_ps(a, b); }
+inline V vmin(V a, V b) { return _mm512_min_ps(a, b); }
+inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }
+inline V vround(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline V vexp2i(V a, V n) { return _mm512_scalef_ps(a, n); }  // a * 2^n, n integral
+#define DEAMOE_SIMD "avx512"
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+constexpr int W = 8;
+using V = __m256;
+inline V vzero() { return _mm256_setzero_ps(); }
+inline V vset1(float v) { return _mm256_set1_ps(v); }
+inline V vload(const float* p) { return _mm256_loadu_ps(p); }
+inline V vload(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
+inline V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+inline V vadd(V a, V b) { return _mm256_add_ps(a, b); }
+inline float vsum(V v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline V vsub(V a, V b) { return _mm256_sub_ps(a, b); }
+inline V vmul(V a, V b) { return _mm256_mul_ps(a, b); }
+inline V vdiv(V a, V b) { return _mm256_div_ps(a, b); }
+inline V vmin(V a, V b) { return _mm256_min_ps(a, b); }
+inline V vmax(V a, V b) { return _mm256_max_ps(a, b); }
+inline V vround(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline V vexp2i(V a, V n) {  // a * 2^n, n integral in [-127, 127]: add n to the exponent bits
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(a, _mm256_castsi256_ps(e));
+}
+#define DEAMOE_SIMD "avx2"
+#else
+#error "deamoe_cpu needs AVX2+FMA+F16C or AVX-512 (x86-64 from 2013 on); this CPU has neither"
+#endif
+
+// Rows are padded (with zeros) to a multiple of this many elements, so every loop below
+// runs whole vectors; 16 fp32 = one 64-byte cache line.
+constexpr int64_t kPad = 16;
+// Neurons per group: the down projection adds NB columns per load/store of the outputs,
+// which keeps the output traffic (L1/L2) well below the weight traffic (DRAM).
+constexpr int NB = 4;
+// Tokens handled per pass over a group (more tokens take further passes, which read the
+// group from L2): 2*NB*3 accumulators + 3 activation vectors + 1 weight vector fill the 32
+// vector registers of AVX-512; AVX2 has 16, enough for one token.
+constexpr int kMaxTokensPerPass = W == 16 ? 3 : 1;
+// Tokens per pass of the router's dot products (one row at a time, from memory once).
+constexpr int kRouterTokensPerPass = 8;
+
+// silu(x) = x / (1 + exp(-x)) for a vector, in registers: calling the C library's expf
+// per neuron would spill the accumulators around each call. exp is Cephes' expf: range
+// reduction by ln 2 in two parts, a degree-6 polynomial, scaling by 2^n; within 2 ulp.
+inline V vsilu(V x) {
+  const V t = vmin(vmax(vsub(vzero(), x), vset1(-87.0f)), vset1(88.0f));  // -x, clamped
+  const V n = vround(vmul(t, vset1(1.44269504088896341f)));
+  V r = vsub(t, vmul(n, vset1(0.693359375f)));
+  r = vsub(r, vmul(n, vset1(-2.12194440e-4f)));
+  V p = vset1(1.9875691500e-4f);
+  p = vfma(p, r, vset1(1.3981999507e-3f));
+  p = vfma(p, r, vset1(8.3334519073e-3f));
+  p = vfma(p, r, vset1(4.1665795894e-2f));
+  p = vfma(p, r, vset1(1.6666665459e-1f));
+  p = vfma(p, r, vset1(5.0000001201e-1f));
+  p = vfma(p, vmul(r, r), vadd(r, vset1(1.0f)));
+  return vdiv(x, vadd(vset1(1.0f), vexp2i(p, n)));
+}
+
+// TT dot products of one weight row with TT activation rows, fp32 accumulation (the router).
+// U independent accumulator chains per token hide the FMA latency when TT is small.
+template <int TT, typename WT>
+inline void dot_rows(const WT* row, const float* const* xs, int64_t n, float* out) {
+  constexpr int U = TT == 1 ? 4 : (TT == 2 ? 2 : 1);
+  V acc[U][TT];
+  for (int u = 0; u < U; ++u)
+    for (int t = 0; t < TT; ++t) acc[u][t] = vzero();
+  int64_t i = 0;
+  for (; i + U * W <= n; i += U * W) {
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) {
+      const V w = vload(row + i + u * W);
+#pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) acc[u][t] = vfma(w, vload(xs[t] + i + u * W), acc[u][t]);
+    }
+  }
+  for (; i < n; i += W) {
+    const V w = vload(row + i);
+    for (int t = 0; t < TT; ++t) acc[0][t] = vfma(w, vload(xs[t] + i), acc[0][t]);
+  }
+  for (int t = 0; t < TT; ++t) {
+    V s = acc[0][t];
+    for (int u = 1; u < U; ++u) s = vadd(s, acc[u][t]);
+    out[t] = vsum(s);
+  }
+}
+
+// Rows of a neuron group's gate/up part: gate and up of each of its NB neurons.
+constexpr int R = 2 * NB;
+
+// One neuron group for TT tokens: h = silu(x.gate) * (x.up) * weight, then y += h * down.
+//
+// Group layout, chosen so that the pass reads the group strictly front to back and loads
+// each activation vector once per R weight vectors (a streaming core has no L1 bandwidth
+// to spare for more: loading x once per weight vector costs ~20% of the read rate):
+//   gate/up part: for each column chunk c (W columns): rows 0..R-1 of chunk c, where row
+//                 2n is neuron n's gate row and row 2n+1 its up row;
+//   down part:    for each chunk c of the output: the NB neurons' down columns, chunk c.
+template <int TT, typename WT>
+inline void group_pass(const WT* group, int64_t dp, const float* const* xs, const float* tok_w,
+                       float* const* ys) {
+  V acc[R][TT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) acc[r][t] = vzero();
+  const WT* w = group;
+  for (int64_t c = 0; c < dp; c += W, w += R * W) {
+    V x[TT];
+    for (int t = 0; t < TT; ++t) x[t] = vload(xs[t] + c);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const V wr = vload(w + r * W);
+      for (int t = 0; t < TT; ++t) acc[r][t] = vfma(wr, x[t], acc[r][t]);
+    }
+  }
+  // h = silu(g) * u * w for the NB*TT (neuron, token) pairs, as one vector.
+  static_assert(NB * TT <= W, "one vector holds every (neuron, token) pair of a pass");
+  alignas(64) float g[W] = {}, u[W] = {}, h[W];
+  for (int n = 0; n < NB; ++n)
+    for (int t = 0; t < TT; ++t) {
+      g[n * TT + t] = vsum(acc[2 * n][t]);
+      u[n * TT + t] = vsum(acc[2 * n + 1][t]) * tok_w[t];
+    }
+  vstore(h, vmul(vsilu(vload(g)), vload(u)));
+
+  // The NB down columns are added together: one load and store of each output vector
+  // per NB weight vectors keeps the output traffic (L1) below the weight traffic.
+  const WT* down = group + R * dp;
+  for (int64_t c = 0; c < dp; c += W, down += NB * W) {
+    V d[NB];
+    for (int n = 0; n < NB; ++n) d[n] = vload(down + n * W);
+#pragma GCC unroll 4
+    for (int t = 0; t < TT; ++t) {
+      // Two partial sums: half the dependent FMA chain per output vector.
+      V y0 = vload(ys[t] + c), y1 = vzero();
+      for (int n = 0; n < NB; n += 2) {
+        y0 = vfma(vset1(h[n * TT + t]), d[n], y0);
+        y1 = vfma(vset1(h[(n + 1) * TT + t]), d[n + 1], y1);
+      }
+      vstore(ys[t] + c, vadd(y0, y1));
+    }
+  }
+}
+
+template <typename WT>
+void group_pass_any(int tt, const WT* group, int64_t dp, const float* const* xs, const float* tok_w,
+                    float* const* ys) {
+  switch (tt) {
+    case 1: return group_pass<1>(group, dp, xs, tok_w, ys);
+    case 2:
+      if constexpr (kMaxTokensPerPass >= 2) return group_pass<2>(group, dp, xs, tok_w, ys);
+      break;
+    case 3:
+      if constexpr (kMaxTokensPerPass >= 3) return group_pass<3>(group, dp, xs, tok_w, ys);
+      break;
+  }
+}
+
+template <typename WT>
+void dot_rows_any(int tt, const WT* row, const float* const* xs, int64_t n, float* out) {
+  switch (tt) {
+    case 1: return dot_rows<1>(row, xs, n, out);
+    case 2: return dot_rows<2>(row, xs, n, out);
+    case 3: return dot_rows<3>(row, xs, n, out);
+    case 4: return dot_rows<4>(row, xs, n, out);
+    case 5: return dot_rows<5>(row, xs, n, out);
+    case 6: return dot_rows<6>(row, xs, n, out);
+    case 7: return dot_rows<7>(row, xs, n, out);
+    case 8: return dot_rows<8>(row, xs, n, out);
+  }
+}
+
+// ----------------------------------------------------------------------------------------
+// Thread pool: the calling thread is thread 0, n-1 workers. A worker spins briefly after a
+// job (the next one often follows at once: the next layer), then sleeps on a futex
+// (std::atomic::wait), so an idle pool costs nothing and leaves the cores to others. wake()
+// lets a caller start the workers' wake-up (tens of microseconds in a VM) while it computes
+// something else, e.g. the routing; a woken worker spins longer, expecting the job.
+// ----------------------------------------------------------------------------------------
+
+using JobFn = void (*)(void* ctx, int tid, int nthreads);
+using Clock = std::chrono::steady_clock;
+
+inline void cpu_relax() { _mm_pause(); }
+
+class Pool {
+ public:
+  Pool(int threads, int spin_after_job_us, int spin_after_wake_us)
+      : n_(std::max(1, threads)),
+        spin_after_job_(std::chrono::microseconds(std::max(0, spin_after_job_us))),
+        spin_after_wake_(std::chrono::microseconds(std::max(0, spin_after_wake_us))) {
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0)
+      for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &allowed)) cpus_.push_back(c);
+    // More threads than cores: they take turns, so they must yield rather than spin.
+    oversubscribed_ = n_ > static_cast<int>(std::max<size_t>(cpus_.size(), 1));
+    pin_ = !oversubscribed_ && n_ > 1 && !getenv_false("DEAMOE_TRT_CPU_PIN");
+    worker_cpu_.assign(static_cast<size_t>(n_), -1);
+    for (int t = 1; t < n_; ++t) workers_.emplace_back([this, t] { worker(t); });
+  }
+  ~Pool() {
+    stop_.store(true);
+    signal_.fetch_add(1);
+    signal_.notify_all();
+    for (auto& w : workers_) w.join();
+  }
+  int size() const { return n_; }
+
+  void wake() {
+    place_workers();
+    signal_.fetch_add(1);
+    if (sleepers_.load() > 0) signal_.notify_all();
+  }
+
+  // Run fn(ctx, t, n) on every thread t, return when all have finished. One job at a time:
+  // ctypes releases the GIL, so two Python threads may call in together.
+  void run(JobFn fn, void* ctx) {
+    std::lock_guard<std::mutex> lock(run_mutex_);
+    if (n_ == 1) return fn(ctx, 0, 1);
+    fn_ = fn;
+    ctx_ = ctx;
+    remaining_.store(n_ - 1);
+    job_.fetch_add(1);  // seq_cst: publishes fn_/ctx_ before workers see the new job
+    wake();
+    fn(ctx, 0, n_);
+    // Wait for the workers: spin briefly (the split is balanced, they are about done), then
+    // yield the core, in case a worker shares it.
+    const auto spin_until = Clock::now() + std::chrono::microseconds(20);
+    while (remaining_.load(std::memory_order_acquire) != 0) {
+      if (Clock::now() < spin_until && !oversubscribed_)
+        cpu_relax();
+      else
+        std::this_thread::yield();
+    }
+  }
+
+ private:
+  void worker(int tid) {
+    // Jobs are counted from 0, not from what job_ holds when this thread gets going: a
+    // run() may already have been issued by then, and it must not be missed.
+    uint32_t seen = 0;
+    uint32_t signal = 0;
+    auto deadline = Clock::now() + spin_after_wake_;
+    for (;;) {
+      const uint32_t job = job_.load();
+      if (job != seen) {
+        seen = job;
+        // The wake-up calls that came with this job are answered by running it: they must
+        // not make this thread spin on afterwards.
+        signal = signal_.load();
+        fn_(ctx_, tid, n_);
+        remaining_.fetch_sub(1, std::memory_order_release);
+        deadline = Clock::now() + spin_after_job_;
+        continue;
+      }
+      if (stop_.load()) return;
+      const uint32_t s = signal_.load();
+      if (s != signal) {  // a wake-up call: a job is coming, spin for it
+        signal = s;
+        deadline = std::max(deadline, Clock::now() + spin_after_wake_);
+      }
+      if (Clock::now() < deadline) {
+        if (oversubscribed_)
+          std::this_thread::yield();
+        else
+          cpu_relax();
+        continue;
+      }
+      // Sleep until the next wake()/run(). s was read before job_ is rechecked: a run() in
+      // between has changed signal_ by the time we wait, so wait() returns at once.
+      sleepers_.fetch_add(1);
+      if (job_.load() == seen && !stop_.load()) signal_.wait(s);
+      sleepers_.fetch_sub(1);
+    }
+  }
+
+  // Keep each worker on a core other than the caller's. Measured on a 2-vCPU VM: a worker
+  // woken after an idle spell was often placed on the caller's core (a guest scheduler
+  // avoids a vCPU its host has descheduled), and the two then took turns on one core: a
+  // trivial step took 2.4 ms instead of 30 us, a real one ran at one core's bandwidth. The
+  // caller is not pinned (its affinity is inherited by every thread it creates later); the
+  // workers follow it, re-pinned only when it has moved. DEAMOE_TRT_CPU_PIN=0 turns this off.
+  void place_workers() {
+    if (!pin_) return;
+    std::lock_guard<std::mutex> lock(place_mutex_);
+    const int here = sched_getcpu();
+    size_t next = 0;
+    for (int t = 1; t < n_; ++t) {
+      if (cpus_[next % cpus_.size()] == here) ++next;
+      const int cpu = cpus_[next++ % cpus_.size()];
+      if (worker_cpu_[t] == cpu) continue;
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpu, &set);
+      if (pthread_setaffinity_np(workers_[t - 1].native_handle(), sizeof(set), &set) == 0) worker_cpu_[t] = cpu;
+    }
+  }
+
+  static bool getenv_false(const char* name) {
+    const char* v = std::getenv(name);
+    return v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0 || std::strcmp(v, "no") == 0);
+  }
+
+  const int n_;
+  std::vector<int> cpus_;
+  std::vector<int> worker_cpu_;
+  bool oversubscribed_ = false;
+  bool pin_ = false;
+  std::mutex place_mutex_;
+  const Clock::duration spin_after_job_;
+  const Clock::duration spin_after_wake_;
+  std::vector<std::thread> workers_;
+  std::atomic<uint32_t> job_{0};
+  std::atomic<uint32_t> signal_{0};
+  std::atomic<int> sleepers_{0};
+  std::atomic<int> remaining_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex run_mutex_;
+  JobFn fn_ = nullptr;
+  void* ctx_ = nullptr;
+};
+
+// Static, balanced split of [0, total) into n ranges: thread t gets [begin, end).
+inline void split(int64_t total, int t, int n, int64_t* begin, int64_t* end) {
+  *begin = total * t / n;
+  *end = total * (t + 1) / n;
+}
+
+// ----------------------------------------------------------------------------------------
+// The MoE step.
+// ----------------------------------------------------------------------------------------
+
+// One block to run this step: a packed weight block and the tokens that use it.
+struct Task {
+  const void* weights;
+  int64_t groups;     // neuron groups in the block
+  int64_t tok_begin;  // into Step::tok_idx / tok_w
+  int64_t tok_count;
+};
+
+struct Step {
+  int dtype;  // 0 fp32, 1 fp16
+  int64_t dp;
+  int64_t tokens;
+  const float* x;  // [tokens, dp], zero-padded
+  std::vector<Task> tasks;
+  std::vector<int64_t> tok_idx;
+  std::vector<float> tok_w;
+  float* partial;  // [threads, tokens, dp]
+};
+
+template <typename WT>
+void run_tasks(const Step& s, int tid, int nthreads) {
+  const int64_t dp = s.dp;
+  float* mine = s.partial + tid * s.tokens * dp;
+  std::fill(mine, mine + s.tokens * dp, 0.0f);
+  const int64_t group_elems = 3 * NB * dp;
+  const float* xs[kMaxTokensPerPass];
+  float* ys[kMaxTokensPerPass];
+  for (const Task& task : s.tasks) {
+    int64_t g0, g1;
+    split(task.groups, tid, nthreads, &g0, &g1);
+    const WT* base = static_cast<const WT*>(task.weights);
+    for (int64_t t0 = 0; t0 < task.tok_count; t0 += kMaxTokensPerPass) {
+      const int tt = static_cast<int>(std::min<int64_t>(kMaxTokensPerPass, task.tok_count - t0));
+      for (int t = 0; t < tt; ++t) {
+        const int64_t token = s.tok_idx[task.tok_begin + t0 + t];
+        xs[t] = s.x + token * dp;
+        ys[t] = mine + token * dp;
+      }
+      const float* w = s.tok_w.data() + task.tok_begin + t0;
+      for (int64_t g = g0; g < g1; ++g) group_pass_any<WT>(tt, base + g * group_elems, dp, xs, w, ys);
+    }
+  }
+}
+
+void step_job(void* ctx, int tid, int nthreads) {
+  const Step& s = *static_cast<const Step*>(ctx);
+  if (s.dtype == 1)
+    run_tasks<uint16_t>(s, tid, nthreads);
+  else
+    run_tasks<float>(s, tid, nthreads);
+}
+
+struct RouterJob {
+  int dtype;
+  const void* w;  // [rows, dp]
+  int64_t rows, dp, tokens;
+  const float* x;  // [tokens, dp]
+  float* out;      // [tokens, rows]
+};
+
+template <typename WT>
+void router_rows(const RouterJob& r, int tid, int nthreads) {
+  int64_t r0, r1;
+  split(r.rows, tid, nthreads, &r0, &r1);
+  const WT* w = static_cast<const WT*>(r.w);
+  const float* xs[kRouterTokensPerPass];
+  float res[kRouterTokensPerPass];
+  for (int64_t t0 = 0; t0 < r.tokens; t0 += kRouterTokensPerPass) {
+    const int tt = static_cast<int>(std::min<int64_t>(kRouterTokensPerPass, r.tokens - t0));
+    for (int t = 0; t < tt; ++t) xs[t] = r.x + (t0 + t) * r.dp;
+    for (int64_t row = r0; row < r1; ++row) {
+      dot_rows_any<WT>(tt, w + row * r.dp, xs, r.dp, res);
+      for (int t = 0; t < tt; ++t) r.out[(t0 + t) * r.rows + row] = res[t];
+    }
+  }
+}
+
+void router_job(void* ctx, int tid, int nthreads) {
+  const RouterJob& r = *static_cast<const RouterJob*>(ctx);
+  if (r.dtype == 1)
+    router_rows<uint16_t>(r, tid, nthreads);
+  else
+    router_rows<float>(r, tid, nthreads);
+}
+
+struct StreamJob {
+  const float* buf;
+  int64_t n;  // floats, a multiple of 4 * W * threads
+  double* sums;
+};
+
+// The roof: how fast this machine streams a buffer much larger than its caches with the
+// same threads and the same access pattern (one contiguous range per thread) as the MoE step.
+void stream_job(void* ctx, int tid, int nthreads) {
+  const StreamJob& j = *static_cast<const StreamJob*>(ctx);
+  int64_t b, e;
+  split(j.n / (4 * W), tid, nthreads, &b, &e);
+  V a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+  for (const float* p = j.buf + b * 4 * W; p < j.buf + e * 4 * W; p += 4 * W) {
+    a0 = vadd(a0, vload(p));
+    a1 = vadd(a1, vload(p + W));
+    a2 = vadd(a2, vload(p + 2 * W));
+    a3 = vadd(a3, vload(p + 3 * W));
+  }
+  j.sums[tid] = vsum(vadd(vadd(a0, a1), vadd(a2, a3)));
+}
+
+struct BusyJob {
+  Clock::time_point until;
+};
+
+void busy_job(void* ctx, int, int) {
+  const auto until = static_cast<const BusyJob*>(ctx)->until;
+  while (Clock::now() < until) cpu_relax();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------
+// C ABI. Pointers to weights must stay valid while used; the caller (Python) owns them.
+// Functions returning int return 0 on success, a negative code on bad arguments.
+// ------------------------------------------------------------------------------------------
+
+extern "C" {
+
+int dm_abi_version() { return 2; }
+const char* dm_simd() { return DEAMOE_SIMD; }
+int64_t dm_row_pad() { return kPad; }
+int64_t dm_neurons_per_group() { return NB; }
+
+void* dm_pool_create(int threads, int spin_after_job_us, int spin_after_wake_us) {
+  try {
+    return new Pool(threads, spin_after_job_us, spin_after_wake_us);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void dm_pool_destroy(void* pool) { delete static_cast<Pool*>(pool); }
+int dm_pool_size(void* pool) { return static_cast<Pool*>(pool)->size(); }
+void dm_pool_wake(void* pool) { static_cast<Pool*>(pool)->wake(); }
+
+// Weight memory: 2 MiB aligned and advised as transparent huge pages, so streaming a
+// gigabyte of weights does not also walk a page table entry every 4 KiB.
+void* dm_alloc(int64_t bytes) {
+  const size_t huge = size_t(2) << 20;
+  const size_t size = (static_cast<size_t>(bytes) + huge - 1) / huge * huge;
+  void* p = std::aligned_alloc(huge, size);
+  if (p) madvise(p, size, MADV_HUGEPAGE);  // advice only: ignore failure
+  return p;
+}
+void dm_free(void* p) { std::free(p); }
+
+// Pack `count` SwiGLU blocks of width f into the group layout (see group_pass). gate_up:
+// [count, 2f, d], down: [count, d, f], both contiguous, element size esize (4 fp32 / 2 fp16:
+// bits are copied as they are). out: count blocks of ceil(f/NB) groups of 3*NB*dp elements.
+// Padding neurons and columns are zero, so they add exactly nothing.
+int dm_pack(const void* gate_up, const void* down, int64_t count, int64_t f, int64_t d, int64_t dp, int esize,
+            void* out) {
+  if (f <= 0 || d <= 0 || dp < d || dp % kPad || (esize != 2 && esize != 4)) return -1;
+  const int64_t groups = (f + NB - 1) / NB;
+  const int64_t group_elems = 3 * NB * dp;
+  auto* dst = static_cast<char*>(out);
+  const auto* gu = static_cast<const char*>(gate_up);
+  const auto* dn = static_cast<const char*>(down);
+  std::memset(dst, 0, static_cast<size_t>(count * groups * group_elems * esize));
+  for (int64_t b = 0; b < count; ++b) {
+    const char* gub = gu + b * 2 * f * d * esize;
+    const char* dnb = dn + b * d * f * esize;
+    for (int64_t n = 0; n < f; ++n) {
+      char* grp = dst + (b * groups + n / NB) * group_elems * esize;
+      const int64_t lane = n % NB;
+      // Gate row n -> row 2*lane, up row n -> row 2*lane+1 of every column chunk.
+      for (int which = 0; which < 2; ++which) {
+        const char* row = gub + (which * f + n) * d * esize;
+        for (int64_t c = 0; c < d; c += W) {
+          const int64_t len = std::min<int64_t>(W, d - c);
+          std::memcpy(grp + (c * R + (2 * lane + which) * W) * esize, row + c * esize, len * esize);
+        }
+      }
+      // Down column n -> lane `lane` of every output chunk.
+      char* dgrp = grp + R * dp * esize;
+      for (int64_t o = 0; o < d; ++o)
+        std::memcpy(dgrp + ((o / W) * NB * W + lane * W + o % W) * esize, dnb + (o * f + n) * esize, esize);
+    }
+  }
+  return 0;
+}
+
+// Pad rows [rows, d] to [rows, dp] (zeros), element size esize. Used for router weights.
+int dm_pad_rows(const void* src, int64_t rows, int64_t d, int64_t dp, int esize, void* out) {
+  if (dp < d || dp % kPad || (esize != 2 && esize != 4)) return -1;
+  auto* dst = static_cast<char*>(out);
+  std::memset(dst, 0, static_cast<size_t>(rows * dp * esize));
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + r * dp * esize, static_cast<const char*>(src) + r * d * esize, d * esize);
+  return 0;
+}
+
+// logits[t, r] = x[t] . w[r] for x [tokens, dp] (fp32, zero-padded) and w [rows, dp].
+// pool may be null: the router is small (N*d weights), so a layer call computes it on the
+// calling thread while the pool's workers are still waking up.
+int dm_router(void* pool, int dtype, const void* w, int64_t rows, int64_t dp, const float* x, int64_t tokens,
+              float* logits) {
+  if (dp % kPad || rows <= 0 || tokens <= 0 || (dtype != 0 && dtype != 1)) return -1;
+  RouterJob job{dtype, w, rows, dp, tokens, x, logits};
+  if (pool)
+    static_cast<Pool*>(pool)->run(router_job, &job);
+  else
+    router_job(&job, 0, 1);
+  return 0;
+}
+
+// A packed layer, described once by the caller (Python mirrors this struct with ctypes).
+struct dm_layer {
+  int32_t dtype;             // weights: 0 fp32, 1 fp16
+  int32_t score_func;        // 0 softmax, 1 sigmoid
+  int32_t department_score;  // 0 max, 1 sum_top2, 2 sum
+  int32_t norm_topk_prob;    // 0 or 1
+  int64_t d, dp;             // hidden size, padded row length
+  int64_t num_departments, experts_per_department, top_k, top_departments;
+  float routed_scaling_factor;
+  float reserved;
+  const void* router;         // [N, dp] router rows
+  const float* router_bias;   // [N] fp32 selection bias, or null
+  const void* departments;    // packed shared parts of the D departments, groups_s groups each, or null
+  int64_t groups_s;
+  const void* experts;        // packed private parts of the N experts, groups_p groups each, or null
+  int64_t groups_p;
+  const void* shared;         // packed always-on shared experts, groups_sh groups, or null
+  int64_t groups_sh;
+  const float* shared_gate;   // [dp] fp32 Qwen2-style gate of the shared experts, or null (a = 1)
+};
+
+}  // extern "C"
+
+namespace {
+
+// The spec's routing (steps 1-5) for one token, restated from deamoe_trt/routing.py, which
+// is the reference: tests/cpu checks that both make the same decisions (same experts, same
+// order, weights equal to float rounding) for every option, ties included. Ties go to the
+// lower index: every selection below scans indices in ascending order and only replaces
+// its pick on a strictly greater value.
+void route_token(const dm_layer& L, const float* z, float* s, float* c, float* dept, char* taken, int64_t* ids,
+                 float* w, int64_t* kept) {
+  const int64_t D = L.num_departments, m = L.experts_per_department, N = D * m;
+  if (L.score_func == 0) {
+    float mx = z[0];
+    for (int64_t i = 1; i < N; ++i) mx = std::max(mx, z[i]);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < N; ++i) sum += (s[i] = std::exp(z[i] - mx));
+    for (int64_t i = 0; i < N; ++i) s[i] /= sum;
+  } else {
+    for (int64_t i = 0; i < N; ++i) s[i] = 1.0f / (1.0f + std::exp(-z[i]));
+  }
+  for (int64_t i = 0; i < N; ++i) c[i] = s[i] + (L.router_bias ? L.router_bias[i] : 0.0f);
+
+  // Stage 1: department scores, keep the top g.
+  for (int64_t j = 0; j < D; ++j) {
+    const float* v = c + j * m;
+    float score;
+    if (L.department_score == 0) {
+      score = v[0];
+      for (int64_t i = 1; i < m; ++i) score = std::max(score, v[i]);
+    } else if (L.department_score == 1) {
+      float a = -INFINITY, b = -INFINITY;  // the two largest
+      for (int64_t i = 0; i < m; ++i) {
+        if (v[i] > a) {
+          b = a;
+          a = v[i];
+        } else if (v[i] > b) {
+          b = v[i];
+        }
+      }
+      score = a + b;
+    } else {
+      score = 0.0f;
+      for (int64_t i = 0; i < m; ++i) score += v[i];
+    }
+    dept[j] = score;
+  }
+  std::memset(taken, 0, static_cast<size_t>(D));
+  for (int64_t pick = 0; pick < L.top_departments; ++pick) {
+    int64_t best = -1;
+    for (int64_t j = 0; j < D; ++j)
+      if (!taken[j] && (best < 0 || dept[j] > dept[best])) best = j;
+    if (best < 0) break;  // only if top_departments > D, which valid() rules out
+    taken[best] = 1;
+    if (kept) kept[pick] = best;
+  }
+
+  // Stage 2: the top k experts of the kept departments, best first.
+  std::vector<char> chosen(static_cast<size_t>(N), 0);
+  for (int64_t pick = 0; pick < L.top_k; ++pick) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < N; ++e)
+      if (taken[e / m] && !chosen[e] && (best < 0 || c[e] > c[best])) best = e;
+    if (best < 0) break;  // only if top_k > g * m, which valid() rules out
+    chosen[best] = 1;
+    ids[pick] = best;
+  }
+
+  // Step 5: weights from the scores (not the selection scores).
+  float sum = 0.0f;
+  for (int64_t i = 0; i < L.top_k; ++i) sum += (w[i] = s[ids[i]]);
+  for (int64_t i = 0; i < L.top_k; ++i) {
+    if (L.norm_topk_prob) w[i] /= sum + 1e-20f;
+    w[i] *= L.routed_scaling_factor;
+  }
+}
+
+// Route every token; kept [tokens, g] (stage-1 departments, best first) and scores
+// [tokens, N] (s) are written when not null.
+void route_all(const dm_layer& L, const float* logits, int64_t tokens, int64_t* ids, float* w, int64_t* kept,
+               float* scores) {
+  const int64_t N = L.num_departments * L.experts_per_department;
+  std::vector<float> s(static_cast<size_t>(N)), c(static_cast<size_t>(N)), dept(static_cast<size_t>(L.num_departments));
+  std::vector<char> taken(static_cast<size_t>(L.num_departments));
+  for (int64_t t = 0; t < tokens; ++t) {
+    float* st = scores ? scores + t * N : s.data();
+    route_token(L, logits + t * N, st, c.data(), dept.data(), taken.data(), ids + t * L.top_k, w + t * L.top_k,
+                kept ? kept + t * L.top_departments : nullptr);
+  }
+}
+
+bool valid(const dm_layer& L) {
+  return L.dp % kPad == 0 && L.d > 0 && L.d <= L.dp && (L.dtype == 0 || L.dtype == 1) && L.num_departments > 0 &&
+         L.experts_per_department > 0 && L.top_k > 0 && L.top_departments > 0 &&
+         L.top_departments <= L.num_departments && L.top_k <= L.top_departments * L.experts_per_department &&
+         L.router != nullptr;
+}
+
+// Run the blocks a routing asks for. Department j runs once for the tokens with any kept
+// expert in j, weighted by W_j (the sum of their w_e in j); expert e once for the tokens that
+// kept it; shared experts once for all tokens. Blocks run in ascending order, tokens
+// ascending: the summation order is fixed.
+void run_step(Pool* pool, const dm_layer& L, const float* x, int64_t tokens, const int64_t* expert_ids,
+              const float* weights, const float* shared_w, float* y, float* scratch) {
+  const int64_t D = L.num_departments, m = L.experts_per_department, N = D * m, k = L.top_k, dp = L.dp;
+  Step s;
+  s.dtype = L.dtype;
+  s.dp = dp;
+  s.tokens = tokens;
+  s.x = x;
+  s.partial = scratch;
+  const int64_t esize = L.dtype == 1 ? 2 : 4;
+  auto block = [&](const void* base, int64_t index, int64_t groups) {
+    return static_cast<const char*>(base) + index * groups * 3 * NB * dp * esize;
+  };
+
+  if (L.departments && L.groups_s > 0) {
+    // W[t, j] = sum of the token's w_e over its kept experts in department j.
+    std::vector<float> dw(static_cast<size_t>(tokens * D), 0.0f);
+    std::vector<char> used(static_cast<size_t>(tokens * D), 0);
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t i = 0; i < k; ++i) {
+        const int64_t j = expert_ids[t * k + i] / m;
+        dw[t * D + j] += weights[t * k + i];
+        used[t * D + j] = 1;
+      }
+    for (int64_t j = 0; j < D; ++j) {
+      const int64_t begin = static_cast<int64_t>(s.tok_idx.size());
+      for (int64_t t = 0; t < tokens; ++t)
+        if (used[t * D + j]) {
+          s.tok_idx.push_back(t);
+          s.tok_w.push_back(dw[t * D + j]);
+        }
+      const int64_t count = static_cast<int64_t>(s.tok_idx.size()) - begin;
+      if (count) s.tasks.push_back(Task{block(L.departments, j, L.groups_s), L.groups_s, begin, count});
+    }
+  }
+  if (L.experts && L.groups_p > 0) {
+    // Expert e's tokens, ascending, by a counting pass over the kept (token, slot) pairs.
+    std::vector<int64_t> first(static_cast<size_t>(N + 1), 0);
+    for (int64_t i = 0; i < tokens * k; ++i) ++first[expert_ids[i] + 1];
+    for (int64_t e = 0; e < N; ++e) first[e + 1] += first[e];
+    const int64_t base = static_cast<int64_t>(s.tok_idx.size());
+    s.tok_idx.resize(static_cast<size_t>(base + tokens * k));
+    s.tok_w.resize(static_cast<size_t>(base + tokens * k));
+    std::vector<int64_t> fill(first.begin(), first.end() - 1);
+    for (int64_t i = 0; i < tokens * k; ++i) {
+      const int64_t slot = base + fill[expert_ids[i]]++;
+      s.tok_idx[slot] = i / k;
+      s.tok_w[slot] = weights[i];
+    }
+    for (int64_t e = 0; e < N; ++e)
+      if (first[e + 1] > first[e])
+        s.tasks.push_back(Task{block(L.experts, e, L.groups_p), L.groups_p, base + first[e], first[e + 1] - first[e]});
+  }
+  if (L.shared && L.groups_sh > 0) {
+    const int64_t begin = static_cast<int64_t>(s.tok_idx.size());
+    for (int64_t t = 0; t < tokens; ++t) {
+      s.tok_idx.push_back(t);
+      s.tok_w.push_back(shared_w ? shared_w[t] : 1.0f);
+    }
+    s.tasks.push_back(Task{L.shared, L.groups_sh, begin, tokens});
+  }
+
+  pool->run(step_job, &s);
+
+  // Sum the threads' partial outputs in thread order (deterministic), dropping the padding.
+  const int nthreads = pool->size();
+  for (int64_t t = 0; t < tokens; ++t) {
+    float* out = y + t * L.d;
+    std::memcpy(out, scratch + t * dp, static_cast<size_t>(L.d) * sizeof(float));
+    for (int th = 1; th < nthreads; ++th) {
+      const float* p = scratch + (th * tokens + t) * dp;
+      for (int64_t c = 0; c < L.d; ++c) out[c] += p[c];
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Routing only, from logits [tokens, N]: ids and w [tokens, k]; kept [tokens, g] and scores
+// [tokens, N] when not null (for tests, and callers that want the whole decision).
+int dm_route(const dm_layer* layer, const float* logits, int64_t tokens, int64_t* ids, float* w, int64_t* kept,
+             float* scores) {
+  if (!layer || !valid(*layer) || tokens <= 0) return -1;
+  route_all(*layer, logits, tokens, ids, w, kept, scores);
+  return 0;
+}
+
+// One MoE step for given routing (from deamoe_trt.routing, say).
+//   x:           [tokens, dp] fp32, zero-padded activations
+//   expert_ids:  [tokens, k] int64 kept experts; weights: [tokens, k] fp32 w_e
+//   shared_w:    [tokens] fp32 weight a of the shared experts, or null (a = 1)
+//   y:           [tokens, d] fp32 output; scratch: >= threads * tokens * dp floats
+int dm_moe_forward(void* pool, const dm_layer* layer, const float* x, int64_t tokens, const int64_t* expert_ids,
+                   const float* weights, const float* shared_w, float* y, float* scratch) {
+  if (!layer || !valid(*layer) || tokens <= 0) return -1;
+  const int64_t N = layer->num_departments * layer->experts_per_department;
+  for (int64_t i = 0; i < tokens * layer->top_k; ++i)
+    if (expert_ids[i] < 0 || expert_ids[i] >= N) return -2;
+  run_step(static_cast<Pool*>(pool), *layer, x, tokens, expert_ids, weights, shared_w, y, scratch);
+  return 0;
+}
+
+// The whole layer in one call: router logits (on this thread, while the pool's workers wake
+// up), routing, shared-expert gate, the experts. logits [tokens, N], ids and w [tokens, k]
+// receive the router's outputs and the decisions.
+int dm_layer_forward(void* pool_handle, const dm_layer* layer, const float* x, int64_t tokens, float* y,
+                     float* scratch, float* logits, int64_t* ids, float* w) {
+  if (!layer || !valid(*layer) || tokens <= 0) return -1;
+  const dm_layer& L = *layer;
+  auto* pool = static_cast<Pool*>(pool_handle);
+  pool->wake();
+  const int64_t N = L.num_departments * L.experts_per_department;
+  RouterJob router{L.dtype, L.router, N, L.dp, tokens, x, logits};
+  router_job(&router, 0, 1);
+  route_all(L, logits, tokens, ids, w, nullptr, nullptr);
+  std::vector<float> shared_w;
+  if (L.shared_gate) {
+    shared_w.resize(static_cast<size_t>(tokens));
+    const float* xs[kRouterTokensPerPass];
+    for (int64_t t = 0; t < tokens; ++t) {
+      xs[0] = x + t * L.dp;
+      float dot;
+      dot_rows<1>(L.shared_gate, xs, L.dp, &dot);
+      shared_w[t] = 1.0f / (1.0f + std::exp(-dot));
+    }
+  }
+  run_step(pool, L, x, tokens, ids, w, L.shared_gate ? shared_w.data() : nullptr, y, scratch);
+  return 0;
+}
+
+// Keep every thread of the pool busy for `us` microseconds. Benchmarks use it between timed
+// calls: an idle vCPU is halted by the hypervisor and takes ~0.2 ms to wake, which would
+// land on whichever runtime is timed next; a decoder's cores never idle like that.
+void dm_busy_wait(void* pool, int64_t us) {
+  BusyJob job{Clock::now() + std::chrono::microseconds(us)};
+  static_cast<Pool*>(pool)->run(busy_job, &job);
+}
+
+// Read n floats of buf with every thread of the pool (each a contiguous share); returns
+// their sum so the reads cannot be optimised away. n must be a multiple of 64 * threads.
+double dm_stream_read(void* pool_handle, const float* buf, int64_t n) {
+  auto* pool = static_cast<Pool*>(pool_handle);
+  std::vector<double> sums(static_cast<size_t>(pool->size()), 0.0);
+  StreamJob job{buf, n, sums.data()};
+  pool->run(stream_job, &job);
+  double total = 0;
+  for (double v : sums) total += v;
+  return total;
+}
+
+}  // extern "C"
