@@ -29,28 +29,33 @@ def format_bytes(n: float) -> str:
 
 
 class Progress:
-    """Progress on stderr: one rewritten line on a terminal, a line per step otherwise.
+    """Progress on stderr: one rewritten line on a terminal; in a log, the first and last
+    steps and at most one line every `log_interval` seconds between them.
 
     Work that takes more than a few seconds reports through this, so CI logs and
-    terminals both show where a long run is."""
+    terminals both show where a long run is, without a line per step in the log."""
 
-    def __init__(self, total: int, label: str, *, stream=None, enabled: bool = True):
+    def __init__(self, total: int, label: str, *, stream=None, enabled: bool = True, log_interval: float = 5.0):
         self.total, self.label, self.done = total, label, 0
         self.stream = stream or sys.stderr
         self.enabled = enabled
         self.start = time.perf_counter()
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.log_interval = log_interval
+        self.last_logged: float | None = None
 
     def update(self, message: str = "", step: int = 1) -> None:
         self.done += step
         if not self.enabled:
             return
-        elapsed = time.perf_counter() - self.start
-        text = f"{self.label} [{self.done}/{self.total}] {elapsed:6.1f}s {message}"
+        now = time.perf_counter()
+        text = f"{self.label} [{self.done}/{self.total}] {now - self.start:6.1f}s {message}"
+        finished = self.done >= self.total
         if self.tty:
-            self.stream.write("\r\033[K" + text)
-            if self.done >= self.total:
-                self.stream.write("\n")
-        else:
+            self.stream.write("\r\033[K" + text + ("\n" if finished else ""))
+        elif finished or self.last_logged is None or now - self.last_logged >= self.log_interval:
             self.stream.write(text + "\n")
+            self.last_logged = now
+        else:
+            return
         self.stream.flush()

@@ -1,11 +1,18 @@
-"""`deamoe-trt demo`: the main job on the built-in tiny model, end to end."""
+"""`deamoe-trt demo`: the main job on the built-in tiny model, end to end.
+
+Each step runs a real subcommand with the arguments printed beside it, so every step can
+be rerun, changed and scaled up by hand."""
 
 from __future__ import annotations
 
+import shlex
 import tempfile
 from pathlib import Path
 
 from . import args as common
+
+# The trained tiny language model ships with the source tree (samples/models/tiny-lm).
+TINY_LM = Path(__file__).resolve().parents[2] / "samples" / "models" / "tiny-lm"
 
 
 def register(subparsers) -> None:
@@ -25,29 +32,58 @@ def run(args) -> int:
 
 
 def _demo(workdir: Path, seed: int) -> int:
+    checkpoint = workdir / "tiny"
+    _step("make the tiny preset", ["init", "--preset", "tiny", "-o", checkpoint, "--seed", seed])
+    _routing(checkpoint, seed)
+    _step("weights loaded per step, DeaMoE vs its twins", ["info", checkpoint, "--samples", 32, "--seed", seed])
+    for form, dtype in (("plugin", "fp32"), ("ort", "fp32"), ("onnx", "fp16")):
+        model = workdir / f"tiny-{form}-{dtype}.onnx"
+        _step(
+            f"export the {form} form ({dtype})", ["export", checkpoint, "-o", model, "--form", form, "--dtype", dtype]
+        )
+        _step(f"validate the {form} form on ONNX Runtime", ["validate", model, "--against", checkpoint, "--seed", seed])
+    _step(
+        "benchmark time and bytes per step (quick, tiny preset; `deamoe-trt bench` for the real one)",
+        ["bench", "--quick", "--json", workdir / "bench.json", "--plot", workdir / "bench.png"],
+    )
+    if TINY_LM.is_dir():
+        _step(
+            "generate text with the shipped tiny DeaMoE language model, DeaMoE vs its expanded twin",
+            [
+                *("generate", TINY_LM, "--prompt", "Anne Elliot was", "--max-new-tokens", 60),
+                *("--runtime", "ort", "--twin", "deamoe,expanded"),
+            ],
+        )
+    else:
+        print(f"\n(skipped text generation: {TINY_LM} is in the source tree, not in an installed wheel)")
+    print(f"\ndemo finished; files in {workdir}")
+    return 0
+
+
+def _step(title: str, argv: list) -> None:
+    from ..errors import DeaMoEError
+    from .main import build_parser
+
+    argv = [str(a) for a in argv]
+    print(f"\n=== {title}\n$ deamoe-trt {shlex.join(argv)}", flush=True)
+    args = build_parser().parse_args(argv)
+    code = args.func(args) or 0
+    if code:
+        raise DeaMoEError(f"demo step `deamoe-trt {argv[0]}` exited with {code}")
+
+
+def _routing(checkpoint: Path, seed: int) -> None:
     import torch
 
     from ..checkpoint import load_checkpoint
     from ..inputs import random_hidden
-    from ..layer import DeaMoEStack
-    from ..presets import get_preset
-    from ..summary import config_table, routing_table, traffic_table
+    from ..summary import routing_table
 
-    config = get_preset("tiny")
-    checkpoint = workdir / "tiny"
-    DeaMoEStack.random(config, 1, seed=seed).save_pretrained(checkpoint)
-    print(f"[1] made the tiny preset: {checkpoint}\n")
     layer = load_checkpoint(checkpoint).layers[0]
-    print(config_table(config), end="\n\n")
-
-    x = random_hidden(4, config.hidden_size, seed=seed)
+    x = random_hidden(4, layer.config.hidden_size, seed=seed)
     with torch.no_grad():
         routing = layer.route(x)
-        y = layer(x)
-        twin = layer.expanded()(x)
-    print("[2] ran it on 4 random tokens")
+        difference = (layer(x) - layer.expanded()(x)).abs().max().item()
+    print("\n=== route 4 random tokens: departments first, then experts inside them")
     print(routing_table(layer, routing))
-    print(f"expanded twin (no sharing) max |difference| from DeaMoE: {(y - twin).abs().max().item():.2e}\n")
-
-    print("[3] " + traffic_table(load_checkpoint(checkpoint), [1, 2, 4, 8]))
-    return 0
+    print(f"expanded twin (no sharing) max |difference| from DeaMoE: {difference:.2e}")

@@ -51,8 +51,14 @@ def test_bad_input_gets_one_line_and_exit_code_2(args, message):
     assert message in lines[0]
 
 
-def test_demo_runs_the_main_job():
-    result = run_cli("demo")
+def test_demo_runs_the_main_job(tmp_path):
+    result = run_cli("demo", "-o", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert "Routing of random tokens" in result.stdout
-    assert "Weights loaded per decoding step" in result.stdout
+    out = result.stdout
+    assert "Routing of random tokens" in out
+    assert "Weights loaded per decoding step" in out
+    for form in ("plugin", "ort", "onnx"):
+        assert f"$ deamoe-trt validate {tmp_path}/tiny-{form}-" in out
+        assert (tmp_path / f"tiny-{form}-{'fp16' if form == 'onnx' else 'fp32'}.onnx").is_file()
+    assert (tmp_path / "bench.json").is_file() and (tmp_path / "bench.png").is_file()
+    assert "same tokens as deamoe" in out  # the expanded twin decodes the shipped LM identically
