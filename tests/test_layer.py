@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import torch
 
+from configs import QWEN2_STYLE_GATED_SHARED, TINY_SHARED_ONLY
 from deamoe_trt import PRESETS, DeaMoEConfig, DeaMoELayer, DeaMoEStack, UsageError
 from deamoe_trt.inputs import random_hidden
 from spec_reference import spec_forward
@@ -22,19 +23,8 @@ CONFIGS = {
         router_bias=True,
         shared_expert_intermediate_size=16,
     ),
-    "qwen2-style-gated-shared": DeaMoEConfig(
-        hidden_size=32,
-        num_departments=1,
-        experts_per_department=8,
-        shared_intermediate_size=0,
-        private_intermediate_size=16,
-        top_k=2,
-        top_departments=1,
-        norm_topk_prob=False,
-        shared_expert_intermediate_size=24,
-        shared_expert_gate=True,
-    ),
-    "shared-only": PRESETS["tiny"].replace(private_intermediate_size=0),
+    "qwen2-style-gated-shared": QWEN2_STYLE_GATED_SHARED,
+    "shared-only": TINY_SHARED_ONLY,
 }
 
 

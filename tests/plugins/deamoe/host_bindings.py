@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from deamoe_trt.config import DeaMoEConfig
+from deamoe_trt.cuda import _abi
 
 PLAN_ENTRY = np.dtype([("token", "<i4"), ("slot", "<i4"), ("weight", "<f4")])
 
@@ -45,8 +46,8 @@ def routing_config(c: DeaMoEConfig) -> RoutingConfigC:
         c.experts_per_department,
         c.top_k,
         c.top_departments,
-        {"softmax": 0, "sigmoid": 1}[c.score_func],
-        {"max": 0, "sum_top2": 1, "sum": 2}[c.department_score],
+        _abi.SCORE_FUNCS[c.score_func],
+        _abi.DEPARTMENT_SCORES[c.department_score],
         int(c.norm_topk_prob),
         c.routed_scaling_factor,
     )

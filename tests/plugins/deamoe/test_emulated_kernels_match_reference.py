@@ -15,6 +15,7 @@ import ctypes
 import pytest
 import torch
 
+from configs import QWEN2_STYLE_GATED_SHARED
 from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.cuda import _abi, _ops
 from deamoe_trt.cuda._ops import KernelError
@@ -39,19 +40,7 @@ CONFIGS = {
         routed_scaling_factor=2.5,
         shared_expert_intermediate_size=32,
     ),
-    # Qwen2-MoE: vanilla top-k (one department, f_s = 0), no normalisation, gated shared expert.
-    "qwen2-moe-like": DeaMoEConfig(
-        hidden_size=32,
-        num_departments=1,
-        experts_per_department=8,
-        shared_intermediate_size=0,
-        private_intermediate_size=16,
-        top_k=2,
-        top_departments=1,
-        norm_topk_prob=False,
-        shared_expert_intermediate_size=24,
-        shared_expert_gate=True,
-    ),
+    "qwen2-moe-like": QWEN2_STYLE_GATED_SHARED,
     # Departments only (f_p = 0), `sum` department scores, k > g.
     "shared-only": DeaMoEConfig(
         hidden_size=48,

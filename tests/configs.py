@@ -1,0 +1,23 @@
+"""Small configs that several test suites use unchanged. Suites that need other shapes for
+their component (kernel alignment, padding, ONNX Runtime layouts) define their own and
+say why beside them."""
+
+from deamoe_trt import PRESETS, DeaMoEConfig
+
+# Qwen2-MoE: vanilla top-k (one department, f_s = 0), no renormalisation, and a shared
+# expert gated per token by sigmoid(x . gate).
+QWEN2_STYLE_GATED_SHARED = DeaMoEConfig(
+    hidden_size=32,
+    num_departments=1,
+    experts_per_department=8,
+    shared_intermediate_size=0,
+    private_intermediate_size=16,
+    top_k=2,
+    top_departments=1,
+    norm_topk_prob=False,
+    shared_expert_intermediate_size=24,
+    shared_expert_gate=True,
+)
+
+# Departments only: every expert is its department's shared part (f_p = 0).
+TINY_SHARED_ONLY = PRESETS["tiny"].replace(private_intermediate_size=0)
