@@ -89,8 +89,25 @@ def register(subparsers) -> None:
         default=None,
         help="let ONNX Runtime's threads spin between runs (its own default; off here: see docs/benchmarks.md)",
     )
+    parser.add_argument(
+        "--memory-fraction",
+        type=_fraction,
+        default=None,
+        metavar="F",
+        help="share of available memory the run may plan for (default 0.8); contenders beyond it are skipped",
+    )
     common.add_seed(parser)
     parser.set_defaults(func=run)
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
 
 
 def run(args) -> int:
@@ -110,6 +127,8 @@ def run(args) -> int:
             changes[name] = getattr(args, name)
     if args.gap_ms is not None:
         changes["gap_ms"] = args.gap_ms
+    if args.memory_fraction is not None:
+        changes["memory_fraction"] = args.memory_fraction
     options = BenchOptions.quick_run(**changes) if args.quick else BenchOptions(**changes)
     result = run_bench(options)
     print(format_result(result))

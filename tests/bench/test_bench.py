@@ -138,6 +138,17 @@ def test_memory_plan_skips_what_does_not_fit():
     assert half.expanded_bytes > 22e9 and 6e9 < half.deamoe_bytes < 6.6e9
 
 
+def test_memory_plan_counts_an_onnx_runtime_session_at_twice_its_weights():
+    """qwen3-30b-a3b-layer, fp32: 1.36 GB DeaMoE, 2.42 GB twin. Every contender together
+    peaks at about 22.4 GB (measured: 22.7 GB); 20 GB keeps all but the last ORT twin."""
+    config = PRESETS["qwen3-30b-a3b-layer"]
+    everything = MemoryPlan.make(config, torch.float32, 10**12, list(PRIORITY))
+    assert everything.peak == pytest.approx(22.38e9, rel=0.01)
+    plan = MemoryPlan.make(config, torch.float32, int(20e9), list(PRIORITY))
+    assert list(plan.skipped) == ["expanded/ort"]
+    assert plan.peak <= 20e9
+
+
 def test_gpu_sized_preset_is_skipped_not_crashed(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(bench_harness.machine, "available_memory", lambda: 24 * 2**30)
     monkeypatch.setattr(bench_harness, "_random_layer", _no_allocation)
