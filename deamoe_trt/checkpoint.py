@@ -33,10 +33,6 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def save_checkpoint(stack: DeaMoEStack, directory: str | Path, *, source: dict[str, Any] | None = None) -> Path:
     """Write stack to directory; each file appears whole or not at all."""
-    directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise UsageError(f"cannot write a checkpoint to {directory}: it exists and is not a directory")
-    directory.mkdir(parents=True, exist_ok=True)
     tensors = {
         f"layers.{i}.{name}": tensor.detach().to("cpu").contiguous()
         for i, layer in enumerate(stack.layers)
@@ -51,7 +47,17 @@ def save_checkpoint(stack: DeaMoEStack, directory: str | Path, *, source: dict[s
     }
     if source:
         header["source"] = source
-    # Weights first, config last: a config.json only ever describes weights already in place.
+    return write_files(directory, tensors, header)
+
+
+def write_files(directory: str | Path, tensors: dict[str, torch.Tensor], header: dict[str, Any]) -> Path:
+    """model.safetensors and config.json into directory (layer and language-model checkpoints).
+
+    Weights first, config last: a config.json only ever describes weights already in place."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"cannot write a checkpoint to {directory}: it exists and is not a directory")
+    directory.mkdir(parents=True, exist_ok=True)
     with atomic_path(directory / WEIGHTS_FILE) as tmp:
         save_file(tensors, str(tmp), metadata={"format": "pt"})
     atomic_write_text(directory / CONFIG_FILE, json.dumps(header, indent=2) + "\n")
@@ -101,29 +107,7 @@ def load_checkpoint(directory: str | Path, *, device=None) -> DeaMoEStack:
         for name, tensor in layer.state_dict().items()
     }
     tensors = read_tensors(directory / WEIGHTS_FILE)
-
-    missing = sorted(set(expected) - set(tensors))
-    if missing:
-        raise CheckpointError(
-            f"{directory / WEIGHTS_FILE} lacks {len(missing)} tensor(s) its config needs, first {missing[0]}"
-        )
-    unexpected = sorted(set(tensors) - set(expected))
-    if unexpected:
-        raise CheckpointError(
-            f"{directory / WEIGHTS_FILE} has {len(unexpected)} tensor(s) its config does not describe, "
-            f"first {unexpected[0]}"
-        )
-    for name, want in expected.items():
-        got = tensors[name]
-        if tuple(got.shape) != tuple(want.shape):
-            raise CheckpointError(
-                f"{name} has shape {list(got.shape)} but its config needs {list(want.shape)} "
-                f"({directory / WEIGHTS_FILE})"
-            )
-        if got.dtype != dtype:
-            raise CheckpointError(f"{name} is {dtype_name(got.dtype)} but config.json says {header['dtype']}")
-        if not bool(torch.isfinite(got).all()):
-            raise CheckpointError(f"{name} contains NaN or Inf ({directory / WEIGHTS_FILE})")
+    check_tensors(tensors, expected, header["dtype"], directory / WEIGHTS_FILE)
 
     layers = []
     for i in range(header["num_layers"]):
@@ -133,6 +117,28 @@ def load_checkpoint(directory: str | Path, *, device=None) -> DeaMoEStack:
         layer.load_state_dict(state, assign=True)
         layers.append(layer.to(device) if device is not None else layer)
     return DeaMoEStack.from_layers(layers)
+
+
+def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], dtype: str, path: Path) -> None:
+    """Every expected tensor present with its shape and the config's dtype, nothing else, all finite."""
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise CheckpointError(f"{path} lacks {len(missing)} tensor(s) its config needs, first {missing[0]}")
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise CheckpointError(
+            f"{path} has {len(unexpected)} tensor(s) its config does not describe, first {unexpected[0]}"
+        )
+    for name, want in expected.items():
+        got = tensors[name]
+        if tuple(got.shape) != tuple(want.shape):
+            raise CheckpointError(
+                f"{name} has shape {list(got.shape)} but its config needs {list(want.shape)} ({path})"
+            )
+        if got.dtype != DTYPES[dtype]:
+            raise CheckpointError(f"{name} is {dtype_name(got.dtype)} but config.json says {dtype}")
+        if not bool(torch.isfinite(got).all()):
+            raise CheckpointError(f"{name} contains NaN or Inf ({path})")
 
 
 def read_tensors(path: Path) -> dict[str, torch.Tensor]:

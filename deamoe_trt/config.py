@@ -94,16 +94,7 @@ class DeaMoEConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DeaMoEConfig:
-        if not isinstance(data, dict):
-            raise ConfigError(f"config must be a JSON object, got {type(data).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(f"unknown config field(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
-        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
-        missing = sorted(required - set(data))
-        if missing:
-            raise ConfigError(f"config is missing required field(s) {', '.join(missing)}")
+        check_fields(cls, data, "config")
         return cls(**data)
 
     def to_json(self) -> str:
@@ -120,6 +111,20 @@ class DeaMoEConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> DeaMoEConfig:
         return cls.from_json(Path(path).read_text())
+
+
+def check_fields(cls: type, data: Any, label: str) -> None:
+    """data is a JSON object holding every required field of dataclass cls and no other."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{label} must be a JSON object, got {type(data).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown {label} field(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+    required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+    missing = sorted(required - set(data))
+    if missing:
+        raise ConfigError(f"{label} is missing required field(s) {', '.join(missing)}")
 
 
 def _validate(cfg: DeaMoEConfig) -> None:

@@ -18,11 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import save_file
-
-from .._io import atomic_path, atomic_write_text
-from ..checkpoint import CONFIG_FILE, DTYPES, WEIGHTS_FILE, dtype_name, read_tensors
+from ..checkpoint import CONFIG_FILE, DTYPES, WEIGHTS_FILE, check_tensors, dtype_name, read_tensors, write_files
 from ..checkpoint import FORMAT as LAYER_FORMAT
 from ..errors import CheckpointError, UsageError
 from .config import LMConfig
@@ -49,10 +45,6 @@ def save_lm(
     training: dict[str, Any] | None = None,
 ) -> Path:
     """Write model (and its tokenizer) to directory; each file appears whole or not at all."""
-    directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise UsageError(f"cannot write a checkpoint to {directory}: it exists and is not a directory")
-    directory.mkdir(parents=True, exist_ok=True)
     tokenizer = tokenizer or ByteTokenizer(vocab_size=model.config.vocab_size)
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
     header: dict[str, Any] = {
@@ -64,10 +56,7 @@ def save_lm(
     }
     if training:
         header["training"] = training
-    with atomic_path(directory / WEIGHTS_FILE) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-    atomic_write_text(directory / CONFIG_FILE, json.dumps(header, indent=2) + "\n")
-    return directory
+    return write_files(directory, tensors, header)
 
 
 def read_lm_header(directory: str | Path) -> dict[str, Any]:
@@ -123,24 +112,7 @@ def load_lm(directory: str | Path, *, device=None) -> LoadedLM:
     expected = model.state_dict()
     weights = directory / WEIGHTS_FILE
     tensors = read_tensors(weights)
-    missing = sorted(set(expected) - set(tensors))
-    if missing:
-        raise CheckpointError(f"{weights} lacks {len(missing)} tensor(s) its config needs, first {missing[0]}")
-    unexpected = sorted(set(tensors) - set(expected))
-    if unexpected:
-        raise CheckpointError(
-            f"{weights} has {len(unexpected)} tensor(s) its config does not describe, first {unexpected[0]}"
-        )
-    for name, want in expected.items():
-        got = tensors[name]
-        if tuple(got.shape) != tuple(want.shape):
-            raise CheckpointError(
-                f"{name} has shape {list(got.shape)} but its config needs {list(want.shape)} ({weights})"
-            )
-        if got.dtype != dtype:
-            raise CheckpointError(f"{name} is {dtype_name(got.dtype)} but config.json says {header['dtype']}")
-        if not bool(torch.isfinite(got).all()):
-            raise CheckpointError(f"{name} contains NaN or Inf ({weights})")
+    check_tensors(tensors, expected, header["dtype"], weights)
     model.load_state_dict(tensors, assign=True)
     model = model._materialize_rope(device)
     return LoadedLM(

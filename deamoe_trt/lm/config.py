@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, DeaMoEConfig
+from ..config import ConfigError, DeaMoEConfig, check_fields
 
 
 @dataclass(frozen=True)
@@ -66,16 +66,7 @@ class LMConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LMConfig:
-        if not isinstance(data, dict):
-            raise ConfigError(f"LM config must be a JSON object, got {type(data).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(f"unknown LM config field(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
-        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
-        missing = sorted(required - set(data))
-        if missing:
-            raise ConfigError(f"LM config is missing required field(s) {', '.join(missing)}")
+        check_fields(cls, data, "LM config")
         return cls(**data)
 
     def to_json(self) -> str:
