@@ -7,13 +7,21 @@ import time
 from collections.abc import Sequence
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, title: str | None = None) -> str:
-    """Columns right-aligned except the first; cells already formatted as the caller wants."""
+def format_table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], *, title: str | None = None, align: str | None = None
+) -> str:
+    """Cells already formatted as the caller wants. align: one letter per column, "l" or "r";
+    default the first column left (names), the others right (numbers)."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    align = align or "l" + "r" * (len(headers) - 1)
+    if len(align) != len(headers) or set(align) - {"l", "r"}:
+        raise ValueError(f"align needs one of 'l'/'r' per column ({len(headers)}), got {align!r}")
 
     def line(row: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        return "  ".join(
+            c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(row, widths, align, strict=True)
+        ).rstrip()
 
     out = [title] if title else []
     out += [line(cells[0]), "  ".join("-" * w for w in widths)]

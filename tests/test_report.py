@@ -1,5 +1,7 @@
 import io
 
+import pytest
+
 from deamoe_trt.report import Progress, format_bytes, format_table
 
 
@@ -29,3 +31,12 @@ def test_progress_can_be_silenced():
     progress = Progress(3, "work", stream=stream, enabled=False)
     progress.update()
     assert stream.getvalue() == "" and progress.done == 1
+
+
+def test_table_aligns_text_columns_left_when_asked():
+    text = format_table(("check", "found"), [("gpu", "none"), ("tensorrt", "10.3")], align="ll")
+    lines = text.splitlines()
+    assert lines[2] == "gpu       none"
+    assert lines[3] == "tensorrt  10.3"
+    with pytest.raises(ValueError, match="one of 'l'/'r' per column"):
+        format_table(("a", "b"), [], align="l")

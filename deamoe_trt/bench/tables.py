@@ -63,7 +63,7 @@ def contenders_table(section: dict) -> str:
         rows.append(
             (c["name"], c["status"], format_bytes(c.get("memory_bytes", 0)) if c["status"] == "ok" else "", detail)
         )
-    return format_table(("contender", "status", "memory", "detail"), rows, title="Contenders")
+    return format_table(("contender", "status", "memory", "detail"), rows, title="Contenders", align="llrl")
 
 
 def targets(section: dict) -> list[str]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DeaMoEError, MissingDependencyError
+from ..report import format_table
 from . import targets as tg
 
 OK, MISSING, FAILED, SKIPPED, INFO = "ok", "missing", "FAILED", "skipped", "info"
@@ -46,11 +47,8 @@ class DoctorReport:
         return not any(c.blocking for c in self.checks)
 
     def table(self) -> str:
-        # Left-aligned (report.format_table right-aligns, which suits numbers, not sentences).
         rows = [(c.name, _status_text(c), c.detail) for c in self.checks]
-        widths = [max(len(r[i]) for r in [("check", "status", "found"), *rows]) for i in range(2)]
-        lines = [f"{'check'.ljust(widths[0])}  {'status'.ljust(widths[1])}  found", "-" * (widths[0] + widths[1] + 40)]
-        lines += [f"{a.ljust(widths[0])}  {b.ljust(widths[1])}  {c}" for a, b, c in rows]
+        lines = [format_table(("check", "status", "found"), rows, align="lll")]
         fixes = [c for c in self.checks if c.fix and c.status not in (OK, INFO)]
         if fixes:
             lines += ["", "what to do:"]
