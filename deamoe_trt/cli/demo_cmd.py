@@ -5,6 +5,7 @@ be rerun, changed and scaled up by hand."""
 
 from __future__ import annotations
 
+import functools
 import shlex
 import tempfile
 from pathlib import Path
@@ -60,13 +61,19 @@ def _demo(workdir: Path, seed: int) -> int:
     return 0
 
 
+@functools.cache
+def _parser():
+    from .main import build_parser
+
+    return build_parser()
+
+
 def _step(title: str, argv: list) -> None:
     from ..errors import DeaMoEError
-    from .main import build_parser
 
     argv = [str(a) for a in argv]
     print(f"\n=== {title}\n$ deamoe-trt {shlex.join(argv)}", flush=True)
-    args = build_parser().parse_args(argv)
+    args = _parser().parse_args(argv)
     code = args.func(args) or 0
     if code:
         raise DeaMoEError(f"demo step `deamoe-trt {argv[0]}` exited with {code}")
