@@ -27,10 +27,11 @@ namespace
 
 thread_local char tLastError[512] = "";
 
+// On by default (it only takes effect on sm_90+); DEAMOE_PROGRAMMATIC_LAUNCH=0 turns it off.
 bool programmaticLaunchFromEnvironment()
 {
     char const* value = std::getenv("DEAMOE_PROGRAMMATIC_LAUNCH");
-    return value && value[0] == '1';
+    return !value || value[0] != '0';
 }
 
 std::atomic<bool> gProgrammaticLaunch{programmaticLaunchFromEnvironment()};
@@ -194,7 +195,6 @@ WorkspaceLayout workspaceLayout(LayerParams const& p, int32_t tileTokens)
     L.maxDepartmentParts = maxDepartmentParts(pc, tile);
     L.maxExpertParts = maxExpertParts(pc, tile);
     L.departmentSlotsPerToken = std::min(p.topDepartments, p.topK);
-    L.partialSlots = p.topK + (p.sharedWidth ? L.departmentSlotsPerToken : 0) + (p.sharedExpertWidth ? 1 : 0);
     L.logitsStride = pc.numExperts + 1;
     L.downTiles = (p.hidden + kDownRowsPerTile - 1) / kDownRowsPerTile;
 
@@ -214,11 +214,15 @@ WorkspaceLayout workspaceLayout(LayerParams const& p, int32_t tileTokens)
     L.departmentEntries = take(sizeof(PlanEntry) * kMaxTileTokens * L.maxDepartmentParts);
     L.expertEntries = take(sizeof(PlanEntry) * kMaxTileTokens * L.maxExpertParts);
     L.departmentSlots = take(sizeof(int32_t) * kMaxTileTokens);
-    L.counters = take(sizeof(int32_t) * L.downTiles);
+    L.counters = take(sizeof(int32_t) * kNumCounters);
+    L.expertIds = take(sizeof(int32_t) * tile * p.topK);
+    L.routingWeights = take(sizeof(float) * tile * p.topK);
+    L.departmentIds = take(sizeof(int32_t) * tile * p.topK);
+    L.keptDepartments = take(sizeof(int32_t) * tile * p.topDepartments);
     L.hShared = take(sizeof(float) * tile * static_cast<size_t>(p.sharedExpertWidth));
     L.hDepartment = take(sizeof(float) * tile * L.departmentSlotsPerToken * static_cast<size_t>(p.sharedWidth));
     L.hExpert = take(sizeof(float) * tile * p.topK * static_cast<size_t>(p.privateWidth));
-    L.partials = take(sizeof(float) * tile * L.partialSlots * d);
+    L.sharedOut = take(sizeof(float) * tile * (p.sharedExpertWidth ? d : 0));
     L.forwardBytes = offset;
     return L;
 }
