@@ -686,7 +686,7 @@ DEAMOE_DEVICE void sharedDownBlock(RoutedArgs<T> const& args, int block)
 }
 
 template <class T, int TT>
-__global__ void __launch_bounds__(kGemvThreads) routedKernel(RoutedArgs<T> const args)
+__global__ void __launch_bounds__(kGemvThreads, 1) routedKernel(RoutedArgs<T> const args)
 {
     beginDependentKernel();
     // Roles by ticket, in the order blocks start (not blockIdx): the routing blocks are
