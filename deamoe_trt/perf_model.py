@@ -113,28 +113,44 @@ class KernelPrediction:
     bound: str  # what sets the time: bandwidth, latency (loads in flight), compute, routing
 
 
-def _occupancy_warps(device: Device, registers: int, smem: int, blocks: int) -> int:
-    """Warps resident on the whole device for a grid of `blocks` blocks."""
-    per_block_regs = THREADS * (math.ceil(registers / 8) * 8)
-    by_regs = device.registers_per_sm // per_block_regs
-    by_smem = device.smem_per_sm // max(smem, 1)
-    per_sm = max(1, min(device.max_blocks_per_sm, device.max_warps_per_sm // WARPS, by_regs, by_smem))
-    return min(blocks, per_sm * device.sms) * WARPS
+def blocks_per_sm(device: Device, registers: int, smem: int = 0) -> int:
+    """Blocks of THREADS threads an SM holds, by registers (allocated per warp in units of
+    256), shared memory and the SM's block and warp limits."""
+    per_warp = math.ceil(registers * 32 / 256) * 256
+    by_regs = device.registers_per_sm // (per_warp * WARPS)
+    by_smem = device.smem_per_sm // smem if smem else device.max_blocks_per_sm
+    return max(1, min(device.max_blocks_per_sm, device.max_warps_per_sm // WARPS, by_regs, by_smem))
 
 
-def _stream_time(device: Device, nbytes: float, warps: int, loads: int, fmas: float) -> tuple[float, str]:
-    """Seconds to stream nbytes with `warps` warps keeping `loads` 16-byte loads per lane in flight."""
-    if nbytes <= 0:
+def _stream_time(
+    device: Device, nbytes: float, blocks: int, per_sm: int, loads: int, fmas: float
+) -> tuple[float, str]:
+    """Seconds for `blocks` equal blocks (per_sm resident per SM) to stream nbytes, each lane
+    keeping `loads` 16-byte loads in flight. Full waves share the bandwidth; a last partial
+    wave runs at what its blocks alone keep in flight (Little's law: bytes in flight over
+    latency), which is the tail a grid just over one wave pays."""
+    if nbytes <= 0 or blocks <= 0:
         return 0.0, "none"
     roof = device.bandwidth * device.stream_efficiency
-    in_flight = warps * 32 * loads * 16
-    little = in_flight / device.latency_s  # Little's law: bytes in flight / latency
-    rate = min(roof, little)
-    t = nbytes / rate + device.latency_s  # plus one latency: the first load of the last warp
+    per_block_rate = WARPS * 32 * loads * 16 / device.latency_s
+    resident = per_sm * device.sms
+    block_bytes = nbytes / blocks
+    full_waves, partial = divmod(blocks, resident)
+    full_rate = min(roof, resident * per_block_rate)
+    t = full_waves * resident * block_bytes / full_rate
+    bound = "bandwidth" if full_rate == roof else "latency"
+    if partial:
+        partial_rate = min(roof, partial * per_block_rate)
+        t += partial * block_bytes / partial_rate
+        if partial_rate < roof and (not full_waves or full_rate < roof):
+            bound = "latency"
+        elif partial_rate < roof:
+            bound = "bandwidth + tail"
+    t += device.latency_s  # the first loads' latency
     compute = fmas / device.fma_per_s
     if compute > t:
         return compute, "compute"
-    return t, "bandwidth" if rate == roof else "latency"
+    return t, bound
 
 
 def predict_step(
@@ -172,7 +188,7 @@ def predict_step(
     k1_blocks = math.ceil(math.ceil(router_rows / 2) / neurons_per_block) + math.ceil(f_sh / neurons_per_block)
     k1_regs = regs["routerSharedKernel"][tt]
     k1_time, k1_bound = _stream_time(
-        device, k1_bytes, _occupancy_warps(device, k1_regs, 0, k1_blocks), loads, T * k1_bytes / b
+        device, k1_bytes, k1_blocks, blocks_per_sm(device, k1_regs), loads, T * k1_bytes / b
     )
 
     # K2: routing (the bias), the shared experts' down and the used parts' gate/up.
@@ -180,25 +196,25 @@ def predict_step(
     shared_down = f_sh * d * b
     routed_gate_up = (u_d * 2 * f_s + u_e * 2 * f_p) * d * b
     k2_bytes = (N * b if c.router_bias else 0) + shared_down + routed_gate_up
-    k2_blocks = routing_blocks + (row_tiles if f_sh else 0)
-    k2_blocks += u_d * math.ceil(f_s / neurons_per_block) + u_e * math.ceil(f_p / neurons_per_block)
     k2_regs = regs["routedKernel"][tt]
     smem = 4 * (N + c.num_departments) + 4 * WARPS * (N + c.num_departments + c.top_departments)
-    warps = _occupancy_warps(device, k2_regs, smem, k2_blocks)
+    per_sm = blocks_per_sm(device, k2_regs, smem)
     routing = ROUTING_FIXED_S + ROUTING_PER_ROUND_S * (c.top_k + c.top_departments)
-    shared_t, _ = _stream_time(device, shared_down, warps, loads, T * shared_down / b)
+    shared_t, _ = _stream_time(device, shared_down, row_tiles if f_sh else 0, per_sm, loads, T * shared_down / b)
     # Expected tokens per routed part: each part's rows are applied to the tokens using it.
     routed_fmas = (T * c.top_k * (2 * f_p) + T * min(c.top_k, c.top_departments) * 2 * f_s) * d
-    routed_t, k2_bound = _stream_time(device, routed_gate_up, warps, loads, routed_fmas)
+    routed_blocks = u_d * math.ceil(f_s / neurons_per_block) + u_e * math.ceil(f_p / neurons_per_block)
+    routed_t, k2_bound = _stream_time(device, routed_gate_up, routed_blocks, per_sm, loads, routed_fmas)
+    k2_blocks = routing_blocks + (row_tiles if f_sh else 0) + routed_blocks
     if routing > shared_t:
-        k2_bound = "routing"
+        k2_bound = "routing + " + k2_bound
     k2_time = max(routing, shared_t) + routed_t
 
     # K3: every used part's down rows, by output row tile.
     k3_bytes = (u_d * f_s + u_e * f_p) * d * b
     k3_regs = regs["downKernel"][tt]
     k3_time, k3_bound = _stream_time(
-        device, k3_bytes, _occupancy_warps(device, k3_regs, 0, row_tiles), loads, routed_fmas / 2
+        device, k3_bytes, row_tiles, blocks_per_sm(device, k3_regs), loads, routed_fmas / 2
     )
     return [
         KernelPrediction("K1 router + shared gate/up", k1_bytes, k1_blocks, k1_regs, gap + k1_time, k1_bound),

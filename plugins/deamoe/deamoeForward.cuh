@@ -566,7 +566,7 @@ DEAMOE_DEVICE void storeRows(float (&acc)[kDownRowsPerWarp][TT], int firstRow, i
 // K1: router logits and the shared experts' gate/up
 
 template <class T, int TT>
-__global__ void __launch_bounds__(kGemvThreads) routerSharedKernel(GateUpArgs<T> const args)
+__global__ void __launch_bounds__(kGemvThreads, 1) routerSharedKernel(GateUpArgs<T> const args)
 {
     beginDependentKernel();
     // K2 takes tickets and counts routing blocks on these: zero them for it. The
@@ -739,12 +739,16 @@ struct DownArgs
     T* output;              // [tile][d]
 };
 
-// Blocks per SM the down kernel asks ptxas to fit: a hint that keeps the 16-token variant
+// Blocks per SM the down kernel asks ptxas to fit. Every down block streams the same
+// bytes, so a grid that does not fit in one wave leaves a tail at a fraction of the
+// bandwidth: 7 blocks of <= 73 registers for 1 token put deepseek-v3-layer's 896 row
+// tiles in one wave on an H100/H200 (132 SMs; 8 blocks of 64 registers spill, as do 7
+// for 2 tokens in fp16). Wider tiles need the registers: 3 keeps the 16-token variant
 // from spilling on sm_110.
 template <int TT>
 struct DownMinBlocks
 {
-    static constexpr int value = TT >= 16 ? 3 : 4;
+    static constexpr int value = TT == 1 ? 7 : (TT == 2 ? 6 : (TT >= 16 ? 3 : 4));
 };
 
 // Each block owns kDownRowsPerTile output rows and streams those rows of every used part
@@ -811,17 +815,15 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT>::value) downKe
             for (int q = 0; q < n; ++q)
             {
                 int const width = partWidth[q];
-                int offset[TT];
                 uint32_t tokens = 0u;
 #pragma unroll
                 for (int t = 0; t < TT; ++t)
-                {
-                    offset[t] = partOffset[q][t];
-                    tokens |= offset[t] >= 0 ? 1u << t : 0u;
-                }
+                    tokens |= partOffset[q][t] >= 0 ? 1u << t : 0u;
                 T const* rows[R];
                 downRowPointers(partDown[q], width, d, firstRow, rows);
-                accumulateRows<T, float, R, TT>(rows, 0, width / E, partH[q], offset, tokens, acc);
+                // The offsets stay in shared memory (a broadcast read per use), not in 16
+                // registers of the widest tile.
+                accumulateRows<T, float, R, TT>(rows, 0, width / E, partH[q], partOffset[q], tokens, acc);
             }
         }
     }
