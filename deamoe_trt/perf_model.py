@@ -66,13 +66,26 @@ GAP_S = {"eager": 3.0e-6, "graph": 2.0e-6, "pdl": 0.8e-6}
 ROUTING_FIXED_S = 2.0e-6
 ROUTING_PER_ROUND_S = 0.3e-6
 
-# Registers per kernel and token tile, from ptxas for sm_90 bf16 (nvcc 13.0, this
-# source); --ptxas-log reads them from a build log instead (plugins/build_kernels.sh).
+# Registers per arch, kernel and token tile: ptxas's report for bf16 (nvcc 13.0, this
+# source, plugins/build_kernels.sh); --ptxas-log reads them from another build's log.
 DEFAULT_REGISTERS = {
-    "routerSharedKernel": {1: 72, 2: 70, 4: 92, 8: 96, 16: 146},
-    "routedKernel": {1: 68, 2: 80, 4: 92, 8: 96, 16: 166},
-    "downKernel": {1: 80, 2: 80, 4: 103, 8: 101, 16: 146},
+    86: {
+        "routerSharedKernel": {1: 78, 2: 72, 4: 94, 8: 104, 16: 150},
+        "routedKernel": {1: 70, 2: 80, 4: 92, 8: 96, 16: 166},
+        "downKernel": {1: 72, 2: 72, 4: 96, 8: 92, 16: 112},
+    },
+    87: {
+        "routerSharedKernel": {1: 78, 2: 72, 4: 94, 8: 104, 16: 150},
+        "routedKernel": {1: 70, 2: 80, 4: 92, 8: 96, 16: 166},
+        "downKernel": {1: 72, 2: 72, 4: 96, 8: 92, 16: 112},
+    },
+    90: {
+        "routerSharedKernel": {1: 72, 2: 72, 4: 95, 8: 102, 16: 146},
+        "routedKernel": {1: 68, 2: 80, 4: 92, 8: 96, 16: 166},
+        "downKernel": {1: 72, 2: 78, 4: 95, 8: 92, 16: 114},
+    },
 }
+KERNELS = ("routerSharedKernel", "routedKernel", "downKernel")
 # 16-byte loads each lane keeps in flight (Unroll<TT> x rows per warp, deamoeForward.cuh).
 LOADS_IN_FLIGHT = {1: 8, 2: 8, 4: 8, 8: 4, 16: 4}
 
@@ -122,9 +135,7 @@ def blocks_per_sm(device: Device, registers: int, smem: int = 0) -> int:
     return max(1, min(device.max_blocks_per_sm, device.max_warps_per_sm // WARPS, by_regs, by_smem))
 
 
-def _stream_time(
-    device: Device, nbytes: float, blocks: int, per_sm: int, loads: int, fmas: float
-) -> tuple[float, str]:
+def _stream_time(device: Device, nbytes: float, blocks: int, per_sm: int, loads: int, fmas: float) -> tuple[float, str]:
     """Seconds for `blocks` equal blocks (per_sm resident per SM) to stream nbytes, each lane
     keeping `loads` 16-byte loads in flight. Full waves share the bandwidth; a last partial
     wave runs at what its blocks alone keep in flight (Little's law: bytes in flight over
@@ -161,12 +172,12 @@ def predict_step(
     used_departments: int,
     used_experts: int,
     mode: str = "pdl",
-    registers: dict[str, dict[int, int]] | None = None,
+    registers: dict[int, dict[str, dict[int, int]]] | None = None,
 ) -> list[KernelPrediction]:
     """One tile of `tokens` (<= 16) tokens whose routing uses the given parts: K1, K2, K3."""
     c, b, d, T = config, bytes_per_weight, config.hidden_size, tokens
     tt = tile_tokens(T)
-    regs = registers or DEFAULT_REGISTERS
+    regs = (registers or DEFAULT_REGISTERS)[device.arch]
     loads = LOADS_IN_FLIGHT[tt]
     u_d = used_departments if c.shared_intermediate_size else 0
     u_e = used_experts if c.private_intermediate_size else 0
@@ -218,8 +229,9 @@ def predict_step(
     )
     return [
         KernelPrediction("K1 router + shared gate/up", k1_bytes, k1_blocks, k1_regs, gap + k1_time, k1_bound),
-        KernelPrediction("K2 routing + shared down + routed gate/up", k2_bytes, k2_blocks, k2_regs, gap + k2_time,
-                         k2_bound),  # fmt: skip
+        KernelPrediction(
+            "K2 routing + shared down + routed gate/up", k2_bytes, k2_blocks, k2_regs, gap + k2_time, k2_bound
+        ),
         KernelPrediction("K3 routed down", k3_bytes, row_tiles, k3_regs, gap + k3_time, k3_bound),
     ]
 
@@ -265,9 +277,16 @@ def predicted_rows(presets: list[str], devices: list[str], tokens: list[int], re
     return rows
 
 
+# What sets a kernel's time, for the table: bandwidth, loads in flight (latency), a last
+# partial wave, fp32 FMA throughput, K2's routing before its routed blocks can start.
+BOUND_LABELS = {"none": "-", "bandwidth": "bw", "latency": "lat", "bandwidth + tail": "bw+tail",
+                "compute": "fma"}  # fmt: skip
+BOUND_LABELS.update({f"routing + {k}": f"route+{v}" for k, v in list(BOUND_LABELS.items())})
+
+
 def render(rows: list[dict], markdown: bool) -> str:
     headers = ["preset", "device", "T", "K1 MB", "K1 us", "K2 MB", "K2 us", "K3 MB", "K3 us",
-               "step us", "twin us", "x twin", "% HBM"]  # fmt: skip
+               "step us", "twin us", "x twin", "% HBM", "limits K1/K2/K3"]  # fmt: skip
     body = []
     for r in rows:
         k1, k2, k3 = r["kernels"]
@@ -276,11 +295,12 @@ def render(rows: list[dict], markdown: bool) -> str:
              f"{k1.weight_bytes / 1e6:.1f}", f"{1e6 * k1.seconds:.1f}",
              f"{k2.weight_bytes / 1e6:.1f}", f"{1e6 * k2.seconds:.1f}",
              f"{k3.weight_bytes / 1e6:.1f}", f"{1e6 * k3.seconds:.1f}",
-             f"{r['us']:.1f}", f"{r['twin_us']:.1f}", f"{r['speedup']:.2f}", f"{100 * r['hbm_fraction']:.0f}%"]
+             f"{r['us']:.1f}", f"{r['twin_us']:.1f}", f"{r['speedup']:.2f}", f"{100 * r['hbm_fraction']:.0f}%",
+             "/".join(BOUND_LABELS[k.bound] for k in r["kernels"])]
         )  # fmt: skip
     if not markdown:
-        return format_table(headers, body, align="ll" + "r" * (len(headers) - 2))
-    lines = ["| " + " | ".join(headers) + " |", "| --- | --- |" + " ---: |" * (len(headers) - 2)]
+        return format_table(headers, body, align="ll" + "r" * (len(headers) - 3) + "l")
+    lines = ["| " + " | ".join(headers) + " |", "| --- | --- |" + " ---: |" * (len(headers) - 3) + " --- |"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
     return "\n".join(lines)
 
@@ -291,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--presets", default="deepseek-v3-layer,qwen3-30b-a3b-layer")
     parser.add_argument("--devices", default="a40,orin,h100,h200", help=f"any of {','.join(DEVICES)}")
     parser.add_argument("--tokens", default="1,4,16")
-    parser.add_argument("--ptxas-log", type=Path, help="registers from this `nvcc -Xptxas -v` log (sm_90 bf16)")
+    parser.add_argument("--ptxas-log", type=Path, help="registers from this `nvcc -Xptxas -v` log (build_kernels.sh)")
     parser.add_argument("--markdown", action="store_true", help="a Markdown table (KERNELS.md)")
     args = parser.parse_args(argv)
     try:
@@ -303,9 +323,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"unknown preset/device {unknown} or tokens outside 1..{MAX_TILE_TOKENS}")
         registers = None
         if args.ptxas_log:
-            registers = parse_ptxas_registers(args.ptxas_log.read_text(), 90)
-            if set(registers) != set(DEFAULT_REGISTERS):
-                raise ValueError(f"{args.ptxas_log}: no sm_90 bf16 register report for every kernel")
+            text = args.ptxas_log.read_text()
+            registers = {arch: parse_ptxas_registers(text, arch) for arch in DEFAULT_REGISTERS}
+            missing = [arch for arch, kernels in registers.items() if set(kernels) != set(KERNELS)]
+            if missing:
+                raise ValueError(f"{args.ptxas_log}: no bf16 register report of every kernel for sm_{missing[0]}")
     except (ValueError, OSError) as exc:
         print(f"perf_model: {exc}", file=sys.stderr)
         return 2

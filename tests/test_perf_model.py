@@ -74,7 +74,8 @@ def test_registers_are_read_from_ptxas_output():
     log += entry("routeKernel", 1, 90, 7).replace("Li1E", "")  # not templated on tokens: ignored
     assert parse_ptxas_registers(log, 90) == {"downKernel": {16: 111}, "routedKernel": {1: 42}}
     assert parse_ptxas_registers(log, 86) == {"downKernel": {16: 99}}
-    assert set(DEFAULT_REGISTERS) == {"routerSharedKernel", "routedKernel", "downKernel"}
+    for arch in {d.arch for d in DEVICES.values()}:
+        assert set(DEFAULT_REGISTERS[arch]) == {"routerSharedKernel", "routedKernel", "downKernel"}
 
 
 def test_cli_prints_a_markdown_table_and_rejects_unknown_devices(capsys):

@@ -38,4 +38,3 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path, capsys):
     assert "unknown preset(s) nope" in capsys.readouterr().err
     assert main(["--out", str(tmp_path), "--presets", "tiny"]) == 2  # no GPU here, no --dry-run
     assert "needs a CUDA GPU" in capsys.readouterr().err
-
