@@ -97,8 +97,8 @@ class GpuBackend:
     def router_logits(self, layer, x):
         return self.cuda.router_logits(layer, x)
 
-    def set_programmatic_launch(self, enabled: bool) -> None:
-        self.cuda.set_programmatic_launch(enabled)
+    def set_programmatic_launch(self, enabled: bool) -> bool:
+        return self.cuda.set_programmatic_launch(enabled)
 
     def sync(self) -> None:
         torch.cuda.synchronize()
@@ -155,8 +155,10 @@ class EmulatedBackend:
     def router_logits(self, layer, x):
         return self._ops.router_logits_with(self.lib, layer, x)
 
-    def set_programmatic_launch(self, enabled: bool) -> None:
+    def set_programmatic_launch(self, enabled: bool) -> bool:
+        previous = bool(self.lib.deamoe_programmatic_launch())
         self.lib.deamoe_set_programmatic_launch(int(enabled))
+        return previous
 
     def sync(self) -> None:
         pass
@@ -424,7 +426,7 @@ class Bench:
 
     def kernels(self, variant: str, layer, xs, routing_bytes, pdl: bool) -> list[Timing]:
         b = self.backend
-        b.set_programmatic_launch(pdl)
+        previous = b.set_programmatic_launch(pdl)
         try:
             with torch.no_grad():
                 for i in range(min(3, len(xs))):
@@ -451,7 +453,7 @@ class Bench:
                     del graph
             return timings
         finally:
-            b.set_programmatic_launch(False)
+            b.set_programmatic_launch(previous)
 
     def reference(self, layer, xs) -> Timing:
         count = min(self.torch_iters, len(xs))

@@ -80,7 +80,7 @@ Status fail(Status status, char const* format, ...) noexcept;
 Status checkLaunch(char const* what) noexcept;
 
 // Whether to launch the forward kernels as programmatic dependents: enabled
-// (setProgrammaticLaunch, or DEAMOE_PROGRAMMATIC_LAUNCH=1 in the environment) and the
+// (setProgrammaticLaunch; on unless DEAMOE_PROGRAMMATIC_LAUNCH=0 in the environment) and the
 // current device is sm_90 or newer.
 bool programmaticLaunchUsable() noexcept;
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import os
 
 import pytest
 import torch
@@ -257,3 +258,8 @@ def test_every_token_tile_and_dtype_matches_reference(emulated_lib, dtype, toler
         y = _ops.forward_with(emulated_lib, layer, x[:n])
         assert y.dtype == dtype and torch.isfinite(y).all()
         assert relative_error(y, reference_fp32(layer, x[:n])) < tolerance, n
+
+
+def test_programmatic_launch_is_on_by_default(emulated_lib):
+    # On unless DEAMOE_PROGRAMMATIC_LAUNCH=0 at load; it takes effect on sm_90+ only.
+    assert emulated_lib.deamoe_programmatic_launch() == int(os.environ.get("DEAMOE_PROGRAMMATIC_LAUNCH", "1") != "0")
