@@ -642,21 +642,32 @@ DEAMOE_DEVICE void routingBlock(RoutedArgs<T> const& args, int block)
         routeToken(WarpLanes{}, cfg, args.logits + t * args.logitsStride, DeviceBias<T>{args.routerBias}, scratch,
             args.expertIds + t * k, args.weights + t * k, args.departmentIds + t * k, args.keptDepartments + t * g);
     }
-    // Threadfence reduction: publish this block's routing, then count it in.
+    // Threadfence reduction: publish this block's routing, then count it in. Thread 0's
+    // fences are cumulative: the first orders the whole block's writes (seen through the
+    // barrier) before the count (release), the second the other blocks' routing before
+    // this block's reads of it (acquire).
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0)
+    {
+        __threadfence();
         isLast = atomicAdd(args.counters + kCounterRoutedBlocks, 1) == args.routingBlocks - 1;
+        __threadfence();
+    }
     __syncthreads();
     if (!isLast)
         return;
-    __threadfence();
     buildPlan(BlockLanes{}, WarpLanes{}, warp == 0, args.planConfig, args.numTokens, args.expertIds, args.weights,
         args.keptDepartments, planScratch, args.gateUp.plan);
+    // Release the plan: every writer's writes, then (through the barrier) thread 0's
+    // cumulative fence, then the flag the waiting blocks acquire.
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0)
-        atomicExch(args.counters + kCounterPlanReady, 1); // after the fence: a release of the plan
+    {
+        __threadfence();
+        atomicExch(args.counters + kCounterPlanReady, 1);
+    }
 }
 
 // The shared experts' down rows of this block (kDownRowsPerTile rows, all tokens) into
