@@ -565,8 +565,18 @@ DEAMOE_DEVICE void storeRows(float (&acc)[kDownRowsPerWarp][TT], int firstRow, i
 // ---------------------------------------------------------------------------------------
 // K1: router logits and the shared experts' gate/up
 
+// Blocks per SM K1 asks ptxas to fit: for 16 tokens, 4 (<= 128 registers) instead of the
+// 3 that ~150 registers allow, a third more loads in flight per SM; below that the
+// registers allow more blocks than are needed. (K2 spills at 128: its shared-down and
+// routing roles need more.)
+template <int TT>
+struct GateUpMinBlocks
+{
+    static constexpr int value = TT >= 16 ? 4 : 1;
+};
+
 template <class T, int TT>
-__global__ void __launch_bounds__(kGemvThreads, 1) routerSharedKernel(GateUpArgs<T> const args)
+__global__ void __launch_bounds__(kGemvThreads, GateUpMinBlocks<TT>::value) routerSharedKernel(GateUpArgs<T> const args)
 {
     beginDependentKernel();
     // K2 takes tickets and counts routing blocks on these: zero them for it. The
