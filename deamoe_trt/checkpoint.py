@@ -15,6 +15,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from . import dtypes
 from ._io import atomic_path, atomic_write_text
 from .config import DeaMoEConfig
 from .errors import CheckpointError, UsageError
@@ -24,11 +25,11 @@ FORMAT = "deamoe-trt"
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {d.long_name: d.torch for d in dtypes.DTYPES}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    return str(dtype).removeprefix("torch.")  # any dtype: a corrupt file may hold int64
 
 
 def save_checkpoint(stack: DeaMoEStack, directory: str | Path, *, source: dict[str, Any] | None = None) -> Path:

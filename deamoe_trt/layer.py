@@ -10,10 +10,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from .config import DeaMoEConfig
+from .dtypes import TORCH_DTYPES
 from .errors import UsageError
 from .routing import Routing, route
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SUPPORTED_DTYPES = TORCH_DTYPES
 
 
 def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 import torch
 
 from .config import DeaMoEConfig
+from .dtypes import DTYPES
 from .routing import Routing, route_logits
 
-BYTES_PER_WEIGHT = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
+BYTES_PER_WEIGHT = {d.torch: d.bytes for d in DTYPES}
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import pytest
 
 from deamoe_trt import DeaMoEConfig, DeaMoELayer, contract
 from deamoe_trt.cuda import _abi
+from deamoe_trt.dtypes import DTYPES
 from deamoe_trt.export import plugin_node
 from deamoe_trt.trt import qdp
 
@@ -144,6 +145,9 @@ def test_kernel_enums():
     for attribute, type_name in contract.ENUM_TYPES.items():
         want = {"k" + value.upper(): code for code, value in enumerate(contract.ENUMS[attribute])}
         assert enum_values(text, type_name, "deamoeKernels.h") == want, f"deamoeKernels.h enum {type_name}"
+    # deamoe::DataType's enumerators are TensorRT's names with a k: kFLOAT, kHALF, kBF16.
+    kernel_types = enum_values(text, "DataType", "deamoeKernels.h")
+    assert kernel_types == {f"k{d.trt}": d.kernel for d in DTYPES}, "deamoeKernels.h DataType vs deamoe_trt/dtypes.py"
     status = enum_values(text, "Status", "deamoeKernels.h")
     assert sorted(status.values()) == sorted(_abi.STATUS_NAMES), "deamoeKernels.h Status vs cuda/_abi.STATUS_NAMES"
     assert status["kSUCCESS"] == _abi.SUCCESS

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import DeaMoEConfig
+from ..dtypes import BY_NAME
 from ..errors import DeaMoEError, MissingDependencyError, UsageError
 from ..inputs import random_hidden
 from ..layer import DeaMoELayer, DeaMoEStack
@@ -29,7 +30,7 @@ from .contenders import PRIORITY, Contender, MemoryPlan, layer_bytes
 from .timing import interleaved, percentile, summary
 
 SCHEMA = "deamoe-trt-bench/1"
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+DTYPES = {name: BY_NAME[name].torch for name in ("fp32", "fp16")}
 MAX_STEPS = 10_000
 # Largest |output - reference| accepted, relative to max |reference|, before a contender is
 # flagged (not dropped): fp32 runtimes agree to ~1e-6, fp16 ones to ~1e-3.

@@ -7,12 +7,13 @@ com.microsoft.MoE, which does its own softmax top-k routing (deamoe_trt/export/o
 from __future__ import annotations
 
 import numpy as np
-import torch
 
+from ..dtypes import DTYPES
 from ..errors import DeaMoEError, MissingDependencyError, UsageError
 from ..layer import DeaMoELayer
 
-ONNX_DTYPES = {torch.float32: "fp32", torch.float16: "fp16"}
+# ONNX Runtime's CPU MoE has no bf16 kernel.
+ONNX_DTYPES = {d.torch: d.name for d in DTYPES if d.name != "bf16"}
 # Initializers at least this big are handed to ONNX Runtime as in-memory arrays.
 _IN_MEMORY_MIN_BYTES = 1 << 16
 BUILDER = "deamoe_trt.export.build_model"

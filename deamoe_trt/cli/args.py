@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-import torch
+from ..dtypes import DTYPES
 
-DTYPE_NAMES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPE_NAMES = {d.name: d.torch for d in DTYPES}
 
 
 def token_counts(text: str) -> list[int]:

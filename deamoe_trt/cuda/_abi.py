@@ -5,9 +5,7 @@ from __future__ import annotations
 import ctypes
 import functools
 
-import torch
-
-from .. import contract
+from .. import contract, dtypes
 from ..config import DeaMoEConfig
 
 # deamoe::Status
@@ -21,7 +19,7 @@ STATUS_NAMES = {
 }
 
 # deamoe::DataType
-DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+DTYPES = {d.torch: d.kernel for d in dtypes.DTYPES}
 
 # deamoe::ScoreFunc and deamoe::DepartmentScore: a value's position is its code.
 SCORE_FUNCS = {name: code for code, name in enumerate(contract.ENUMS["score_func"])}

@@ -7,13 +7,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ..dtypes import BY_NAME
 from ..errors import UsageError
 from ..export.metadata import load_model
 from .model import DeaMoELM
 from .onnx_export import INPUT_IDS, LOGITS, LMExportInfo, build_lm_model, lm_export_info, past_names, present_names
 from .tokenizer import ByteTokenizer
 
-NUMPY_DTYPES = {"fp32": np.float32, "fp16": np.float16}
+NUMPY_DTYPES = {name: BY_NAME[name].numpy for name in ("fp32", "fp16")}
 
 
 def make_lm_session(model: onnx.ModelProto | str | Path, *, threads: int | None = None):

@@ -102,7 +102,7 @@ def validate_lm(
             f"checkpoint {checkpoint} does not match the model: its {info.twin} config differs from the exported one"
         )
     _check_head(proto, reference, dtype, checkpoint)
-    np_dtype = np.float16 if dtype.name == "fp16" else np.float32
+    np_dtype = dtype.numpy
     runner = OnnxrtRunner(make_lm_session(model), name=f"onnxruntime-{provider}")
     ref_runner = LMReferenceRunner(reference, np_dtype)
     feeds, labels = _feeds(reference, np_dtype, tokens, seed)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 from .._io import atomic_path
+from ..dtypes import DTYPES
 from ..errors import DeaMoEError, MissingDependencyError, UsageError
 from ..report import format_bytes
 from . import targets as tg
@@ -80,7 +81,7 @@ def precision_plan(
     return PrecisionPlan(False, flags, note)
 
 
-DTYPE_BY_TRT = {"FLOAT": "fp32", "HALF": "fp16", "BF16": "bf16"}
+DTYPE_BY_TRT = {d.trt: d.name for d in DTYPES}
 
 
 # ---------------------------------------------------------------------------------------

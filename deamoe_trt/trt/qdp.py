@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .. import contract
+from .. import contract, dtypes
 from ..config import DeaMoEConfig
 from ..errors import MissingDependencyError, UsageError
 from ..export import plugin_node
@@ -299,7 +299,7 @@ def _define(trtp) -> None:
 # trt.DataType name -> (__cuda_array_interface__ typestr, torch dtype). bfloat16 has no
 # typestr, so it is wrapped as uint16 and viewed as bfloat16 (tensorrt.plugin.Tensor's own
 # __cuda_array_interface__ refuses BF16 for that reason).
-_TYPES = {"FLOAT": ("<f4", "float32"), "HALF": ("<f2", "float16"), "BF16": ("<u2", "bfloat16")}
+_TYPES = {d.trt: (np.dtype(d.numpy).str, d.long_name) for d in dtypes.DTYPES}
 
 # Weight tensors by the canonical name DeaMoELayer's state_dict uses, with the QDP argument
 # that carries each.
