@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from . import dtypes
 from ._io import atomic_path, atomic_write_text
 from .config import DeaMoEConfig
-from .errors import CheckpointError, UsageError
+from .errors import CheckpointError, UsageError, one_line
 from .layer import DeaMoELayer, DeaMoEStack
 
 FORMAT = "deamoe-trt"
@@ -149,5 +149,5 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
         with safe_open(str(path), framework="pt") as f:
             return {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - safe_open is not a dict
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = one_line(exc, first=True)
         raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): {reason}") from None

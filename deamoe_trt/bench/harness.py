@@ -17,7 +17,7 @@ import torch
 
 from ..config import DeaMoEConfig
 from ..dtypes import BY_NAME
-from ..errors import DeaMoEError, MissingDependencyError, UsageError
+from ..errors import DeaMoEError, MissingDependencyError, UsageError, one_line
 from ..inputs import random_hidden
 from ..layer import DeaMoELayer, DeaMoEStack
 from ..presets import get_preset
@@ -319,10 +319,10 @@ def _build_contender(name: str, module, threads: int, options: BenchOptions, ref
         # fails here, on the check inputs, rather than in the middle of the timed loop.
         contender.info["max_abs_diff"] = _check(contender, ref, checks)
     except MissingDependencyError as exc:
-        contender.status, contender.reason = "skipped", _one_line(exc)
+        contender.status, contender.reason = "skipped", one_line(exc, limit=300)
         return contender
     except Exception as exc:  # one contender failing must not end the benchmark
-        contender.status, contender.reason = "failed", f"{type(exc).__name__}: {_one_line(exc)}"
+        contender.status, contender.reason = "failed", f"{type(exc).__name__}: {one_line(exc, limit=300)}"
         contender.run = None
         return contender
     dtype = next(iter(checks.values())).dtype
@@ -716,10 +716,6 @@ def _settings(options: BenchOptions, threads: int) -> dict:
 
 def _module_bytes(module) -> int:
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300] or type(exc).__name__
 
 
 def _identity(x):

@@ -21,7 +21,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from ..config import DeaMoEConfig
-from ..errors import UsageError
+from ..errors import UsageError, one_line
 from .dtypes import DTYPES
 
 PREFIX = "deamoe_trt."
@@ -124,7 +124,8 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError, OSError) as exc:
-        raise UsageError(f"{path} is not a readable ONNX model (truncated or corrupt?): {_first_line(exc)}") from None
+        reason = one_line(exc, first=True)
+        raise UsageError(f"{path} is not a readable ONNX model (truncated or corrupt?): {reason}") from None
     if not model.HasField("graph") or not model.opset_import:
         # A protobuf cut at a field boundary still parses, minus what came after the cut.
         raise UsageError(f"{path} is not a complete ONNX model (no graph or opset imports: truncated?)")
@@ -147,8 +148,3 @@ def _sniff(head: bytes) -> str | None:
     if all(32 <= c < 127 or c in b"\t\r\n" for c in head):
         return "text"
     return None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import onnx
 
-from ..errors import MissingDependencyError, UsageError
+from ..errors import MissingDependencyError, UsageError, one_line
 from ..export.metadata import load_model
 from .plugin_op import for_reference, has_plugin_nodes, register_reference_ops
 
@@ -43,7 +43,7 @@ def make_session(model: str | Path | onnx.ModelProto, provider: str = "cpu"):
     except (UsageError, MissingDependencyError):
         raise
     except Exception as exc:
-        raise UsageError(f"ONNX Runtime cannot load {where}: {_first_line(exc)}") from None
+        raise UsageError(f"ONNX Runtime cannot load {where}: {one_line(exc, limit=500)}") from None
 
 
 def _providers(provider: str, available: list[str]) -> list[str]:
@@ -72,8 +72,3 @@ def _beside(original: Path, model: onnx.ModelProto):
         yield Path(tmp)
     finally:
         Path(tmp).unlink(missing_ok=True)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:500] if text else type(exc).__name__
