@@ -137,3 +137,13 @@ def test_stack_applies_layers_with_residuals():
         h = x + stack.layers[0](x)
         torch.testing.assert_close(stack(x), h + stack.layers[1](h))
         torch.testing.assert_close(stack.expanded()(x), stack(x), rtol=1e-5, atol=1e-5)
+
+
+def test_low_memory_random_draws_the_same_distribution_in_dtype():
+    config = CONFIGS["deepseek-style"]  # departments, experts, bias and shared experts
+    direct = DeaMoELayer.random(config, seed=5, dtype=torch.bfloat16, low_memory=True)
+    converted = DeaMoELayer.random(config, seed=5, dtype=torch.bfloat16)
+    assert direct.dtype == torch.bfloat16
+    for (name, a), (_, b) in zip(direct.state_dict().items(), converted.state_dict().items(), strict=True):
+        assert a.shape == b.shape, name
+        assert float(a.float().std()) == pytest.approx(float(b.float().std()), rel=0.1), name

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import gc
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -660,24 +659,9 @@ def _add_roofs(rows: list[dict], rate: float) -> None:
 
 
 def _random_layer(config: DeaMoEConfig, seed: int, dtype: torch.dtype, budget: int) -> DeaMoELayer:
-    """DeaMoELayer.random, which initialises in fp32 and then converts: where that fp32 copy
-    does not fit, the same distribution drawn tensor slice by tensor slice in dtype."""
-    if layer_bytes(config, torch.float32) + layer_bytes(config, dtype) < budget:
-        return DeaMoELayer.random(config, seed=seed, dtype=dtype)
-    layer = DeaMoELayer(config, dtype=dtype)
-    gen = torch.Generator().manual_seed(seed)
-    c = config
-    with torch.no_grad():
-        for name, param in layer.named_parameters():
-            if name == "router.bias":
-                param.copy_(0.02 * torch.randn(param.shape, generator=gen))
-                continue
-            fan_in = param.shape[-1]
-            if name.endswith("down") and not name.startswith("shared_experts"):
-                fan_in = c.expert_intermediate_size
-            for part in param.view(-1, *param.shape[-2:]) if param.dim() >= 2 else [param]:
-                part.copy_(torch.randn(part.shape, generator=gen) / math.sqrt(fan_in))
-    return layer
+    """DeaMoELayer.random, drawn straight into dtype where its float32 copy would not fit."""
+    fits = layer_bytes(config, torch.float32) + layer_bytes(config, dtype) < budget
+    return DeaMoELayer.random(config, seed=seed, dtype=dtype, low_memory=not fits)
 
 
 def _skipped_list(plan: MemoryPlan, wanted: list[str]) -> list[dict]:
