@@ -2,26 +2,15 @@ import numpy as np
 import pytest
 import torch
 
-from configs import QWEN2_STYLE_GATED_SHARED, TINY_SHARED_ONLY
-from deamoe_trt import PRESETS, DeaMoEConfig, DeaMoELayer, DeaMoEStack, UsageError
+from configs import QWEN2_STYLE_GATED_SHARED, TINY_SHARED_ONLY, deepseek_style
+from deamoe_trt import PRESETS, DeaMoELayer, DeaMoEStack, UsageError
 from deamoe_trt.inputs import random_hidden
 from spec_reference import spec_forward
 
 CONFIGS = {
     "tiny": PRESETS["tiny"],
-    "deepseek-style": DeaMoEConfig(
-        hidden_size=32,
-        num_departments=4,
-        experts_per_department=4,
-        shared_intermediate_size=24,
-        private_intermediate_size=8,
-        top_k=4,
-        top_departments=2,
-        score_func="sigmoid",
-        department_score="sum_top2",
-        routed_scaling_factor=2.5,
-        router_bias=True,
-        shared_expert_intermediate_size=16,
+    "deepseek-style": deepseek_style(
+        shared_intermediate_size=24, private_intermediate_size=8, shared_expert_intermediate_size=16
     ),
     "qwen2-style-gated-shared": QWEN2_STYLE_GATED_SHARED,
     "shared-only": TINY_SHARED_ONLY,

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from configs import QWEN2_STYLE_GATED_SHARED, TINY_SHARED_ONLY
-from deamoe_trt import PRESETS, DeaMoEConfig, DeaMoELayer, DeaMoEStack, MissingDependencyError, UsageError
+from configs import QWEN2_STYLE_GATED_SHARED, TINY_SHARED_ONLY, deepseek_style
+from deamoe_trt import PRESETS, DeaMoELayer, DeaMoEStack, MissingDependencyError, UsageError
 from deamoe_trt.inputs import random_hidden
 from deamoe_trt.routing import route_logits
 
@@ -20,19 +20,8 @@ CONFIGS = {
     # DeepSeek-V3 style: sigmoid scores, selection bias, sum_top2 departments, scaling, an
     # ungated shared expert; widths that are not multiples of the kernel's neuron group and
     # a hidden size that is not a multiple of its row padding.
-    "deepseek-style": DeaMoEConfig(
-        hidden_size=40,
-        num_departments=4,
-        experts_per_department=4,
-        shared_intermediate_size=22,
-        private_intermediate_size=9,
-        top_k=4,
-        top_departments=2,
-        score_func="sigmoid",
-        department_score="sum_top2",
-        routed_scaling_factor=2.5,
-        router_bias=True,
-        shared_expert_intermediate_size=13,
+    "deepseek-style": deepseek_style(
+        hidden_size=40, shared_intermediate_size=22, private_intermediate_size=9, shared_expert_intermediate_size=13
     ),
     "qwen2-style-gated-shared": QWEN2_STYLE_GATED_SHARED,
     "shared-only": TINY_SHARED_ONLY,
