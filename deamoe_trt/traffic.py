@@ -33,20 +33,53 @@ class StepTraffic:
         return self.department_bytes + self.expert_bytes + self.router_bytes + self.shared_expert_bytes
 
 
+# Weights of each part of a layer: gate, up and down of a SwiGLU block are 3*d*width.
+
+
+def _router_weights(config: DeaMoEConfig) -> int:
+    return config.num_experts * config.hidden_size + (config.num_experts if config.router_bias else 0)
+
+
+def _shared_expert_weights(config: DeaMoEConfig) -> int:
+    d = config.hidden_size
+    return 3 * d * config.shared_expert_intermediate_size + (d if config.shared_expert_gate else 0)
+
+
+def _department_weights(config: DeaMoEConfig) -> int:
+    return 3 * config.hidden_size * config.shared_intermediate_size
+
+
+def _expert_weights(config: DeaMoEConfig) -> int:
+    return 3 * config.hidden_size * config.private_intermediate_size
+
+
+def parameter_count(config: DeaMoEConfig) -> int:
+    """Weights of one layer (every canonical tensor), without allocating it."""
+    return (
+        _router_weights(config)
+        + config.num_departments * _department_weights(config)
+        + config.num_experts * _expert_weights(config)
+        + _shared_expert_weights(config)
+    )
+
+
+def layer_bytes(config: DeaMoEConfig, dtype: torch.dtype) -> int:
+    """Bytes of one layer's weights in dtype."""
+    return parameter_count(config) * BYTES_PER_WEIGHT[dtype]
+
+
 def weights_loaded(config: DeaMoEConfig, routing: Routing, bytes_per_weight: int) -> StepTraffic:
     """Bytes one step reads for the batch whose routing is given."""
-    d, b = config.hidden_size, bytes_per_weight
+    b = bytes_per_weight
     departments_used = int(routing.used_departments().numel()) if config.shared_intermediate_size else 0
     experts_used = int(routing.used_experts().numel()) if config.private_intermediate_size else 0
-    router = config.num_experts * d * b + (config.num_experts * b if config.router_bias else 0)
-    shared = 3 * d * config.shared_expert_intermediate_size * b + (d * b if config.shared_expert_gate else 0)
     return StepTraffic(
         departments_used=departments_used,
         experts_used=experts_used,
-        department_bytes=departments_used * 3 * d * config.shared_intermediate_size * b,
-        expert_bytes=experts_used * 3 * d * config.private_intermediate_size * b,
-        router_bytes=router,
-        shared_expert_bytes=shared,
+        department_bytes=departments_used * _department_weights(config) * b,
+        expert_bytes=experts_used * _expert_weights(config) * b,
+        router_bytes=_router_weights(config) * b,
+        shared_expert_bytes=_shared_expert_weights(config) * b,
     )
 
 

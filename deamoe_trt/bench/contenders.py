@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..config import DeaMoEConfig
-from ..traffic import BYTES_PER_WEIGHT
+from ..traffic import layer_bytes
 
 MODELS = ("deamoe", "expanded", "vanilla")
 RUNTIMES = ("cpu", "ort", "torch")
@@ -59,20 +59,6 @@ class Contender:
             out["cooldown_s"] = self.cooldown_s
         out.update(self.info)
         return out
-
-
-def parameter_count(config: DeaMoEConfig) -> int:
-    """Weights of one layer (every canonical tensor), without allocating it."""
-    c, d = config, config.hidden_size
-    n = c.num_experts * d + (c.num_experts if c.router_bias else 0)
-    n += c.num_departments * 3 * d * c.shared_intermediate_size
-    n += c.num_experts * 3 * d * c.private_intermediate_size
-    n += 3 * d * c.shared_expert_intermediate_size + (d if c.shared_expert_gate else 0)
-    return n
-
-
-def layer_bytes(config: DeaMoEConfig, dtype: torch.dtype) -> int:
-    return parameter_count(config) * BYTES_PER_WEIGHT[dtype]
 
 
 @dataclass

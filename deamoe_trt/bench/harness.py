@@ -22,10 +22,10 @@ from ..layer import DeaMoELayer, DeaMoEStack
 from ..presets import get_preset
 from ..report import Progress
 from ..routing import route_logits, router_logits
-from ..traffic import BYTES_PER_WEIGHT, weights_loaded
+from ..traffic import BYTES_PER_WEIGHT, layer_bytes, weights_loaded
 from . import bandwidth as bw
 from . import machine
-from .contenders import PRIORITY, Contender, MemoryPlan, layer_bytes
+from .contenders import PRIORITY, Contender, MemoryPlan
 from .timing import interleaved, percentile, summary
 
 SCHEMA = "deamoe-trt-bench/1"
