@@ -87,6 +87,11 @@ class DeaMoEConfig:
     def replace(self, **changes: Any) -> DeaMoEConfig:
         return dataclasses.replace(self, **changes)
 
+    def differences(self, other: DeaMoEConfig) -> list[str]:
+        """'field a vs b' for every field where other differs from this config, in field order."""
+        a, b = self.to_dict(), other.to_dict()
+        return [f"{name} {a[name]!r} vs {b[name]!r}" for name in a if a[name] != b[name]]
+
     # JSON -----------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:

@@ -119,9 +119,3 @@ def same_config(a: DeaMoEConfig, b: DeaMoEConfig) -> bool:
 
 def as_float32(config: DeaMoEConfig) -> DeaMoEConfig:
     return config.replace(routed_scaling_factor=float(np.float32(config.routed_scaling_factor)))
-
-
-def config_differences(model: DeaMoEConfig, other: DeaMoEConfig) -> list[str]:
-    """'field: a vs b' for every field where two configs differ (float32 for the scaling factor)."""
-    a, b = as_float32(model).to_dict(), as_float32(other).to_dict()
-    return [f"{name} {a[name]!r} vs {b[name]!r}" for name in a if a[name] != b[name]]

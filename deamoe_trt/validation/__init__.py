@@ -20,7 +20,7 @@ from ..checkpoint import load_checkpoint, read_header
 from ..errors import UsageError
 from ..export.dtypes import DTYPES, ExportDtype, to_numpy
 from ..export.metadata import INPUT_NAME, OUTPUT_NAME, ExportInfo, export_info, load_model
-from ..export.plugin_node import config_differences
+from ..export.plugin_node import as_float32
 from ..inputs import random_hidden
 from ..layer import DeaMoELayer, DeaMoEStack
 from .compare import Comparison, compare, comparison_table
@@ -124,7 +124,8 @@ def reference_module(info: ExportInfo, checkpoint: str | Path) -> DeaMoELayer | 
 
     Checks first that the checkpoint can be the model's: same config, and the layers exist."""
     header = read_header(checkpoint)
-    differences = config_differences(info.config, header["config"])
+    # As a node can say it: the plugin form carries routed_scaling_factor as float32.
+    differences = as_float32(info.config).differences(as_float32(header["config"]))
     if differences:
         more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
         raise UsageError(
