@@ -62,6 +62,12 @@ class ExportInfo:
         return {PREFIX + key: value for key, value in meta.items()}
 
 
+def export_format(model: onnx.ModelProto) -> str | None:
+    """The deamoe_trt.format a model's metadata names (this module's FORMAT for layers and
+    stacks, another for other exports), or None."""
+    return next((p.value for p in model.metadata_props if p.key == PREFIX + "format"), None)
+
+
 def export_info(model: onnx.ModelProto, where: str = "the model") -> ExportInfo:
     """The ExportInfo a deamoe-trt export carries; UsageError saying what the model is otherwise."""
     meta = {p.key[len(PREFIX) :]: p.value for p in model.metadata_props if p.key.startswith(PREFIX)}

@@ -88,3 +88,14 @@ def test_bf16_plugin_model_is_fed_and_read_as_float32_holding_bf16_values():
     (y,) = session.run(None, {"hidden_states": x.float().numpy()})
     with torch.no_grad():
         np.testing.assert_array_equal(y, layer(x).float().numpy())
+
+
+def test_every_registered_validator_exists_for_its_format():
+    import importlib
+
+    from deamoe_trt.lm.onnx_export import FORMAT as LM_FORMAT
+    from deamoe_trt.validation import VALIDATORS
+
+    assert LM_FORMAT in VALIDATORS
+    for module, function in VALIDATORS.values():
+        assert callable(getattr(importlib.import_module(module), function))
