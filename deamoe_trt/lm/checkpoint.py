@@ -114,7 +114,7 @@ def load_lm(directory: str | Path, *, device=None) -> LoadedLM:
     tensors = read_tensors(weights)
     check_tensors(tensors, expected, header["dtype"], weights)
     model.load_state_dict(tensors, assign=True)
-    model = model._materialize_rope(device)
+    model = model.materialize_rope(device)
     return LoadedLM(
         model=model.eval(), tokenizer=header["tokenizer"], training=header.get("training") or {}, path=directory
     )
