@@ -70,9 +70,17 @@ def export_format(model: onnx.ModelProto) -> str | None:
 
 def export_info(model: onnx.ModelProto, where: str = "the model") -> ExportInfo:
     """The ExportInfo a deamoe-trt export carries; UsageError saying what the model is otherwise."""
-    meta = {p.key[len(PREFIX) :]: p.value for p in model.metadata_props if p.key.startswith(PREFIX)}
-    if meta.get("format") != FORMAT:
+    props = {p.key: p.value for p in model.metadata_props}
+    if props.get(PREFIX + "format") != FORMAT:
         raise UsageError(f"{where} is an ONNX model but not a deamoe-trt export: {describe(model)}")
+    return info_from_metadata(props, where)
+
+
+def info_from_metadata(props: dict[str, str], where: str) -> ExportInfo:
+    """The ExportInfo of a layer/stack export's metadata_props (key -> value)."""
+    meta = {key[len(PREFIX) :]: value for key, value in props.items() if key.startswith(PREFIX)}
+    if meta.get("format") != FORMAT:
+        raise UsageError(f"{where} does not describe a deamoe-trt layer or stack export")
     if meta.get("format_version") != FORMAT_VERSION:
         raise UsageError(
             f"{where} is a deamoe-trt export of format_version {meta.get('format_version')!r}; "
@@ -98,6 +106,44 @@ def export_info(model: onnx.ModelProto, where: str = "the model") -> ExportInfo:
             f"{where} has deamoe_trt metadata this deamoe-trt does not know: {info.form}/{info.dtype}/{info.module}"
         )
     return info
+
+
+# A TensorRT engine cannot carry metadata_props; `deamoe-trt build` writes its model's
+# deamoe_trt.* metadata as JSON beside the engine, so validation knows what the engine holds.
+ENGINE_METADATA_SUFFIX = ".deamoe.json"
+
+
+def engine_metadata_path(engine: str | Path) -> Path:
+    engine = Path(engine)
+    return engine.with_name(engine.name + ENGINE_METADATA_SUFFIX)
+
+
+def write_engine_metadata(engine: str | Path, props: dict[str, str]) -> Path | None:
+    """Write the deamoe_trt.* entries of props beside engine (atomically); with none, remove a
+    stale file of an earlier build instead. Returns the path written, if any."""
+    from .._io import atomic_write_text
+
+    path = engine_metadata_path(engine)
+    ours = {key: value for key, value in props.items() if key.startswith(PREFIX)}
+    if not ours:
+        path.unlink(missing_ok=True)
+        return None
+    atomic_write_text(path, json.dumps(ours, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def engine_info(engine: str | Path) -> ExportInfo | None:
+    """The ExportInfo of the model engine was built from, when its build wrote one beside it."""
+    path = engine_metadata_path(engine)
+    if not path.is_file():
+        return None
+    try:
+        props = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path} is not readable JSON ({one_line(exc)}); rebuild the engine or delete it") from None
+    if not isinstance(props, dict) or not all(isinstance(v, str) for v in props.values()):
+        raise UsageError(f"{path} is not deamoe-trt engine metadata; rebuild the engine or delete it")
+    return info_from_metadata(props, str(path))
 
 
 def describe(model: onnx.ModelProto) -> str:

@@ -19,7 +19,15 @@ from onnx import external_data_helper, numpy_helper
 from ..checkpoint import load_checkpoint, read_header
 from ..errors import UsageError
 from ..export.dtypes import DTYPES, ExportDtype, to_numpy
-from ..export.metadata import INPUT_NAME, OUTPUT_NAME, ExportInfo, export_format, export_info, load_model
+from ..export.metadata import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    ExportInfo,
+    engine_info,
+    export_format,
+    export_info,
+    load_model,
+)
 from ..export.plugin_node import as_float32
 from ..inputs import random_hidden
 from ..layer import DeaMoELayer, DeaMoEStack
@@ -64,9 +72,7 @@ def validate(
         reference = reference_module(info, checkpoint)
         check_weights(proto, Path(model), info, reference, checkpoint)
         runner, dtype = onnx_runner(model, provider), DTYPES[info.dtype]
-        description = f"{info.form} form, {info.dtype}, " + (
-            "one layer" if info.module == "layer" else f"stack of {info.num_layers} layers"
-        )
+        description = _describe(info)
         if info.ort_routing == "moe-op":
             notes.append(
                 "note: routing by com.microsoft.MoE's own softmax and top-k (vanilla MoE): "
@@ -138,9 +144,23 @@ def _loaded(tensor: onnx.TensorProto, base_dir: Path) -> onnx.TensorProto:
     return copy
 
 
+def _describe(info: ExportInfo) -> str:
+    layers = "one layer" if info.module == "layer" else f"stack of {info.num_layers} layers"
+    return f"{info.form} form, {info.dtype}, {layers}"
+
+
 def _engine_side(model, checkpoint, plugin):
-    """Runner, reference, dtype and description for a TensorRT engine (no metadata: the whole checkpoint)."""
+    """Runner, reference, dtype and description for a TensorRT engine.
+
+    `deamoe-trt build` writes the export's metadata beside the engine: the reference is then
+    the layers the engine holds, in its dtype. An engine built elsewhere has none: the whole
+    checkpoint, in a dtype read off the engine's input."""
+    info = engine_info(model)
     runner = engine_runner(model, plugin)
+    if info is not None:
+        reference = reference_module(info, checkpoint)
+        description = f"TensorRT engine of the {_describe(info)}"
+        return runner, reference, DTYPES[info.dtype], description
     stack = load_checkpoint(checkpoint)
     with runner:
         meta = runner.get_input_metadata()

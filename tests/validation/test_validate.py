@@ -99,3 +99,23 @@ def test_every_registered_validator_exists_for_its_format():
     assert LM_FORMAT in VALIDATORS
     for module, function in VALIDATORS.values():
         assert callable(getattr(importlib.import_module(module), function))
+
+
+def test_an_engine_is_validated_against_the_layers_and_dtype_its_metadata_names(tmp_path, monkeypatch):
+    """No guessing from the engine's input: layer 1 of a 2-layer checkpoint, in bf16."""
+    import deamoe_trt.validation as validation
+    from deamoe_trt.export.metadata import ExportInfo, engine_metadata_path, write_engine_metadata
+
+    stack = DeaMoEStack.random(get_preset("tiny"), 2, seed=3)
+    stack.save_pretrained(tmp_path / "ckpt")
+    engine = tmp_path / "layer1.engine"
+    info = ExportInfo(form="plugin", dtype="bf16", module="layer", layers=(1,), config=get_preset("tiny"))
+    write_engine_metadata(engine, info.to_metadata())
+    monkeypatch.setattr(validation, "engine_runner", lambda model, plugin: "runner")
+    runner, reference, dtype, description = validation._engine_side(engine, tmp_path / "ckpt", None)
+    assert runner == "runner" and dtype.name == "bf16" and reference.dtype == torch.bfloat16
+    assert torch.equal(reference.router.weight, stack.layers[1].router.weight.to(torch.bfloat16))
+    assert description == "TensorRT engine of the plugin form, bf16, one layer"
+    engine_metadata_path(engine).write_text("{not json")
+    with pytest.raises(UsageError, match="not readable JSON"):
+        validation._engine_side(engine, tmp_path / "ckpt", None)
