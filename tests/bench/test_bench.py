@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from deamoe_trt import PRESETS, DeaMoELayer, MissingDependencyError
-from deamoe_trt.bench import harness as bench_harness
+from deamoe_trt.bench import loop as bench_loop
+from deamoe_trt.bench import machine as bench_machine
 from deamoe_trt.bench import step_seed
 from deamoe_trt.bench.contenders import PRIORITY, MemoryPlan
 from deamoe_trt.cli.main import main
 from deamoe_trt.inputs import random_hidden
-from deamoe_trt.routing import Routing
+from deamoe_trt.routing import Routing, route_logits
 from deamoe_trt.traffic import weights_loaded
 
 try:
@@ -88,7 +89,7 @@ def test_bytes_match_traffic_recomputed_from_the_seed(quick_run):
             assert recorded["deamoe"]["bytes"][i] == weights_loaded(config, routing, 4).total
             assert recorded["expanded"]["bytes"][i] == weights_loaded(config.expanded(), routing, 4).total
             vanilla = DeaMoELayer(config.vanilla(), device="meta")
-            vanilla_routing = bench_harness.route_logits(x @ layer.router.weight.t(), None, vanilla.config)
+            vanilla_routing = route_logits(x @ layer.router.weight.t(), None, vanilla.config)
             assert recorded["vanilla"]["bytes"][i] == weights_loaded(config.vanilla(), vanilla_routing, 4).total
             assert recorded["deamoe"]["expert_ids"][i] == routing.expert_ids.tolist()
 
@@ -150,8 +151,8 @@ def test_memory_plan_counts_an_onnx_runtime_session_at_twice_its_weights():
 
 
 def test_gpu_sized_preset_is_skipped_not_crashed(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(bench_harness.machine, "available_memory", lambda: 24 * 2**30)
-    monkeypatch.setattr(bench_harness, "_random_layer", _no_allocation)
+    monkeypatch.setattr(bench_machine, "available_memory", lambda: 24 * 2**30)
+    monkeypatch.setattr(bench_loop, "random_layer", _no_allocation)
     out = tmp_path / "skip.json"
     code = main(["bench", "--quick", "--preset", "deepseek-v3-layer", "--json", str(out)])
     assert code == 0
