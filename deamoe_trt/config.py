@@ -64,9 +64,6 @@ class DeaMoEConfig:
     def has_shared_experts(self) -> bool:
         return self.shared_expert_intermediate_size > 0
 
-    def department_of(self, expert: int) -> int:
-        return expert // self.experts_per_department
-
     # Related layers ------------------------------------------------------------------
 
     def expanded(self) -> DeaMoEConfig:
