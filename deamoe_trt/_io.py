@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -51,6 +52,14 @@ def check_writable(target: str | Path, *, directory: bool = False) -> Path:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write {target}: {folder} is not writable")
     return target
+
+
+def read_json(path: Path, error: type[UsageError] = UsageError):
+    """The JSON document at path; `error` with one line saying why when it is not valid JSON."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise error(f"{path} is not valid JSON: {exc}") from None
 
 
 def atomic_write_text(target: str | Path, text: str) -> None:

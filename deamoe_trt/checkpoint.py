@@ -16,7 +16,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from . import dtypes
-from ._io import atomic_path, atomic_write_text
+from ._io import atomic_path, atomic_write_text, read_json
 from .config import DeaMoEConfig
 from .errors import CheckpointError, UsageError, one_line
 from .layer import DeaMoELayer, DeaMoEStack
@@ -73,10 +73,7 @@ def read_header(directory: str | Path) -> dict[str, Any]:
     path = directory / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(f"{directory} has no {CONFIG_FILE}; is it a deamoe-trt checkpoint?")
-    try:
-        header = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    header = read_json(path, CheckpointError)
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise CheckpointError(f'{path} is not a deamoe-trt checkpoint config (no "format": "{FORMAT}")')
     if header.get("format_version") != FORMAT_VERSION:

@@ -137,10 +137,9 @@ def engine_info(engine: str | Path) -> ExportInfo | None:
     path = engine_metadata_path(engine)
     if not path.is_file():
         return None
-    try:
-        props = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{path} is not readable JSON ({one_line(exc)}); rebuild the engine or delete it") from None
+    from .._io import read_json
+
+    props = read_json(path)
     if not isinstance(props, dict) or not all(isinstance(v, str) for v in props.values()):
         raise UsageError(f"{path} is not deamoe-trt engine metadata; rebuild the engine or delete it")
     return info_from_metadata(props, str(path))

@@ -9,13 +9,13 @@ for the whole model in its stored dtype; the MoE blocks are then imported with f
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .._io import read_json
 from ..errors import MissingDependencyError, UsageError, one_line
 from ..layer import DeaMoEStack
 from .hf import SUPPORTED_MODEL_TYPES, find_moe_blocks, from_hf_model
@@ -35,10 +35,7 @@ def read_hf_config(model_dir: str | Path) -> dict[str, Any]:
     config_path = path / "config.json"
     if not config_path.is_file():
         raise UsageError(f"{path} has no config.json; is it a Hugging Face model directory?")
-    try:
-        config = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{config_path} is not valid JSON: {exc}") from None
+    config = read_json(config_path)
     if not isinstance(config, dict):
         raise UsageError(f"{config_path} is not a JSON object")
     model_type = config.get("model_type")

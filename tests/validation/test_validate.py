@@ -117,5 +117,5 @@ def test_an_engine_is_validated_against_the_layers_and_dtype_its_metadata_names(
     assert torch.equal(reference.router.weight, stack.layers[1].router.weight.to(torch.bfloat16))
     assert description == "TensorRT engine of the plugin form, bf16, one layer"
     engine_metadata_path(engine).write_text("{not json")
-    with pytest.raises(UsageError, match="not readable JSON"):
+    with pytest.raises(UsageError, match="is not valid JSON"):
         validation._engine_side(engine, tmp_path / "ckpt", None)
