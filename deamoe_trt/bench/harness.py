@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import gc
+import statistics
 
 import torch
 
@@ -16,7 +17,7 @@ from . import bandwidth as bw
 from . import machine
 from .contenders import ORT_SPINNING_COOLDOWN_S, TORCH_COOLDOWN_S
 from .layer_section import layer_section
-from .loop import Log, Runner, median
+from .loop import Log, Runner
 from .options import SCHEMA, BenchOptions, step_seed
 from .stack_section import stack_layers, stack_section, stack_skip_reason
 
@@ -55,7 +56,8 @@ def run_bench(options: BenchOptions) -> dict:
 
     after = bw.kernel_bandwidth(options.bandwidth_bytes, options.bandwidth_passes, threads)
     result["bandwidth"]["kernel_after"] = after
-    result["bandwidth"]["standalone_bytes_per_s"] = median(before["passes_bytes_per_s"] + after["passes_bytes_per_s"])
+    passes = before["passes_bytes_per_s"] + after["passes_bytes_per_s"]
+    result["bandwidth"]["standalone_bytes_per_s"] = statistics.median(passes)
     result["machine"]["load_average_end"] = machine.load_average()
     result["elapsed_s"] = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds()
     return result

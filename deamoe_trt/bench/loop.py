@@ -3,6 +3,7 @@ progress lines, result rows, and layers drawn within the memory budget."""
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -74,7 +75,7 @@ def time_all(contenders, inputs, warmup, steps, runner: Runner, label) -> tuple[
         rates += probe_rates
         results[tokens] = {c.name: (c, times[c.name]) for c in contenders}
     roof = {
-        "bytes_per_s": median(rates),
+        "bytes_per_s": statistics.median(rates),
         "p10_bytes_per_s": percentile(rates, 10),
         "p90_bytes_per_s": percentile(rates, 90),
         "method": runner.probe.method,
@@ -87,7 +88,7 @@ def time_all(contenders, inputs, warmup, steps, runner: Runner, label) -> tuple[
 def result_rows(results: dict, traffic: dict, rate: float) -> list[dict]:
     rows = []
     for tokens, per in results.items():
-        medians = {name: median(times) for name, (_, times) in per.items()}
+        medians = {name: statistics.median(times) for name, (_, times) in per.items()}
         for name, (contender, times) in per.items():
             step_bytes = traffic[tokens][contender.model]["bytes"]
             row = {
@@ -128,12 +129,6 @@ def skipped_list(plan: MemoryPlan, wanted: list[str]) -> list[dict]:
         for n, r in plan.skipped.items()
         if n in wanted
     ]
-
-
-def median(values) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    return (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
 
 
 class Log:
