@@ -72,9 +72,11 @@ ENUMS: dict[str, tuple[str, ...]] = {
 ENUM_TYPES = {"score_func": "ScoreFunc", "department_score": "DepartmentScore"}
 
 # An input's dtype: the node's activation dtype (float32/float16/bfloat16, chosen by
-# hidden_states), or always float32 whatever the activation dtype.
+# hidden_states); always float32 whatever the activation dtype; or either of the two, the
+# kernels told which by the input's dtype_param (a LayerParams member, 1 for float32).
 ACTIVATION = "activation"
 FLOAT32 = "float32"
+FLOAT32_OR_ACTIVATION = "float32 or activation"
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class Input:
     shape: tuple[str, ...]  # symbols of ATTRIBUTES, N = D*m, T = tokens, 2*x
     present_when: str  # attribute that must be non-zero for the input to be present ("" = always)
     dtype: str = ACTIVATION
+    dtype_param: str = ""  # FLOAT32_OR_ACTIVATION: the LayerParams member saying which
 
 
 # One row per input, aligned as a table (wider than the line limit on purpose).
@@ -108,6 +111,10 @@ INPUTS: tuple[Input, ...] = (
 # fmt: on
 WEIGHT_INPUTS = INPUTS[1:]
 MAX_INPUTS = len(INPUTS)
+# LayerParams = one member per attribute, then these (set from the inputs' dtypes, not from
+# attributes), in input order.
+DTYPE_PARAMS = tuple(i.dtype_param for i in INPUTS if i.dtype_param)
+assert all((i.dtype == FLOAT32_OR_ACTIVATION) == bool(i.dtype_param) for i in INPUTS), "dtype_param iff either dtype"
 
 
 def present(item: Input, config: Any) -> bool:
@@ -159,8 +166,9 @@ def _presence_text(item: Input) -> str:
 def readme_tables() -> dict[str, list[str]]:
     """The README's inputs and attributes tables (header and rows), by table name."""
     inputs = ["| # | name | shape | dtype | present when |", "| --- | --- | --- | --- | --- |"]
+    texts = {ACTIVATION: "the node's dtype", FLOAT32: "float32", FLOAT32_OR_ACTIVATION: "float32 or the node's dtype"}
     for position, item in enumerate(INPUTS):
-        dtype = "the node's dtype" if item.dtype == ACTIVATION else item.dtype
+        dtype = texts[item.dtype]
         inputs.append(f"| {position} | {item.name} | {_shape_text(item)} | {dtype} | {_presence_text(item)} |")
     attributes = ["| attribute | ONNX type | meaning |", "| --- | --- | --- |"]
     for a in ATTRIBUTES:

@@ -111,7 +111,8 @@ def test_python_copies_are_generated_from_the_contract():
     assert plugin_node.ATTRIBUTE_TYPES.keys() == {*ATTRIBUTES, *contract.SELECTOR_ATTRIBUTES}
     assert tuple(i.qdp_arg for i in contract.INPUTS) == qdp.TENSOR_ARGS
     assert tuple(qdp.ATTRS) == tuple(ATTRIBUTES)
-    assert [f for f, _ in _abi.LayerParams._fields_] == [a.param for a in contract.ATTRIBUTES]
+    params = [a.param for a in contract.ATTRIBUTES] + list(contract.DTYPE_PARAMS)
+    assert [f for f, _ in _abi.LayerParams._fields_] == params
     assert [f for f, _ in _abi.LayerWeights._fields_] == [i.weights_field for i in contract.WEIGHT_INPUTS]
 
 
@@ -156,6 +157,7 @@ def test_kernel_enums():
 def test_kernel_structs():
     text = source(PLUGIN / "deamoeKernels.h")
     want = [(contract.ENUM_TYPES[a.name] if a.kind == "str" else C_TYPES[a.kind], a.param) for a in contract.ATTRIBUTES]
+    want += [("int32_t", name) for name in contract.DTYPE_PARAMS]  # after the attributes' members
     assert struct_members(text, "LayerParams", "deamoeKernels.h") == want, "deamoeKernels.h struct LayerParams"
     weights = [("void const*", i.weights_field) for i in contract.WEIGHT_INPUTS]
     assert struct_members(text, "LayerWeights", "deamoeKernels.h") == weights, "deamoeKernels.h struct LayerWeights"
@@ -294,9 +296,16 @@ def test_plugin_inputs(plugin_cpp):
         shapes[role] = tuple(symbols)
     assert shapes == {i.role: i.shape for i in contract.INPUTS}, "deamoePlugin.cpp expectedShape"
 
-    # enqueue: each role's pointer lands on its LayerWeights member.
-    landed = dict(re.findall(r"case InputRole::(k\w+): weights\.(\w+) = ptr;", plugin_cpp))
+    # enqueue: each role's pointer lands on its LayerWeights member, and an input of either
+    # dtype sets its LayerParams flag there.
+    body = block(plugin_cpp, "DeaMoEPlugin::enqueue(", "enqueue")
+    cases = dict(re.findall(r"case InputRole::(k\w+):(.*?)(?=case InputRole::|\}\s*$)", body, flags=re.S))
+    landed = {role: m.group(1) for role, text in cases.items() if (m := re.search(r"weights\.(\w+) = ptr;", text))}
     assert landed == {i.role: i.weights_field for i in contract.WEIGHT_INPUTS}, "deamoePlugin.cpp enqueue's weights"
+    for item in contract.INPUTS:
+        if item.dtype_param:
+            where = f"deamoePlugin.cpp enqueue sets {item.dtype_param}"
+            assert f"params.{item.dtype_param} =" in cases[item.role], where
 
 
 def test_plugin_harness_expects_the_contract():

@@ -30,9 +30,12 @@ _CTYPES = {"int": ctypes.c_int32, "bool": ctypes.c_int32, "str": ctypes.c_int32,
 
 
 class LayerParams(ctypes.Structure):
-    """deamoe::LayerParams, field for field (all 4-byte members, no padding), from the contract."""
+    """deamoe::LayerParams, field for field (all 4-byte members, no padding), from the contract:
+    one member per attribute, then the inputs' dtype flags."""
 
-    _fields_ = [(a.param, _CTYPES[a.kind]) for a in contract.ATTRIBUTES]
+    _fields_ = [(a.param, _CTYPES[a.kind]) for a in contract.ATTRIBUTES] + [
+        (name, ctypes.c_int32) for name in contract.DTYPE_PARAMS
+    ]
 
 
 class LayerWeights(ctypes.Structure):

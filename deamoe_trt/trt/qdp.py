@@ -54,15 +54,17 @@ ATTRS: dict[str, type] = {a.name: _PYTHON_TYPES[a.kind] for a in contract.ATTRIB
 # tensorrt.plugin's names for the contract's dtypes: an activation-dtype input may be any of
 # the three, tied by '|' position to the others; a fixed-dtype input is that type only.
 _ACTIVATION_TYPES = "FP32|FP16|BF16"
-_QDP_TYPES = {contract.FLOAT32: "FP32"}
+_QDP_TYPES = {contract.ACTIVATION: _ACTIVATION_TYPES, contract.FLOAT32: "FP32"}
 
 
-def autotune_combination() -> str:
-    """The one type combination of the QDP: each input in contract order, then the output."""
-    types = [
-        _ACTIVATION_TYPES if item.dtype == contract.ACTIVATION else _QDP_TYPES[item.dtype] for item in contract.INPUTS
-    ]
-    return ", ".join([*types, _ACTIVATION_TYPES])
+def autotune_combinations() -> list[str]:
+    """The QDP's type combinations, each input in contract order then the output: one with
+    every either-dtype input in the activation dtype, and one with them float32 (if any)."""
+    combinations = []
+    for either in (contract.ACTIVATION, contract.FLOAT32):
+        types = [_QDP_TYPES[either if i.dtype == contract.FLOAT32_OR_ACTIVATION else i.dtype] for i in contract.INPUTS]
+        combinations.append(", ".join([*types, _ACTIVATION_TYPES]))
+    return list(dict.fromkeys(combinations))  # the same twice when no input has either dtype
 
 
 # ---------------------------------------------------------------------------------------
@@ -256,7 +258,7 @@ def _define(trtp) -> None:
         outputs: tuple[TensorDesc],
     ) -> list[trtp.AutoTuneCombination]:
         # The inputs and the output in one float type ('|' ties the positions together).
-        return [trtp.AutoTuneCombination(autotune_combination())]
+        return [trtp.AutoTuneCombination(types) for types in autotune_combinations()]
 
     @trtp.impl(QDP_ID)
     def deamoe_impl(
