@@ -12,6 +12,7 @@ from deamoe_trt.inputs import random_hidden
 DEEPSEEK_STYLE = deepseek_style(hidden_size=64, routed_scaling_factor=1.0, shared_expert_intermediate_size=16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_layer_round_trips_through_save_and_load(tmp_path, dtype):
     layer = DeaMoELayer.random(DEEPSEEK_STYLE, seed=1, dtype=dtype)

@@ -119,6 +119,7 @@ def test_random_init_spreads_routing_over_experts():
     assert routing.weights[:, 0].mean() < 0.9  # no token is sent to a single expert alone
 
 
+@pytest.mark.slow
 def test_stack_applies_layers_with_residuals():
     stack = DeaMoEStack.random(CONFIGS["tiny"], 2, seed=8)
     x = random_hidden(5, 64, seed=8)

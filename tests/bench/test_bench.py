@@ -34,6 +34,7 @@ def quick_run(tmp_path_factory):
     return code, json.loads(json_path.read_text()), png_path
 
 
+@pytest.mark.slow
 def test_quick_run_writes_json_and_png(quick_run):
     code, result, png = quick_run
     assert code == 0
@@ -47,6 +48,7 @@ def test_quick_run_writes_json_and_png(quick_run):
     assert result["bandwidth"]["numpy"]["bytes_per_s"] > 0
 
 
+@pytest.mark.slow  # the module\'s quick benchmark run
 def test_every_contender_is_reported(quick_run):
     _, result, _ = quick_run
     layer = result["layer"]
@@ -73,6 +75,7 @@ def test_every_contender_is_reported(quick_run):
             assert "speedup_vs_expanded" in row and "speedup_vs_vanilla_ort" in row
 
 
+@pytest.mark.slow  # the module\'s quick benchmark run
 def test_bytes_match_traffic_recomputed_from_the_seed(quick_run):
     _, result, _ = quick_run
     layer_section = result["layer"]
@@ -94,6 +97,7 @@ def test_bytes_match_traffic_recomputed_from_the_seed(quick_run):
             assert recorded["deamoe"]["expert_ids"][i] == routing.expert_ids.tolist()
 
 
+@pytest.mark.slow  # the module\'s quick benchmark run
 def test_bytes_match_traffic_of_the_recorded_routing(quick_run):
     _, result, _ = quick_run
     config = PRESETS["tiny"]
@@ -112,6 +116,7 @@ def test_bytes_match_traffic_of_the_recorded_routing(quick_run):
                 assert row["bytes_per_step_mean"] == pytest.approx(sum(step_bytes) / len(step_bytes))
 
 
+@pytest.mark.slow  # the module\'s quick benchmark run
 def test_stack_section(quick_run):
     _, result, _ = quick_run
     stack = result["stack"]

@@ -35,6 +35,7 @@ def pair(request):
     return layer, cpu.CpuDeaMoE(layer)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_forward_matches_reference(pair, tokens):
     layer, fast = pair
@@ -189,11 +190,12 @@ def test_stream_read_measures_a_rate():
 
 
 def test_missing_compiler_is_one_clear_line(monkeypatch, tmp_path):
+    from deamoe_trt import native
     from deamoe_trt.cpu import _build
 
     monkeypatch.setenv("DEAMOE_TRT_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", "no-such-compiler")
-    monkeypatch.setattr(_build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
     with pytest.raises(MissingDependencyError, match="needs a C\\+\\+ compiler") as info:
         _build.build(force=True)
     assert "\n" not in str(info.value)
@@ -210,6 +212,7 @@ def test_build_is_cached_by_source_and_flags(monkeypatch, tmp_path):
     assert _build.library_path(cxx) != path
 
 
+@pytest.mark.slow
 def test_new_pools_never_miss_their_first_job():
     """A job issued before a worker thread has started must still run (it once hung)."""
     import subprocess

@@ -27,6 +27,7 @@ VANILLA = ("mixtral", "qwen2_moe", "qwen3_moe")
 # transformers 5.x blocks ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_imported_block_has_the_same_outputs_and_routing_as_hf(family):
     block = hf_block(family)
@@ -167,6 +168,7 @@ def _hf4_blocks():
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_transformers4_layout_blocks_have_the_same_outputs(family):
     block = randomize_(_hf4_blocks()[family], seed=16)

@@ -23,6 +23,7 @@ def checkpoint(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("form", "dtype"), [("plugin", "bf16"), ("onnx", "fp16"), ("ort", "fp32")])
 def test_report_has_a_passing_row_per_token_count_with_dtype_tolerances(checkpoint, tmp_path, form, dtype):
     stack = DeaMoEStack.from_pretrained(checkpoint)

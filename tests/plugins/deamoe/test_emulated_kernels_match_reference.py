@@ -23,6 +23,8 @@ from deamoe_trt.layer import DeaMoELayer
 from deamoe_trt.presets import PRESETS
 from deamoe_trt.routing import route_logits
 
+pytestmark = pytest.mark.slow  # compiles the kernel library for the SIMT emulator, then emulates it
+
 CONFIGS = {
     "tiny": PRESETS["tiny"],
     # DeepSeek-V3's routing and shared expert at toy size.
