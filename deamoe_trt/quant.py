@@ -145,9 +145,13 @@ class QuantizedWeight(nn.Module):
         super().__init__()
         self.shape = tuple(shape)
         self.config = config
-        self.dtype = dtype
         self.register_buffer("qweight", torch.empty(config.packed_shape(shape), dtype=torch.uint8, device=device))
         self.register_buffer("scales", torch.empty(config.scale_shape(shape), dtype=dtype, device=device))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the weights dequantize to: the scales' (Module.to(dtype) casts them)."""
+        return self.scales.dtype
 
     def __getitem__(self, index) -> torch.Tensor:
         return dequantize(self.qweight[index], self.scales[index], self.config.bits, self.config.group_size, self.dtype)
