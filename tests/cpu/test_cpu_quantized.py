@@ -1,0 +1,143 @@
+"""The CPU kernel on int8/int4 layers against the exactly dequantized PyTorch reference."""
+
+import ctypes
+import subprocess
+
+import pytest
+import torch
+
+from deamoe_trt import PRESETS, DeaMoEConfig, DeaMoELayer, DeaMoEStack, MissingDependencyError
+from deamoe_trt.inputs import random_hidden
+from deamoe_trt.quant import QuantConfig
+
+try:
+    from deamoe_trt import cpu
+
+    cpu.load()
+except MissingDependencyError as exc:  # no compiler or not x86-64 Linux: nothing to test
+    pytest.skip(f"CPU kernel unavailable: {exc}", allow_module_level=True)
+
+# Widths in whole groups of 16 and 32 (the kernel's smallest and the usual group sizes).
+CONFIGS = {
+    "tiny": PRESETS["tiny"],
+    # DeepSeek-V3 style: sigmoid, selection bias, sum_top2, scaling, an ungated shared expert.
+    "deepseek-style": DeaMoEConfig(
+        hidden_size=64,
+        num_departments=4,
+        experts_per_department=4,
+        shared_intermediate_size=32,
+        private_intermediate_size=48,
+        top_k=4,
+        top_departments=2,
+        score_func="sigmoid",
+        department_score="sum_top2",
+        routed_scaling_factor=2.5,
+        router_bias=True,
+        shared_expert_intermediate_size=32,
+    ),
+    # Qwen2-MoE style: one department, a sigmoid-gated shared expert.
+    "qwen2-style": DeaMoEConfig(
+        hidden_size=96,
+        num_departments=1,
+        experts_per_department=8,
+        shared_intermediate_size=0,
+        private_intermediate_size=32,
+        top_k=2,
+        top_departments=1,
+        norm_topk_prob=False,
+        shared_expert_intermediate_size=64,
+        shared_expert_gate=True,
+    ),
+}
+TOKENS = (1, 2, 5, 17)
+
+
+@pytest.fixture(scope="module", params=[(name, bits) for name in CONFIGS for bits in (4, 8)], ids=str)
+def pair(request):
+    name, bits = request.param
+    layer = DeaMoELayer.random(CONFIGS[name], seed=3).quantized(QuantConfig(bits, 16))
+    return layer, cpu.CpuDeaMoE(layer)
+
+
+@pytest.mark.parametrize("tokens", TOKENS)
+@torch.no_grad()
+def test_forward_matches_dequantized_reference(pair, tokens):
+    layer, fast = pair
+    x = random_hidden(tokens, layer.config.hidden_size, seed=tokens)
+    torch.testing.assert_close(fast(x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+def test_deterministic_and_thread_counts_agree(pair):
+    layer, fast = pair
+    x = random_hidden(5, layer.config.hidden_size, seed=0)
+    assert torch.equal(fast(x), fast(x))
+    one = cpu.CpuDeaMoE(layer, threads=1)(x)
+    torch.testing.assert_close(one, fast(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@torch.no_grad()
+def test_group_sizes(group_size):
+    config = CONFIGS["deepseek-style"].replace(
+        hidden_size=128, shared_intermediate_size=128, private_intermediate_size=128, shared_expert_intermediate_size=128
+    )
+    layer = DeaMoELayer.random(config, seed=1).quantized(QuantConfig(4, group_size))
+    x = random_hidden(3, 128, seed=1)
+    torch.testing.assert_close(cpu.CpuDeaMoE(layer)(x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+def test_holds_packed_bytes_only():
+    config = CONFIGS["deepseek-style"]
+    layer = DeaMoELayer.random(config, seed=0)
+    for bits in (4, 8):
+        quantized = layer.quantized(QuantConfig(bits, 16))
+        codes = sum(m.qweight.numel() for m in quantized.modules() if hasattr(m, "qweight"))
+        scales = sum(m.scales.numel() * 4 for m in quantized.modules() if hasattr(m, "scales"))
+        router = config.num_experts * config.hidden_size * 4
+        # Each allocation rounds up to 2 MiB pages: compare what the kernel asked for.
+        fast = cpu.CpuDeaMoE(quantized)
+        asked = sum(
+            int(fast.lib.dm_pack_q_bytes(n, w, config.hidden_size, 16, bits))
+            for n, w in ((4, 32), (16, 48), (1, 32))
+        )
+        assert asked == codes + scales
+        assert fast.quant.bits == bits and router > 0
+
+
+@torch.no_grad()
+def test_fp16_quantized_layer():
+    layer = DeaMoELayer.random(CONFIGS["tiny"], seed=2, dtype=torch.float16).quantized(QuantConfig(4, 16))
+    x = random_hidden(3, 64, seed=3, dtype=torch.float16)
+    # The reference rounds dequantized weights to fp16, the kernel keeps them in fp32.
+    torch.testing.assert_close(cpu.CpuDeaMoE(layer)(x), layer(x), rtol=1e-2, atol=1e-2)
+
+
+@torch.no_grad()
+def test_quantized_stack_and_expanded_twin():
+    stack = DeaMoEStack.random(CONFIGS["deepseek-style"], 2, seed=4).quantized(QuantConfig(4, 16))
+    x = random_hidden(4, 64, seed=4)
+    torch.testing.assert_close(cpu.CpuDeaMoEStack(stack)(x), stack(x), rtol=1e-5, atol=1e-5)
+    twin = stack.layers[0].expanded()
+    torch.testing.assert_close(cpu.CpuDeaMoE(twin)(x), stack.layers[0](x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_avx2_build_matches_reference(tmp_path, monkeypatch):
+    """The AVX2 code path (8-wide vectors, fma dequantization), built for Haswell and run here."""
+    from deamoe_trt.cpu import _build
+
+    cxx = _build.compiler()
+    flags = [f for f in _build.FLAGS if f != "-march=native"] + ["-march=haswell"]
+    lib_path = tmp_path / "libdeamoe_cpu_avx2.so"
+    subprocess.run([cxx, *flags, str(_build.SOURCE), "-o", str(lib_path)], check=True, capture_output=True)
+    lib = ctypes.CDLL(str(lib_path))
+    _build._declare(lib)
+    assert lib.dm_simd().decode() == "avx2"
+    monkeypatch.setattr(_build, "_lib", lib)
+    monkeypatch.setattr(cpu, "_pools", {})
+    for bits in (4, 8):
+        layer = DeaMoELayer.random(CONFIGS["deepseek-style"], seed=5).quantized(QuantConfig(bits, 16))
+        for tokens in (1, 3):
+            x = random_hidden(tokens, 64, seed=tokens)
+            torch.testing.assert_close(cpu.CpuDeaMoE(layer)(x), layer(x), rtol=1e-5, atol=1e-5)
