@@ -9,7 +9,8 @@ from .inputs import input_generator
 from .layer import DeaMoELayer, DeaMoEStack
 from .report import format_bytes, format_table
 from .routing import Routing, router_logits
-from .traffic import BYTES_PER_WEIGHT, compare_traffic
+from .quant import QuantConfig
+from .traffic import BYTES_PER_WEIGHT, compare_traffic, weights_loaded
 
 
 def config_table(config: DeaMoEConfig) -> str:
@@ -115,3 +116,37 @@ def traffic_table(stack: DeaMoEStack, tokens: list[int], *, samples: int = 16, s
 def _stored(stack: DeaMoEStack) -> str:
     quant = stack.quant
     return str(stack.dtype) if quant is None else f"int{quant.bits} FFN weights + {stack.dtype} scales"
+
+
+@torch.no_grad()
+def bit_width_table(stack: DeaMoEStack, tokens: list[int], *, samples: int = 16, seed: int = 0) -> str:
+    """The stack's size and mean DeaMoE bytes per decoding step with its FFN weights at
+    fp32, fp16, int8 and int4 (group size: the checkpoint's, else 64; scales and router at
+    fp16 for the quantized rows), over the same random batches for every row."""
+    from .fit import moe_layer_bytes
+
+    config = stack.config
+    group = stack.quant.group_size if stack.quant is not None else 64
+    settings = [
+        ("fp32", 4, None),
+        ("fp16", 2, None),
+        (f"int8, group {group}", 2, QuantConfig(8, group)),
+        (f"int4, group {group}", 2, QuantConfig(4, group)),
+    ]
+    gen = input_generator(seed)
+    sums = {(label, count): 0.0 for label, _, _ in settings for count in tokens}
+    for count in tokens:
+        for _ in range(samples):
+            for layer in stack.layers:
+                routing = layer.route(torch.randn(count, config.hidden_size, generator=gen).to(layer.dtype))
+                for label, b, quant in settings:
+                    sums[(label, count)] += weights_loaded(config, routing, b, quant).total / samples
+    rows = []
+    for label, b, quant in settings:
+        size = len(stack.layers) * moe_layer_bytes(config, quant, b)
+        rows.append((label, format_bytes(size), *(format_bytes(sums[(label, count)]) for count in tokens)))
+    return format_table(
+        ("FFN weights", "model size", *(f"bytes/step, {count} token(s)" for count in tokens)),
+        rows,
+        title=f"Size and DeaMoE weights loaded per step by bit width ({len(stack.layers)} layer(s), mean of {samples})",
+    )
