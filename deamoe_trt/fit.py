@@ -64,7 +64,9 @@ def moe_layer_bytes(c: DeaMoEConfig, quant: QuantConfig | None, bytes_per_weight
     total = c.num_departments * ffn_bytes(3 * d * c.shared_intermediate_size, b, quant)
     total += c.num_experts * ffn_bytes(3 * d * c.private_intermediate_size, b, quant)
     total += ffn_bytes(3 * d * c.shared_expert_intermediate_size, b, quant)
-    return total + (c.num_experts * d + (c.num_experts if c.router_bias else 0) + (d if c.shared_expert_gate else 0)) * b
+    return (
+        total + (c.num_experts * d + (c.num_experts if c.router_bias else 0) + (d if c.shared_expert_gate else 0)) * b
+    )
 
 
 def qwen3_moe(

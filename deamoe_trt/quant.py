@@ -126,6 +126,11 @@ def quantize_rtn(weight: torch.Tensor, config: QuantConfig) -> tuple[torch.Tenso
     *lead, cols = weight.shape
     if cols % gs:
         raise UsageError(f"a weight with {cols} input columns is not divisible by the group size {gs}")
+    if weight.dim() == 3:
+        # One group of the stack at a time: a layer's experts are gigabytes, and the float32
+        # temporaries below would hold several copies of all of them at once.
+        pairs = [quantize_rtn(part, config) for part in weight]
+        return torch.stack([q for q, _ in pairs]), torch.stack([s for _, s in pairs])
     w = weight.detach().to(torch.float32).reshape(*lead, cols // gs, gs)
     qmax = zero_point(bits) - 1
     scales = (w.abs().amax(dim=-1) / qmax).to(weight.dtype)

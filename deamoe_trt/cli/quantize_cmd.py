@@ -48,9 +48,16 @@ def run(args) -> int:
     quantized = stack.quantized(quant)
     path = quantized.save_pretrained(args.output)
     rows = quantization_error(stack, quantized, tokens=args.tokens, seed=args.seed)
-    print(format_table(("layer", "relative error", "max abs error", "tokens with other experts"), rows,
-                       title=f"Quantization error on {args.tokens} random tokens (vs {args.checkpoint})"))
+    print(
+        format_table(
+            ("layer", "relative error", "max abs error", "tokens with other experts"),
+            rows,
+            title=f"Quantization error on {args.tokens} random tokens (vs {args.checkpoint})",
+        )
+    )
     size = sum(f.stat().st_size for f in Path(path).iterdir())
-    print(f"wrote {len(stack.layers)} layer(s), int{args.bits}, group size {args.group_size}, "
-          f"{format_bytes(size)} to {path}")
+    print(
+        f"wrote {len(stack.layers)} layer(s), int{args.bits}, group size {args.group_size}, "
+        f"{format_bytes(size)} to {path}"
+    )
     return 0

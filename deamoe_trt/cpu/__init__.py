@@ -322,8 +322,16 @@ class CpuDeaMoE:
         buf = _Buffer(nbytes)
         self._check(
             self.lib.dm_pack_q(
-                gu_codes.data_ptr(), gu_scales.data_ptr(), dn_codes.data_ptr(), dn_scales.data_ptr(), count, width,
-                self.d, q.group_size, q.bits, buf.ptr,
+                gu_codes.data_ptr(),
+                gu_scales.data_ptr(),
+                dn_codes.data_ptr(),
+                dn_scales.data_ptr(),
+                count,
+                width,
+                self.d,
+                q.group_size,
+                q.bits,
+                buf.ptr,
             ),  # fmt: skip
             "pack quantized weights",
         )

@@ -100,7 +100,7 @@ def export_info(model: onnx.ModelProto, where: str = "the model") -> ExportInfo:
 
 
 def quantization_tag(quant) -> str | None:
-    """"int4-g64" for a QuantConfig of 4 bits and group size 64; None for float weights."""
+    """ "int4-g64" for a QuantConfig of 4 bits and group size 64; None for float weights."""
     return None if quant is None else f"int{quant.bits}-g{quant.group_size}"
 
 

@@ -196,7 +196,11 @@ def code_type(bits: int) -> int:
 WEIGHT_LAYOUTS = {
     "experts.gate_up": interleaved_gate_up,
     "departments.gate_up": interleaved_gate_up,
-    **{f"{part}.gate_up.{field}": interleaved_gate_up for part in ("experts", "departments") for field in ("qweight", "scales")},
+    **{
+        f"{part}.gate_up.{field}": interleaved_gate_up
+        for part in ("experts", "departments")
+        for field in ("qweight", "scales")
+    },
     "shared_experts.gate_up.qweight": one_expert_interleaved,
     "shared_experts.gate_up.scales": one_expert_interleaved,
     "shared_experts.down.qweight": one_expert,

@@ -79,7 +79,10 @@ def test_deterministic_and_thread_counts_agree(pair):
 @torch.no_grad()
 def test_group_sizes(group_size):
     config = CONFIGS["deepseek-style"].replace(
-        hidden_size=128, shared_intermediate_size=128, private_intermediate_size=128, shared_expert_intermediate_size=128
+        hidden_size=128,
+        shared_intermediate_size=128,
+        private_intermediate_size=128,
+        shared_expert_intermediate_size=128,
     )
     layer = DeaMoELayer.random(config, seed=1).quantized(QuantConfig(4, group_size))
     x = random_hidden(3, 128, seed=1)
@@ -97,8 +100,7 @@ def test_holds_packed_bytes_only():
         # Each allocation rounds up to 2 MiB pages: compare what the kernel asked for.
         fast = cpu.CpuDeaMoE(quantized)
         asked = sum(
-            int(fast.lib.dm_pack_q_bytes(n, w, config.hidden_size, 16, bits))
-            for n, w in ((4, 32), (16, 48), (1, 32))
+            int(fast.lib.dm_pack_q_bytes(n, w, config.hidden_size, 16, bits)) for n, w in ((4, 32), (16, 48), (1, 32))
         )
         assert asked == codes + scales
         assert fast.quant.bits == bits and router > 0
