@@ -7,9 +7,9 @@ import torch
 from .config import DeaMoEConfig
 from .inputs import input_generator
 from .layer import DeaMoELayer, DeaMoEStack
+from .quant import QuantConfig
 from .report import format_bytes, format_table
 from .routing import Routing, router_logits
-from .quant import QuantConfig
 from .traffic import BYTES_PER_WEIGHT, compare_traffic, weights_loaded
 
 

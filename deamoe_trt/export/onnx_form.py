@@ -15,10 +15,9 @@ rest of the graph is the float one.
 
 from __future__ import annotations
 
-from onnx import TensorProto
-
 import numpy as np
 import torch
+from onnx import TensorProto
 
 from ..config import DeaMoEConfig
 from ..quant import QuantConfig, pack, zero_point
