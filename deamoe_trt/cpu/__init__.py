@@ -304,7 +304,7 @@ class CpuDeaMoE:
         codes (int4 two per byte), scales become fp32."""
         q = self.quant
         if self.dp != self.d:
-            raise UsageError(f"the CPU path needs the hidden size ({self.d}) to be a multiple of {self.dp - self.d}")
+            raise UsageError(f"the CPU path runs quantized layers whose hidden size is a multiple of 16, not {self.d}")
         if q.group_size % self.nb or q.group_size % 16:
             raise UsageError(f"the CPU path runs group sizes that are multiples of 16, not {q.group_size}")
 
@@ -320,21 +320,9 @@ class CpuDeaMoE:
         dn_codes, dn_scales = codes(part.down), scales(part.down)
         nbytes = int(self.lib.dm_pack_q_bytes(count, width, self.d, q.group_size, q.bits))
         buf = _Buffer(nbytes)
-        self._check(
-            self.lib.dm_pack_q(
-                gu_codes.data_ptr(),
-                gu_scales.data_ptr(),
-                dn_codes.data_ptr(),
-                dn_scales.data_ptr(),
-                count,
-                width,
-                self.d,
-                q.group_size,
-                q.bits,
-                buf.ptr,
-            ),  # fmt: skip
-            "pack quantized weights",
-        )
+        pointers = (gu_codes.data_ptr(), gu_scales.data_ptr(), dn_codes.data_ptr(), dn_scales.data_ptr())
+        code = self.lib.dm_pack_q(*pointers, count, width, self.d, q.group_size, q.bits, buf.ptr)
+        self._check(code, "pack quantized weights")
         self.nbytes += buf.nbytes
         return buf, width // self.nb
 
