@@ -74,7 +74,7 @@ def run(args) -> int:
     reference = generate(decoders["fp32"], prompt_ids, args.new_tokens).new_ids
     steps: dict[str, list[float]] = {name: [] for name in decoders}
     texts = {}
-    for name, decoder in decoders.items():
+    for decoder in decoders.values():
         warm_up(decoder, prompt_ids)
     for _ in range(args.rounds):
         for name, decoder in decoders.items():
