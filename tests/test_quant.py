@@ -4,41 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from deamoe_trt import PRESETS, DeaMoEConfig, DeaMoELayer, DeaMoEStack, UsageError
+from configs import DEEPSEEK_STYLE_GROUPED, QWEN2_STYLE_GROUPED
+from deamoe_trt import PRESETS, DeaMoELayer, DeaMoEStack, UsageError
 from deamoe_trt.checkpoint import load_checkpoint
 from deamoe_trt.inputs import random_hidden
 from deamoe_trt.quant import QuantConfig, dequantize, pack, quantize_rtn, unpack
 from spec_reference import spec_dequantize, spec_forward
 
-# Widths that are whole numbers of groups of 16 and 32, with an ungated shared expert.
-DEEPSEEK_STYLE_Q = DeaMoEConfig(
-    hidden_size=64,
-    num_departments=4,
-    experts_per_department=4,
-    shared_intermediate_size=32,
-    private_intermediate_size=32,
-    top_k=4,
-    top_departments=2,
-    score_func="sigmoid",
-    department_score="sum_top2",
-    routed_scaling_factor=2.5,
-    router_bias=True,
-    shared_expert_intermediate_size=64,
-)
-# Qwen2-MoE style: one department, a sigmoid-gated shared expert (widths in groups of 16).
-QWEN2_STYLE_Q = DeaMoEConfig(
-    hidden_size=48,
-    num_departments=1,
-    experts_per_department=8,
-    shared_intermediate_size=0,
-    private_intermediate_size=16,
-    top_k=2,
-    top_departments=1,
-    norm_topk_prob=False,
-    shared_expert_intermediate_size=32,
-    shared_expert_gate=True,
-)
-CONFIGS = {"tiny": PRESETS["tiny"], "deepseek-style": DEEPSEEK_STYLE_Q, "qwen2-style": QWEN2_STYLE_Q}
+CONFIGS = {"tiny": PRESETS["tiny"], "deepseek-style": DEEPSEEK_STYLE_GROUPED, "qwen2-style": QWEN2_STYLE_GROUPED}
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -90,7 +63,7 @@ def test_quantized_layer_is_the_spec_on_dequantized_weights(name, bits):
 @pytest.mark.parametrize("bits", [4, 8])
 @torch.no_grad()
 def test_quantization_keeps_the_router_and_the_expert_sets(bits):
-    layer = DeaMoELayer.random(DEEPSEEK_STYLE_Q, seed=0)
+    layer = DeaMoELayer.random(DEEPSEEK_STYLE_GROUPED, seed=0)
     quantized = layer.quantized(QuantConfig(bits, 32))
     assert torch.equal(quantized.router.weight, layer.router.weight)
     assert torch.equal(quantized.router.bias, layer.router.bias)
@@ -103,7 +76,7 @@ def test_quantization_keeps_the_router_and_the_expert_sets(bits):
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_expanded_twin_of_a_quantized_layer_has_the_same_outputs(bits):
-    layer = DeaMoELayer.random(DEEPSEEK_STYLE_Q, seed=0).quantized(QuantConfig(bits, 16))
+    layer = DeaMoELayer.random(DEEPSEEK_STYLE_GROUPED, seed=0).quantized(QuantConfig(bits, 16))
     twin = layer.expanded()
     assert twin.quant == layer.quant and twin.departments is None
     x = random_hidden(6, 64, seed=1)
@@ -112,7 +85,7 @@ def test_expanded_twin_of_a_quantized_layer_has_the_same_outputs(bits):
 
 
 def test_checkpoint_round_trip_keeps_codes_and_scales(tmp_path):
-    stack = DeaMoEStack.random(DEEPSEEK_STYLE_Q, 2, seed=0).quantized(QuantConfig(4, 32))
+    stack = DeaMoEStack.random(DEEPSEEK_STYLE_GROUPED, 2, seed=0).quantized(QuantConfig(4, 32))
     stack.save_pretrained(tmp_path / "q")
     loaded = load_checkpoint(tmp_path / "q")
     assert loaded.quant == QuantConfig(4, 32)

@@ -162,6 +162,20 @@ inline void dot_rows(const WT* row, const float* const* xs, int64_t n, float* ou
 // Rows of a neuron group's gate/up part: gate and up of each of its NB neurons.
 constexpr int R = 2 * NB;
 
+// h = silu(g) * u * w for the NB*TT (neuron, token) pairs of a pass, as one vector, from the
+// gate (row 2n) and up (row 2n+1) accumulators; tok_w: the tokens' weights for this block.
+template <int TT>
+inline void activations(const V (&acc)[R][TT], const float* tok_w, float* h) {
+  static_assert(NB * TT <= W, "one vector holds every (neuron, token) pair of a pass");
+  alignas(64) float g[W] = {}, u[W] = {};
+  for (int n = 0; n < NB; ++n)
+    for (int t = 0; t < TT; ++t) {
+      g[n * TT + t] = vsum(acc[2 * n][t]);
+      u[n * TT + t] = vsum(acc[2 * n + 1][t]) * tok_w[t];
+    }
+  vstore(h, vmul(vsilu(vload(g)), vload(u)));
+}
+
 // One neuron group for TT tokens: h = silu(x.gate) * (x.up) * weight, then y += h * down.
 //
 // Group layout, chosen so that the pass reads the group strictly front to back and loads
@@ -186,15 +200,8 @@ inline void group_pass(const WT* group, int64_t dp, const float* const* xs, cons
       for (int t = 0; t < TT; ++t) acc[r][t] = vfma(wr, x[t], acc[r][t]);
     }
   }
-  // h = silu(g) * u * w for the NB*TT (neuron, token) pairs, as one vector.
-  static_assert(NB * TT <= W, "one vector holds every (neuron, token) pair of a pass");
-  alignas(64) float g[W] = {}, u[W] = {}, h[W];
-  for (int n = 0; n < NB; ++n)
-    for (int t = 0; t < TT; ++t) {
-      g[n * TT + t] = vsum(acc[2 * n][t]);
-      u[n * TT + t] = vsum(acc[2 * n + 1][t]) * tok_w[t];
-    }
-  vstore(h, vmul(vsilu(vload(g)), vload(u)));
+  alignas(64) float h[W];
+  activations<TT>(acc, tok_w, h);
 
   // The NB down columns are added together: one load and store of each output vector
   // per NB weight vectors keeps the output traffic (L1) below the weight traffic.
@@ -341,14 +348,8 @@ inline void group_pass_q(const uint8_t* group, int64_t dp, int64_t gs, const flo
       }
     }
   }
-  static_assert(NB * TT <= W, "one vector holds every (neuron, token) pair of a pass");
-  alignas(64) float g[W] = {}, u[W] = {}, h[W];
-  for (int n = 0; n < NB; ++n)
-    for (int t = 0; t < TT; ++t) {
-      g[n * TT + t] = vsum(acc[2 * n][t]);
-      u[n * TT + t] = vsum(acc[2 * n + 1][t]) * tok_w[t];
-    }
-  vstore(h, vmul(vsilu(vload(g)), vload(u)));
+  alignas(64) float h[W];
+  activations<TT>(acc, tok_w, h);
 
   // Down: y += scale_o * sum_n h_n * (q_on - zero): the NB neurons share each output's scale.
   for (int64_t c = 0; c < dp; c += W) {

@@ -6,7 +6,8 @@ import subprocess
 import pytest
 import torch
 
-from deamoe_trt import PRESETS, DeaMoEConfig, DeaMoELayer, DeaMoEStack, MissingDependencyError
+from configs import DEEPSEEK_STYLE_GROUPED, QWEN2_STYLE_GROUPED
+from deamoe_trt import PRESETS, DeaMoELayer, DeaMoEStack, MissingDependencyError
 from deamoe_trt.inputs import random_hidden
 from deamoe_trt.quant import QuantConfig
 
@@ -17,38 +18,7 @@ try:
 except MissingDependencyError as exc:  # no compiler or not x86-64 Linux: nothing to test
     pytest.skip(f"CPU kernel unavailable: {exc}", allow_module_level=True)
 
-# Widths in whole groups of 16 and 32 (the kernel's smallest and the usual group sizes).
-CONFIGS = {
-    "tiny": PRESETS["tiny"],
-    # DeepSeek-V3 style: sigmoid, selection bias, sum_top2, scaling, an ungated shared expert.
-    "deepseek-style": DeaMoEConfig(
-        hidden_size=64,
-        num_departments=4,
-        experts_per_department=4,
-        shared_intermediate_size=32,
-        private_intermediate_size=48,
-        top_k=4,
-        top_departments=2,
-        score_func="sigmoid",
-        department_score="sum_top2",
-        routed_scaling_factor=2.5,
-        router_bias=True,
-        shared_expert_intermediate_size=32,
-    ),
-    # Qwen2-MoE style: one department, a sigmoid-gated shared expert.
-    "qwen2-style": DeaMoEConfig(
-        hidden_size=96,
-        num_departments=1,
-        experts_per_department=8,
-        shared_intermediate_size=0,
-        private_intermediate_size=32,
-        top_k=2,
-        top_departments=1,
-        norm_topk_prob=False,
-        shared_expert_intermediate_size=64,
-        shared_expert_gate=True,
-    ),
-}
+CONFIGS = {"tiny": PRESETS["tiny"], "deepseek-style": DEEPSEEK_STYLE_GROUPED, "qwen2-style": QWEN2_STYLE_GROUPED}
 TOKENS = (1, 2, 5, 17)
 
 
@@ -100,7 +70,7 @@ def test_holds_packed_bytes_only():
         # Each allocation rounds up to 2 MiB pages: compare what the kernel asked for.
         fast = cpu.CpuDeaMoE(quantized)
         asked = sum(
-            int(fast.lib.dm_pack_q_bytes(n, w, config.hidden_size, 16, bits)) for n, w in ((4, 32), (16, 48), (1, 32))
+            int(fast.lib.dm_pack_q_bytes(n, w, config.hidden_size, 16, bits)) for n, w in ((4, 32), (16, 32), (1, 64))
         )
         assert asked == codes + scales
         assert fast.quant.bits == bits and router > 0
