@@ -164,5 +164,5 @@ def test_quantized_layers_are_refused_in_one_line_until_the_kernels_take_them():
     from deamoe_trt.quant import QuantConfig
 
     layer = DeaMoELayer.random(PRESETS["tiny"]).quantized(QuantConfig(4, 16))
-    with pytest.raises(UsageError, match="do not run int4 .quantized. layers yet"):
+    with pytest.raises(UsageError, match=r"do not run int4 \(quantized\) layers yet"):
         cuda.forward(layer, torch.zeros(1, 64))
