@@ -17,7 +17,7 @@ def tiny(tmp_path_factory):
 def test_quantize_writes_a_checkpoint_and_reports_the_error(tiny, tmp_path, capsys):
     capsys.readouterr()
     out_dir = tmp_path / "q4"
-    assert main(["quantize", str(tiny), "-o", str(out_dir), "--bits", "4", "--group-size", "16"]) == 0
+    assert main(["quantize", str(tiny), "-o", str(out_dir), "--bits", "4", "--group-size", "16", "--tokens", "16"]) == 0
     out = capsys.readouterr().out
     assert "relative error" in out and "tokens with other experts" in out
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["0"], ["1"])]

@@ -40,7 +40,7 @@ def tolerance(form: str, bits: int, dtype: str = "fp32") -> float:
 def test_quantized_layer_matches_dequantized_reference(form, bits, config_name):
     layer = layer_of(CONFIGS[config_name], seed=1).quantized(QuantConfig(bits, 16))
     session = make_session(build_model(layer, form))
-    errors = {t: max_error(session, layer, t, seed=t) for t in TOKENS}
+    errors = {t: max_error(session, layer, t, seed=t) for t in (1, max(TOKENS))}
     assert max(errors.values()) <= tolerance(form, bits), errors
 
 
