@@ -39,15 +39,4 @@ DEEPSEEK_STYLE_GROUPED = DeaMoEConfig(
     shared_expert_intermediate_size=64,
 )
 # Qwen2-MoE style: one department, a sigmoid-gated shared expert.
-QWEN2_STYLE_GROUPED = DeaMoEConfig(
-    hidden_size=48,
-    num_departments=1,
-    experts_per_department=8,
-    shared_intermediate_size=0,
-    private_intermediate_size=16,
-    top_k=2,
-    top_departments=1,
-    norm_topk_prob=False,
-    shared_expert_intermediate_size=32,
-    shared_expert_gate=True,
-)
+QWEN2_STYLE_GROUPED = QWEN2_STYLE_GATED_SHARED.replace(hidden_size=48, shared_expert_intermediate_size=32)

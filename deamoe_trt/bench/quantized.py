@@ -28,6 +28,7 @@ from . import bandwidth as bw
 from . import machine
 from .contenders import Contender
 from .harness import step_seed
+from .tables import _x
 from .timing import interleaved, summary
 
 # Issue 15's targets for int4, qwen3-30b-a3b-layer, 1 token per step, on a CPU.
@@ -322,10 +323,6 @@ def _as_torch(y) -> torch.Tensor:
 
 def _stored_bytes(module) -> int:
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())
-
-
-def _x(value: float | None) -> str:
-    return f"{value:.2f}x" if value is not None else ""
 
 
 def _say(message: str) -> None:
