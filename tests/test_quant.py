@@ -71,7 +71,7 @@ def test_quantization_keeps_the_router_and_the_expert_sets(bits):
     assert torch.equal(quantized.route(x).expert_ids, layer.route(x).expert_ids)
     y, yq = layer(x), quantized(x)
     relative = float((yq - y).norm() / y.norm())
-    assert relative < (0.2 if bits == 4 else 0.01)  # int4 RTN on Gaussian weights: ~10%
+    assert relative < (0.2 if bits == 4 else 0.01)  # int4 RTN on Gaussian weights: ~15%
 
 
 @pytest.mark.parametrize("bits", [4, 8])
