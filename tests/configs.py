@@ -43,3 +43,11 @@ def deepseek_style(**sizes) -> DeaMoEConfig:
         "shared_expert_intermediate_size": 48,
     }
     return DeaMoEConfig(**{**fields, **sizes})
+
+
+# Widths in whole quantization groups of 16 and 32 (weight-only int8/int4 tests).
+DEEPSEEK_STYLE_GROUPED = deepseek_style(
+    hidden_size=64, private_intermediate_size=32, shared_expert_intermediate_size=64
+)
+# Qwen2-MoE style: one department, a sigmoid-gated shared expert.
+QWEN2_STYLE_GROUPED = QWEN2_STYLE_GATED_SHARED.replace(hidden_size=48, shared_expert_intermediate_size=32)

@@ -58,3 +58,17 @@ def test_parameter_count_is_every_canonical_tensor(name):
     layer = DeaMoELayer(config, device="meta")
     assert parameter_count(config) == sum(t.numel() for t in layer.state_dict().values())
     assert layer_bytes(config, torch.bfloat16) == 2 * parameter_count(config)
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen3-30b-a3b-layer", "deepseek-v3-layer"])
+@pytest.mark.parametrize(("bits", "group_size"), [(4, 16), (8, 128)])
+def test_quantized_bytes_count_packed_codes_and_scales(name, bits, group_size):
+    from deamoe_trt.quant import QuantConfig
+    from spec_reference import spec_quantized_bytes
+
+    config = PRESETS[name]
+    logits = torch.randn(4, config.num_experts, generator=torch.Generator().manual_seed(1))
+    bias = torch.zeros(config.num_experts) if config.router_bias else None
+    expert_sets = [set(spec_route(row.tolist(), None if bias is None else bias.tolist(), config)[1]) for row in logits]
+    traffic = weights_loaded(config, route_logits(logits, bias, config), 2, QuantConfig(bits, group_size))
+    assert traffic.total == spec_quantized_bytes(config, expert_sets, 2, bits, group_size)

@@ -14,6 +14,9 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "bf16": (5e-2, 5e-2),
 }
 DEFAULT_TOKENS = (1, 4, 16)
+# ONNX Runtime's CPU QMoE quantizes activations to int8 for int8 weights: measured errors are
+# 0.7-1.7% of the output's scale (tests/export), against the exactly dequantized reference.
+ORT_CPU_INT8_TOLERANCE = (5e-2, 5e-2)
 
 
 @dataclass

@@ -120,3 +120,21 @@ def test_an_engine_is_validated_against_the_layers_and_dtype_its_metadata_names(
     engine_metadata_path(engine).write_text("{not json")
     with pytest.raises(UsageError, match="is not valid JSON"):
         validation._engine_side(engine, tmp_path / "ckpt", None)
+
+
+def test_quantized_model_needs_its_quantized_checkpoint(checkpoint, tmp_path):
+    from deamoe_trt.checkpoint import load_checkpoint
+    from deamoe_trt.quant import QuantConfig
+
+    quantized = load_checkpoint(checkpoint).quantized(QuantConfig(8, 16))
+    quantized.save_pretrained(tmp_path / "q8")
+    model = export(quantized, tmp_path / "m.onnx", "ort")
+    with pytest.raises(UsageError, match="the model has int8-g16, the checkpoint float weights"):
+        validate(model, checkpoint, tokens=(1,))
+    report = validate(model, tmp_path / "q8", tokens=(1, 4))
+    # ONNX Runtime's CPU QMoE quantizes activations for int8 weights: its looser tolerance, said so.
+    assert report.passed and (report.atol, report.rtol) == (5e-2, 5e-2)
+    assert "int8 activations" in report.table()
+    onnx_model = export(quantized, tmp_path / "o.onnx", "onnx")
+    report = validate(onnx_model, tmp_path / "q8", tokens=(1,))
+    assert report.passed and (report.atol, report.rtol) == DEFAULT_TOLERANCES["fp32"]
