@@ -122,9 +122,7 @@ def _instance_group(count: int, kind: str, gpus: list[int] | None) -> str:
 
 
 def _parameters(values: dict[str, str]) -> str:
-    return "".join(
-        f'parameters {{\n  key: "{k}"\n  value: {{ string_value: "{v}" }}\n}}\n' for k, v in values.items()
-    )
+    return "".join(f'parameters {{\n  key: "{k}"\n  value: {{ string_value: "{v}" }}\n}}\n' for k, v in values.items())
 
 
 def _batching(max_batch_size: int, queue_delay_us: int) -> str:
@@ -302,7 +300,7 @@ def write_onnxruntime_model(
     return _write_model(Path(repo), name, config, files)
 
 
-MODEL_PY = '''"""Triton Python-backend entry point of the deamoe-trt LM decode service (written by `deamoe-trt triton-repo`)."""
+MODEL_PY = '''"""Triton Python-backend entry of the deamoe-trt LM decode service (from `deamoe-trt triton-repo`)."""
 
 import os
 import sys

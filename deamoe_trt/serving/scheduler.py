@@ -20,6 +20,7 @@ adds nucleus (top-p) filtering in front of it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import threading
@@ -208,9 +209,7 @@ class StepScheduler:
             self.release_decoder(sequence.decoder)
         sequence.decoder = None  # frees the KV cache now, not when the client lets go
         if notify:
-            try:
+            with contextlib.suppress(Exception):  # nobody left to tell
                 sequence.emit([], "", reason, error)
-            except Exception:
-                pass  # nobody left to tell
         if self.on_finish is not None:
             self.on_finish(sequence, reason)

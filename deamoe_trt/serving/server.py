@@ -98,7 +98,9 @@ def find_dist() -> TritonDist:
     """The tritonserver files for this interpreter; MissingDependencyError naming what is missing."""
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
-        raise MissingDependencyError(f"no tritonserver here: the nvidia-pytriton wheel is not installed ({INSTALL_HINT})")
+        raise MissingDependencyError(
+            f"no tritonserver here: the nvidia-pytriton wheel is not installed ({INSTALL_HINT})"
+        )
     root = Path(next(iter(spec.submodule_search_locations)))
     dist = root / "tritonserver"
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
