@@ -95,10 +95,19 @@ def graph_tensors(model: onnx.ModelProto) -> tuple[list[TensorSpec], list[Tensor
     return inputs, outputs
 
 
-def batch_size_from(model: onnx.ModelProto, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> int:
-    """max_batch_size to use by default: the export's max_tokens if its first dimension can batch, else 0."""
+def batch_size(model: onnx.ModelProto, inputs: list[TensorSpec], outputs: list[TensorSpec], requested: int | None) -> int:
+    """max_batch_size: requested, or by default the export's max_tokens when its first dimension can batch
+    (every input and output starts with the same symbolic dimension), else 0."""
     symbols = {t.first_dim for t in inputs + outputs}
-    if len(symbols) != 1 or None in symbols:
+    batchable = len(symbols) == 1 and None not in symbols
+    if requested is not None:
+        if requested > 0 and not batchable:
+            raise UsageError(
+                "this model cannot take Triton batching: its inputs and outputs do not all start with the same "
+                "dynamic dimension; use --max-batch-size 0"
+            )
+        return requested
+    if not batchable:
         return 0
     meta = {p.key: p.value for p in model.metadata_props}
     return int(meta.get(PREFIX + "max_tokens", "0"))
@@ -142,8 +151,7 @@ def tensorrt_config(
 ) -> str:
     """config.pbtxt for an engine built from model (platform tensorrt_plan, instances on GPUs)."""
     inputs, outputs = graph_tensors(model)
-    if max_batch_size is None:
-        max_batch_size = batch_size_from(model, inputs, outputs)
+    max_batch_size = batch_size(model, inputs, outputs, max_batch_size)
     batched = max_batch_size > 0
     return (
         f'name: "{name}"\nplatform: "tensorrt_plan"\nmax_batch_size: {max_batch_size}\n'
@@ -171,8 +179,7 @@ def onnxruntime_config(
     if kind not in KINDS:
         raise UsageError(f"kind must be gpu or cpu, got {kind!r}")
     inputs, outputs = graph_tensors(model)
-    if max_batch_size is None:
-        max_batch_size = batch_size_from(model, inputs, outputs)
+    max_batch_size = batch_size(model, inputs, outputs, max_batch_size)
     batched = max_batch_size > 0
     parameters = {}
     if threads:
