@@ -95,7 +95,9 @@ def graph_tensors(model: onnx.ModelProto) -> tuple[list[TensorSpec], list[Tensor
     return inputs, outputs
 
 
-def batch_size(model: onnx.ModelProto, inputs: list[TensorSpec], outputs: list[TensorSpec], requested: int | None) -> int:
+def batch_size(
+    model: onnx.ModelProto, inputs: list[TensorSpec], outputs: list[TensorSpec], requested: int | None
+) -> int:
     """max_batch_size: requested, or by default the export's max_tokens when its first dimension can batch
     (every input and output starts with the same symbolic dimension), else 0."""
     symbols = {t.first_dim for t in inputs + outputs}

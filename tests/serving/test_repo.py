@@ -106,7 +106,7 @@ def test_cli_writes_all_three_models_and_they_parse_against_triton_schema(export
 
 
 def test_rewriting_a_model_replaces_it_whole(exports, tmp_path):
-    folder, paths = exports
+    _, paths = exports
     out = tmp_path / "repo"
     triton.write_onnxruntime_model(out, paths["ort"], name="m", kind="cpu", threads=2)
     (out / "m" / "1" / "stale.txt").write_text("from an older write")
