@@ -171,6 +171,10 @@ class TritonPythonModel:
                 with self.lock:
                     self._count("rejected")
                 sender.send(_error(str(exc)), flags=FINAL)
+            except Exception as exc:  # the client must get a final response whatever went wrong
+                with self.lock:
+                    self._count("error")
+                sender.send(_error(f"internal error: {type(exc).__name__}: {exc}"), flags=FINAL)
         return None
 
     def finalize(self) -> None:

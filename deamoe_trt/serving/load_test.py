@@ -560,17 +560,21 @@ def run_bench(
         log(f"tritonserver ready in {started:.1f} s (HTTP {server.http_url}, gRPC {server.grpc_url})")
         try:
             one_request(server.grpc_url, prompts[0], 4)  # warm-up: first-call costs stay out of the numbers
-            alone = [
-                run_load(
-                    server.grpc_url,
-                    clients=1,
-                    requests=1,
-                    max_tokens=max_tokens,
-                    expected={p: expected[p]},
-                    label="alone",
-                )
-                for p in prompts[:alone_runs]
-            ]
+
+            def one_at_a_time() -> list[LoadResult]:
+                return [
+                    run_load(
+                        server.grpc_url,
+                        clients=1,
+                        requests=1,
+                        max_tokens=max_tokens,
+                        expected={p: expected[p]},
+                        label="alone",
+                    )
+                    for p in prompts[:alone_runs]
+                ]
+
+            alone = one_at_a_time()
             log(f"load: {clients} clients x {requests} requests in flight, {max_tokens} tokens each")
             loaded = run_load(
                 server.grpc_url,
@@ -580,17 +584,7 @@ def run_bench(
                 expected=expected,
                 label="under load",
             )
-            alone += [
-                run_load(
-                    server.grpc_url,
-                    clients=1,
-                    requests=1,
-                    max_tokens=max_tokens,
-                    expected={p: expected[p]},
-                    label="alone",
-                )
-                for p in prompts[:alone_runs]
-            ]
+            alone += one_at_a_time()
             merged = LoadResult(
                 "alone", 1, 1, [o for r in alone for o in r.outcomes], sum(r.wall_s for r in alone), expected
             )

@@ -25,6 +25,7 @@ import math
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -212,4 +213,7 @@ class StepScheduler:
             with contextlib.suppress(Exception):  # nobody left to tell
                 sequence.emit([], "", reason, error)
         if self.on_finish is not None:
-            self.on_finish(sequence, reason)
+            try:
+                self.on_finish(sequence, reason)
+            except Exception:  # bookkeeping (metrics) must not stop the loop that serves everyone
+                traceback.print_exc()
