@@ -374,33 +374,40 @@ def one_request(grpc_url: str, prompt: str, max_tokens: int, timeout_s: float = 
 
 
 def check_disconnect(
-    grpc_url: str, metrics_url: str, expected: dict[str, list[int]], timeout_s: float = 30
+    grpc_url: str, metrics_url: str, expected: dict[str, list[int]], *, requests: int = 8, timeout_s: float = 60
 ) -> FaultCheck:
-    """A client that goes away after a few tokens of a long request: the server stops that
-    sequence (the cancelled count rises, nothing stays active) and keeps serving others."""
-    cancelled_before = metric_value(metrics_url, "deamoe_lm_requests_total", 'outcome="cancelled"')
+    """A client with `requests` long requests in flight goes away after its first tokens: the
+    server cancels what is left (the cancelled count rises, fewer tokens than asked for are
+    generated, nothing stays active) and keeps serving others. Several requests, so that the work
+    left when the client goes is far longer than Triton takes to notice, even on a busy machine."""
+    asked = 250  # the tiny LM's context is 256
+    requests_metric = "deamoe_lm_requests_total"
+    cancelled_before = metric_value(metrics_url, requests_metric, 'outcome="cancelled"')
+    tokens_before = metric_value(metrics_url, "deamoe_lm_tokens_total")
     stream = StreamClient(grpc_url)
-    outcome = stream.submit("long", "Anne", 250)
+    outcomes = [stream.submit(f"long-{i}", "Anne", asked) for i in range(requests)]
     deadline = time.monotonic() + timeout_s
-    while len(outcome.ids) < 3 and time.monotonic() < deadline and outcome.done_s is None:
+    while sum(len(o.ids) for o in outcomes) < 3 and time.monotonic() < deadline:
         time.sleep(0.002)
-    got = len(outcome.ids)
+    got = sum(len(o.ids) for o in outcomes)
     stream.close(cancel=True)
-    cancelled = active = None
+    cancelled = active = generated = 0.0
     while time.monotonic() < deadline:
-        cancelled = metric_value(metrics_url, "deamoe_lm_requests_total", 'outcome="cancelled"') - cancelled_before
         active = metric_value(metrics_url, "deamoe_lm_active_sequences")
-        if cancelled >= 1 and active == 0:
+        if active == 0:
             break
         time.sleep(0.1)
+    cancelled = metric_value(metrics_url, requests_metric, 'outcome="cancelled"') - cancelled_before
+    generated = metric_value(metrics_url, "deamoe_lm_tokens_total") - tokens_before
     prompt = next(iter(expected))
     after = one_request(grpc_url, prompt, len(expected[prompt]))
-    passed = got < 250 and cancelled == 1 and active == 0 and after.complete and after.ids == expected[prompt]
+    correct = after.complete and after.ids == expected[prompt]
+    passed = cancelled >= 1 and generated < requests * asked and active == 0 and correct
     return FaultCheck(
         "client disconnects mid-stream",
         passed,
-        f"left after {got} of 250 tokens; server cancelled {cancelled:.0f}, active {active:.0f}; "
-        f"next request {'correct' if after.complete and after.ids == expected[prompt] else 'WRONG'}",
+        f"left after {got} tokens of {requests} x {asked}; server cancelled {cancelled:.0f}, generated "
+        f"{generated:.0f} tokens, active {active:.0f}; next request {'correct' if correct else 'WRONG'}",
     )
 
 

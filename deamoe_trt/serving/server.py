@@ -46,6 +46,8 @@ INSTALL_HINT = "scripts/setup.sh installs it: pip install --no-deps nvidia-pytri
 PYTHON_ENV_VAR = "DEAMOE_TRITON_PYTHON_ENV"  # the server's venv, if not <this venv>/triton-python
 SYS_PATH_VAR = "DEAMOE_TRITON_SYS_PATH"  # folders the model code puts first on sys.path
 SERVER_NUMPY = ("numpy<2", "ml_dtypes<=0.5.4")
+# What tritonserver logs as errors on every start without a GPU: not the reason anything failed.
+GPU_LESS_NOISE = ("NVML", "DCGM", "CudaDriverHelper", "CUDA driver version")
 
 
 @dataclass(frozen=True)
@@ -279,7 +281,12 @@ class TritonServer:
         return self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
 
     def last_error(self) -> str:
-        lines = [line for line in self.log().splitlines() if line.startswith("E") or "error" in line.lower()]
+        """The server's last few error lines, less what every GPU-less start logs."""
+        lines = [
+            line
+            for line in self.log().splitlines()
+            if (line.startswith("E") or "error" in line.lower()) and not any(n in line for n in GPU_LESS_NOISE)
+        ]
         return " | ".join(lines[-3:])[-600:] or f"no error in the log ({self.log_path})"
 
     def close(self) -> None:

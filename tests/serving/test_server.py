@@ -1,14 +1,17 @@
 """The LM decode service on a real tritonserver (the nvidia-pytriton wheel's binary), on loopback.
 
-One server start for the module. The load-and-fault test is the issue's acceptance check and
-runs in CI (the default `pytest` run includes slow tests); it skips, saying why, only where
-the wheel or its Python environment is missing (see deamoe_trt/serving/server.py).
+One server for the module's client tests; serve-bench starts its own. The load-and-fault
+test (serve-bench) is the issue's acceptance check and runs in CI (the default `pytest` run
+includes slow tests); it skips, saying why, only where the wheel or its Python environment
+is missing (see deamoe_trt/serving/server.py).
 """
 
 from pathlib import Path
 
 import pytest
 
+from deamoe_trt.cli.main import main
+from deamoe_trt.errors import DeaMoEError
 from deamoe_trt.serving import load_test
 from deamoe_trt.serving.repo import write_lm_model
 from deamoe_trt.serving.server import TritonServer, unavailable
@@ -59,16 +62,36 @@ def test_sampling_parameters_reach_the_model(server):
         assert stopped.finish == "length" and stopped.ids == greedy.ids
 
 
-def test_load_and_faults(server, expected):
-    """N streams x M requests in flight: nothing lost, duplicated or mixed (each equal to its prompt
-    alone); then a client that disconnects, bad requests, and a kill and restart under load."""
-    loaded = load_test.run_load(
-        server.grpc_url, clients=3, requests=3, max_tokens=MAX_TOKENS, expected=expected, label="load"
-    )
-    assert len(loaded.outcomes) == 9 and loaded.lost == 0 and loaded.wrong == 0, load_test.load_table([loaded])
-    assert all(o.finish == "length" and len(o.ids) == MAX_TOKENS for o in loaded.outcomes)
-    checks = [load_test.check_disconnect(server.grpc_url, server.metrics_url, expected)]
-    checks += load_test.check_bad_requests(server.grpc_url, expected, max_context=256)
-    checks.append(load_test.check_restart(server, expected, clients=3))
-    assert all(c.passed for c in checks), load_test.fault_table(checks)
-    assert len(checks) == 9
+def test_serve_bench_load_and_faults(capsys):
+    """The acceptance check, through the CLI: N streams x M requests in flight with nothing lost,
+    duplicated or mixed (each response equal to its prompt decoded alone), then a client that
+    disconnects, bad requests, and a kill and restart under load. Exit 0 only if all of it holds."""
+    code = main(["serve-bench", str(TINY_LM), "--clients", "3", "--requests", "3", "--max-tokens", str(MAX_TOKENS)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = {line.split("  ")[0].strip(): line.split() for line in out.splitlines()}
+    under_load = rows["under load"]
+    assert under_load[2:5] == ["3", "9", str(9 * MAX_TOKENS)] and under_load[-2:] == ["0", "0"]  # lost, wrong
+    checks = [line for line in out.splitlines() if "  pass  " in line or "  FAIL  " in line]
+    assert len(checks) == 10 and all("  pass  " in line for line in checks), out
+    for name in (
+        "disconnects mid-stream",
+        "empty prompt",
+        "over-long prompt",
+        "negative max_tokens",
+        "as FP32",
+        "restarted under load",
+        "HTTP generate_stream",
+    ):
+        assert any(name in line for line in checks), name
+
+
+def test_a_repository_that_cannot_load_is_one_clear_error(tmp_path):
+    write_lm_model(tmp_path / "repo", TINY_LM, name="broken")
+    config = tmp_path / "repo" / "broken" / "config.pbtxt"
+    config.write_text(config.read_text().replace('string_value: "ort"', 'string_value: "cuda-graphs"'))
+    server = TritonServer(tmp_path / "repo", workdir=tmp_path, start_timeout_s=120)
+    with pytest.raises(DeaMoEError, match="unknown runtime 'cuda-graphs'"):
+        server.start()
+    server.close()
+    assert server.process.poll() is not None
