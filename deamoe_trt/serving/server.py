@@ -7,8 +7,7 @@ runs a model repository written by `deamoe-trt triton-repo`, exactly as a Triton
 
 What a run needs, found here rather than guessed at launch time (`unavailable()` says which is missing):
 - the binary and the stub for this interpreter's version (the stub embeds libpython, so the
-  model code runs on the same CPython, with this environment's packages: PATH starts with this
-  interpreter's folder, which is how the embedded interpreter finds its venv);
+  model code runs on the same CPython as this process);
 - libpython as a shared library (pyenv and Debian's python3 have one; a static build does not);
 - numpy 1.x for the model code: the stub's C++ (pybind11, Triton 24.10) reads numpy 1.x array
   descriptors, and with numpy 2 it misreads item sizes (inputs arrive garbled, outputs are
