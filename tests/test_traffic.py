@@ -1,10 +1,11 @@
 import pytest
 import torch
 
+from configs import deepseek_style
 from deamoe_trt import PRESETS, DeaMoELayer, route_logits, weights_loaded
 from deamoe_trt.inputs import random_hidden
 from deamoe_trt.routing import router_logits
-from deamoe_trt.traffic import compare_traffic
+from deamoe_trt.traffic import compare_traffic, layer_bytes, parameter_count
 from spec_reference import spec_bytes, spec_route
 
 
@@ -49,3 +50,25 @@ def test_expanded_and_vanilla_share_the_expert_width():
     # One token: both twins read k full-width experts.
     assert traffic["expanded"].total == traffic["vanilla"].total
     assert traffic["expanded"].experts_used == layer.config.top_k
+
+
+@pytest.mark.parametrize("name", ["tiny", "deepseek-style-gated"])
+def test_parameter_count_is_every_canonical_tensor(name):
+    config = PRESETS["tiny"] if name == "tiny" else deepseek_style(shared_expert_gate=True)
+    layer = DeaMoELayer(config, device="meta")
+    assert parameter_count(config) == sum(t.numel() for t in layer.state_dict().values())
+    assert layer_bytes(config, torch.bfloat16) == 2 * parameter_count(config)
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen3-30b-a3b-layer", "deepseek-v3-layer"])
+@pytest.mark.parametrize(("bits", "group_size"), [(4, 16), (8, 128)])
+def test_quantized_bytes_count_packed_codes_and_scales(name, bits, group_size):
+    from deamoe_trt.quant import QuantConfig
+    from spec_reference import spec_quantized_bytes
+
+    config = PRESETS[name]
+    logits = torch.randn(4, config.num_experts, generator=torch.Generator().manual_seed(1))
+    bias = torch.zeros(config.num_experts) if config.router_bias else None
+    expert_sets = [set(spec_route(row.tolist(), None if bias is None else bias.tolist(), config)[1]) for row in logits]
+    traffic = weights_loaded(config, route_logits(logits, bias, config), 2, QuantConfig(bits, group_size))
+    assert traffic.total == spec_quantized_bytes(config, expert_sets, 2, bits, group_size)

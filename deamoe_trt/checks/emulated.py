@@ -12,16 +12,10 @@ from pathlib import Path
 
 from ..cuda._library import plugins_dir
 from ..errors import MissingDependencyError
+from ..native import find_cxx
 
 KERNEL_DIR = plugins_dir() / "deamoe"
 EMULATOR_DIR = plugins_dir().parent / "tests" / "plugins" / "deamoe"
-
-
-def find_cxx() -> str | None:
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
 
 
 def find_cuda_include() -> Path | None:

@@ -29,50 +29,42 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from .. import contract, dtypes
 from ..config import DeaMoEConfig
 from ..errors import MissingDependencyError, UsageError
 from ..export import plugin_node
 
 QDP_NAMESPACE = "deamoe_trt"
-QDP_NAME = plugin_node.OP_TYPE  # the ONNX parser requires op_type == plugin name
+QDP_NAME = contract.OP_TYPE  # the ONNX parser requires op_type == plugin name
 QDP_ID = f"{QDP_NAMESPACE}::{QDP_NAME}"
 MIN_TENSORRT = (10, 6)
 PLACEHOLDER_PREFIX = "deamoe_trt.qdp.absent."
 
 # The QDP's inputs: hidden_states, then every weight input of the contract in its order.
-# (Names differ from the attributes': the node has both an input and an attribute "router_bias".)
-TENSOR_ARGS = (
-    "hidden_states",
-    "router_w",
-    "router_b",
-    "dept_gate_up",
-    "dept_down",
-    "expert_gate_up",
-    "expert_down",
-    "shared_gate_up",
-    "shared_down",
-    "shared_gate",
-)
-CANONICAL_INPUTS = ("hidden_states", *(name for name, _ in plugin_node.WEIGHT_INPUTS))
-assert len(TENSOR_ARGS) == len(CANONICAL_INPUTS) == plugin_node.MAX_INPUTS
+# (Argument names differ from the inputs': the node has both an input and an attribute
+# "router_bias".) The three functions of _define spell these out, because tensorrt.plugin
+# reads their signatures; tests/test_contract.py checks them against the contract.
+TENSOR_ARGS = tuple(item.qdp_arg for item in contract.INPUTS)
+CANONICAL_INPUTS = tuple(item.name for item in contract.INPUTS)
 
 # Attribute -> Python type the QDP declares. Bools travel as ONNX INT, so they are ints here.
-ATTRS: dict[str, type] = {
-    "hidden_size": int,
-    "num_departments": int,
-    "experts_per_department": int,
-    "shared_intermediate_size": int,
-    "private_intermediate_size": int,
-    "top_k": int,
-    "top_departments": int,
-    "score_func": str,
-    "department_score": str,
-    "norm_topk_prob": int,
-    "routed_scaling_factor": float,
-    "router_bias": int,
-    "shared_expert_intermediate_size": int,
-    "shared_expert_gate": int,
-}
+_PYTHON_TYPES = {"int": int, "bool": int, "float": float, "str": str}
+ATTRS: dict[str, type] = {a.name: _PYTHON_TYPES[a.kind] for a in contract.ATTRIBUTES}
+
+# tensorrt.plugin's names for the contract's dtypes: an activation-dtype input may be any of
+# the three, tied by '|' position to the others; a fixed-dtype input is that type only.
+_ACTIVATION_TYPES = "FP32|FP16|BF16"
+_QDP_TYPES = {contract.ACTIVATION: _ACTIVATION_TYPES, contract.FLOAT32: "FP32"}
+
+
+def autotune_combinations() -> list[str]:
+    """The QDP's type combinations, each input in contract order then the output: one with
+    every either-dtype input in the activation dtype, and one with them float32 (if any)."""
+    combinations = []
+    for either in (contract.ACTIVATION, contract.FLOAT32):
+        types = [_QDP_TYPES[either if i.dtype == contract.FLOAT32_OR_ACTIVATION else i.dtype] for i in contract.INPUTS]
+        combinations.append(", ".join([*types, _ACTIVATION_TYPES]))
+    return list(dict.fromkeys(combinations))  # the same twice when no input has either dtype
 
 
 # ---------------------------------------------------------------------------------------
@@ -88,6 +80,10 @@ def _elem_type_of(model: onnx.ModelProto, name: str) -> int | None:
         if value.name == name and value.type.HasField("tensor_type"):
             return value.type.tensor_type.elem_type
     return None
+
+
+# ONNX element types of the contract's fixed input dtypes (activation inputs take the node's).
+_FIXED_ELEM_TYPES = {contract.FLOAT32: TensorProto.FLOAT}
 
 
 def _placeholder(model: onnx.ModelProto, elem_type: int, cache: dict[int, str]) -> str:
@@ -121,7 +117,10 @@ def prepare_model(model: onnx.ModelProto) -> int:
         elem_type = _elem_type_of(model, given["router.weight"]) or _elem_type_of(model, given["hidden_states"])
         if elem_type is None:
             raise UsageError(f"DeaMoE node {node.name!r}: cannot tell its dtype (router.weight has no type)")
-        inputs = [given.get(name) or _placeholder(model, elem_type, cache) for name in CANONICAL_INPUTS]
+        inputs = [
+            given.get(item.name) or _placeholder(model, _FIXED_ELEM_TYPES.get(item.dtype, elem_type), cache)
+            for item in contract.INPUTS
+        ]
         del node.input[:]
         node.input.extend(inputs)
         for attr in node.attribute:
@@ -162,8 +161,9 @@ def config_from_attrs(values: dict[str, Any]) -> DeaMoEConfig:
         if kind is str:
             value = _text(value)
         fields[name] = value
-    for flag in ("norm_topk_prob", "router_bias", "shared_expert_gate"):
-        fields[flag] = bool(fields[flag])
+    for attribute in contract.ATTRIBUTES:
+        if attribute.kind == "bool":
+            fields[attribute.name] = bool(fields[attribute.name])
     return DeaMoEConfig(**fields)
 
 
@@ -257,8 +257,8 @@ def _define(trtp) -> None:
         shared_gate: TensorDesc,
         outputs: tuple[TensorDesc],
     ) -> list[trtp.AutoTuneCombination]:
-        # Ten inputs and the output, all one float type ('|' ties the positions together).
-        return [trtp.AutoTuneCombination(", ".join(["FP32|FP16|BF16"] * (len(TENSOR_ARGS) + 1)))]
+        # The inputs and the output in one float type ('|' ties the positions together).
+        return [trtp.AutoTuneCombination(types) for types in autotune_combinations()]
 
     @trtp.impl(QDP_ID)
     def deamoe_impl(
@@ -301,11 +301,11 @@ def _define(trtp) -> None:
 # trt.DataType name -> (__cuda_array_interface__ typestr, torch dtype). bfloat16 has no
 # typestr, so it is wrapped as uint16 and viewed as bfloat16 (tensorrt.plugin.Tensor's own
 # __cuda_array_interface__ refuses BF16 for that reason).
-_TYPES = {"FLOAT": ("<f4", "float32"), "HALF": ("<f2", "float16"), "BF16": ("<u2", "bfloat16")}
+_TYPES = {d.trt: (np.dtype(d.numpy).str, d.long_name) for d in dtypes.DTYPES}
 
 # Weight tensors by the canonical name DeaMoELayer's state_dict uses, with the QDP argument
 # that carries each.
-_STATE_NAMES = dict(zip(TENSOR_ARGS[1:], (name for name, _ in plugin_node.WEIGHT_INPUTS), strict=True))
+_STATE_NAMES = {item.qdp_arg: item.name for item in contract.WEIGHT_INPUTS}
 
 
 class _DeviceArray:

@@ -4,7 +4,7 @@
  * deamoe_trt/routing.py without a GPU. Not part of the kernel library.
  *
  * Build: c++ -std=c++17 -O2 -ffp-contract=off -shared -fPIC -Iplugins/deamoe deamoeHostTest.cpp -o libdeamoe_host_test.so
- * (the pytest session fixture in tests/plugins/conftest.py does this).
+ * (the pytest session fixture in tests/conftest.py does this).
  */
 #include <vector>
 
