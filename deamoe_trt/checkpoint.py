@@ -1,8 +1,13 @@
 """Checkpoints: a directory with config.json and model.safetensors. Never pickle.
 
 config.json:  {"format": "deamoe-trt", "format_version": 1, "num_layers": L,
-               "dtype": "float32", "config": {DeaMoEConfig fields}, "source": {...}}
+               "dtype": "float32", "router_dtype": "float32",
+               "config": {DeaMoEConfig fields}, "source": {...}}
 model.safetensors: for each layer i, the spec's canonical tensors as "layers.{i}.<name>".
+
+"dtype" is the FFN weights' dtype; "router_dtype" the router weight's, written only when it
+differs (absent: the same as "dtype"). router.bias is float32; checkpoints written before
+the router kept its own precision hold it in "dtype", and load upcast (losslessly).
 """
 
 from __future__ import annotations
@@ -45,6 +50,11 @@ def save_checkpoint(stack: DeaMoEStack, directory: str | Path, *, source: dict[s
         "dtype": dtype_name(stack.dtype),
         "config": stack.config.to_dict(),
     }
+    router_dtypes = {layer.router_dtype for layer in stack.layers}
+    if len(router_dtypes) != 1:
+        raise UsageError("all layers of a stack must keep their router weights in one dtype")
+    if (router_dtype := router_dtypes.pop()) != stack.dtype:
+        header["router_dtype"] = dtype_name(router_dtype)
     if source:
         header["source"] = source
     return write_files(directory, tensors, header)
@@ -87,6 +97,11 @@ def read_header(directory: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: num_layers must be an integer >= 1, got {num_layers!r}")
     if header.get("dtype") not in DTYPES:
         raise CheckpointError(f"{path}: dtype must be one of {', '.join(DTYPES)}, got {header.get('dtype')!r}")
+    header.setdefault("router_dtype", header["dtype"])
+    if header["router_dtype"] not in ("float32", header["dtype"]):
+        raise CheckpointError(
+            f"{path}: router_dtype must be float32 or {header['dtype']}, got {header['router_dtype']!r}"
+        )
     try:
         header["config"] = DeaMoEConfig.from_dict(header.get("config"))
     except ValueError as exc:
@@ -99,8 +114,8 @@ def load_checkpoint(directory: str | Path, *, device=None) -> DeaMoEStack:
     directory = Path(directory)
     header = read_header(directory)
     config: DeaMoEConfig = header["config"]
-    dtype = DTYPES[header["dtype"]]
-    stack = DeaMoEStack(config, header["num_layers"], dtype=dtype, device="meta")
+    dtype, router_dtype = DTYPES[header["dtype"]], DTYPES[header["router_dtype"]]
+    stack = DeaMoEStack(config, header["num_layers"], dtype=dtype, device="meta", router_dtype=router_dtype)
     expected = {
         f"layers.{i}.{name}": tensor
         for i, layer in enumerate(stack.layers)
@@ -111,16 +126,25 @@ def load_checkpoint(directory: str | Path, *, device=None) -> DeaMoEStack:
 
     layers = []
     for i in range(header["num_layers"]):
-        layer = DeaMoELayer(config, dtype=dtype, device="meta")
+        layer = DeaMoELayer(config, dtype=dtype, device="meta", router_dtype=router_dtype)
         prefix = f"layers.{i}."
-        state = {name[len(prefix) :]: t for name, t in tensors.items() if name.startswith(prefix)}
+        state = {
+            name[len(prefix) :]: t.float() if name.endswith(ROUTER_BIAS) else t
+            for name, t in tensors.items()
+            if name.startswith(prefix)
+        }
         layer.load_state_dict(state, assign=True)
         layers.append(layer.to(device) if device is not None else layer)
     return DeaMoEStack.from_layers(layers)
 
 
+ROUTER_BIAS = "router.bias"
+
+
 def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], dtype: str, path: Path) -> None:
-    """Every expected tensor present with its shape and the config's dtype, nothing else, all finite."""
+    """Every expected tensor present with its shape and dtype, nothing else, all finite.
+
+    A router.bias may also be in the checkpoint's dtype (written before it was always float32)."""
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise CheckpointError(f"{path} lacks {len(missing)} tensor(s) its config needs, first {missing[0]}")
@@ -135,8 +159,9 @@ def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Te
             raise CheckpointError(
                 f"{name} has shape {list(got.shape)} but its config needs {list(want.shape)} ({path})"
             )
-        if got.dtype != DTYPES[dtype]:
-            raise CheckpointError(f"{name} is {dtype_name(got.dtype)} but config.json says {dtype}")
+        legacy_bias = name.endswith(ROUTER_BIAS) and got.dtype == DTYPES[dtype]
+        if got.dtype != want.dtype and not legacy_bias:
+            raise CheckpointError(f"{name} is {dtype_name(got.dtype)} but config.json says {dtype_name(want.dtype)}")
         if not bool(torch.isfinite(got).all()):
             raise CheckpointError(f"{name} contains NaN or Inf ({path})")
 

@@ -23,11 +23,33 @@ def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.
 
 
 class Router(nn.Module):
-    def __init__(self, config: DeaMoEConfig, **factory):
+    """Router weight [N, d] and optional selection bias [N], with their own precision
+    (spec, "Router precision"): the bias is always float32; a float32 weight stays float32
+    when the layer is converted to another dtype (as transformers' _keep_in_fp32_modules
+    keeps DeepSeek-V3's gate), any other weight follows the layer."""
+
+    def __init__(self, config: DeaMoEConfig, *, dtype: torch.dtype, device=None):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size, **factory))
+        self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size, dtype=dtype, device=device))
         # Selection-only bias (DeepSeek-V3's e_score_correction_bias): it picks, never weighs.
-        self.bias = nn.Parameter(torch.empty(config.num_experts, **factory)) if config.router_bias else None
+        self.bias = (
+            nn.Parameter(torch.empty(config.num_experts, dtype=torch.float32, device=device))
+            if config.router_bias
+            else None
+        )
+
+    def _apply(self, fn, recurse=True):
+        kept = {name: p.dtype for name, p in self.named_parameters() if p.dtype == torch.float32 or name == "bias"}
+        super()._apply(fn, recurse)
+        for name, dtype in kept.items():
+            param = getattr(self, name)
+            if param.dtype != dtype:  # a dtype conversion: undo it, keep the device move
+                param.data = param.data.to(dtype)
+        return self
+
+    def cast_weight(self, dtype: torch.dtype) -> None:
+        """Store the weight in dtype (the one way to narrow a float32 router)."""
+        self.weight.data = self.weight.data.to(dtype)
 
 
 class GroupedSwiGLU(nn.Module):
@@ -67,14 +89,24 @@ class DeaMoELayer(nn.Module):
     shared_experts when f_sh = 0) rather than stored as empty tensors.
     """
 
-    def __init__(self, config: DeaMoEConfig, *, dtype: torch.dtype = torch.float32, device=None):
+    def __init__(
+        self,
+        config: DeaMoEConfig,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+        router_dtype: torch.dtype | None = None,
+    ):
         super().__init__()
         if dtype not in SUPPORTED_DTYPES:
             raise UsageError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+        router_dtype = dtype if router_dtype is None else router_dtype
+        if router_dtype not in (dtype, torch.float32):
+            raise UsageError(f"router_dtype must be float32 or the layer's dtype ({dtype}), got {router_dtype}")
         factory = {"dtype": dtype, "device": device}
         self.config = config
         c = config
-        self.router = Router(c, **factory)
+        self.router = Router(c, dtype=router_dtype, device=device)
         self.departments = (
             GroupedSwiGLU(c.num_departments, c.hidden_size, c.shared_intermediate_size, **factory)
             if c.shared_intermediate_size
@@ -93,9 +125,12 @@ class DeaMoELayer(nn.Module):
     def random(
         cls, config: DeaMoEConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32, device=None
     ) -> DeaMoELayer:
-        """A randomly initialised layer whose routing is spread and outputs well-conditioned."""
+        """A randomly initialised layer whose routing is spread and outputs well-conditioned.
+
+        Its router weight is in dtype too (the bias, as always, in float32)."""
         layer = cls(config, dtype=torch.float32, device=device)
         layer.reset_parameters(seed)
+        layer.router.cast_weight(dtype)
         return layer.to(dtype)
 
     @torch.no_grad()
@@ -130,6 +165,12 @@ class DeaMoELayer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
+        """The FFN weights' dtype (the router keeps its own: router_dtype)."""
+        part = self.departments if self.departments is not None else self.experts
+        return part.gate_up.dtype
+
+    @property
+    def router_dtype(self) -> torch.dtype:
         return self.router.weight.dtype
 
     # Forward --------------------------------------------------------------------------
@@ -184,7 +225,9 @@ class DeaMoELayer(nn.Module):
         """Same routing and outputs, every department's shared neurons copied into each of
         its experts (f_s = 0): the layer without sharing, to show what sharing saves."""
         c = self.config
-        twin = DeaMoELayer(c.expanded(), dtype=self.dtype, device=self.router.weight.device)
+        twin = DeaMoELayer(
+            c.expanded(), dtype=self.dtype, device=self.router.weight.device, router_dtype=self.router_dtype
+        )
         twin.router.weight.copy_(self.router.weight)
         if self.router.bias is not None:
             twin.router.bias.copy_(self.router.bias)
@@ -201,7 +244,9 @@ class DeaMoELayer(nn.Module):
 
         Its routing differs from this layer's, so its outputs do too."""
         twin = self.expanded()
-        vanilla = DeaMoELayer(self.config.vanilla(), dtype=self.dtype, device=self.router.weight.device)
+        vanilla = DeaMoELayer(
+            self.config.vanilla(), dtype=self.dtype, device=self.router.weight.device, router_dtype=self.router_dtype
+        )
         vanilla.load_state_dict(twin.state_dict())
         return vanilla
 
@@ -251,12 +296,22 @@ class DeaMoEStack(nn.Module):
     The FFN part of a decoder, without attention: what a multi-layer checkpoint holds and
     what multi-layer exports and benchmarks run."""
 
-    def __init__(self, config: DeaMoEConfig, num_layers: int, *, dtype: torch.dtype = torch.float32, device=None):
+    def __init__(
+        self,
+        config: DeaMoEConfig,
+        num_layers: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+        router_dtype: torch.dtype | None = None,
+    ):
         super().__init__()
         if num_layers < 1:
             raise UsageError(f"num_layers must be >= 1, got {num_layers}")
         self.config = config
-        self.layers = nn.ModuleList(DeaMoELayer(config, dtype=dtype, device=device) for _ in range(num_layers))
+        self.layers = nn.ModuleList(
+            DeaMoELayer(config, dtype=dtype, device=device, router_dtype=router_dtype) for _ in range(num_layers)
+        )
 
     @classmethod
     def from_layers(cls, layers: list[DeaMoELayer]) -> DeaMoEStack:

@@ -20,14 +20,14 @@ def config_table(config: DeaMoEConfig) -> str:
 
 def parameter_table(stack: DeaMoEStack) -> str:
     counts: dict[str, int] = {}
+    sizes: dict[str, int] = {}
     for layer in stack.layers:
         for name, tensor in layer.state_dict().items():
             part = name.split(".")[0]
             counts[part] = counts.get(part, 0) + tensor.numel()
-    bytes_per = BYTES_PER_WEIGHT[stack.dtype]
-    rows = [(part, f"{n:,}", format_bytes(n * bytes_per)) for part, n in counts.items()]
-    total = sum(counts.values())
-    rows.append(("total", f"{total:,}", format_bytes(total * bytes_per)))
+            sizes[part] = sizes.get(part, 0) + tensor.numel() * BYTES_PER_WEIGHT[tensor.dtype]
+    rows = [(part, f"{n:,}", format_bytes(sizes[part])) for part, n in counts.items()]
+    rows.append(("total", f"{sum(counts.values()):,}", format_bytes(sum(sizes.values()))))
     return format_table(
         ("part", "parameters", "size"), rows, title=f"Parameters ({len(stack.layers)} layer(s), {stack.dtype})"
     )
@@ -52,6 +52,7 @@ def traffic_table(stack: DeaMoEStack, tokens: list[int], *, samples: int = 16, s
     for all layers together."""
     gen = input_generator(seed)
     config, bytes_per = stack.config, BYTES_PER_WEIGHT[stack.dtype]
+    router_bytes = BYTES_PER_WEIGHT[stack.layers[0].router_dtype]
     rows = []
     for count in tokens:
         sums = {"deamoe": 0.0, "expanded": 0.0, "vanilla": 0.0}
@@ -60,7 +61,9 @@ def traffic_table(stack: DeaMoEStack, tokens: list[int], *, samples: int = 16, s
             for layer in stack.layers:
                 x = torch.randn(count, config.hidden_size, generator=gen)
                 bias = layer.router.bias.detach() if layer.router.bias is not None else None
-                traffic = compare_traffic(config, router_logits(x, layer.router.weight.detach()), bias, bytes_per)
+                traffic = compare_traffic(
+                    config, router_logits(x, layer.router.weight.detach()), bias, bytes_per, router_bytes
+                )
                 for key in sums:
                     sums[key] += traffic[key].total
                 used_d += traffic["deamoe"].departments_used

@@ -17,7 +17,8 @@ class StepTraffic:
     """Bytes of weights one step over a batch reads, by part.
 
     The spec's formula, plus the two small vectors it leaves out: the selection bias
-    (N*B) and the shared-expert gate (d*B), which a step reads all the same.
+    (N*4, always float32) and the shared-expert gate (d*B), which a step reads all the same.
+    The router weight counts at its own precision (N*d*B_router).
     """
 
     departments_used: int  # U_d
@@ -32,12 +33,19 @@ class StepTraffic:
         return self.department_bytes + self.expert_bytes + self.router_bytes + self.shared_expert_bytes
 
 
-def weights_loaded(config: DeaMoEConfig, routing: Routing, bytes_per_weight: int) -> StepTraffic:
-    """Bytes one step reads for the batch whose routing is given."""
+def weights_loaded(
+    config: DeaMoEConfig, routing: Routing, bytes_per_weight: int, router_bytes_per_weight: int | None = None
+) -> StepTraffic:
+    """Bytes one step reads for the batch whose routing is given.
+
+    bytes_per_weight: of the FFN weights; router_bytes_per_weight: of the router weight
+    (default the same)."""
     d, b = config.hidden_size, bytes_per_weight
+    rb = b if router_bytes_per_weight is None else router_bytes_per_weight
     departments_used = int(routing.used_departments().numel()) if config.shared_intermediate_size else 0
     experts_used = int(routing.used_experts().numel()) if config.private_intermediate_size else 0
-    router = config.num_experts * d * b + (config.num_experts * b if config.router_bias else 0)
+    bias_bytes = config.num_experts * BYTES_PER_WEIGHT[torch.float32] if config.router_bias else 0
+    router = config.num_experts * d * rb + bias_bytes
     shared = 3 * d * config.shared_expert_intermediate_size * b + (d * b if config.shared_expert_gate else 0)
     return StepTraffic(
         departments_used=departments_used,
@@ -50,14 +58,19 @@ def weights_loaded(config: DeaMoEConfig, routing: Routing, bytes_per_weight: int
 
 
 def compare_traffic(
-    config: DeaMoEConfig, logits: torch.Tensor, router_bias: torch.Tensor | None, bytes_per_weight: int
+    config: DeaMoEConfig,
+    logits: torch.Tensor,
+    router_bias: torch.Tensor | None,
+    bytes_per_weight: int,
+    router_bytes_per_weight: int | None = None,
 ) -> dict[str, StepTraffic]:
     """One batch's bytes for the layer, its expanded twin (same routing, no sharing) and its
     vanilla twin (one-stage top-k over the same scores, no sharing), keyed by those names."""
     routing = route_logits(logits, router_bias, config)
     vanilla = config.vanilla()
+    b, rb = bytes_per_weight, router_bytes_per_weight
     return {
-        "deamoe": weights_loaded(config, routing, bytes_per_weight),
-        "expanded": weights_loaded(config.expanded(), routing, bytes_per_weight),
-        "vanilla": weights_loaded(vanilla, route_logits(logits, router_bias, vanilla), bytes_per_weight),
+        "deamoe": weights_loaded(config, routing, b, rb),
+        "expanded": weights_loaded(config.expanded(), routing, b, rb),
+        "vanilla": weights_loaded(vanilla, route_logits(logits, router_bias, vanilla), b, rb),
     }

@@ -16,9 +16,9 @@ def test_bytes_follow_the_spec_formula(name, tokens):
     logits = torch.randn(tokens, config.num_experts, generator=gen)
     bias = 0.05 * torch.randn(config.num_experts, generator=gen) if config.router_bias else None
     expert_sets = [set(spec_route(row.tolist(), None if bias is None else bias.tolist(), config)[1]) for row in logits]
-    for bytes_per_weight in (2, 4):
-        traffic = weights_loaded(config, route_logits(logits, bias, config), bytes_per_weight)
-        assert traffic.total == spec_bytes(config, expert_sets, bytes_per_weight)
+    for bytes_per_weight, router_bytes in ((2, None), (4, None), (2, 4)):
+        traffic = weights_loaded(config, route_logits(logits, bias, config), bytes_per_weight, router_bytes)
+        assert traffic.total == spec_bytes(config, expert_sets, bytes_per_weight, router_bytes)
 
 
 def test_qwen3_preset_loads_at_most_five_eighths_of_its_twin_per_token():
