@@ -44,6 +44,7 @@ class LayerParams(ctypes.Structure):
         ("hasRouterBias", ctypes.c_int32),
         ("sharedExpertWidth", ctypes.c_int32),
         ("sharedExpertGate", ctypes.c_int32),
+        ("routerWeightFloat32", ctypes.c_int32),
     ]
 
 
@@ -64,8 +65,10 @@ class LayerWeights(ctypes.Structure):
 
 
 @functools.lru_cache(maxsize=64)
-def layer_params(config: DeaMoEConfig) -> LayerParams:
-    """The config as LayerParams (cached per config; callers must not modify the result)."""
+def layer_params(config: DeaMoEConfig, router_weight_float32: bool = False) -> LayerParams:
+    """The config as LayerParams (cached per config; callers must not modify the result).
+
+    router_weight_float32: the router weight is float32 (else in the activation dtype)."""
     c = config
     return LayerParams(
         hidden=c.hidden_size,
@@ -82,6 +85,7 @@ def layer_params(config: DeaMoEConfig) -> LayerParams:
         hasRouterBias=int(c.router_bias),
         sharedExpertWidth=c.shared_expert_intermediate_size,
         sharedExpertGate=int(c.shared_expert_gate),
+        routerWeightFloat32=int(router_weight_float32),
     )
 
 

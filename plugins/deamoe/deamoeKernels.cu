@@ -279,7 +279,7 @@ Status validate(LayerParams const& p) noexcept
         int32_t value;
     };
     Flag const flags[] = {{"norm_topk_prob", p.normTopkProb}, {"router_bias", p.hasRouterBias},
-        {"shared_expert_gate", p.sharedExpertGate}};
+        {"shared_expert_gate", p.sharedExpertGate}, {"router_weight_float32", p.routerWeightFloat32}};
     for (auto const& f : flags)
     {
         if (f.value != 0 && f.value != 1)

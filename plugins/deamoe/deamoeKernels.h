@@ -53,14 +53,17 @@ struct LayerParams
     int32_t hasRouterBias;          // bool
     int32_t sharedExpertWidth;      // f_sh (0: none)
     int32_t sharedExpertGate;       // bool
+    int32_t routerWeightFloat32;    // bool: router.weight is float32 (else the activation dtype)
 };
 
 // Device pointers in the canonical layouts of the spec ([out, in], gate rows then up
-// rows). All share the activation dtype. Absent parts are nullptr.
+// rows). All share the activation dtype, except the router's (spec, "Router precision"):
+// routerBias is float32, routerWeight float32 when params.routerWeightFloat32. Absent parts
+// are nullptr.
 struct LayerWeights
 {
     void const* routerWeight;       // [N, d]
-    void const* routerBias;         // [N] or nullptr
+    void const* routerBias;         // [N] float32 or nullptr
     void const* departmentGateUp;   // [D, 2*f_s, d] or nullptr
     void const* departmentDown;     // [D, d, f_s] or nullptr
     void const* expertGateUp;       // [N, 2*f_p, d] or nullptr
@@ -124,7 +127,7 @@ Status routerLogits(LayerParams const& params, DataType dtype, void const* hidde
     int32_t numTokens, float* logits, cudaStream_t stream) noexcept;
 
 // Spec steps 1-5 from given float32 logits [numTokens, N] (device memory); routerBias is
-// [N] in dtype or nullptr. route() == routerLogits() then routeLogits(). No workspace.
+// [N] float32 or nullptr. route() == routerLogits() then routeLogits(). No workspace.
 Status routeLogits(LayerParams const& params, DataType dtype, float const* logits, void const* routerBias,
     int32_t numTokens, RoutingOutputs const& out, cudaStream_t stream) noexcept;
 

@@ -690,10 +690,22 @@ bool DeaMoEPlugin::supportsFormatCombination(
             return false;
         }
         // TensorRT asks position by position with the earlier positions already chosen: the
-        // first input picks a float type, every other input and the output must match it.
+        // first input picks a float type, every other input and the output must match it,
+        // except the router's (spec, "Router precision"): router.bias is always float32,
+        // router.weight float32 or the activation type.
         if (pos == 0)
         {
             return isSupportedType(desc.type);
+        }
+        InputRole const role = pos < nbInputs && pos < static_cast<int32_t>(mInputs.size()) ? mInputs[pos]
+                                                                                           : InputRole::kHIDDEN;
+        if (role == InputRole::kROUTER_BIAS)
+        {
+            return desc.type == TrtType::kFLOAT;
+        }
+        if (role == InputRole::kROUTER_WEIGHT)
+        {
+            return desc.type == inOut[0].desc.type || desc.type == TrtType::kFLOAT;
         }
         return desc.type == inOut[0].desc.type;
     });
@@ -816,13 +828,17 @@ int32_t DeaMoEPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDes
         }
         deamoe::DataType const dtype = toKernelType(inputDesc[0].type);
 
+        LayerParams params = mParams;
         LayerWeights weights{};
         for (size_t i = 1; i < mInputs.size(); ++i)
         {
             void const* ptr = inputs[i];
             switch (mInputs[i])
             {
-            case InputRole::kROUTER_WEIGHT: weights.routerWeight = ptr; break;
+            case InputRole::kROUTER_WEIGHT:
+                weights.routerWeight = ptr;
+                params.routerWeightFloat32 = inputDesc[i].type == TrtType::kFLOAT ? 1 : 0;
+                break;
             case InputRole::kROUTER_BIAS: weights.routerBias = ptr; break;
             case InputRole::kDEPARTMENT_GATE_UP: weights.departmentGateUp = ptr; break;
             case InputRole::kDEPARTMENT_DOWN: weights.departmentDown = ptr; break;
@@ -838,9 +854,9 @@ int32_t DeaMoEPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDes
         // getWorkspaceSize() for the profile's max tokens, which covers this step's tokens,
         // so the bytes forward() may use are exactly what it asks for at this size.
         int32_t const numTokens = static_cast<int32_t>(tokens);
-        size_t const workspaceBytes = deamoe::workspaceSize(mParams, numTokens, dtype);
+        size_t const workspaceBytes = deamoe::workspaceSize(params, numTokens, dtype);
         Status const status = deamoe::forward(
-            mParams, weights, dtype, inputs[0], outputs[0], numTokens, workspace, workspaceBytes, stream);
+            params, weights, dtype, inputs[0], outputs[0], numTokens, workspace, workspaceBytes, stream);
         if (status != Status::kSUCCESS)
         {
             fail("layer '" + mLayerName + "': deamoe::forward failed for " + std::to_string(tokens)

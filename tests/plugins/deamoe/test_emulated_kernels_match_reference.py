@@ -227,3 +227,45 @@ def test_workspace_size_grows_with_tokens_up_to_one_tile(emulated_lib):
     assert 0 < sizes[0] < sizes[1] < sizes[2]
     assert sizes[2] == sizes[3] == sizes[4]  # the batch runs in tiles of 16 tokens
     assert sizes[2] < 16 * 2**20  # a few MiB: partials of 16 tokens x 11 slots x 7168 floats
+
+
+@pytest.mark.parametrize("name", ["deepseek-like", "qwen2-moe-like"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_float32_router_in_a_half_precision_layer(emulated_lib, name, dtype):
+    """Spec "Router precision": router weight kept in float32 (and bias float32) inside a
+    half-precision layer; the kernels' logits are the float32 matmul of those weights and
+    their routing the reference's (the router rows a bf16 router would round away count)."""
+    c = CONFIGS[name]
+    layer = DeaMoELayer.random(c, seed=8).to(dtype)  # a float32 router stays float32
+    assert layer.router_dtype == torch.float32 and layer.dtype == dtype
+    x = hidden(c, 3, seed=9, dtype=dtype)
+    logits = _ops.router_logits_with(emulated_lib, layer, x)
+    torch.testing.assert_close(logits, x.float() @ layer.router.weight.t(), rtol=1e-5, atol=1e-5)
+    routing = _ops.route_with(emulated_lib, layer, x)
+    assert torch.equal(routing.expert_ids, layer.route(x).expert_ids)
+    y = _ops.forward_with(emulated_lib, layer, x)
+    assert relative_error(y, reference_fp32(layer, x)) < (2e-3 if dtype == torch.float16 else 1e-2)
+
+
+@pytest.mark.parametrize("name", ["tiny", "deepseek-like", "qwen2-moe-like"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_nonfinite_tokens_follow_the_reference_and_leave_others_alone(emulated_lib, name, bad):
+    """A token with a NaN or infinite hidden value routes as the reference says (lowest-index
+    departments and experts when its scores are not finite), its output is non-finite where
+    the reference's is, and every other token's output is what it is without it."""
+    c = CONFIGS[name]
+    layer = DeaMoELayer.random(c, seed=10)
+    x = hidden(c, 5, seed=11)
+    x[1, 3] = bad
+    x[3] = bad
+    with torch.no_grad():
+        ref_routing = layer.route(x)
+        ref = layer.forward_routed(x, ref_routing)
+    routing = _ops.route_with(emulated_lib, layer, x)
+    assert torch.equal(routing.expert_ids, ref_routing.expert_ids)
+    assert torch.equal(routing.kept_departments, ref_routing.kept_departments)
+    y = _ops.forward_with(emulated_lib, layer, x)
+    assert torch.equal(torch.isfinite(y), torch.isfinite(ref))
+    good = [0, 2, 4]
+    torch.testing.assert_close(y[good], _ops.forward_with(emulated_lib, layer, x[good]), rtol=0, atol=0)
+    torch.testing.assert_close(y[good], ref[good], rtol=1e-5, atol=1e-5)
