@@ -73,7 +73,8 @@ def test_bf16_block_picks_transformers_experts(family):
     print(
         f"\n{family} bf16: {int(same[clear].sum())}/{n} clear-margin tokens pick transformers' experts "
         f"({same[clear].float().mean():.2%}); all {TOKENS} tokens: {same.float().mean():.2%}; "
-        f"baseline router rounded to bf16: {same_old[clear].float().mean():.2%} clear, {same_old.float().mean():.2%} all"
+        f"baseline router rounded to bf16: {same_old[clear].float().mean():.2%} clear, "
+        f"{same_old.float().mean():.2%} all"
     )
     assert n >= 2000
     assert bool(same[clear].all())
