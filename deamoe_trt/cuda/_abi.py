@@ -107,6 +107,7 @@ PROTOTYPES = {
     "deamoe_status_string": (ctypes.c_char_p, [_I32]),
     "deamoe_max_tile_tokens": (_I32, []),
     "deamoe_last_error": (ctypes.c_char_p, []),
+    "deamoe_check_supported": (_I32, [_P(LayerParams), _I32]),
     "deamoe_router_logits": (_I32, [_P(LayerParams), _I32, _VOID, _VOID, _I32, _VOID, _VOID]),
     "deamoe_route_logits": (_I32, [_P(LayerParams), _I32, _VOID, _VOID, _I32, _VOID, _VOID, _VOID, _VOID, _VOID]),
     "deamoe_set_programmatic_launch": (None, [_I32]),

@@ -35,7 +35,8 @@
 #include "deamoeInternal.h"
 
 #if defined(__CUDACC__)
-// Kernel launch (see launchKernel below); the SIMT emulator (tests) defines its own.
+// Kernel launch (see launchKernel below), an expression giving the launch's cudaError_t;
+// the SIMT emulator (tests) defines its own.
 #define DEAMOE_LAUNCH(kernel, grid, block, smem, stream, args)                                                         \
     ::deamoe::detail::launchKernel((kernel), (grid), (block), (smem), (stream), (args))
 #elif !defined(DEAMOE_LAUNCH)
@@ -864,8 +865,8 @@ inline int ceilDiv(int a, int b)
 
 #if defined(__CUDACC__)
 // Launches kernel<<<grid, block, smem, stream>>>(args), as a programmatic dependent of the
-// stream's previous kernel when that is enabled and the GPU is sm_90 or newer. Errors are
-// left for checkLaunch() (cudaPeekAtLastError).
+// stream's previous kernel when that is enabled and the GPU is sm_90 or newer. Returns the
+// launch's result, for checkLaunch().
 template <class Args>
 cudaError_t launchKernel(void (*kernel)(Args), unsigned grid, unsigned block, size_t smem, cudaStream_t stream,
     Args const& args)
@@ -933,8 +934,8 @@ Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeig
     args.sharedWidth = sharedGateUp ? p.sharedExpertWidth : 0;
     args.hShared = hShared;
     int const sharedBlocks = sharedGateUp ? ceilDiv(p.sharedExpertWidth, geo.neuronsPerBlock) : 0;
-    DEAMOE_LAUNCH((gateUpKernel<T, TT>), args.routerBlocks + sharedBlocks, kGemvThreads, 0, stream, args);
-    return checkLaunch("router/shared gate-up kernel");
+    return checkLaunch("router/shared gate-up kernel",
+        DEAMOE_LAUNCH((gateUpKernel<T, TT>), args.routerBlocks + sharedBlocks, kGemvThreads, 0, stream, args));
 }
 
 template <class T, int TT>
@@ -948,8 +949,9 @@ Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* rou
         // gate row (as logit column N) and gate/up.
         RouterRowsArgs<T> rows{hidden, static_cast<float const*>(routerWeight), p.hidden, numExperts, numTokens,
             logits, logitsStride};
-        DEAMOE_LAUNCH((routerRowsFloatKernel<T, TT>), ceilDiv(numExperts, kGemvWarps), kGemvThreads, 0, stream, rows);
-        Status const status = checkLaunch("float32 router kernel");
+        Status const status = checkLaunch("float32 router kernel",
+            DEAMOE_LAUNCH((routerRowsFloatKernel<T, TT>), ceilDiv(numExperts, kGemvWarps), kGemvThreads, 0,
+                stream, rows));
         if (status != Status::kSUCCESS || (sharedGate == nullptr && sharedGateUp == nullptr))
             return status;
         return launchGateUpK1<T, TT>(p, hidden, nullptr, 0, sharedGate, numTokens, logits + numExperts, logitsStride,
@@ -957,16 +959,6 @@ Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* rou
     }
     return launchGateUpK1<T, TT>(p, hidden, static_cast<T const*>(routerWeight), numExperts, sharedGate, numTokens,
         logits, logitsStride, sharedGateUp, hShared, stream);
-}
-
-template <class T>
-size_t routePlanSmemBytes(LayerParams const& p, int routingWarps)
-{
-    RoutingConfig const rc = routingConfig(p);
-    PlanConfig const pc = planConfig(p);
-    size_t const fixed = sizeof(float) * kMaxTileTokens * (3 * static_cast<size_t>(rc.topK) + rc.topDepartments)
-        + sizeof(uint32_t) * planScratchWords(pc);
-    return fixed + sizeof(float) * static_cast<size_t>(routingScratchFloats(rc)) * routingWarps;
 }
 
 template <class T, int TT>
@@ -1003,10 +995,10 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         args.routerBias = p.hasRouterBias ? static_cast<float const*>(w.routerBias) : nullptr;
         args.numTokens = numTokens;
         size_t const perWarp = sizeof(float) * routingScratchFloats(args.routing);
-        size_t const fixed = routePlanSmemBytes<T>(p, 0);
+        size_t const fixed = routePlanSmemBytes(p, 0);
         args.routingWarps = static_cast<int>(std::min<size_t>(
             std::min(numTokens, kRoutePlanWarps), (kSmemBudget - std::min(fixed, kSmemBudget)) / perWarp));
-        if (args.routingWarps < 1)
+        if (args.routingWarps < 1) // checkSupported() refuses such layers before anything launches
             return fail(Status::kUNSUPPORTED, "num_experts %d needs more shared memory for routing than %zu bytes",
                 args.routing.numExperts, kSmemBudget);
         args.plan = plan;
@@ -1021,9 +1013,9 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         args.partialSlots = L.partialSlots;
         args.sharedSlot = L.partialSlots - 1;
         int const blocks = 1 + (p.sharedExpertWidth ? ceilDiv(d, kSharedDownRowsPerBlock) : 0);
-        DEAMOE_LAUNCH((routePlanKernel<T, TT>), blocks, kRoutePlanThreads, routePlanSmemBytes<T>(p, args.routingWarps),
-            stream, args);
-        status = checkLaunch("routing/plan kernel");
+        status = checkLaunch("routing/plan kernel",
+            DEAMOE_LAUNCH((routePlanKernel<T, TT>), blocks, kRoutePlanThreads,
+                routePlanSmemBytes(p, args.routingWarps), stream, args));
         if (status != Status::kSUCCESS)
             return status;
     }
@@ -1050,8 +1042,8 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         args.expertBlocksPerPart = p.privateWidth ? ceilDiv(p.privateWidth, geo.neuronsPerBlock) : 0;
         long long const blocks = static_cast<long long>(L.maxDepartmentParts) * args.departmentBlocksPerPart
             + static_cast<long long>(L.maxExpertParts) * args.expertBlocksPerPart;
-        DEAMOE_LAUNCH((gateUpKernel<T, TT>), static_cast<unsigned>(blocks), kGemvThreads, 0, stream, args);
-        status = checkLaunch("routed gate-up kernel");
+        status = checkLaunch("routed gate-up kernel",
+            DEAMOE_LAUNCH((gateUpKernel<T, TT>), static_cast<unsigned>(blocks), kGemvThreads, 0, stream, args));
         if (status != Status::kSUCCESS)
             return status;
     }
@@ -1077,8 +1069,9 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         args.counters = counters;
         args.output = output;
         long long const parts = (p.sharedWidth ? L.maxDepartmentParts : 0) + (p.privateWidth ? L.maxExpertParts : 0);
-        DEAMOE_LAUNCH((downKernel<T, TT>), static_cast<unsigned>(parts * L.downTiles), kGemvThreads, 0, stream, args);
-        status = checkLaunch("down kernel");
+        status = checkLaunch("down kernel",
+            DEAMOE_LAUNCH((downKernel<T, TT>), static_cast<unsigned>(parts * L.downTiles), kGemvThreads, 0,
+                stream, args));
     }
     return status;
 }
@@ -1134,8 +1127,8 @@ Status launchRoute(LayerParams const& p, float const* logits, int logitsStride, 
     if (smem > kSmemBudget)
         return fail(Status::kUNSUPPORTED, "num_experts %d needs more shared memory for routing than %zu bytes",
             args.routing.numExperts, kSmemBudget);
-    DEAMOE_LAUNCH((routeKernel<T>), ceilDiv(numTokens, warpsPerBlock), kRouteThreads, smem, stream, args);
-    return checkLaunch("routing kernel");
+    return checkLaunch("routing kernel",
+        DEAMOE_LAUNCH((routeKernel<T>), ceilDiv(numTokens, warpsPerBlock), kRouteThreads, smem, stream, args));
 }
 
 inline RoutingOutputs offsetOutputs(RoutingOutputs const& out, LayerParams const& p, int first)

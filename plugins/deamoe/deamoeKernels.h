@@ -88,7 +88,7 @@ enum class Status : int32_t
     kINVALID_PARAMS = 1,     // a LayerParams that DeaMoEConfig would reject
     kINVALID_ARGUMENT = 2,   // null pointer, tokens < 0, workspace too small
     kUNSUPPORTED = 3,        // dtype or size this build cannot run
-    kCUDA_ERROR = 4,         // a launch failed; cudaGetLastError() has the reason
+    kCUDA_ERROR = 4,         // a launch failed; lastErrorMessage() names it and the CUDA error
 };
 
 char const* statusString(Status status) noexcept;
@@ -120,6 +120,12 @@ constexpr int32_t kMaxTileTokens = 16;
 // Why the last call on this thread did not return kSUCCESS (one line, never null; empty
 // after a success). For kCUDA_ERROR it names the failed launch and the CUDA error.
 char const* lastErrorMessage() noexcept;
+
+// Whether forward() can run a layer of params in dtype: the config (validate), the dtype,
+// every row a whole number of 16-byte vectors, the routing block's shared memory. forward()
+// checks the same before it launches anything; the TensorRT plugin calls this when it is
+// configured (build and runtime), so a layer it cannot run fails there, the limit named.
+Status checkSupported(LayerParams const& params, DataType dtype) noexcept;
 
 // Router logits z = x Wr^T accumulated in float32: logits is [numTokens, N] float32
 // (device memory). The exact logits route() and forward() route from. No workspace.
@@ -158,6 +164,7 @@ extern "C"
     // Additions (see above).
     int32_t deamoe_max_tile_tokens(void);
     char const* deamoe_last_error(void);
+    int32_t deamoe_check_supported(deamoe::LayerParams const* params, int32_t dtype);
     int32_t deamoe_router_logits(deamoe::LayerParams const* params, int32_t dtype, void const* hidden,
         void const* router_weight, int32_t num_tokens, float* logits, cudaStream_t stream);
     int32_t deamoe_route_logits(deamoe::LayerParams const* params, int32_t dtype, float const* logits,

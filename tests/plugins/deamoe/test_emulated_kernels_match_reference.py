@@ -269,3 +269,39 @@ def test_nonfinite_tokens_follow_the_reference_and_leave_others_alone(emulated_l
     good = [0, 2, 4]
     torch.testing.assert_close(y[good], _ops.forward_with(emulated_lib, layer, x[good]), rtol=0, atol=0)
     torch.testing.assert_close(y[good], ref[good], rtol=1e-5, atol=1e-5)
+
+
+def test_a_failed_launch_fails_one_call_and_leaves_the_next_clean(emulated_lib):
+    """A non-sticky launch failure is reported with the kernel and the CUDA error, and cleared:
+    the next call runs (with cudaPeekAtLastError, one failure failed every later call)."""
+    c = CONFIGS["tiny"]
+    layer = DeaMoELayer.random(c, seed=12)
+    x = hidden(c, 2, seed=13)
+    emulated_lib.deamoe_emulator_fail_launches.restype = ctypes.c_int32
+    out_of_resources = 701  # cudaErrorLaunchOutOfResources
+    emulated_lib.deamoe_emulator_fail_launches(1, out_of_resources)
+    with pytest.raises(KernelError, match=r"router/shared gate-up kernel: cudaErrorLaunchOutOfResources"):
+        _ops.forward_with(emulated_lib, layer, x)
+    assert emulated_lib.deamoe_emulator_fail_launches(0, 0) == 0  # nothing left pending
+    torch.testing.assert_close(_ops.forward_with(emulated_lib, layer, x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("changes", "dtype", "limit"),
+    [
+        (dict(hidden_size=36), torch.float16, "hidden_size 36 must be a multiple of 8"),
+        (dict(private_intermediate_size=18), torch.float32, "private_intermediate_size 18 must be a multiple of 4"),
+        (
+            dict(num_departments=64, experts_per_department=128, top_k=8, top_departments=2),
+            torch.float32,
+            "shared memory",
+        ),
+    ],
+)
+def test_check_supported_names_the_limit(emulated_lib, changes, dtype, limit):
+    params = _abi.layer_params(PRESETS["tiny"].replace(**changes))
+    status = emulated_lib.deamoe_check_supported(ctypes.byref(params), _abi.DTYPES[dtype])
+    assert _abi.STATUS_NAMES[status] == "unsupported by this build"
+    assert limit in emulated_lib.deamoe_last_error().decode()
+    ok = _abi.layer_params(PRESETS["tiny"])
+    assert emulated_lib.deamoe_check_supported(ctypes.byref(ok), _abi.DTYPES[dtype]) == 0
