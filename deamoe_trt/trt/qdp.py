@@ -16,7 +16,8 @@ Two differences from the C++ plugin's node, both bridged by `prepare_model` at b
   plugin_namespace attribute is set to it (the ONNX parser matches op_type, plugin_version
   and plugin_namespace);
 - a QDP has a fixed list of inputs, so absent optional inputs are filled with a one-element
-  placeholder of the node's dtype; the config attributes say which inputs are real.
+  placeholder of the type that position takes (router.bias float32, the rest the node's
+  dtype); the config attributes say which inputs are real.
 
 NOTE: no `from __future__ import annotations` here: tensorrt.plugin reads the annotations
 of the decorated functions as classes (TensorDesc, Tensor), not strings.
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper
 
@@ -56,22 +58,30 @@ TENSOR_ARGS = (
 CANONICAL_INPUTS = ("hidden_states", *(name for name, _ in plugin_node.WEIGHT_INPUTS))
 assert len(TENSOR_ARGS) == len(CANONICAL_INPUTS) == plugin_node.MAX_INPUTS
 
-# Attribute -> Python type the QDP declares. Bools travel as ONNX INT, so they are ints here.
-ATTRS: dict[str, type] = {
-    "hidden_size": int,
-    "num_departments": int,
-    "experts_per_department": int,
-    "shared_intermediate_size": int,
-    "private_intermediate_size": int,
-    "top_k": int,
-    "top_departments": int,
+# Numeric attributes are declared as 1-D numpy arrays, not int/float: tensorrt.plugin's
+# create_plugin turns each PluginField into an attribute with annotation(field.data), and
+# field.data is a one-element array, which int()/float() refuse from NumPy 2.4 on ("only
+# 0-dimensional arrays can be converted to Python scalars"). An NDArray annotation makes it
+# call field.data.astype(dtype) instead (TensorRT 10.6-11.x, plugin/_lib.py), on any NumPy.
+INT_ATTR = npt.NDArray[np.int32]
+FLOAT_ATTR = npt.NDArray[np.float32]
+
+# Attribute -> annotation the QDP declares. Bools travel as ONNX INT, so they are ints here.
+ATTRS: dict[str, Any] = {
+    "hidden_size": INT_ATTR,
+    "num_departments": INT_ATTR,
+    "experts_per_department": INT_ATTR,
+    "shared_intermediate_size": INT_ATTR,
+    "private_intermediate_size": INT_ATTR,
+    "top_k": INT_ATTR,
+    "top_departments": INT_ATTR,
     "score_func": str,
     "department_score": str,
-    "norm_topk_prob": int,
-    "routed_scaling_factor": float,
-    "router_bias": int,
-    "shared_expert_intermediate_size": int,
-    "shared_expert_gate": int,
+    "norm_topk_prob": INT_ATTR,
+    "routed_scaling_factor": FLOAT_ATTR,
+    "router_bias": INT_ATTR,
+    "shared_expert_intermediate_size": INT_ATTR,
+    "shared_expert_gate": INT_ATTR,
 }
 
 
@@ -118,10 +128,15 @@ def prepare_model(model: onnx.ModelProto) -> int:
         config = plugin_node.config_from_node(node)
         present = ["hidden_states", *plugin_node.weight_inputs(config)]
         given = dict(zip(present, node.input, strict=True))
-        elem_type = _elem_type_of(model, given["router.weight"]) or _elem_type_of(model, given["hidden_states"])
+        # The FFN weights carry the node's dtype (the router may be float32 in any node).
+        ffn = given.get("experts.gate_up") or given["departments.gate_up"]
+        elem_type = _elem_type_of(model, ffn) or _elem_type_of(model, given["hidden_states"])
         if elem_type is None:
-            raise UsageError(f"DeaMoE node {node.name!r}: cannot tell its dtype (router.weight has no type)")
-        inputs = [given.get(name) or _placeholder(model, elem_type, cache) for name in CANONICAL_INPUTS]
+            raise UsageError(f"DeaMoE node {node.name!r}: cannot tell its dtype ({ffn} has no type)")
+        inputs = [
+            given.get(name) or _placeholder(model, TensorProto.FLOAT if name == "router.bias" else elem_type, cache)
+            for name in CANONICAL_INPUTS
+        ]
         del node.input[:]
         node.input.extend(inputs)
         for attr in node.attribute:
@@ -155,13 +170,19 @@ def _text(value: str) -> str:
     return value.rstrip("\x00")
 
 
+def _scalar(name: str, value: Any) -> int | float:
+    """A numeric attribute as a Python number: tensorrt.plugin gives one-element arrays."""
+    array = np.asarray(value)
+    if array.size != 1:
+        raise UsageError(f"DeaMoE attribute {name} must hold one number, got {array.size}")
+    return array.reshape(()).item()
+
+
 def config_from_attrs(values: dict[str, Any]) -> DeaMoEConfig:
     fields = {}
     for name, kind in ATTRS.items():
         value = values[name]
-        if kind is str:
-            value = _text(value)
-        fields[name] = value
+        fields[name] = _text(value) if kind is str else _scalar(name, value)
     for flag in ("norm_topk_prob", "router_bias", "shared_expert_gate"):
         fields[flag] = bool(fields[flag])
     return DeaMoEConfig(**fields)
@@ -226,20 +247,20 @@ def _define(trtp) -> None:
         shared_gate_up: TensorDesc,
         shared_down: TensorDesc,
         shared_gate: TensorDesc,
-        hidden_size: int,
-        num_departments: int,
-        experts_per_department: int,
-        shared_intermediate_size: int,
-        private_intermediate_size: int,
-        top_k: int,
-        top_departments: int,
+        hidden_size: INT_ATTR,
+        num_departments: INT_ATTR,
+        experts_per_department: INT_ATTR,
+        shared_intermediate_size: INT_ATTR,
+        private_intermediate_size: INT_ATTR,
+        top_k: INT_ATTR,
+        top_departments: INT_ATTR,
         score_func: str,
         department_score: str,
-        norm_topk_prob: int,
-        routed_scaling_factor: float,
-        router_bias: int,
-        shared_expert_intermediate_size: int,
-        shared_expert_gate: int,
+        norm_topk_prob: INT_ATTR,
+        routed_scaling_factor: FLOAT_ATTR,
+        router_bias: INT_ATTR,
+        shared_expert_intermediate_size: INT_ATTR,
+        shared_expert_gate: INT_ATTR,
     ) -> TensorDesc:
         return hidden_states.like()
 
@@ -257,8 +278,17 @@ def _define(trtp) -> None:
         shared_gate: TensorDesc,
         outputs: tuple[TensorDesc],
     ) -> list[trtp.AutoTuneCombination]:
-        # Ten inputs and the output, all one float type ('|' ties the positions together).
-        return [trtp.AutoTuneCombination(", ".join(["FP32|FP16|BF16"] * (len(TENSOR_ARGS) + 1)))]
+        # Ten inputs and the output in one float type ('|' ties the positions together),
+        # except the router's (spec, "Router precision"): router_b is always FP32 and
+        # router_w either that type too or FP32.
+        return [_io_types(router_w_float32=False), _io_types(router_w_float32=True)]
+
+    def _io_types(router_w_float32: bool):
+        types = ["FP32|FP16|BF16"] * (len(TENSOR_ARGS) + 1)
+        types[TENSOR_ARGS.index("router_b")] = "FP32"
+        if router_w_float32:
+            types[TENSOR_ARGS.index("router_w")] = "FP32"
+        return trtp.AutoTuneCombination(", ".join(types))
 
     @trtp.impl(QDP_ID)
     def deamoe_impl(
@@ -272,20 +302,20 @@ def _define(trtp) -> None:
         shared_gate_up: Tensor,
         shared_down: Tensor,
         shared_gate: Tensor,
-        hidden_size: int,
-        num_departments: int,
-        experts_per_department: int,
-        shared_intermediate_size: int,
-        private_intermediate_size: int,
-        top_k: int,
-        top_departments: int,
+        hidden_size: INT_ATTR,
+        num_departments: INT_ATTR,
+        experts_per_department: INT_ATTR,
+        shared_intermediate_size: INT_ATTR,
+        private_intermediate_size: INT_ATTR,
+        top_k: INT_ATTR,
+        top_departments: INT_ATTR,
         score_func: str,
         department_score: str,
-        norm_topk_prob: int,
-        routed_scaling_factor: float,
-        router_bias: int,
-        shared_expert_intermediate_size: int,
-        shared_expert_gate: int,
+        norm_topk_prob: INT_ATTR,
+        routed_scaling_factor: FLOAT_ATTR,
+        router_bias: INT_ATTR,
+        shared_expert_intermediate_size: INT_ATTR,
+        shared_expert_gate: INT_ATTR,
         outputs: tuple[Tensor],
         stream: int,
     ) -> None:
