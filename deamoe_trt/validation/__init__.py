@@ -18,12 +18,12 @@ from onnx import external_data_helper, numpy_helper
 
 from ..checkpoint import load_checkpoint, read_header
 from ..errors import UsageError
-from ..export.dtypes import DTYPES, ExportDtype, to_numpy
+from ..export.dtypes import DTYPES, ExportDtype, dtype_of_onnx, to_numpy
 from ..export.metadata import INPUT_NAME, OUTPUT_NAME, ExportInfo, export_info, load_model
 from ..export.plugin_node import config_differences
 from ..inputs import random_hidden
 from ..layer import DeaMoELayer, DeaMoEStack
-from .compare import Comparison, compare, comparison_table
+from .compare import Comparison, compare, comparison_table, nonfinite_summary
 from .runners import ReferenceRunner, engine_runner, is_engine, onnx_runner
 from .session import make_session
 
@@ -57,10 +57,15 @@ class ValidationReport:
             f"{self.model} ({self.description}) on {self.provider} vs the PyTorch reference of {self.checkpoint}; "
             f"atol {self.atol:g}, rtol {self.rtol:g}"
         )
-        return "\n".join([comparison_table(self.rows, title=title), *self.notes])
+        nonfinite = nonfinite_summary(self.rows)
+        notes = [*([f"NaN/Inf: {nonfinite}"] if nonfinite else []), *self.notes]
+        return "\n".join([comparison_table(self.rows, title=title), *notes])
 
     def failure(self) -> str:
-        """One line on what exceeded tolerance (for DeaMoEError)."""
+        """One line on what exceeded tolerance (for DeaMoEError); NaN/Inf outputs said first."""
+        nonfinite = nonfinite_summary(self.rows)
+        if nonfinite:
+            return nonfinite
         failed = [r for r in self.rows if not r.passed]
         worst = max(failed, key=lambda r: r.max_abs)
         return (
@@ -155,7 +160,9 @@ def check_weights(
             continue
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             tensor = _loaded(tensor, path.parent)
-        expected = to_numpy(layer.router.weight, DTYPES[info.dtype]).tobytes()
+        # The router is stored in its own precision (float32, or the model's dtype).
+        stored = dtype_of_onnx(tensor.data_type) or DTYPES[info.dtype]
+        expected = to_numpy(layer.router.weight, stored).tobytes()
         if numpy_helper.to_array(tensor).tobytes() != expected:  # raw_data or typed fields alike
             raise UsageError(
                 f"checkpoint {checkpoint} does not match the model: its layer {index} router weights differ "
