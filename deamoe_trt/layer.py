@@ -39,12 +39,12 @@ class Router(nn.Module):
         )
 
     def _apply(self, fn, recurse=True):
-        kept = {name: p.dtype for name, p in self.named_parameters() if p.dtype == torch.float32 or name == "bias"}
+        kept = {name: p.data for name, p in self.named_parameters() if p.dtype == torch.float32 or name == "bias"}
         super()._apply(fn, recurse)
-        for name, dtype in kept.items():
+        for name, before in kept.items():
             param = getattr(self, name)
-            if param.dtype != dtype:  # a dtype conversion: undo it, keep the device move
-                param.data = param.data.to(dtype)
+            if param.dtype != before.dtype:  # a dtype conversion: keep the original values, moved
+                param.data = before.to(device=param.device, dtype=torch.float32)
         return self
 
     def cast_weight(self, dtype: torch.dtype) -> None:
