@@ -58,3 +58,17 @@ def test_forms_keep_nonfinite_tokens_to_themselves(form, config_name):
         # (not bitwise: ONNX Runtime's kernels block their sums by batch size).
         np.testing.assert_allclose(y[GOOD_TOKENS], reference[GOOD_TOKENS], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(y[GOOD_TOKENS], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_ort_vanilla_anchor_passes_nonfinite_tokens_on():
+    """The ort form of a plain top-k MoE routes with com.microsoft.MoE, which outputs 0 for a
+    token whose router values are NaN; the form passes the token's non-finite state on."""
+    layer = layer_of(CONFIGS["tiny"].vanilla(), seed=6)
+    session = make_session(build_model(layer, "ort"))
+    for bad in BAD.values():
+        x = tokens_with(layer.config, bad)
+        (y,) = session.run(None, {"hidden_states": feed(x)})
+        with torch.no_grad():
+            reference = layer.forward_routed(x, layer.route(x)).numpy()
+        np.testing.assert_array_equal(np.isfinite(y).all(axis=1), np.isfinite(reference).all(axis=1))
+        np.testing.assert_allclose(y[GOOD_TOKENS], reference[GOOD_TOKENS], rtol=1e-5, atol=1e-5)
