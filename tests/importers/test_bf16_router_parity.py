@@ -78,3 +78,7 @@ def test_bf16_block_picks_transformers_experts(family):
     )
     assert n >= 2000
     assert bool(same[clear].all())
+    if family == "deepseek_v3":
+        # Same float32 router, same float32 routing: every token agrees (the bf16-rounded
+        # router of before missed about 1% of them).
+        assert bool(same.all())
