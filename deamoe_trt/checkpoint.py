@@ -2,8 +2,11 @@
 
 config.json:  {"format": "deamoe-trt", "format_version": 1, "num_layers": L,
                "dtype": "float32", "router_dtype": "float32",
-               "config": {DeaMoEConfig fields}, "source": {...}}
-model.safetensors: for each layer i, the spec's canonical tensors as "layers.{i}.<name>".
+               "config": {DeaMoEConfig fields}, "source": {...},
+               "quantization": {"bits": 4, "group_size": 64, ...} (quantized checkpoints only)}
+model.safetensors: for each layer i, the spec's canonical tensors as "layers.{i}.<name>";
+in a quantized checkpoint each FFN weight <name> is "<name>.qweight" (uint8 codes) and
+"<name>.scales" (deamoe_trt.quant, docs/quantization.md).
 
 "dtype" is the FFN weights' dtype; "router_dtype" the router weight's, written only when it
 differs (absent: the same as "dtype"). router.bias is float32; checkpoints written before
@@ -24,6 +27,7 @@ from ._io import atomic_path, atomic_write_text
 from .config import DeaMoEConfig
 from .errors import CheckpointError, UsageError
 from .layer import DeaMoELayer, DeaMoEStack
+from .quant import QuantConfig
 
 FORMAT = "deamoe-trt"
 FORMAT_VERSION = 1
@@ -57,6 +61,8 @@ def save_checkpoint(stack: DeaMoEStack, directory: str | Path, *, source: dict[s
         header["router_dtype"] = dtype_name(router_dtype)
     if source:
         header["source"] = source
+    if stack.quant is not None:
+        header["quantization"] = stack.quant.to_dict()
     return write_files(directory, tensors, header)
 
 
@@ -106,6 +112,13 @@ def read_header(directory: str | Path) -> dict[str, Any]:
         header["config"] = DeaMoEConfig.from_dict(header.get("config"))
     except ValueError as exc:
         raise CheckpointError(f"{path}: {exc}") from None
+    if "quantization" in header:
+        try:
+            header["quantization"] = QuantConfig.from_dict(header["quantization"])
+        except UsageError as exc:
+            raise CheckpointError(f"{path}: {exc}") from None
+    else:
+        header["quantization"] = None
     return header
 
 
@@ -115,7 +128,13 @@ def load_checkpoint(directory: str | Path, *, device=None) -> DeaMoEStack:
     header = read_header(directory)
     config: DeaMoEConfig = header["config"]
     dtype, router_dtype = DTYPES[header["dtype"]], DTYPES[header["router_dtype"]]
-    stack = DeaMoEStack(config, header["num_layers"], dtype=dtype, device="meta", router_dtype=router_dtype)
+    quant = header["quantization"]
+    try:
+        stack = DeaMoEStack(
+            config, header["num_layers"], dtype=dtype, device="meta", router_dtype=router_dtype, quant=quant
+        )
+    except UsageError as exc:
+        raise CheckpointError(f"{directory / CONFIG_FILE}: {exc}") from None
     expected = {
         f"layers.{i}.{name}": tensor
         for i, layer in enumerate(stack.layers)
@@ -126,7 +145,7 @@ def load_checkpoint(directory: str | Path, *, device=None) -> DeaMoEStack:
 
     layers = []
     for i in range(header["num_layers"]):
-        layer = DeaMoELayer(config, dtype=dtype, device="meta", router_dtype=router_dtype)
+        layer = DeaMoELayer(config, dtype=dtype, device="meta", router_dtype=router_dtype, quant=quant)
         prefix = f"layers.{i}."
         state = {
             name[len(prefix) :]: t.float() if name.endswith(ROUTER_BIAS) else t
@@ -144,7 +163,9 @@ ROUTER_BIAS = "router.bias"
 def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], dtype: str, path: Path) -> None:
     """Every expected tensor present with its shape and dtype, nothing else, all finite.
 
-    A router.bias may also be in the checkpoint's dtype (written before it was always float32)."""
+    Expected dtypes are the config's, except a quantized checkpoint's codes (uint8) and the
+    router's (router_dtype; router.bias float32, or the checkpoint's dtype in checkpoints
+    written before it was always float32)."""
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise CheckpointError(f"{path} lacks {len(missing)} tensor(s) its config needs, first {missing[0]}")
@@ -161,7 +182,8 @@ def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Te
             )
         legacy_bias = name.endswith(ROUTER_BIAS) and got.dtype == DTYPES[dtype]
         if got.dtype != want.dtype and not legacy_bias:
-            raise CheckpointError(f"{name} is {dtype_name(got.dtype)} but config.json says {dtype_name(want.dtype)}")
+            reason = "quantized codes are" if want.dtype == torch.uint8 else "config.json says"
+            raise CheckpointError(f"{name} is {dtype_name(got.dtype)} but {reason} {dtype_name(want.dtype)}")
         if not bool(torch.isfinite(got).all()):
             raise CheckpointError(f"{name} contains NaN or Inf ({path})")
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import DeaMoEConfig
+from .quant import QuantConfig
 from .routing import Routing, route_logits
 
 BYTES_PER_WEIGHT = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
@@ -18,7 +19,8 @@ class StepTraffic:
 
     The spec's formula, plus the two small vectors it leaves out: the selection bias
     (N*4, always float32) and the shared-expert gate (d*B), which a step reads all the same.
-    The router weight counts at its own precision (N*d*B_router).
+    The router weight counts at its own precision (N*d*B_router). Quantized FFN weights
+    count their packed codes plus one scale (B bytes) per group.
     """
 
     departments_used: int  # U_d
@@ -33,25 +35,35 @@ class StepTraffic:
         return self.department_bytes + self.expert_bytes + self.router_bytes + self.shared_expert_bytes
 
 
-def weights_loaded(
-    config: DeaMoEConfig, routing: Routing, bytes_per_weight: int, router_bytes_per_weight: int | None = None
-) -> StepTraffic:
-    """Bytes one step reads for the batch whose routing is given.
+def ffn_bytes(numel: int, bytes_per_weight: int, quant: QuantConfig | None = None) -> int:
+    """Bytes of numel FFN weights: B each, or packed codes plus scales when quantized."""
+    return numel * bytes_per_weight if quant is None else quant.nbytes(numel, bytes_per_weight)
 
-    bytes_per_weight: of the FFN weights; router_bytes_per_weight: of the router weight
-    (default the same)."""
+
+def weights_loaded(
+    config: DeaMoEConfig,
+    routing: Routing,
+    bytes_per_weight: int,
+    quant: QuantConfig | None = None,
+    router_bytes_per_weight: int | None = None,
+) -> StepTraffic:
+    """Bytes one step reads for the batch whose routing is given (FFN weights quantized by quant).
+
+    bytes_per_weight: of the FFN weights; router_bytes_per_weight: of the router weight,
+    which is never quantized (default the same as the FFN weights')."""
     d, b = config.hidden_size, bytes_per_weight
     rb = b if router_bytes_per_weight is None else router_bytes_per_weight
     departments_used = int(routing.used_departments().numel()) if config.shared_intermediate_size else 0
     experts_used = int(routing.used_experts().numel()) if config.private_intermediate_size else 0
     bias_bytes = config.num_experts * BYTES_PER_WEIGHT[torch.float32] if config.router_bias else 0
     router = config.num_experts * d * rb + bias_bytes
-    shared = 3 * d * config.shared_expert_intermediate_size * b + (d * b if config.shared_expert_gate else 0)
+    shared = ffn_bytes(3 * d * config.shared_expert_intermediate_size, b, quant)
+    shared += d * b if config.shared_expert_gate else 0
     return StepTraffic(
         departments_used=departments_used,
         experts_used=experts_used,
-        department_bytes=departments_used * 3 * d * config.shared_intermediate_size * b,
-        expert_bytes=experts_used * 3 * d * config.private_intermediate_size * b,
+        department_bytes=departments_used * ffn_bytes(3 * d * config.shared_intermediate_size, b, quant),
+        expert_bytes=experts_used * ffn_bytes(3 * d * config.private_intermediate_size, b, quant),
         router_bytes=router,
         shared_expert_bytes=shared,
     )
@@ -62,6 +74,7 @@ def compare_traffic(
     logits: torch.Tensor,
     router_bias: torch.Tensor | None,
     bytes_per_weight: int,
+    quant: QuantConfig | None = None,
     router_bytes_per_weight: int | None = None,
 ) -> dict[str, StepTraffic]:
     """One batch's bytes for the layer, its expanded twin (same routing, no sharing) and its
@@ -70,7 +83,7 @@ def compare_traffic(
     vanilla = config.vanilla()
     b, rb = bytes_per_weight, router_bytes_per_weight
     return {
-        "deamoe": weights_loaded(config, routing, b, rb),
-        "expanded": weights_loaded(config.expanded(), routing, b, rb),
-        "vanilla": weights_loaded(vanilla, route_logits(logits, router_bias, vanilla), b, rb),
+        "deamoe": weights_loaded(config, routing, b, quant, rb),
+        "expanded": weights_loaded(config.expanded(), routing, b, quant, rb),
+        "vanilla": weights_loaded(vanilla, route_logits(logits, router_bias, vanilla), b, quant, rb),
     }

@@ -388,7 +388,7 @@ def _layer_traffic(layer: DeaMoELayer, inputs: dict, warmup: int) -> dict:
                 }
                 for kind, cfg in kinds.items():
                     routing = routings[kind]
-                    step = weights_loaded(cfg, routing, b, rb)
+                    step = weights_loaded(cfg, routing, b, router_bytes_per_weight=rb)
                     per[kind]["bytes"].append(step.total)
                     per[kind]["departments_used"].append(step.departments_used)
                     per[kind]["experts_used"].append(step.experts_used)
