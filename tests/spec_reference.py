@@ -127,6 +127,6 @@ def spec_quantized_bytes(cfg, expert_sets, bytes_per_weight, bits, group_size):
     total = len(departments) * ffn(3 * d * cfg.shared_intermediate_size)
     total += len(experts) * ffn(3 * d * cfg.private_intermediate_size)
     total += cfg.num_experts * d * b + ffn(3 * d * cfg.shared_expert_intermediate_size)
-    total += cfg.num_experts * b if cfg.router_bias else 0
+    total += cfg.num_experts * 4 if cfg.router_bias else 0  # the selection bias is float32
     total += d * b if cfg.shared_expert_gate else 0
     return total
