@@ -39,36 +39,33 @@ def test_routing_graph_routes_nonfinite_tokens_like_the_reference(config_name, b
     np.testing.assert_allclose(weights, expected.weights.numpy(), rtol=1e-6, atol=1e-7, equal_nan=True)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("form", ["plugin", "ort", "onnx"])
-@pytest.mark.parametrize("config_name", list(CONFIGS))
-def test_forms_keep_nonfinite_tokens_to_themselves(form, config_name):
-    layer = layer_of(CONFIGS[config_name], seed=5)
-    session = make_session(build_model(layer, form))
+def assert_nonfinite_tokens_kept_to_themselves(session, layer) -> None:
+    """For NaN, +Inf and -Inf tokens: the session's output is non-finite exactly where the
+    reference's math is, token by token, and every other token gets the reference's output
+    and the same as without the bad tokens (not bitwise: ONNX Runtime's kernels block their
+    sums by batch size)."""
     (alone,) = session.run(None, {"hidden_states": feed(tokens_with(layer.config, 0.0)[GOOD_TOKENS])})
     for bad in BAD.values():
         x = tokens_with(layer.config, bad)
         (y,) = session.run(None, {"hidden_states": feed(x)})
         with torch.no_grad():
             reference = layer.forward_routed(x, layer.route(x)).numpy()
-        # Non-finite exactly where the reference's math is, token by token.
         np.testing.assert_array_equal(np.isfinite(y).all(axis=1), np.isfinite(reference).all(axis=1))
         assert not np.isfinite(y[3]).all()
-        # The other tokens: the reference's outputs, and the same as without the bad tokens
-        # (not bitwise: ONNX Runtime's kernels block their sums by batch size).
         np.testing.assert_allclose(y[GOOD_TOKENS], reference[GOOD_TOKENS], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(y[GOOD_TOKENS], alone, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["plugin", "ort", "onnx"])
+@pytest.mark.parametrize("config_name", list(CONFIGS))
+def test_forms_keep_nonfinite_tokens_to_themselves(form, config_name):
+    layer = layer_of(CONFIGS[config_name], seed=5)
+    assert_nonfinite_tokens_kept_to_themselves(make_session(build_model(layer, form)), layer)
 
 
 def test_ort_vanilla_anchor_passes_nonfinite_tokens_on():
     """The ort form of a plain top-k MoE routes with com.microsoft.MoE, which outputs 0 for a
     token whose router values are NaN; the form passes the token's non-finite state on."""
     layer = layer_of(CONFIGS["tiny"].vanilla(), seed=6)
-    session = make_session(build_model(layer, "ort"))
-    for bad in BAD.values():
-        x = tokens_with(layer.config, bad)
-        (y,) = session.run(None, {"hidden_states": feed(x)})
-        with torch.no_grad():
-            reference = layer.forward_routed(x, layer.route(x)).numpy()
-        np.testing.assert_array_equal(np.isfinite(y).all(axis=1), np.isfinite(reference).all(axis=1))
-        np.testing.assert_allclose(y[GOOD_TOKENS], reference[GOOD_TOKENS], rtol=1e-5, atol=1e-5)
+    assert_nonfinite_tokens_kept_to_themselves(make_session(build_model(layer, "ort")), layer)
