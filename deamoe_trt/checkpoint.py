@@ -23,9 +23,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from ._io import atomic_path, atomic_write_text
+from . import dtypes
+from ._io import atomic_path, atomic_write_text, read_json
 from .config import DeaMoEConfig
-from .errors import CheckpointError, UsageError
+from .errors import CheckpointError, UsageError, one_line
 from .layer import DeaMoELayer, DeaMoEStack
 from .quant import QuantConfig
 
@@ -33,11 +34,11 @@ FORMAT = "deamoe-trt"
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {d.long_name: d.torch for d in dtypes.DTYPES}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    return str(dtype).removeprefix("torch.")  # any dtype: a corrupt file may hold int64
 
 
 def save_checkpoint(stack: DeaMoEStack, directory: str | Path, *, source: dict[str, Any] | None = None) -> Path:
@@ -88,10 +89,7 @@ def read_header(directory: str | Path) -> dict[str, Any]:
     path = directory / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(f"{directory} has no {CONFIG_FILE}; is it a deamoe-trt checkpoint?")
-    try:
-        header = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    header = read_json(path, CheckpointError)
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise CheckpointError(f'{path} is not a deamoe-trt checkpoint config (no "format": "{FORMAT}")')
     if header.get("format_version") != FORMAT_VERSION:
@@ -195,5 +193,5 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
         with safe_open(str(path), framework="pt") as f:
             return {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - safe_open is not a dict
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = one_line(exc, first=True)
         raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): {reason}") from None

@@ -10,11 +10,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from .config import DeaMoEConfig
+from .dtypes import TORCH_DTYPES
 from .errors import UsageError
 from .quant import QuantConfig, QuantizedWeight, dense
 from .routing import Routing, route
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SUPPORTED_DTYPES = TORCH_DTYPES
 
 
 def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
@@ -154,29 +155,46 @@ class DeaMoELayer(nn.Module):
 
     @classmethod
     def random(
-        cls, config: DeaMoEConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32, device=None
+        cls,
+        config: DeaMoEConfig,
+        *,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+        low_memory: bool = False,
     ) -> DeaMoELayer:
         """A randomly initialised layer whose routing is spread and outputs well-conditioned.
 
-        Its router weight is in dtype too (the bias, as always, in float32)."""
+        The weights are drawn in float32 and converted; low_memory draws them straight into
+        dtype one [rows, cols] slice at a time instead (same distribution, other values), for
+        layers whose float32 copy would not fit in memory beside them. The router weight is
+        in dtype too (the selection bias, as always, float32).
+        """
+        if low_memory:
+            layer = cls(config, dtype=dtype, device=device)
+            layer.reset_parameters(seed, sliced=True)
+            return layer
         layer = cls(config, dtype=torch.float32, device=device)
         layer.reset_parameters(seed)
         layer.router.cast_weight(dtype)
         return layer.to(dtype)
 
     @torch.no_grad()
-    def reset_parameters(self, seed: int = 0) -> None:
+    def reset_parameters(self, seed: int = 0, *, sliced: bool = False) -> None:
         """Scaled normal init: unit-variance inputs give logits and outputs of order one.
 
         Router rows of norm ~1 keep softmax scores spread over experts instead of
         collapsing on one; down projections scaled by 1/sqrt(width) keep each expert's
-        output at the input's scale.
+        output at the input's scale. sliced: draw each [rows, cols] slice separately (no
+        float32 copy of a whole tensor).
         """
         gen = torch.Generator(device="cpu").manual_seed(seed)
         c = self.config
 
         def normal_(param: torch.Tensor, fan_in: int) -> None:
-            param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(fan_in))
+            parts = param.view(-1, *param.shape[-2:]) if sliced and param.dim() >= 2 else [param]
+            for part in parts:
+                part.copy_(torch.randn(part.shape, generator=gen) / math.sqrt(fan_in))
 
         normal_(self.router.weight, c.hidden_size)
         if self.router.bias is not None:

@@ -4,15 +4,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from configs import deepseek_style
 from deamoe_trt import PRESETS, CheckpointError, DeaMoELayer, DeaMoEStack, UsageError
 from deamoe_trt.checkpoint import load_checkpoint, read_header
 from deamoe_trt.inputs import random_hidden
 
-DEEPSEEK_STYLE = PRESETS["tiny"].replace(
-    score_func="sigmoid", department_score="sum_top2", router_bias=True, shared_expert_intermediate_size=16
-)
+DEEPSEEK_STYLE = deepseek_style(hidden_size=64, routed_scaling_factor=1.0, shared_expert_intermediate_size=16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_layer_round_trips_through_save_and_load(tmp_path, dtype):
     layer = DeaMoELayer.random(DEEPSEEK_STYLE, seed=1, dtype=dtype)

@@ -1,10 +1,11 @@
 import pytest
 import torch
 
+from configs import deepseek_style
 from deamoe_trt import PRESETS, DeaMoELayer, route_logits, weights_loaded
 from deamoe_trt.inputs import random_hidden
 from deamoe_trt.routing import router_logits
-from deamoe_trt.traffic import compare_traffic
+from deamoe_trt.traffic import compare_traffic, layer_bytes, parameter_count
 from spec_reference import spec_bytes, spec_route
 
 
@@ -50,6 +51,14 @@ def test_expanded_and_vanilla_share_the_expert_width():
     # One token: both twins read k full-width experts.
     assert traffic["expanded"].total == traffic["vanilla"].total
     assert traffic["expanded"].experts_used == layer.config.top_k
+
+
+@pytest.mark.parametrize("name", ["tiny", "deepseek-style-gated"])
+def test_parameter_count_is_every_canonical_tensor(name):
+    config = PRESETS["tiny"] if name == "tiny" else deepseek_style(shared_expert_gate=True)
+    layer = DeaMoELayer(config, device="meta")
+    assert parameter_count(config) == sum(t.numel() for t in layer.state_dict().values())
+    assert layer_bytes(config, torch.bfloat16) == 2 * parameter_count(config)
 
 
 @pytest.mark.parametrize("name", ["tiny", "qwen3-30b-a3b-layer", "deepseek-v3-layer"])

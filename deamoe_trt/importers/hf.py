@@ -153,7 +153,7 @@ def from_hf_model(
         if imported[-1].config != first.config:
             raise UsageError(
                 f"MoE layers {blocks[0][0]} and {index} have different shapes or routing "
-                f"({_config_diff(first.config, imported[-1].config)}); a DeaMoE stack needs one config, "
+                f"({', '.join(first.config.differences(imported[-1].config))}); a DeaMoE stack needs one config, "
                 "import them separately (layers=[...])"
             )
         if imported[-1].dtype != first.dtype:
@@ -438,11 +438,6 @@ def _build_layer(config: DeaMoEConfig, w: _Weights, dtype: torch.dtype | None, n
             if layer.shared_experts.gate is not None:
                 layer.shared_experts.gate.copy_(w.shared_gate)
     return layer.eval()
-
-
-def _config_diff(a: DeaMoEConfig, b: DeaMoEConfig) -> str:
-    da, db = a.to_dict(), b.to_dict()
-    return ", ".join(f"{k} {da[k]!r} vs {db[k]!r}" for k in da if da[k] != db[k])
 
 
 def _ranges(indices: list[int]) -> str:

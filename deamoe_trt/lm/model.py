@@ -249,10 +249,10 @@ class DeaMoELM(nn.Module):
         for i, mlp in enumerate(mlps):
             state.update({f"layers.{i}.mlp.{k}": v for k, v in mlp.state_dict().items()})
         twin.load_state_dict(state, assign=True)
-        twin._materialize_rope()
+        twin.materialize_rope()
         return twin.train(self.training)
 
-    def _materialize_rope(self, device=None) -> DeaMoELM:
+    def materialize_rope(self, device=None) -> DeaMoELM:
         """After load_state_dict(assign=True) into a meta model: compute the rotary tables
         (not saved, derived from the config) and move to device."""
         self.rope_cos, self.rope_sin = rope_tables(self.config, device=self.embed_tokens.weight.device)

@@ -16,8 +16,7 @@ Two differences from the C++ plugin's node, both bridged by `prepare_model` at b
   plugin_namespace attribute is set to it (the ONNX parser matches op_type, plugin_version
   and plugin_namespace);
 - a QDP has a fixed list of inputs, so absent optional inputs are filled with a one-element
-  placeholder of the type that position takes (router.bias float32, the rest the node's
-  dtype); the config attributes say which inputs are real.
+  placeholder of the node's dtype; the config attributes say which inputs are real.
 
 NOTE: no `from __future__ import annotations` here: tensorrt.plugin reads the annotations
 of the decorated functions as classes (TensorDesc, Tensor), not strings.
@@ -31,33 +30,25 @@ import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper
 
+from .. import contract, dtypes
 from ..config import DeaMoEConfig
 from ..errors import MissingDependencyError, UsageError
 from ..export import plugin_node
 
 QDP_NAMESPACE = "deamoe_trt"
-QDP_NAME = plugin_node.OP_TYPE  # the ONNX parser requires op_type == plugin name
+QDP_NAME = contract.OP_TYPE  # the ONNX parser requires op_type == plugin name
 QDP_ID = f"{QDP_NAMESPACE}::{QDP_NAME}"
 MIN_TENSORRT = (10, 6)
 PLACEHOLDER_PREFIX = "deamoe_trt.qdp.absent."
 
 # The QDP's inputs: hidden_states, then every weight input of the contract in its order.
-# (Names differ from the attributes': the node has both an input and an attribute "router_bias".)
-TENSOR_ARGS = (
-    "hidden_states",
-    "router_w",
-    "router_b",
-    "dept_gate_up",
-    "dept_down",
-    "expert_gate_up",
-    "expert_down",
-    "shared_gate_up",
-    "shared_down",
-    "shared_gate",
-)
-CANONICAL_INPUTS = ("hidden_states", *(name for name, _ in plugin_node.WEIGHT_INPUTS))
-assert len(TENSOR_ARGS) == len(CANONICAL_INPUTS) == plugin_node.MAX_INPUTS
+# (Argument names differ from the inputs': the node has both an input and an attribute
+# "router_bias".) The three functions of _define spell these out, because tensorrt.plugin
+# reads their signatures; tests/test_contract.py checks them against the contract.
+TENSOR_ARGS = tuple(item.qdp_arg for item in contract.INPUTS)
+CANONICAL_INPUTS = tuple(item.name for item in contract.INPUTS)
 
+# Attribute -> Python type the QDP declares. Bools travel as ONNX INT, so they are ints here.
 # Numeric attributes are declared as 1-D numpy arrays, not int/float: tensorrt.plugin's
 # create_plugin turns each PluginField into an attribute with annotation(field.data), and
 # field.data is a one-element array, which int()/float() refuse from NumPy 2.4 on ("only
@@ -65,24 +56,23 @@ assert len(TENSOR_ARGS) == len(CANONICAL_INPUTS) == plugin_node.MAX_INPUTS
 # call field.data.astype(dtype) instead (TensorRT 10.6-11.x, plugin/_lib.py), on any NumPy.
 INT_ATTR = npt.NDArray[np.int32]
 FLOAT_ATTR = npt.NDArray[np.float32]
+_PYTHON_TYPES: dict[str, Any] = {"int": INT_ATTR, "bool": INT_ATTR, "float": FLOAT_ATTR, "str": str}
+ATTRS: dict[str, Any] = {a.name: _PYTHON_TYPES[a.kind] for a in contract.ATTRIBUTES}
 
-# Attribute -> annotation the QDP declares. Bools travel as ONNX INT, so they are ints here.
-ATTRS: dict[str, Any] = {
-    "hidden_size": INT_ATTR,
-    "num_departments": INT_ATTR,
-    "experts_per_department": INT_ATTR,
-    "shared_intermediate_size": INT_ATTR,
-    "private_intermediate_size": INT_ATTR,
-    "top_k": INT_ATTR,
-    "top_departments": INT_ATTR,
-    "score_func": str,
-    "department_score": str,
-    "norm_topk_prob": INT_ATTR,
-    "routed_scaling_factor": FLOAT_ATTR,
-    "router_bias": INT_ATTR,
-    "shared_expert_intermediate_size": INT_ATTR,
-    "shared_expert_gate": INT_ATTR,
-}
+# tensorrt.plugin's names for the contract's dtypes: an activation-dtype input may be any of
+# the three, tied by '|' position to the others; a fixed-dtype input is that type only.
+_ACTIVATION_TYPES = "FP32|FP16|BF16"
+_QDP_TYPES = {contract.ACTIVATION: _ACTIVATION_TYPES, contract.FLOAT32: "FP32"}
+
+
+def autotune_combinations() -> list[str]:
+    """The QDP's type combinations, each input in contract order then the output: one with
+    every either-dtype input in the activation dtype, and one with them float32 (if any)."""
+    combinations = []
+    for either in (contract.ACTIVATION, contract.FLOAT32):
+        types = [_QDP_TYPES[either if i.dtype == contract.FLOAT32_OR_ACTIVATION else i.dtype] for i in contract.INPUTS]
+        combinations.append(", ".join([*types, _ACTIVATION_TYPES]))
+    return list(dict.fromkeys(combinations))  # the same twice when no input has either dtype
 
 
 # ---------------------------------------------------------------------------------------
@@ -98,6 +88,10 @@ def _elem_type_of(model: onnx.ModelProto, name: str) -> int | None:
         if value.name == name and value.type.HasField("tensor_type"):
             return value.type.tensor_type.elem_type
     return None
+
+
+# ONNX element types of the contract's fixed input dtypes (activation inputs take the node's).
+_FIXED_ELEM_TYPES = {contract.FLOAT32: TensorProto.FLOAT}
 
 
 def _placeholder(model: onnx.ModelProto, elem_type: int, cache: dict[int, str]) -> str:
@@ -134,8 +128,8 @@ def prepare_model(model: onnx.ModelProto) -> int:
         if elem_type is None:
             raise UsageError(f"DeaMoE node {node.name!r}: cannot tell its dtype ({ffn} has no type)")
         inputs = [
-            given.get(name) or _placeholder(model, TensorProto.FLOAT if name == "router.bias" else elem_type, cache)
-            for name in CANONICAL_INPUTS
+            given.get(item.name) or _placeholder(model, _FIXED_ELEM_TYPES.get(item.dtype, elem_type), cache)
+            for item in contract.INPUTS
         ]
         del node.input[:]
         node.input.extend(inputs)
@@ -183,8 +177,9 @@ def config_from_attrs(values: dict[str, Any]) -> DeaMoEConfig:
     for name, kind in ATTRS.items():
         value = values[name]
         fields[name] = _text(value) if kind is str else _scalar(name, value)
-    for flag in ("norm_topk_prob", "router_bias", "shared_expert_gate"):
-        fields[flag] = bool(fields[flag])
+    for attribute in contract.ATTRIBUTES:
+        if attribute.kind == "bool":
+            fields[attribute.name] = bool(fields[attribute.name])
     return DeaMoEConfig(**fields)
 
 
@@ -278,17 +273,8 @@ def _define(trtp) -> None:
         shared_gate: TensorDesc,
         outputs: tuple[TensorDesc],
     ) -> list[trtp.AutoTuneCombination]:
-        # Ten inputs and the output in one float type ('|' ties the positions together),
-        # except the router's (spec, "Router precision"): router_b is always FP32 and
-        # router_w either that type too or FP32.
-        return [_io_types(router_w_float32=False), _io_types(router_w_float32=True)]
-
-    def _io_types(router_w_float32: bool):
-        types = ["FP32|FP16|BF16"] * (len(TENSOR_ARGS) + 1)
-        types[TENSOR_ARGS.index("router_b")] = "FP32"
-        if router_w_float32:
-            types[TENSOR_ARGS.index("router_w")] = "FP32"
-        return trtp.AutoTuneCombination(", ".join(types))
+        # The inputs and the output in one float type ('|' ties the positions together).
+        return [trtp.AutoTuneCombination(types) for types in autotune_combinations()]
 
     @trtp.impl(QDP_ID)
     def deamoe_impl(
@@ -331,11 +317,11 @@ def _define(trtp) -> None:
 # trt.DataType name -> (__cuda_array_interface__ typestr, torch dtype). bfloat16 has no
 # typestr, so it is wrapped as uint16 and viewed as bfloat16 (tensorrt.plugin.Tensor's own
 # __cuda_array_interface__ refuses BF16 for that reason).
-_TYPES = {"FLOAT": ("<f4", "float32"), "HALF": ("<f2", "float16"), "BF16": ("<u2", "bfloat16")}
+_TYPES = {d.trt: (np.dtype(d.numpy).str, d.long_name) for d in dtypes.DTYPES}
 
 # Weight tensors by the canonical name DeaMoELayer's state_dict uses, with the QDP argument
 # that carries each.
-_STATE_NAMES = dict(zip(TENSOR_ARGS[1:], (name for name, _ in plugin_node.WEIGHT_INPUTS), strict=True))
+_STATE_NAMES = {item.qdp_arg: item.name for item in contract.WEIGHT_INPUTS}
 
 
 class _DeviceArray:

@@ -53,6 +53,7 @@ def exported(checkpoints, tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_export_then_validate_passes_and_prints_a_table_per_token_count(checkpoints, tmp_path, capsys):
     model = tmp_path / "m.onnx"
     code, out, err = cli(capsys, "export", checkpoints / "tiny2", "-o", model, "--form", "plugin", "--dtype", "fp16")
@@ -196,6 +197,7 @@ def test_validate_rejects_nan_inputs(checkpoints, exported, tmp_path, capsys):
     assert code == 2 and len(err) == 1 and "inputs contain NaN or Inf (1 element(s))" in err[0]
 
 
+@pytest.mark.slow
 def test_validate_accepts_given_inputs(checkpoints, exported, tmp_path, capsys):
     np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((5, 64)).astype(np.float32))
     code, out, _ = cli(capsys, "validate", exported, "--against", checkpoints / "tiny2", "--inputs", tmp_path / "x.npy")
@@ -260,6 +262,7 @@ def test_export_interrupted_while_writing_leaves_no_file(checkpoints, tmp_path, 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_real_console_entry_prints_one_stderr_line(checkpoints, tmp_path):
     result = subprocess.run(
         [

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from configs import QWEN2_STYLE_GATED_SHARED, TINY_SHARED_ONLY
-from deamoe_trt import PRESETS, DeaMoEConfig, DeaMoELayer, DeaMoEStack, MissingDependencyError, UsageError
+from configs import QWEN2_STYLE_GATED_SHARED, TINY_SHARED_ONLY, deepseek_style
+from deamoe_trt import PRESETS, DeaMoELayer, DeaMoEStack, MissingDependencyError, UsageError
 from deamoe_trt.inputs import random_hidden
 from deamoe_trt.routing import route_logits
 
@@ -20,19 +20,8 @@ CONFIGS = {
     # DeepSeek-V3 style: sigmoid scores, selection bias, sum_top2 departments, scaling, an
     # ungated shared expert; widths that are not multiples of the kernel's neuron group and
     # a hidden size that is not a multiple of its row padding.
-    "deepseek-style": DeaMoEConfig(
-        hidden_size=40,
-        num_departments=4,
-        experts_per_department=4,
-        shared_intermediate_size=22,
-        private_intermediate_size=9,
-        top_k=4,
-        top_departments=2,
-        score_func="sigmoid",
-        department_score="sum_top2",
-        routed_scaling_factor=2.5,
-        router_bias=True,
-        shared_expert_intermediate_size=13,
+    "deepseek-style": deepseek_style(
+        hidden_size=40, shared_intermediate_size=22, private_intermediate_size=9, shared_expert_intermediate_size=13
     ),
     "qwen2-style-gated-shared": QWEN2_STYLE_GATED_SHARED,
     "shared-only": TINY_SHARED_ONLY,
@@ -46,6 +35,7 @@ def pair(request):
     return layer, cpu.CpuDeaMoE(layer)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_forward_matches_reference(pair, tokens):
     layer, fast = pair
@@ -200,11 +190,12 @@ def test_stream_read_measures_a_rate():
 
 
 def test_missing_compiler_is_one_clear_line(monkeypatch, tmp_path):
+    from deamoe_trt import native
     from deamoe_trt.cpu import _build
 
     monkeypatch.setenv("DEAMOE_TRT_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", "no-such-compiler")
-    monkeypatch.setattr(_build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
     with pytest.raises(MissingDependencyError, match="needs a C\\+\\+ compiler") as info:
         _build.build(force=True)
     assert "\n" not in str(info.value)
@@ -221,6 +212,7 @@ def test_build_is_cached_by_source_and_flags(monkeypatch, tmp_path):
     assert _build.library_path(cxx) != path
 
 
+@pytest.mark.slow
 def test_new_pools_never_miss_their_first_job():
     """A job issued before a worker thread has started must still run (it once hung)."""
     import subprocess

@@ -15,7 +15,7 @@ import ctypes
 import pytest
 import torch
 
-from configs import QWEN2_STYLE_GATED_SHARED
+from configs import QWEN2_STYLE_GATED_SHARED, deepseek_style
 from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.cuda import _abi, _ops
 from deamoe_trt.cuda._ops import KernelError
@@ -23,23 +23,12 @@ from deamoe_trt.layer import DeaMoELayer
 from deamoe_trt.presets import PRESETS
 from deamoe_trt.routing import route_logits
 
+pytestmark = pytest.mark.slow  # compiles the kernel library for the SIMT emulator, then emulates it
+
 CONFIGS = {
     "tiny": PRESETS["tiny"],
     # DeepSeek-V3's routing and shared expert at toy size.
-    "deepseek-like": DeaMoEConfig(
-        hidden_size=64,
-        num_departments=4,
-        experts_per_department=8,
-        shared_intermediate_size=32,
-        private_intermediate_size=16,
-        top_k=4,
-        top_departments=2,
-        score_func="sigmoid",
-        department_score="sum_top2",
-        router_bias=True,
-        routed_scaling_factor=2.5,
-        shared_expert_intermediate_size=32,
-    ),
+    "deepseek-like": deepseek_style(hidden_size=64, experts_per_department=8, shared_expert_intermediate_size=32),
     "qwen2-moe-like": QWEN2_STYLE_GATED_SHARED,
     # Departments only (f_p = 0), `sum` department scores, k > g.
     "shared-only": DeaMoEConfig(
