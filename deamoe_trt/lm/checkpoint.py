@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from .._io import read_json
-from ..checkpoint import CONFIG_FILE, DTYPES, WEIGHTS_FILE, check_tensors, dtype_name, read_tensors, write_files
+from ..checkpoint import (
+    CONFIG_FILE,
+    DTYPES,
+    ROUTER_BIAS,
+    WEIGHTS_FILE,
+    check_tensors,
+    dtype_name,
+    read_tensors,
+    write_files,
+)
 from ..checkpoint import FORMAT as LAYER_FORMAT
 from ..errors import CheckpointError, UsageError
 from .config import LMConfig
@@ -110,6 +119,8 @@ def load_lm(directory: str | Path, *, device=None) -> LoadedLM:
     weights = directory / WEIGHTS_FILE
     tensors = read_tensors(weights)
     check_tensors(tensors, expected, header["dtype"], weights)
+    # Router biases are float32 (older checkpoints hold them in the model's dtype).
+    tensors = {name: t.float() if name.endswith(ROUTER_BIAS) else t for name, t in tensors.items()}
     model.load_state_dict(tensors, assign=True)
     model = model.materialize_rope(device)
     return LoadedLM(

@@ -145,6 +145,8 @@ class DeaMoELM(nn.Module):
     def random(cls, config: LMConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32, device=None) -> DeaMoELM:
         model = cls(config, dtype=torch.float32, device=device)
         model.reset_parameters(seed)
+        for block in model.layers:
+            block.mlp.router.cast_weight(dtype)  # a float32 router would otherwise stay float32
         return model.to(dtype)
 
     @torch.no_grad()
