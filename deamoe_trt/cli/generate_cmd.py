@@ -41,6 +41,9 @@ def register(subparsers) -> None:
         metavar="NAME[,NAME]",
         help="deamoe (default), expanded (same outputs, no sharing), vanilla (one-stage top-k), a list, or all",
     )
+    parser.add_argument(
+        "--chat", action="store_true", help="wrap the prompt in the model's chat template (Hugging Face tokenizers)"
+    )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sample")
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0; greedy ignores it)")
@@ -62,12 +65,21 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
+    from ..errors import UsageError
     from ..lm.checkpoint import load_lm
     from ..lm.generate import Sampling, TorchDecoder, check_prompt, generate, timing_table, warm_up
 
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, seed=args.seed)
     loaded = load_lm(args.checkpoint)
-    prompt_ids = loaded.tokenizer.encode(args.prompt)
+    prompt = args.prompt
+    if args.chat:
+        chat = getattr(loaded.tokenizer, "chat", None)
+        if chat is None:
+            raise UsageError(
+                f"--chat needs a model with a Hugging Face tokenizer; this one has {loaded.tokenizer.describe()}"
+            )
+        prompt = chat(prompt)
+    prompt_ids = loaded.tokenizer.encode(prompt)
     check_prompt(prompt_ids, loaded.model.config.max_position_embeddings)
     results = []
     for name in args.twin:
@@ -80,7 +92,7 @@ def _run(args) -> int:
         same = [r.model for r in results[:-1] if r.new_ids == result.new_ids]
         note = f" (same tokens as {same[0]})" if same else ""
         print(f"--- {name} on {decoder.name}, {sampling.describe()}{note}")
-        print(args.prompt + text)
+        print(prompt + text)
         if result.stopped == "context":
             print(f"(stopped after {len(result.new_ids)} tokens: the context of {decoder.max_context} is full)")
         print()

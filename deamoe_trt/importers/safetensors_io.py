@@ -193,4 +193,3 @@ class StreamingWriter:
         self._finish_current()
         if self._next != len(self._order):
             raise AssertionError(f"writer closed before {self._order[self._next]}")
-

@@ -129,7 +129,14 @@ def build_hf_model(family: str, directory: Path, *, seed: int = 0, dtype=torch.f
     model.save_pretrained(directory)
     make_tokenizer().save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(
-        json.dumps({"chat_template": CHAT_TEMPLATE, "eos_token": "</s>", "bos_token": "<s>"})
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "chat_template": CHAT_TEMPLATE,
+                "eos_token": "</s>",
+                "bos_token": "<s>",
+            }
+        )
     )
     return model
 
