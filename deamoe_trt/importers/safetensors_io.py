@@ -1,10 +1,12 @@
 """Safetensors read and written tensor by tensor, so a model bigger than memory can be converted.
 
 Reading: a (possibly sharded) Hugging Face checkpoint is indexed from its
-model.safetensors.index.json, or from the headers of its *.safetensors files; shapes and
-dtypes come from the headers, so every tensor can be checked before any data is read.
-Tensors are then read through safetensors' safe_open, one shard handle per open group
-(closing the group unmaps its pages, which keeps the resident set at about one group).
+model.safetensors.index.json, or from the headers of its *.safetensors files; shapes, dtypes
+and byte ranges come from the headers, so every tensor can be checked before any data is
+read. Each tensor is then read with plain file reads into a buffer of its own, not through
+a memory map: pages of a mapped shard that the conversion touches count in the process's
+resident set until the map closes (measured: the whole block's shard pages), while read()
+leaves them in the page cache only.
 
 Writing: the header of a safetensors file lists every tensor's dtype, shape and byte range,
 all known from the config before any weight is converted; the data is then appended in
@@ -14,7 +16,6 @@ holds no more than the piece it is given.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import struct
 from dataclasses import dataclass
@@ -22,7 +23,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from ..errors import UsageError
 
@@ -37,10 +37,13 @@ class TensorInfo:
     file: Path
     dtype: str  # safetensors name, e.g. "BF16"
     shape: tuple[int, ...]
+    start: int = 0  # byte range in the file
+    end: int = 0
 
 
 def read_header(path: Path) -> dict:
-    """The JSON header of a safetensors file (no tensor data read)."""
+    """The JSON header of a safetensors file (no tensor data read); each entry gets "start" and
+    "end", its byte range in the file."""
     try:
         with path.open("rb") as f:
             raw = f.read(8)
@@ -55,9 +58,15 @@ def read_header(path: Path) -> dict:
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path} is not a readable safetensors file: {exc}") from None
     header.pop("__metadata__", None)
-    end = max((int(v["data_offsets"][1]) for v in header.values()), default=0)
-    if path.stat().st_size < 8 + size + end:
-        raise UsageError(f"{path} is truncated: its header describes {end} bytes of data, the file is shorter")
+    try:
+        for entry in header.values():
+            begin, stop = (int(n) for n in entry["data_offsets"])
+            entry["start"], entry["end"] = 8 + size + begin, 8 + size + stop
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise UsageError(f"{path} has a malformed safetensors header (data_offsets)") from None
+    end = max((v["end"] for v in header.values()), default=0)
+    if path.stat().st_size < end:
+        raise UsageError(f"{path} is truncated: its header describes {end} bytes, the file has {path.stat().st_size}")
     return header
 
 
@@ -109,32 +118,48 @@ def index_checkpoint(model_dir: Path) -> dict[str, TensorInfo]:
 
 def _info(path: Path, name: str, entry: dict) -> TensorInfo:
     try:
-        return TensorInfo(path, str(entry["dtype"]), tuple(int(n) for n in entry["shape"]))
+        return TensorInfo(
+            path, str(entry["dtype"]), tuple(int(n) for n in entry["shape"]), entry["start"], entry["end"]
+        )
     except (KeyError, TypeError, ValueError):
         raise UsageError(f"{path}: the header entry of {name} is malformed") from None
 
 
 class ShardReader:
-    """Reads named tensors; shard handles stay open until close() (see the module docstring)."""
+    """Reads named tensors with plain reads (see the module docstring); files stay open until close()."""
 
     def __init__(self, index: dict[str, TensorInfo]):
         self.index = index
-        self._open: dict[Path, object] = {}
-        self._stack = contextlib.ExitStack()
+        self._open: dict[Path, BinaryIO] = {}
 
     def get(self, name: str) -> torch.Tensor:
         info = self.index[name]
-        handle = self._open.get(info.file)
+        dtype = ST_DTYPES[info.dtype]
+        count = 1
+        for n in info.shape:
+            count *= n
+        if count * dtype.itemsize != info.end - info.start:
+            raise UsageError(f"{name} in {info.file} has {info.end - info.start} bytes for shape {list(info.shape)}")
+        out = torch.empty(count, dtype=dtype)
         try:
-            if handle is None:
-                handle = self._stack.enter_context(safe_open(str(info.file), framework="pt"))
-                self._open[info.file] = handle
-            return handle.get_tensor(name)
-        except (SafetensorError, OSError, RuntimeError) as exc:
-            raise UsageError(f"cannot read {name} from {info.file}: {' '.join(str(exc).split())[:200]}") from None
+            f = self._open.get(info.file)
+            if f is None:
+                f = self._open[info.file] = info.file.open("rb", buffering=0)
+            f.seek(info.start)
+            view = memoryview(out.view(torch.uint8).numpy())
+            done = 0
+            while done < len(view):
+                got = f.readinto(view[done:])
+                if not got:
+                    raise OSError("unexpected end of file")
+                done += got
+        except OSError as exc:
+            raise UsageError(f"cannot read {name} from {info.file}: {exc}") from None
+        return out.reshape(info.shape)
 
     def close(self) -> None:
-        self._stack.close()
+        for f in self._open.values():
+            f.close()
         self._open.clear()
 
 

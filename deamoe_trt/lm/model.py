@@ -69,10 +69,14 @@ class Block(nn.Module):
     def is_moe(self) -> bool:
         return isinstance(self.mlp, DeaMoELayer)
 
-    def forward(self, x, cos, sin, past):
+    def forward(self, x, cos, sin, past, ffn=None):
+        """ffn: a callable [N, d] -> [N, d] run instead of this block's DeaMoE FFN (another
+        runtime's kernel, e.g. deamoe_trt.cpu.CpuDeaMoE); its routing is not returned."""
         attn, present = self.self_attn(self.input_layernorm(x), cos, sin, past)
         h = x + attn
         y = self.post_attention_layernorm(h).reshape(-1, h.shape[-1])
+        if ffn is not None:
+            return h + ffn(y).to(h.dtype).view_as(h), present, None
         if not self.is_moe:
             return h + self.mlp(y).view_as(h), present, None
         routing = self.mlp.route(y)
@@ -168,8 +172,12 @@ class DeaMoELM(nn.Module):
 
     # Forward ------------------------------------------------------------------------------
 
-    def forward(self, input_ids: torch.Tensor, past_key_values: KVCache | None = None) -> LMOutput:
-        """Logits for input_ids [B, T] at positions P..P+T-1, P the cache's length (0 without one)."""
+    def forward(
+        self, input_ids: torch.Tensor, past_key_values: KVCache | None = None, *, ffns: dict | None = None
+    ) -> LMOutput:
+        """Logits for input_ids [B, T] at positions P..P+T-1, P the cache's length (0 without one).
+
+        ffns: {block index: callable [N, d] -> [N, d]} replacing those blocks' DeaMoE FFNs."""
         if input_ids.dim() != 2 or input_ids.shape[1] < 1:
             raise UsageError(f"input_ids must have shape [batch, tokens >= 1], got {list(input_ids.shape)}")
         c = self.config
@@ -187,7 +195,8 @@ class DeaMoELM(nn.Module):
         presents: KVCache = []
         routings: list[Routing] = []
         for i, block in enumerate(self.layers):
-            x, present, routing = block(x, cos, sin, None if past_key_values is None else past_key_values[i])
+            past = None if past_key_values is None else past_key_values[i]
+            x, present, routing = block(x, cos, sin, past, None if ffns is None else ffns.get(i))
             presents.append(present)
             if routing is not None:
                 routings.append(routing)

@@ -2,7 +2,8 @@
 
 For each family a tiny random model is built in code and saved (see hf_lm_models); the
 import must give fp32 logits within 1e-5 relative of transformers' forward and the same 32
-greedy tokens as transformers' generate (KV cache) in PyTorch, and, in the slow part, on
+greedy tokens as transformers' generate (KV cache) in PyTorch and with the FFNs on the CPU
+kernel (generate --runtime cpu), and, in the slow part, on
 ONNX Runtime after export-lm in the ort and onnx forms and in the plugin form (its DeaMoE
 nodes through the reference op).
 """
@@ -69,6 +70,14 @@ def test_the_import_keeps_the_architecture_transformers_built(imported):
 def test_greedy_generation_equals_transformers_generate(imported):
     family, _, loaded, expected = imported
     result = generate(TorchDecoder(loaded.model), prompt_ids(), NEW_TOKENS)
+    assert result.new_ids == expected, family
+
+
+def test_greedy_generation_on_the_cpu_kernel_equals_transformers(imported):
+    from deamoe_trt.lm.cpu import CpuDecoder
+
+    family, _, loaded, expected = imported
+    result = generate(CpuDecoder(loaded.model, threads=1), prompt_ids(), NEW_TOKENS)
     assert result.new_ids == expected, family
 
 
