@@ -20,11 +20,13 @@ class CpuDecoder:
 
     name = "cpu"
 
-    def __init__(self, model: DeaMoELM, *, threads: int | None = None):
+    def __init__(self, model: DeaMoELM, *, threads: int | None = None, ffns: dict | None = None):
+        """ffns: {block: CpuDeaMoE} already packed (e.g. a twin's FFNs on this model's attention);
+        default: model's own DeaMoE FFNs, packed here."""
         self.model = model.eval()
         self.max_context = model.config.max_position_embeddings
-        self.ffns = {}
-        for i in model.moe_layers():
+        self.ffns = ffns if ffns is not None else {}
+        for i in [] if ffns is not None else model.moe_layers():
             layer = model.layers[i].mlp
             if layer.dtype == torch.bfloat16:
                 layer = layer.to(torch.float16)

@@ -113,7 +113,7 @@ def test_bad_model_dirs_fail_in_one_line_with_nothing_written(qwen3_dir, tmp_pat
             (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": shard}))
         else:
             save_file(tensors, src / "model.safetensors")
-    code, out, err = run(capsys, "import-hf", src, "-o", tmp_path / "lm")
+    code, _, err = run(capsys, "import-hf", src, "-o", tmp_path / "lm")
     assert code == 2, err
     assert err.count("\n") == 1 and err.startswith("deamoe-trt import-hf: error: "), err
     assert re.search(message, err), err
