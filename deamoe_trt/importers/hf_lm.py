@@ -37,7 +37,7 @@ from ..checkpoint import CONFIG_FILE, DTYPES, WEIGHTS_FILE, dtype_name
 from ..config import ConfigError, DeaMoEConfig
 from ..errors import UsageError
 from ..lm.config import LMConfig
-from .hf_dir import PICKLE_SUFFIXES
+from .hf_dir import check_not_quantized, read_config_json, safetensors_files
 from .safetensors_io import ST_DTYPES, ShardReader, StreamingWriter, index_checkpoint
 
 # model_type -> the name users know it by.
@@ -69,19 +69,8 @@ def supported_list() -> str:
 
 def read_config(model_dir: Path) -> dict[str, Any]:
     """config.json of a model directory, refusing what cannot be imported as a whole model."""
-    if not model_dir.exists():
-        raise UsageError(f"{model_dir} does not exist; pass a local Hugging Face model directory")
-    if not model_dir.is_dir():
-        raise UsageError(f"{model_dir} is not a directory; pass a local Hugging Face model directory")
+    config = read_config_json(model_dir)
     path = model_dir / "config.json"
-    if not path.is_file():
-        raise UsageError(f"{model_dir} has no config.json; is it a Hugging Face model directory?")
-    try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise UsageError(f"{path} is not a JSON object")
     if config.get("auto_map"):
         raise UsageError(
             f"{path} needs trust_remote_code (its auto_map names code in the model directory); "
@@ -96,13 +85,7 @@ def read_config(model_dir: Path) -> dict[str, Any]:
         )
     if model_type not in SUPPORTED_LM_TYPES:
         raise UsageError(f"unsupported architecture {model_type!r} in {path}; supported: {supported_list()}")
-    quantization = config.get("quantization_config")
-    if quantization:
-        method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else "?"
-        raise UsageError(
-            f"{model_dir} holds quantized weights (quant_method {method!r}); dequantize them to bfloat16 or "
-            "float32 safetensors first"
-        )
+    check_not_quantized(config, model_dir)
     return config
 
 
@@ -353,14 +336,7 @@ def import_hf_lm(
     model_dir, output = Path(model_dir), Path(output)
     hf = read_config(model_dir)
     config = lm_config(hf, str(model_dir / "config.json"))
-    if not list(model_dir.glob("*.safetensors")):
-        pickled = sorted(p.name for p in model_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
-        if pickled:
-            raise UsageError(
-                f"{model_dir} has only pickled weights ({pickled[0]}); deamoe-trt never unpickles files: "
-                "convert them to safetensors first (load and save_pretrained with transformers where you trust them)"
-            )
-        raise UsageError(f"{model_dir} has no *.safetensors weights")
+    safetensors_files(model_dir)  # refuses pickled-only and weightless directories
     index = index_checkpoint(model_dir)
     embed = index.get("model.embed_tokens.weight")
     if embed is None:
