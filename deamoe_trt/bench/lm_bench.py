@@ -135,6 +135,7 @@ def run_lm_bench(
     seed: int = 0,
     progress=print,
 ) -> dict:
+    progress = progress or (lambda *_: None)
     from ..lm.model import DeaMoELM
     from .bandwidth import kernel_bandwidth
 
@@ -215,6 +216,7 @@ def _row(c: Contender, config, b: int, steps: int) -> dict:
         "runtime": c.runtime,
         "tpot_ms": tpot,
         "mean_ms": statistics.fmean(c.step_s) * 1e3,
+        "step_ms": [s * 1e3 for s in c.step_s],
         "bytes_per_token": bytes_per_token,
     }
 
