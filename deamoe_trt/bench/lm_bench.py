@@ -1,14 +1,15 @@
 """Whole-model time per output token: a DeaMoE language model against its expanded and vanilla
 twins, on deamoe-trt's CPU kernel and on ONNX Runtime, decode steps interleaved.
 
-The model: `--layers` blocks of Qwen3-30B-A3B's attention (d=2048, 32 query / 4 KV heads of
-128, per-head q/k RMSNorm) with DeaMoE FFNs of qwen3-30b-a3b-layer's shapes (experts of width
-768 = 384 shared in the department + 384 private, top-8 experts from the top-2
-departments), with `--departments` departments of 8 experts (16 in the preset; fewer keep
-the three twins of several layers inside this machine's memory without changing the bytes
-a token reads), an 8k vocabulary (so that the LM head's share of a step's bytes is about
-what it is in the 48-layer Qwen3-30B-A3B, 15%, not what it would be on top of 3 layers),
-fp16 weights, random (seeded).
+The model: `--layers` blocks (default 2) of Qwen3-30B-A3B's attention (d=2048, 32 query /
+4 KV heads of 128, per-head q/k RMSNorm) with DeaMoE FFNs of qwen3-30b-a3b-layer's shapes
+(experts of width 768 = 384 shared in the department + 384 private, top-8 experts from the
+top-2 departments), with `--departments` departments of 8 experts (default 4; 16 in the
+preset: fewer keep the three twins' ONNX Runtime sessions, which hold about three times
+their fp16 weights, inside 8 GiB, without changing the bytes a token reads), an 8k
+vocabulary (so that the LM head's share of a step's bytes is about what it is in the
+48-layer Qwen3-30B-A3B, 15%, not what it would be on top of 2 blocks), fp16 weights,
+random (seeded).
 
 Method: every contender prefills the same random prompt; then one decode step of each in
 turn, `--steps` rounds, each feeding its own greedy token (the deamoe and expanded twins
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from ..config import DeaMoEConfig
+from ..errors import UsageError
 from ..presets import get_preset
 from ..report import format_bytes, format_table
 from ..traffic import BYTES_PER_WEIGHT, weights_loaded
@@ -40,7 +42,7 @@ TWINS = ("deamoe", "expanded", "vanilla")
 RUNTIMES = ("cpu", "ort")
 
 
-def bench_config(layers: int = 3, departments: int = 8, vocab: int = 8192, context: int = 512):
+def bench_config(layers: int = 2, departments: int = 4, vocab: int = 8192, context: int = 512):
     from ..lm.config import LMConfig
 
     layer = get_preset("qwen3-30b-a3b-layer")
@@ -116,6 +118,25 @@ def _ort_contender(base, twin: str, threads: int) -> Contender:
     return Contender(twin, "ort", decoder)
 
 
+def memory_estimate(config, runtime: str) -> int:
+    """Bytes a runtime's phase holds: the base model, plus every twin's FFNs packed for the
+    kernel (cpu), or held by ONNX Runtime (ort: the fp16 arrays and, measured on 1.32 with
+    com.microsoft.MoE, about twice as much again for its own copies)."""
+    from ..layer import DeaMoELayer
+
+    def ffn_bytes(moe) -> int:
+        layer = DeaMoELayer(moe, dtype=torch.float16, device="meta")
+        return sum(t.numel() * 2 for t in layer.state_dict().values())
+
+    moe_blocks = config.num_layers - len(config.dense_layers)
+    twins = sum(ffn_bytes(m) for m in (config.moe, config.moe.expanded(), config.moe.vanilla())) * moe_blocks
+    base = ffn_bytes(config.moe) * moe_blocks + _other_bytes(config, 2)
+    if runtime == "cpu":
+        return base + twins
+    # While a twin's session is made, its PyTorch model and ONNX proto exist too.
+    return base + 3 * twins + 2 * ffn_bytes(config.moe.vanilla()) * moe_blocks
+
+
 def _other_bytes(config, bytes_per_weight: int) -> int:
     """Weights a step reads outside the DeaMoE FFNs (per token): attention, norms, head, an embedding row."""
     d = config.hidden_size
@@ -125,8 +146,8 @@ def _other_bytes(config, bytes_per_weight: int) -> int:
 
 def run_lm_bench(
     *,
-    layers: int = 3,
-    departments: int = 8,
+    layers: int = 2,
+    departments: int = 4,
     steps: int = 32,
     prompt: int = 16,
     threads: int = 2,
@@ -134,6 +155,7 @@ def run_lm_bench(
     twins: tuple[str, ...] = TWINS,
     seed: int = 0,
     progress=print,
+    max_memory: float = 8 * 2**30,
 ) -> dict:
     progress = progress or (lambda *_: None)
     from ..lm.model import DeaMoELM
@@ -142,6 +164,12 @@ def run_lm_bench(
     config = bench_config(layers, departments)
     dtype = torch.float16
     b = BYTES_PER_WEIGHT[dtype]
+    need = max(memory_estimate(config, r) for r in runtimes)
+    if need > max_memory:
+        raise UsageError(
+            f"this benchmark would need about {format_bytes(need)} (over --max-memory {format_bytes(max_memory)}); "
+            "use fewer --layers or --departments"
+        )
     progress(f"model: {layers} blocks, d={config.hidden_size}, {config.moe.num_experts} experts, fp16, seed {seed}")
     torch.manual_seed(seed)
     base = DeaMoELM.random(config, seed=seed, dtype=dtype)
@@ -167,9 +195,8 @@ def run_lm_bench(
                 logits = c.decoder.step(c.token)
                 c.token = int(np.argmax(logits))
                 c.step_s.append(time.perf_counter() - start)
-        for c in contenders:
-            rows.append(_row(c, config, b, steps))
-        del contenders
+        rows.extend(_row(c, config, b, steps) for c in contenders)
+        del contenders, c  # the loop variable would keep the last contender's weights alive
         gc.collect()
     roofs.append(kernel_bandwidth(1 << 29, 5, threads)["bytes_per_s"])
     roof = statistics.median(roofs)
@@ -186,7 +213,10 @@ def run_lm_bench(
             if r["runtime"] == runtime:
                 r["vs_expanded"] = ref["expanded"] / r["tpot_ms"] if "expanded" in ref else None
                 r["vs_vanilla"] = ref["vanilla"] / r["tpot_ms"] if "vanilla" in ref else None
+    from ..importers.hf_lm import peak_rss_bytes
+
     return {
+        "peak_rss_bytes": peak_rss_bytes(),
         "config": config.to_dict(),
         "dtype": "float16",
         "threads": threads,
@@ -240,7 +270,7 @@ def lm_bench_table(result: dict) -> str:
     title = (
         f"Whole-model TPOT: {c['num_layers']} blocks, d={c['hidden_size']}, {c['moe']['num_departments']} x "
         f"{c['moe']['experts_per_department']} experts, fp16, {result['threads']} threads, "
-        f"{result['steps']} interleaved steps (median)"
+        f"{result['steps']} interleaved steps (median), peak RSS {format_bytes(result['peak_rss_bytes'])}"
     )
     return format_table(
         ("contender", "weights/token", "TPOT ms", "of roof", "vs expanded", "vs vanilla"), rows, title=title

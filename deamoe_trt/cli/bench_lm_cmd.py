@@ -1,7 +1,8 @@
 """`deamoe-trt bench-lm`: whole-model time per output token, DeaMoE vs its expanded and vanilla twins.
 
 See deamoe_trt/bench/lm_bench.py for the model and the method. The three twins of one
-runtime are resident at once (about 5 GB at the default 3 blocks); runtimes run in turn.
+runtime are resident at once; runtimes run in turn. Configurations estimated above
+--max-memory-gb are refused before anything is built.
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ def register(subparsers) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--layers", type=common.positive_int, default=3, help="decoder blocks (default 3)")
+    parser.add_argument("--layers", type=common.positive_int, default=2, help="decoder blocks (default 2)")
     parser.add_argument(
-        "--departments", type=common.positive_int, default=8, help="departments of 8 experts per block (default 8)"
+        "--departments", type=common.positive_int, default=4, help="departments of 8 experts per block (default 4)"
     )
     parser.add_argument("--steps", type=common.positive_int, default=32, help="interleaved decode steps (default 32)")
     parser.add_argument("--threads", type=common.positive_int, default=2, help="threads per contender (default 2)")
     parser.add_argument(
         "--runtimes", default="cpu,ort", help="comma-separated: cpu (deamoe-trt CPU kernel), ort (default both)"
+    )
+    parser.add_argument(
+        "--max-memory-gb", type=float, default=8.0, help="refuse configurations estimated above this (default 8)"
     )
     parser.add_argument("--json", type=Path, default=None, help="write the raw result here")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot here")
@@ -42,7 +46,12 @@ def run(args) -> int:
     if not runtimes or any(r not in RUNTIMES for r in runtimes):
         raise UsageError(f"--runtimes takes a comma-separated list of {', '.join(RUNTIMES)}, got {args.runtimes!r}")
     result = run_lm_bench(
-        layers=args.layers, departments=args.departments, steps=args.steps, threads=args.threads, runtimes=runtimes
+        layers=args.layers,
+        departments=args.departments,
+        steps=args.steps,
+        threads=args.threads,
+        runtimes=runtimes,
+        max_memory=args.max_memory_gb * 2**30,
     )
     print(lm_bench_table(result))
     if args.json:
