@@ -5,7 +5,7 @@ The model: `--layers` blocks (default 2) of Qwen3-30B-A3B's attention (d=2048, 3
 4 KV heads of 128, per-head q/k RMSNorm) with DeaMoE FFNs of qwen3-30b-a3b-layer's shapes
 (experts of width 768 = 384 shared in the department + 384 private, top-8 experts from the
 top-2 departments), with `--departments` departments of 8 experts (default 4; 16 in the
-preset: fewer keep the three twins' ONNX Runtime sessions, which hold about three times
+preset: fewer keep the three twins' ONNX Runtime sessions, which hold about four times
 their fp16 weights, inside 8 GiB, without changing the bytes a token reads), an 8k
 vocabulary (so that the LM head's share of a step's bytes is about what it is in the
 48-layer Qwen3-30B-A3B, 15%, not what it would be on top of 2 blocks), fp16 weights,
@@ -18,7 +18,8 @@ built, interleaved and freed before the next runtime's, so memory holds one runt
 twins at a time; ratios are taken within a runtime. Bytes per token: the FFN weights each
 step's routing reads (deamoe_trt.traffic, from the hidden states the CPU contenders saw)
 plus every other weight a step reads (attention, norms, router, LM head, one embedding
-row). The roof: the CPU kernel's streaming read bandwidth measured before and after.
+row; in float32 on the CPU runtime, which runs that part in float32, see deamoe_trt.lm.cpu).
+The roof: the CPU kernel's streaming read bandwidth measured before and after.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ def _ort_contender(base, twin: str, threads: int) -> Contender:
 def memory_estimate(config, runtime: str) -> int:
     """Bytes a runtime's phase holds: the base model, plus every twin's FFNs packed for the
     kernel (cpu), or held by ONNX Runtime (ort: the fp16 arrays and, measured on 1.32 with
-    com.microsoft.MoE, about twice as much again for its own copies)."""
+    com.microsoft.MoE, about three times as much again for its own copies: 7.7 GiB peak for
+    the default 2 blocks of 4 departments, whose three twins' FFNs are 1.55 GB)."""
     from ..layer import DeaMoELayer
 
     def ffn_bytes(moe) -> int:
@@ -134,7 +136,7 @@ def memory_estimate(config, runtime: str) -> int:
     if runtime == "cpu":
         return base + twins
     # While a twin's session is made, its PyTorch model and ONNX proto exist too.
-    return base + 3 * twins + 2 * ffn_bytes(config.moe.vanilla()) * moe_blocks
+    return base + 4 * twins + 2 * ffn_bytes(config.moe.vanilla()) * moe_blocks
 
 
 def _other_bytes(config, bytes_per_weight: int) -> int:
@@ -200,11 +202,13 @@ def run_lm_bench(
         gc.collect()
     roofs.append(kernel_bandwidth(1 << 29, 5, threads)["bytes_per_s"])
     roof = statistics.median(roofs)
-    # Bytes for ORT rows: the same twin's count from the CPU run (same model, same tokens).
-    by_twin = {r["twin"]: r["bytes_per_token"] for r in rows if r["bytes_per_token"]}
+    # FFN bytes for ORT rows: the same twin's count from the CPU run (same model, same tokens).
+    # Outside the FFNs the CPU runtime reads float32 copies (deamoe_trt.lm.cpu), ORT fp16.
+    by_twin = {r["twin"]: r["ffn_bytes_per_token"] for r in rows if r["ffn_bytes_per_token"]}
     for r in rows:
-        r["bytes_per_token"] = r["bytes_per_token"] or by_twin.get(r["twin"])
-        if r["bytes_per_token"]:
+        ffn = r["ffn_bytes_per_token"] = r["ffn_bytes_per_token"] or by_twin.get(r["twin"])
+        if ffn:
+            r["bytes_per_token"] = ffn + _other_bytes(config, 4 if r["runtime"] == "cpu" else b)
             r["roof_ms"] = r["bytes_per_token"] / roof * 1e3
             r["of_roof"] = r["roof_ms"] / r["tpot_ms"]
     for runtime in runtimes:
@@ -228,7 +232,7 @@ def run_lm_bench(
 
 
 def _row(c: Contender, config, b: int, steps: int) -> dict:
-    bytes_per_token = None
+    ffn_bytes = None
     if c.runtime == "cpu":
         moe_layers = list(c.layers)
         per_step = len(moe_layers)
@@ -239,7 +243,7 @@ def _row(c: Contender, config, b: int, steps: int) -> dict:
                 kernel = c.layers[i]  # its own routing, from the hidden state this contender saw
                 routing = kernel.route(hidden[s * per_step + j])
                 total += weights_loaded(kernel.config, routing, b).total
-        bytes_per_token = total / steps + _other_bytes(config, b)
+        ffn_bytes = total / steps
     tpot = statistics.median(c.step_s) * 1e3
     return {
         "twin": c.twin,
@@ -247,7 +251,8 @@ def _row(c: Contender, config, b: int, steps: int) -> dict:
         "tpot_ms": tpot,
         "mean_ms": statistics.fmean(c.step_s) * 1e3,
         "step_ms": [s * 1e3 for s in c.step_s],
-        "bytes_per_token": bytes_per_token,
+        "ffn_bytes_per_token": ffn_bytes,
+        "bytes_per_token": None,
     }
 
 
