@@ -3,6 +3,7 @@ decodes the same tokens as the PyTorch reference, and the CLI streams them with 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from deamoe_trt.cli.main import main
@@ -11,6 +12,16 @@ from deamoe_trt.lm.cpu import CpuDecoder
 from deamoe_trt.lm.generate import TorchDecoder, generate
 
 SAMPLE = "samples/models/tiny-lm"
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny models: PyTorch's intra-op threads only add fork/join waits (10x slower measured
+    on this shared 2-core VM)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def test_cpu_decoder_matches_the_reference_logits_and_tokens():
