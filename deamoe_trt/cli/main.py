@@ -15,6 +15,7 @@ SUBCOMMANDS = (
     "deamoe_trt.cli.init_cmd",
     "deamoe_trt.cli.info_cmd",
     "deamoe_trt.cli.import_cmd",
+    "deamoe_trt.cli.quantize_cmd",
     "deamoe_trt.cli.export_cmd",
     "deamoe_trt.cli.validate_cmd",
     "deamoe_trt.cli.bench_cmd",
@@ -24,6 +25,8 @@ SUBCOMMANDS = (
     "deamoe_trt.cli.train_cmd",
     "deamoe_trt.cli.generate_cmd",
     "deamoe_trt.cli.export_lm_cmd",
+    "deamoe_trt.cli.triton_repo_cmd",
+    "deamoe_trt.cli.serve_bench_cmd",
 )
 
 
