@@ -98,8 +98,8 @@ class Input:
 INPUTS: tuple[Input, ...] = (
     #     name                      QDP argument      InputRole              LayerWeights        shape                present when
     Input("hidden_states",          "hidden_states",  "kHIDDEN",             "",                 ("T", "d"),          ""),
-    Input("router.weight",          "router_w",       "kROUTER_WEIGHT",      "routerWeight",     ("N", "d"),          ""),
-    Input("router.bias",            "router_b",       "kROUTER_BIAS",        "routerBias",       ("N",),              "router_bias"),
+    Input("router.weight",          "router_w",       "kROUTER_WEIGHT",      "routerWeight",     ("N", "d"),          "",            FLOAT32_OR_ACTIVATION, "routerWeightFloat32"),
+    Input("router.bias",            "router_b",       "kROUTER_BIAS",        "routerBias",       ("N",),              "router_bias", FLOAT32),
     Input("departments.gate_up",    "dept_gate_up",   "kDEPARTMENT_GATE_UP", "departmentGateUp", ("D", "2*f_s", "d"), "shared_intermediate_size"),
     Input("departments.down",       "dept_down",      "kDEPARTMENT_DOWN",    "departmentDown",   ("D", "d", "f_s"),   "shared_intermediate_size"),
     Input("experts.gate_up",        "expert_gate_up", "kEXPERT_GATE_UP",     "expertGateUp",     ("N", "2*f_p", "d"), "private_intermediate_size"),

@@ -206,7 +206,8 @@ def predict_step(
     routing_blocks = math.ceil(T / TOKENS_PER_ROUTING_BLOCK)
     shared_down = f_sh * d * b
     routed_gate_up = (u_d * 2 * f_s + u_e * 2 * f_p) * d * b
-    k2_bytes = (N * b if c.router_bias else 0) + shared_down + routed_gate_up
+    # The selection bias is float32 whatever the layer dtype (spec, "Router precision").
+    k2_bytes = (N * 4 if c.router_bias else 0) + shared_down + routed_gate_up
     k2_regs = regs["routedKernel"][tt]
     smem = 4 * (N + c.num_departments) + 4 * WARPS * (N + c.num_departments + c.top_departments)
     per_sm = blocks_per_sm(device, k2_regs, smem)

@@ -79,6 +79,7 @@ def traffic_table(stack: DeaMoEStack, tokens: list[int], *, samples: int = 16, s
     for all layers together."""
     gen = input_generator(seed)
     config, bytes_per = stack.config, BYTES_PER_WEIGHT[stack.dtype]
+    router_bytes = BYTES_PER_WEIGHT[stack.layers[0].router_dtype]
     rows = []
     for count in tokens:
         sums = {"deamoe": 0.0, "expanded": 0.0, "vanilla": 0.0}
@@ -88,7 +89,7 @@ def traffic_table(stack: DeaMoEStack, tokens: list[int], *, samples: int = 16, s
                 x = torch.randn(count, config.hidden_size, generator=gen)
                 bias = layer.router.bias.detach() if layer.router.bias is not None else None
                 logits = router_logits(x, layer.router.weight.detach())
-                traffic = compare_traffic(config, logits, bias, bytes_per, stack.quant)
+                traffic = compare_traffic(config, logits, bias, bytes_per, stack.quant, router_bytes)
                 for key in sums:
                     sums[key] += traffic[key].total
                 used_d += traffic["deamoe"].departments_used

@@ -19,8 +19,9 @@ class StepTraffic:
     """Bytes of weights one step over a batch reads, by part.
 
     The spec's formula, plus the two small vectors it leaves out: the selection bias
-    (N*B) and the shared-expert gate (d*B), which a step reads all the same. Quantized FFN
-    weights count their packed codes plus one scale (B bytes) per group.
+    (N*4, always float32) and the shared-expert gate (d*B), which a step reads all the same.
+    The router weight counts at its own precision (N*d*B_router). Quantized FFN weights
+    count their packed codes plus one scale (B bytes) per group.
     """
 
     departments_used: int  # U_d
@@ -40,6 +41,13 @@ class StepTraffic:
 
 def _router_weights(config: DeaMoEConfig) -> int:
     return config.num_experts * config.hidden_size + (config.num_experts if config.router_bias else 0)
+
+
+def router_bytes(config: DeaMoEConfig, bytes_per_weight: int) -> int:
+    """The router's bytes: its weight at bytes_per_weight each, its selection bias float32
+    (spec, "Router precision")."""
+    bias = config.num_experts * BYTES_PER_WEIGHT[torch.float32] if config.router_bias else 0
+    return config.num_experts * config.hidden_size * bytes_per_weight + bias
 
 
 def _department_weights(config: DeaMoEConfig) -> int:
@@ -76,12 +84,12 @@ def ffn_bytes(numel: int, bytes_per_weight: int, quant: QuantConfig | None = Non
 
 def stored_bytes(config: DeaMoEConfig, bytes_per_weight: int, quant: QuantConfig | None = None) -> int:
     """One layer's stored bytes: FFN weights (packed codes plus scales when quantized), the
-    router and the shared-expert gate at B each."""
+    router weight and the shared-expert gate at B each, the selection bias in float32."""
     b = bytes_per_weight
     ffn = config.num_departments * ffn_bytes(_department_weights(config), b, quant)
     ffn += config.num_experts * ffn_bytes(_expert_weights(config), b, quant)
     ffn += ffn_bytes(_shared_expert_weights(config), b, quant)
-    return ffn + (_router_weights(config) + _shared_gate_weights(config)) * b
+    return ffn + router_bytes(config, b) + _shared_gate_weights(config) * b
 
 
 def layer_bytes(config: DeaMoEConfig, dtype: torch.dtype) -> int:
@@ -90,10 +98,18 @@ def layer_bytes(config: DeaMoEConfig, dtype: torch.dtype) -> int:
 
 
 def weights_loaded(
-    config: DeaMoEConfig, routing: Routing, bytes_per_weight: int, quant: QuantConfig | None = None
+    config: DeaMoEConfig,
+    routing: Routing,
+    bytes_per_weight: int,
+    quant: QuantConfig | None = None,
+    router_bytes_per_weight: int | None = None,
 ) -> StepTraffic:
-    """Bytes one step reads for the batch whose routing is given (FFN weights quantized by quant)."""
+    """Bytes one step reads for the batch whose routing is given (FFN weights quantized by quant).
+
+    bytes_per_weight: of the FFN weights; router_bytes_per_weight: of the router weight,
+    which is never quantized (default the same as the FFN weights')."""
     b = bytes_per_weight
+    rb = b if router_bytes_per_weight is None else router_bytes_per_weight
     departments_used = int(routing.used_departments().numel()) if config.shared_intermediate_size else 0
     experts_used = int(routing.used_experts().numel()) if config.private_intermediate_size else 0
     shared = ffn_bytes(_shared_expert_weights(config), b, quant) + _shared_gate_weights(config) * b
@@ -102,7 +118,7 @@ def weights_loaded(
         experts_used=experts_used,
         department_bytes=departments_used * ffn_bytes(_department_weights(config), b, quant),
         expert_bytes=experts_used * ffn_bytes(_expert_weights(config), b, quant),
-        router_bytes=_router_weights(config) * b,
+        router_bytes=router_bytes(config, rb),
         shared_expert_bytes=shared,
     )
 
@@ -113,13 +129,15 @@ def compare_traffic(
     router_bias: torch.Tensor | None,
     bytes_per_weight: int,
     quant: QuantConfig | None = None,
+    router_bytes_per_weight: int | None = None,
 ) -> dict[str, StepTraffic]:
     """One batch's bytes for the layer, its expanded twin (same routing, no sharing) and its
     vanilla twin (one-stage top-k over the same scores, no sharing), keyed by those names."""
     routing = route_logits(logits, router_bias, config)
     vanilla = config.vanilla()
+    b, rb = bytes_per_weight, router_bytes_per_weight
     return {
-        "deamoe": weights_loaded(config, routing, bytes_per_weight, quant),
-        "expanded": weights_loaded(config.expanded(), routing, bytes_per_weight, quant),
-        "vanilla": weights_loaded(vanilla, route_logits(logits, router_bias, vanilla), bytes_per_weight, quant),
+        "deamoe": weights_loaded(config, routing, b, quant, rb),
+        "expanded": weights_loaded(config.expanded(), routing, b, quant, rb),
+        "vanilla": weights_loaded(vanilla, route_logits(logits, router_bias, vanilla), b, quant, rb),
     }

@@ -1,3 +1,5 @@
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -127,6 +129,21 @@ def test_stack_applies_layers_with_residuals():
         h = x + stack.layers[0](x)
         torch.testing.assert_close(stack(x), h + stack.layers[1](h))
         torch.testing.assert_close(stack.expanded()(x), stack(x), rtol=1e-5, atol=1e-5)
+
+
+def test_router_keeps_its_precision_through_dtype_conversions():
+    """Spec "Router precision": router.bias always float32, a float32 router weight stays
+    float32 and bit-exact when the layer is converted; any other weight follows the layer."""
+    small = dict(hidden_size=16, shared_intermediate_size=8, private_intermediate_size=8)
+    layer = DeaMoELayer.random(PRESETS["deepseek-v3-layer"].replace(**small, shared_expert_intermediate_size=8), seed=1)
+    weight, bias = layer.router.weight.detach().clone(), layer.router.bias.detach().clone()
+    for dtype in (torch.float16, torch.bfloat16):
+        half = copy.deepcopy(layer).to(dtype)
+        assert half.dtype == dtype and half.router_dtype == torch.float32
+        assert torch.equal(half.router.weight, weight) and torch.equal(half.router.bias, bias)
+        narrow = DeaMoELayer.random(layer.config, seed=1, dtype=dtype)
+        assert narrow.router_dtype == dtype and narrow.router.bias.dtype == torch.float32
+        assert narrow.float().router_dtype == torch.float32  # widening follows the layer
 
 
 def test_low_memory_random_draws_the_same_distribution_in_dtype():

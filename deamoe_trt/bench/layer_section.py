@@ -119,7 +119,7 @@ def _layer_traffic(layer: DeaMoELayer, inputs: dict, warmup: int) -> dict:
 
     The expanded twin routes exactly as the layer (same router, same rule); vanilla routes
     one-stage over the same scores."""
-    config, b = layer.config, BYTES_PER_WEIGHT[layer.dtype]
+    config, b, rb = layer.config, BYTES_PER_WEIGHT[layer.dtype], BYTES_PER_WEIGHT[layer.router_dtype]
     kinds = {"deamoe": config, "expanded": config.expanded(), "vanilla": config.vanilla()}
     bias = layer.router.bias.detach() if layer.router.bias is not None else None
     out = {}
@@ -136,7 +136,7 @@ def _layer_traffic(layer: DeaMoELayer, inputs: dict, warmup: int) -> dict:
                 }
                 for kind, cfg in kinds.items():
                     routing = routings[kind]
-                    step = weights_loaded(cfg, routing, b)
+                    step = weights_loaded(cfg, routing, b, router_bytes_per_weight=rb)
                     per[kind]["bytes"].append(step.total)
                     per[kind]["departments_used"].append(step.departments_used)
                     per[kind]["experts_used"].append(step.experts_used)

@@ -7,7 +7,7 @@ import argparse
 from . import args as common
 
 TWINS = ("deamoe", "expanded", "vanilla")
-RUNTIMES = ("torch", "ort")
+RUNTIMES = ("torch", "ort", "cpu")
 
 
 def twin_list(text: str) -> list[str]:
@@ -32,7 +32,10 @@ def register(subparsers) -> None:
         "--max-new-tokens", type=common.positive_int, default=200, help="tokens to generate (default 200)"
     )
     parser.add_argument(
-        "--runtime", choices=RUNTIMES, default="torch", help="torch (reference) or ort (ONNX Runtime CPU)"
+        "--runtime",
+        choices=RUNTIMES,
+        default="torch",
+        help="torch (reference), ort (ONNX Runtime CPU) or cpu (FFNs on deamoe-trt's CPU kernel)",
     )
     parser.add_argument(
         "--twin",
@@ -40,6 +43,9 @@ def register(subparsers) -> None:
         default=["deamoe"],
         metavar="NAME[,NAME]",
         help="deamoe (default), expanded (same outputs, no sharing), vanilla (one-stage top-k), a list, or all",
+    )
+    parser.add_argument(
+        "--chat", action="store_true", help="wrap the prompt in the model's chat template (Hugging Face tokenizers)"
     )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sample")
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
@@ -62,25 +68,35 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
+    from ..errors import UsageError
     from ..lm.checkpoint import load_lm
-    from ..lm.generate import Sampling, TorchDecoder, check_prompt, generate, timing_table, warm_up
+    from ..lm.generate import Sampling, check_prompt, generate, timing_table, warm_up
 
     sampling = Sampling(temperature=args.temperature, top_k=args.top_k, seed=args.seed)
     loaded = load_lm(args.checkpoint)
-    prompt_ids = loaded.tokenizer.encode(args.prompt)
+    prompt = args.prompt
+    if args.chat:
+        chat = getattr(loaded.tokenizer, "chat", None)
+        if chat is None:
+            raise UsageError(
+                f"--chat needs a model with a Hugging Face tokenizer; this one has {loaded.tokenizer.describe()}"
+            )
+        prompt = chat(prompt)
+    prompt_ids = loaded.tokenizer.encode(prompt)
     check_prompt(prompt_ids, loaded.model.config.max_position_embeddings)
     results = []
     for name in args.twin:
         model = loaded.model.twin(name)
-        decoder = TorchDecoder(model) if args.runtime == "torch" else _ort_decoder(model, args.threads)
+        decoder = _decoder(args.runtime, model, args.threads)
         warm_up(decoder, prompt_ids)
-        result = generate(decoder, prompt_ids, args.max_new_tokens, sampling=sampling, model=name)
+        print(f"--- {name} on {decoder.name}, {sampling.describe()}")
+        stream = _Stream(loaded.tokenizer, prompt)
+        result = generate(
+            decoder, prompt_ids, args.max_new_tokens, sampling=sampling, model=name, on_token=stream.token
+        )
         results.append(result)
-        text = loaded.tokenizer.decode(result.new_ids)
         same = [r.model for r in results[:-1] if r.new_ids == result.new_ids]
-        note = f" (same tokens as {same[0]})" if same else ""
-        print(f"--- {name} on {decoder.name}, {sampling.describe()}{note}")
-        print(args.prompt + text)
+        print(f"\n(same tokens as {same[0]})" if same else "")
         if result.stopped == "context":
             print(f"(stopped after {len(result.new_ids)} tokens: the context of {decoder.max_context} is full)")
         print()
@@ -88,7 +104,31 @@ def _run(args) -> int:
     return 0
 
 
-def _ort_decoder(model, threads: int):
+class _Stream:
+    """Prints the prompt, then each token's text as it is generated (the text of all new ids
+    so far, less what is already on screen: a token may complete a multi-byte character)."""
+
+    def __init__(self, tokenizer, prompt: str):
+        self.tokenizer, self.ids, self.shown = tokenizer, [], ""
+        print(prompt, end="", flush=True)
+
+    def token(self, token: int) -> None:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.startswith(self.shown) and not text.endswith("\ufffd"):
+            print(text[len(self.shown) :], end="", flush=True)
+            self.shown = text
+
+
+def _decoder(runtime: str, model, threads: int):
+    from ..lm.generate import TorchDecoder
+
+    if runtime == "torch":
+        return TorchDecoder(model)
+    if runtime == "cpu":
+        from ..lm.cpu import CpuDecoder
+
+        return CpuDecoder(model, threads=threads)
     from ..lm.ort import OrtDecoder
 
     return OrtDecoder.from_model(model, form="ort", threads=threads)

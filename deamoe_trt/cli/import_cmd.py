@@ -1,9 +1,14 @@
-"""`deamoe-trt import-hf`: a local Hugging Face MoE model's MoE layers as a deamoe-trt checkpoint.
+"""`deamoe-trt import-hf`: a local Hugging Face MoE model as a deamoe-trt checkpoint.
 
-Reads MODEL_DIR (config.json + *.safetensors; pickled *.bin weights are refused) with
-transformers, imports every MoE layer (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3) as a
-DeaMoE layer with the same outputs, and writes them as one checkpoint. Dense layers are
-skipped; the checkpoint's config.json records the model type and the HF layer indices.
+By default the whole model (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE) becomes a language-model
+checkpoint that `generate` and `export-lm` read: attention, norms, dense layers, embeddings
+and head copied, each MoE block a DeaMoE layer with the same outputs, tokenizer.json kept.
+It is streamed from the safetensors shards tensor by tensor, so it needs about one tensor's
+memory, not the model's; the peak resident memory is printed.
+
+With --layers-only (or --layers) only the MoE layers are imported, as a layer checkpoint
+(Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3), through transformers. Pickled *.bin weights
+and models that need trust_remote_code are refused in either mode.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ def layer_selection(text: str) -> list[int] | None:
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "import-hf",
-        help="import a local Hugging Face MoE model's MoE layers as a checkpoint",
+        help="import a local Hugging Face MoE model (whole, or its MoE layers) as a checkpoint",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -46,7 +51,12 @@ def register(subparsers) -> None:
         type=layer_selection,
         default=None,
         metavar="all|I,J,...",
-        help="HF decoder layer indices to import (default all MoE layers; dense layers cannot be chosen)",
+        help="import only these MoE layers (HF decoder layer indices) as a layer checkpoint; implies --layers-only",
+    )
+    parser.add_argument(
+        "--layers-only",
+        action="store_true",
+        help="import the MoE layers alone as a layer checkpoint (the whole model is the default)",
     )
     parser.add_argument(
         "--dtype", choices=DTYPES, default="auto", help="checkpoint dtype (default auto: as the model stores it)"
@@ -55,6 +65,52 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    if args.layers_only or args.layers is not None:
+        return _run_layers(args)
+    return _run_model(args)
+
+
+def _run_model(args) -> int:
+    import sys
+
+    from ..checkpoint import CONFIG_FILE
+    from ..errors import UsageError
+    from ..importers.hf_lm import import_hf_lm, peak_rss_bytes, read_config
+    from ..lm.checkpoint import FORMAT
+    from ..report import format_bytes
+
+    model_dir, output = Path(args.model_dir), Path(args.output)
+    read_config(model_dir)
+    if output.exists() and output.resolve() == model_dir.resolve():
+        raise UsageError(f"-o {output} is the model directory itself; write the checkpoint elsewhere")
+    _refuse_foreign(output / CONFIG_FILE, FORMAT)
+    dtype = None if args.dtype == "auto" else common.DTYPE_NAMES[args.dtype]
+    print(f"importing {model_dir} (streamed, block by block)")
+    config, summary = import_hf_lm(model_dir, output, dtype=dtype, progress=sys.stdout)
+    moe = config.moe
+    dense = f", dense layers {', '.join(map(str, config.dense_layers))}" if config.dense_layers else ""
+    print(
+        f"imported {summary['model_type']} as a language model to {output}: {config.num_layers} blocks{dense}, "
+        f"d={config.hidden_size}, {moe.num_experts} experts of width {moe.expert_intermediate_size}, top-{moe.top_k}, "
+        f"{summary['dtype']}, {format_bytes(summary['bytes'])} in {summary['seconds']:.1f} s; "
+        f"peak RSS {format_bytes(peak_rss_bytes())}"
+    )
+    return 0
+
+
+def _refuse_foreign(existing: Path, fmt: str) -> None:
+    from ..errors import UsageError
+
+    if existing.is_file():
+        try:
+            is_ours = json.loads(existing.read_text()).get("format") == fmt
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            is_ours = False
+        if not is_ours:
+            raise UsageError(f"refusing to overwrite {existing}: it is not a deamoe-trt {fmt} checkpoint")
+
+
+def _run_layers(args) -> int:
     from ..checkpoint import CONFIG_FILE, FORMAT, save_checkpoint
     from ..errors import UsageError
     from ..importers.hf_dir import load_hf_dir, read_hf_config
@@ -63,14 +119,7 @@ def run(args) -> int:
     read_hf_config(model_dir)  # bad input fails before anything heavy is imported
     if output.exists() and model_dir.exists() and output.resolve() == model_dir.resolve():
         raise UsageError(f"-o {output} is the model directory itself; write the checkpoint elsewhere")
-    existing = output / CONFIG_FILE
-    if existing.is_file():
-        try:
-            is_ours = json.loads(existing.read_text()).get("format") == FORMAT
-        except (ValueError, UnicodeDecodeError, AttributeError):
-            is_ours = False
-        if not is_ours:
-            raise UsageError(f"refusing to overwrite {existing}: it is not a deamoe-trt checkpoint")
+    _refuse_foreign(output / CONFIG_FILE, FORMAT)
 
     dtype = None if args.dtype == "auto" else common.DTYPE_NAMES[args.dtype]
     stack = load_hf_dir(model_dir, layers=args.layers, dtype=dtype)

@@ -19,6 +19,7 @@ SUBCOMMANDS = (
     "deamoe_trt.cli.export_cmd",
     "deamoe_trt.cli.validate_cmd",
     "deamoe_trt.cli.bench_cmd",
+    "deamoe_trt.cli.bench_lm_cmd",
     "deamoe_trt.cli.build_cmd",
     "deamoe_trt.cli.doctor_cmd",
     "deamoe_trt.cli.check_cmd",

@@ -51,9 +51,12 @@ def _param_value(attribute: contract.Attribute, value):
 
 
 @functools.lru_cache(maxsize=64)
-def layer_params(config: DeaMoEConfig) -> LayerParams:
-    """The config as LayerParams (cached per config; callers must not modify the result)."""
-    return LayerParams(**{a.param: _param_value(a, getattr(config, a.name)) for a in contract.ATTRIBUTES})
+def layer_params(config: DeaMoEConfig, router_weight_float32: bool = False) -> LayerParams:
+    """The config as LayerParams (cached; callers must not modify the result).
+
+    router_weight_float32: the router weight is float32 (else in the activation dtype)."""
+    attributes = {a.param: _param_value(a, getattr(config, a.name)) for a in contract.ATTRIBUTES}
+    return LayerParams(**attributes, routerWeightFloat32=int(router_weight_float32))
 
 
 _P = ctypes.POINTER
@@ -74,6 +77,7 @@ PROTOTYPES = {
     "deamoe_status_string": (ctypes.c_char_p, [_I32]),
     "deamoe_max_tile_tokens": (_I32, []),
     "deamoe_last_error": (ctypes.c_char_p, []),
+    "deamoe_check_supported": (_I32, [_P(LayerParams), _I32]),
     "deamoe_router_logits": (_I32, [_P(LayerParams), _I32, _VOID, _VOID, _I32, _VOID, _VOID]),
     "deamoe_route_logits": (_I32, [_P(LayerParams), _I32, _VOID, _VOID, _I32, _VOID, _VOID, _VOID, _VOID, _VOID]),
     "deamoe_set_programmatic_launch": (None, [_I32]),

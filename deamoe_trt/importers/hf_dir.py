@@ -25,6 +25,20 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 def read_hf_config(model_dir: str | Path) -> dict[str, Any]:
     """config.json of a local Hugging Face model directory, checked for a supported model_type."""
+    config = read_config_json(model_dir)
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UsageError(
+            f"unsupported Hugging Face model_type {model_type!r} in {Path(model_dir) / 'config.json'}; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    check_not_quantized(config, model_dir)
+    return config
+
+
+def read_config_json(model_dir: str | Path) -> dict[str, Any]:
+    """config.json of a local model directory as a dict; one-line errors for a missing
+    directory or file and for invalid JSON (the layer and the whole-model imports share them)."""
     path = Path(model_dir)
     if not path.exists():
         raise UsageError(f"{path} does not exist; pass a local Hugging Face model directory")
@@ -38,20 +52,17 @@ def read_hf_config(model_dir: str | Path) -> dict[str, Any]:
     config = read_json(config_path)
     if not isinstance(config, dict):
         raise UsageError(f"{config_path} is not a JSON object")
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise UsageError(
-            f"unsupported Hugging Face model_type {model_type!r} in {config_path}; "
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
+    return config
+
+
+def check_not_quantized(config: dict[str, Any], model_dir: str | Path) -> None:
     quantization = config.get("quantization_config")
     if quantization:
         method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else "?"
         raise UsageError(
-            f"{path} holds quantized weights (quant_method {method!r}); "
+            f"{model_dir} holds quantized weights (quant_method {method!r}); "
             "dequantize them to bfloat16 or float32 safetensors first"
         )
-    return config
 
 
 def safetensors_files(model_dir: str | Path) -> list[Path]:

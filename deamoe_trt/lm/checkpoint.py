@@ -18,12 +18,21 @@ from pathlib import Path
 from typing import Any
 
 from .._io import read_json
-from ..checkpoint import CONFIG_FILE, DTYPES, WEIGHTS_FILE, check_tensors, dtype_name, read_tensors, write_files
+from ..checkpoint import (
+    CONFIG_FILE,
+    DTYPES,
+    ROUTER_BIAS,
+    WEIGHTS_FILE,
+    check_tensors,
+    dtype_name,
+    read_tensors,
+    write_files,
+)
 from ..checkpoint import FORMAT as LAYER_FORMAT
 from ..errors import CheckpointError, UsageError
 from .config import LMConfig
 from .model import DeaMoELM
-from .tokenizer import ByteTokenizer
+from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, default_tokenizer, tokenizer_from_dict
 
 FORMAT = "deamoe-trt-lm"
 FORMAT_VERSION = 1
@@ -32,7 +41,7 @@ FORMAT_VERSION = 1
 @dataclass
 class LoadedLM:
     model: DeaMoELM
-    tokenizer: ByteTokenizer
+    tokenizer: Tokenizer
     training: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
 
@@ -41,12 +50,14 @@ def save_lm(
     model: DeaMoELM,
     directory: str | Path,
     *,
-    tokenizer: ByteTokenizer | None = None,
+    tokenizer: Tokenizer | None = None,
     training: dict[str, Any] | None = None,
 ) -> Path:
     """Write model (and its tokenizer) to directory; each file appears whole or not at all."""
-    tokenizer = tokenizer or ByteTokenizer(vocab_size=model.config.vocab_size)
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
+    tokenizer = tokenizer or default_tokenizer(model.config.vocab_size)
+    tensors = {
+        name: t.detach().to("cpu").contiguous() for name, t in stored_state(model.state_dict(), model.config).items()
+    }
     header: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -56,7 +67,23 @@ def save_lm(
     }
     if training:
         header["training"] = training
+    if isinstance(tokenizer, HFTokenizer):
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        tokenizer.save(directory)
     return write_files(directory, tensors, header)
+
+
+def stored_state(state: dict[str, Any], config: LMConfig) -> dict[str, Any]:
+    """The tensors a checkpoint stores: the state dict, without lm_head.weight when it is the
+    embedding matrix (tie_word_embeddings: safetensors stores no aliases)."""
+    if config.tie_word_embeddings:
+        return {name: t for name, t in state.items() if name != "lm_head.weight"}
+    return dict(state)
+
+
+def expected_tensors(model: DeaMoELM) -> dict[str, Any]:
+    """Name -> tensor (meta or real) of every tensor a checkpoint of model's config stores."""
+    return stored_state(model.state_dict(), model.config)
 
 
 def read_lm_header(directory: str | Path) -> dict[str, Any]:
@@ -88,10 +115,10 @@ def read_lm_header(directory: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: dtype must be one of {', '.join(DTYPES)}, got {header.get('dtype')!r}")
     try:
         header["config"] = LMConfig.from_dict(header.get("config"))
-        header["tokenizer"] = ByteTokenizer.from_dict(header.get("tokenizer"))
+        header["tokenizer"] = tokenizer_from_dict(header.get("tokenizer"), directory)
     except (ValueError, TypeError, UsageError) as exc:
         raise CheckpointError(f"{path}: {exc}") from None
-    if header["tokenizer"].vocab_size != header["config"].vocab_size:
+    if isinstance(header["tokenizer"], ByteTokenizer) and header["tokenizer"].vocab_size != header["config"].vocab_size:
         raise CheckpointError(
             f"{path}: tokenizer vocab_size {header['tokenizer'].vocab_size} differs from the model's "
             f"{header['config'].vocab_size}"
@@ -106,11 +133,16 @@ def load_lm(directory: str | Path, *, device=None) -> LoadedLM:
     config: LMConfig = header["config"]
     dtype = DTYPES[header["dtype"]]
     model = DeaMoELM(config, dtype=dtype, device="meta")
-    expected = model.state_dict()
+    expected = expected_tensors(model)
     weights = directory / WEIGHTS_FILE
     tensors = read_tensors(weights)
     check_tensors(tensors, expected, header["dtype"], weights)
+    # Router biases are float32 (older checkpoints hold them in the model's dtype).
+    tensors = {name: t.float() if name.endswith(ROUTER_BIAS) else t for name, t in tensors.items()}
+    if config.tie_word_embeddings:
+        tensors["lm_head.weight"] = tensors["embed_tokens.weight"]
     model.load_state_dict(tensors, assign=True)
+    model.tie_weights()
     model = model.materialize_rope(device)
     return LoadedLM(
         model=model.eval(), tokenizer=header["tokenizer"], training=header.get("training") or {}, path=directory

@@ -17,8 +17,23 @@ class LMConfig:
     """Sizes of a decoder-only DeaMoE language model (Llama/Qwen3-MoE layout).
 
     Every block is RMSNorm -> causal self-attention (rotary embeddings, grouped-query heads,
-    KV cache) -> residual -> RMSNorm -> DeaMoE FFN -> residual; then a final RMSNorm and an
-    untied LM head. `moe.hidden_size` must equal `hidden_size`.
+    KV cache) -> residual -> RMSNorm -> FFN -> residual; then a final RMSNorm and the LM head.
+    The FFN is a DeaMoE layer (`moe`), or a dense SwiGLU MLP of width
+    `dense_intermediate_size` in the blocks listed in `dense_layers`. `moe.hidden_size` must
+    equal `hidden_size`.
+
+    The fields after `rms_norm_eps` describe the attention variants of imported Hugging Face
+    models; their defaults are the tiny sample's architecture, so older configs read unchanged:
+    - head_dim: per-head width (0: hidden_size / num_heads; Qwen3 sets it explicitly);
+    - qkv_bias / o_bias: biases on the q/k/v and output projections (Qwen2, Qwen3 attention_bias);
+    - qk_norm: RMSNorm of queries and keys before the rotary embedding, "head" over each head
+      (Qwen3) or "full" over the whole projection (OLMoE); "none" by default;
+    - clip_qkv: clamp q, k and v to [-clip, clip] after the projections (OLMoE), 0: off;
+    - rope_scaling: None, or {"rope_type": "linear" | "yarn", "factor": ..., ...} with the
+      Hugging Face keys (see deamoe_trt.lm.rope);
+    - sliding_window: keys at distance >= window are hidden (0: off), in the blocks listed in
+      sliding_window_layers (None: every block);
+    - tie_word_embeddings: the LM head is the embedding matrix (no lm_head.weight stored).
     """
 
     vocab_size: int
@@ -30,21 +45,52 @@ class LMConfig:
     moe: DeaMoEConfig
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
+    head_dim: int = 0
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: str = "none"
+    clip_qkv: float = 0.0
+    rope_scaling: dict[str, Any] | None = None
+    sliding_window: int = 0
+    sliding_window_layers: tuple[int, ...] | None = None
+    dense_layers: tuple[int, ...] = ()
+    dense_intermediate_size: int = 0
+    tie_word_embeddings: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):
             object.__setattr__(self, "moe", DeaMoEConfig.from_dict(self.moe))
+        for name in ("sliding_window_layers", "dense_layers"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        if isinstance(self.rope_scaling, dict):
+            object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
         _validate(self)
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
         object.__setattr__(self, "rms_norm_eps", float(self.rms_norm_eps))
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        object.__setattr__(self, "clip_qkv", float(self.clip_qkv))
 
     @property
     def kv_dim(self) -> int:
         return self.num_key_value_heads * self.head_dim
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    def is_dense(self, layer: int) -> bool:
+        """Whether block `layer` has a dense MLP rather than a DeaMoE FFN."""
+        return layer in self.dense_layers
+
+    def window(self, layer: int) -> int:
+        """The sliding window of block `layer` (0: full causal attention)."""
+        if not self.sliding_window:
+            return 0
+        layers = self.sliding_window_layers
+        return self.sliding_window if layers is None or layer in layers else 0
 
     # Twins, as DeaMoEConfig.expanded()/vanilla() for the FFN of every block -----------------
 
@@ -62,6 +108,9 @@ class LMConfig:
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["moe"] = self.moe.to_dict()
+        for name in ("sliding_window_layers", "dense_layers"):
+            if data[name] is not None:
+                data[name] = list(data[name])
         return data
 
     @classmethod
@@ -96,10 +145,13 @@ def _validate(cfg: LMConfig) -> None:
         raise ConfigError(f"moe must be a DeaMoEConfig or its JSON object, got {type(cfg.moe).__name__}")
     if cfg.moe.hidden_size != cfg.hidden_size:
         raise ConfigError(f"moe.hidden_size ({cfg.moe.hidden_size}) must equal hidden_size ({cfg.hidden_size})")
-    if cfg.hidden_size % cfg.num_heads:
+    if not _is_int(cfg.head_dim) or cfg.head_dim < 0:
+        raise ConfigError(f"head_dim must be an integer >= 0 (0: hidden_size / num_heads), got {cfg.head_dim!r}")
+    if cfg.head_dim == 0 and cfg.hidden_size % cfg.num_heads:
         raise ConfigError(f"hidden_size ({cfg.hidden_size}) must be a multiple of num_heads ({cfg.num_heads})")
-    if cfg.head_dim % 2:
-        raise ConfigError(f"head_dim (hidden_size / num_heads = {cfg.head_dim}) must be even for rotary embeddings")
+    head_dim = cfg.head_dim or cfg.hidden_size // cfg.num_heads
+    if head_dim % 2:
+        raise ConfigError(f"head_dim ({head_dim}) must be even for rotary embeddings")
     if cfg.num_heads % cfg.num_key_value_heads:
         raise ConfigError(
             f"num_heads ({cfg.num_heads}) must be a multiple of num_key_value_heads ({cfg.num_key_value_heads})"
@@ -108,3 +160,33 @@ def _validate(cfg: LMConfig) -> None:
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+    for name in ("qkv_bias", "o_bias", "tie_word_embeddings"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise ConfigError(f"{name} must be true or false, got {getattr(cfg, name)!r}")
+    if cfg.qk_norm not in QK_NORMS:
+        raise ConfigError(f"qk_norm must be one of {', '.join(QK_NORMS)}, got {cfg.qk_norm!r}")
+    if isinstance(cfg.clip_qkv, bool) or not isinstance(cfg.clip_qkv, (int, float)) or not cfg.clip_qkv >= 0:
+        raise ConfigError(f"clip_qkv must be a number >= 0 (0: off), got {cfg.clip_qkv!r}")
+    if not _is_int(cfg.sliding_window) or cfg.sliding_window < 0:
+        raise ConfigError(f"sliding_window must be an integer >= 0 (0: off), got {cfg.sliding_window!r}")
+    if not _is_int(cfg.dense_intermediate_size) or cfg.dense_intermediate_size < 0:
+        raise ConfigError(f"dense_intermediate_size must be an integer >= 0, got {cfg.dense_intermediate_size!r}")
+    for name in ("sliding_window_layers", "dense_layers"):
+        layers = getattr(cfg, name)
+        if layers is None and name == "sliding_window_layers":
+            continue
+        if not isinstance(layers, tuple) or not all(_is_int(i) and 0 <= i < cfg.num_layers for i in layers):
+            raise ConfigError(f"{name} must list block indices 0..{cfg.num_layers - 1}, got {layers!r}")
+    if cfg.dense_layers and cfg.dense_intermediate_size < 1:
+        raise ConfigError("dense_layers needs dense_intermediate_size >= 1 (the dense MLP's width)")
+    if cfg.rope_scaling is not None:
+        from .rope import check_rope_scaling
+
+        check_rope_scaling(cfg.rope_scaling)
+
+
+QK_NORMS = ("none", "head", "full")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

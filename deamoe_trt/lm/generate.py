@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -125,9 +126,11 @@ def generate(
     *,
     sampling: Sampling | None = None,
     model: str = "deamoe",
+    on_token: Callable[[int], None] | None = None,
 ) -> Generation:
     """Prefill prompt_ids, then decode up to max_new_tokens (fewer if the context fills up:
-    prompt + new tokens never exceed the context)."""
+    prompt + new tokens never exceed the context). on_token(id) is called as each token is
+    picked (to stream it), outside the timed part."""
     sampling = sampling or Sampling()
     check_prompt(prompt_ids, decoder.max_context)
     if max_new_tokens < 1:
@@ -137,11 +140,15 @@ def generate(
     start = time.perf_counter()
     token = pick(decoder.prefill(list(prompt_ids)), sampling, rng)
     result = Generation(decoder.name, model, list(prompt_ids), [token], time.perf_counter() - start)
+    if on_token is not None:
+        on_token(token)
     while len(result.new_ids) < budget:
         start = time.perf_counter()
         token = pick(decoder.step(token), sampling, rng)
         result.step_s.append(time.perf_counter() - start)
         result.new_ids.append(token)
+        if on_token is not None:
+            on_token(token)
     if budget < max_new_tokens:
         result.stopped = "context"
     return result

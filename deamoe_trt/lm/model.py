@@ -22,93 +22,63 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..layer import SUPPORTED_DTYPES, DeaMoELayer
 from ..routing import Routing
+from .attention import Attention, RMSNorm, apply_rope  # noqa: F401 - re-exported, their historical home
 from .config import LMConfig
+from .rope import rope_tables as _rope_tables
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, **factory):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(size, **factory))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * self.weight.float()).to(x.dtype)
-
-
 def rope_tables(config: LMConfig, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [max_position_embeddings, head_dim // 2] in float32 (Llama's non-interleaved rotary)."""
-    half = config.head_dim // 2
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(half, dtype=torch.float64, device=device) / half))
-    angles = torch.arange(config.max_position_embeddings, dtype=torch.float64, device=device)[:, None] * inv_freq
-    return angles.cos().float(), angles.sin().float()
+    return _rope_tables(
+        config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings, device=device
+    )
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, hd] rotated by position: halves (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+class DenseMLP(nn.Module):
+    """The dense SwiGLU MLP of a model's non-MoE blocks (Hugging Face's gate_proj/up_proj/down_proj)."""
 
-
-class Attention(nn.Module):
-    def __init__(self, config: LMConfig, **factory):
+    def __init__(self, hidden: int, width: int, **factory):
         super().__init__()
-        self.config = config
-        d, hd = config.hidden_size, config.head_dim
-        self.q_proj = nn.Linear(d, config.num_heads * hd, bias=False, **factory)
-        self.k_proj = nn.Linear(d, config.kv_dim, bias=False, **factory)
-        self.v_proj = nn.Linear(d, config.kv_dim, bias=False, **factory)
-        self.o_proj = nn.Linear(config.num_heads * hd, d, bias=False, **factory)
+        self.gate_proj = nn.Linear(hidden, width, bias=False, **factory)
+        self.up_proj = nn.Linear(hidden, width, bias=False, **factory)
+        self.down_proj = nn.Linear(width, hidden, bias=False, **factory)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        past: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        c = self.config
-        batch, tokens, _ = x.shape
-        q = self.q_proj(x).view(batch, tokens, c.num_heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, tokens, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, tokens, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if past is not None:
-            k = torch.cat((past[0], k), dim=2)
-            v = torch.cat((past[1], v), dim=2)
-        present = (k, v)
-        groups = c.num_heads // c.num_key_value_heads
-        if groups > 1:
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        # Query i sits at absolute position P + i and sees keys 0..P + i.
-        past_len = k.shape[2] - tokens
-        scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(c.head_dim)
-        key_pos = torch.arange(k.shape[2], device=x.device)
-        query_pos = torch.arange(tokens, device=x.device)[:, None] + past_len
-        scores = scores.masked_fill(key_pos > query_pos, -torch.inf)
-        out = (torch.softmax(scores, dim=-1) @ v.float()).to(x.dtype)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, tokens, -1)), present
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Block(nn.Module):
-    def __init__(self, config: LMConfig, **factory):
+    def __init__(self, config: LMConfig, layer: int = 0, **factory):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
-        self.self_attn = Attention(config, **factory)
+        self.self_attn = Attention(config, layer, **factory)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
-        self.mlp = DeaMoELayer(config.moe, **factory)
+        if config.is_dense(layer):
+            self.mlp: nn.Module = DenseMLP(config.hidden_size, config.dense_intermediate_size, **factory)
+        else:
+            self.mlp = DeaMoELayer(config.moe, **factory)
 
-    def forward(self, x, cos, sin, past):
+    @property
+    def is_moe(self) -> bool:
+        return isinstance(self.mlp, DeaMoELayer)
+
+    def forward(self, x, cos, sin, past, ffn=None):
+        """ffn: a callable [N, d] -> [N, d] run instead of this block's DeaMoE FFN (another
+        runtime's kernel, e.g. deamoe_trt.cpu.CpuDeaMoE); its routing is not returned."""
         attn, present = self.self_attn(self.input_layernorm(x), cos, sin, past)
         h = x + attn
         y = self.post_attention_layernorm(h).reshape(-1, h.shape[-1])
+        if ffn is not None:
+            return h + ffn(y).to(h.dtype).view_as(h), present, None
+        if not self.is_moe:
+            return h + self.mlp(y).view_as(h), present, None
         routing = self.mlp.route(y)
         ffn = self.mlp.forward_routed(y, routing).to(h.dtype).view_as(h)
         return h + ffn, present, routing
@@ -118,7 +88,7 @@ class Block(nn.Module):
 class LMOutput:
     logits: torch.Tensor  # [B, T, vocab] float32
     past_key_values: KVCache  # extended by the T new tokens
-    routings: list[Routing] = field(default_factory=list)  # one per block, tokens flattened [B*T]
+    routings: list[Routing] = field(default_factory=list)  # one per DeaMoE block, tokens flattened [B*T]
 
 
 class DeaMoELM(nn.Module):
@@ -131,9 +101,11 @@ class DeaMoELM(nn.Module):
         factory = {"dtype": dtype, "device": device}
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, **factory)
-        self.layers = nn.ModuleList(Block(config, **factory) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(Block(config, i, **factory) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, **factory)
+        if config.tie_word_embeddings:
+            self.tie_weights()
         rope_device = None if device == "meta" else device
         cos, sin = rope_tables(config, device=rope_device)
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -145,6 +117,9 @@ class DeaMoELM(nn.Module):
     def random(cls, config: LMConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32, device=None) -> DeaMoELM:
         model = cls(config, dtype=torch.float32, device=device)
         model.reset_parameters(seed)
+        for block in model.layers:
+            if isinstance(block.mlp, DeaMoELayer):
+                block.mlp.router.cast_weight(dtype)  # a float32 router would otherwise stay float32
         return model.to(dtype)
 
     @torch.no_grad()
@@ -163,14 +138,32 @@ class DeaMoELM(nn.Module):
             for proj in (block.self_attn.q_proj, block.self_attn.k_proj, block.self_attn.v_proj):
                 normal_(proj.weight, 1.0 / math.sqrt(c.hidden_size))
             normal_(block.self_attn.o_proj.weight, residual / math.sqrt(c.hidden_size))
-            block.mlp.reset_parameters(seed * 1000 + i + 1)
-            for part in (block.mlp.departments, block.mlp.experts, block.mlp.shared_experts):
-                if part is not None:
-                    part.down.mul_(residual)
-            block.input_layernorm.weight.fill_(1.0)
-            block.post_attention_layernorm.weight.fill_(1.0)
+            if block.is_moe:
+                block.mlp.reset_parameters(seed * 1000 + i + 1)
+                for part in (block.mlp.departments, block.mlp.experts, block.mlp.shared_experts):
+                    if part is not None:
+                        part.down.mul_(residual)
+            else:
+                normal_(block.mlp.gate_proj.weight, 1.0 / math.sqrt(c.hidden_size))
+                normal_(block.mlp.up_proj.weight, 1.0 / math.sqrt(c.hidden_size))
+                normal_(block.mlp.down_proj.weight, residual / math.sqrt(c.dense_intermediate_size))
+            for name, param in block.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.fill_(1.0)
+                elif name.startswith("self_attn.") and name.endswith(".bias"):
+                    param.zero_()
         self.norm.weight.fill_(1.0)
-        normal_(self.lm_head.weight, 1.0 / math.sqrt(c.hidden_size))
+        if not c.tie_word_embeddings:
+            normal_(self.lm_head.weight, 1.0 / math.sqrt(c.hidden_size))
+
+    def tie_weights(self) -> None:
+        """With tie_word_embeddings the head is the embedding matrix: one Parameter, saved once."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def moe_layers(self) -> list[int]:
+        """Indices of the blocks whose FFN is a DeaMoE layer."""
+        return [i for i, block in enumerate(self.layers) if block.is_moe]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -182,8 +175,12 @@ class DeaMoELM(nn.Module):
 
     # Forward ------------------------------------------------------------------------------
 
-    def forward(self, input_ids: torch.Tensor, past_key_values: KVCache | None = None) -> LMOutput:
-        """Logits for input_ids [B, T] at positions P..P+T-1, P the cache's length (0 without one)."""
+    def forward(
+        self, input_ids: torch.Tensor, past_key_values: KVCache | None = None, *, ffns: dict | None = None
+    ) -> LMOutput:
+        """Logits for input_ids [B, T] at positions P..P+T-1, P the cache's length (0 without one).
+
+        ffns: {block index: callable [N, d] -> [N, d]} replacing those blocks' DeaMoE FFNs."""
         if input_ids.dim() != 2 or input_ids.shape[1] < 1:
             raise UsageError(f"input_ids must have shape [batch, tokens >= 1], got {list(input_ids.shape)}")
         c = self.config
@@ -201,9 +198,11 @@ class DeaMoELM(nn.Module):
         presents: KVCache = []
         routings: list[Routing] = []
         for i, block in enumerate(self.layers):
-            x, present, routing = block(x, cos, sin, None if past_key_values is None else past_key_values[i])
+            past = None if past_key_values is None else past_key_values[i]
+            x, present, routing = block(x, cos, sin, past, None if ffns is None else ffns.get(i))
             presents.append(present)
-            routings.append(routing)
+            if routing is not None:
+                routings.append(routing)
         logits = self.lm_head(self.norm(x)).float()
         return LMOutput(logits=logits, past_key_values=presents, routings=routings)
 
@@ -225,13 +224,13 @@ class DeaMoELM(nn.Module):
     def expanded(self) -> DeaMoELM:
         """Same model with every block's FFN replaced by DeaMoELayer.expanded(): identical
         outputs, no department sharing. Shares the non-FFN tensors with this model."""
-        return self._twin(self.config.expanded(), [block.mlp.expanded() for block in self.layers])
+        return self._twin(self.config.expanded(), {i: self.layers[i].mlp.expanded() for i in self.moe_layers()})
 
     @torch.no_grad()
     def vanilla(self) -> DeaMoELM:
         """Same model with one-stage top-k FFNs (DeaMoELayer.vanilla()): different routing, so
         different outputs. Shares the non-FFN tensors with this model."""
-        return self._twin(self.config.vanilla(), [block.mlp.vanilla() for block in self.layers])
+        return self._twin(self.config.vanilla(), {i: self.layers[i].mlp.vanilla() for i in self.moe_layers()})
 
     def twin(self, name: str) -> DeaMoELM:
         """'deamoe' (this model), 'expanded' or 'vanilla'."""
@@ -241,12 +240,13 @@ class DeaMoELM(nn.Module):
             return getattr(self, name)()
         raise UsageError(f"unknown twin {name!r}; choose deamoe, expanded or vanilla")
 
-    def _twin(self, config: LMConfig, mlps: list[DeaMoELayer]) -> DeaMoELM:
+    def _twin(self, config: LMConfig, mlps: dict[int, DeaMoELayer]) -> DeaMoELM:
         twin = DeaMoELM(config, dtype=self.dtype, device="meta")
-        state = {k: v for k, v in self.state_dict().items() if ".mlp." not in k}
-        for i, mlp in enumerate(mlps):
+        state = {k: v for k, v in self.state_dict().items() if not any(k.startswith(f"layers.{i}.mlp.") for i in mlps)}
+        for i, mlp in mlps.items():
             state.update({f"layers.{i}.mlp.{k}": v for k, v in mlp.state_dict().items()})
         twin.load_state_dict(state, assign=True)
+        twin.tie_weights()
         twin.materialize_rope()
         return twin.train(self.training)
 

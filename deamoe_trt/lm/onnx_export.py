@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
+import torch
 from onnx import TensorProto
 
 from .. import __version__
@@ -45,7 +46,7 @@ from ..export.layer_graph import check_form
 from ..export.routing_graph import to_float32
 from .config import LMConfig
 from .model import DeaMoELM
-from .tokenizer import ByteTokenizer
+from .tokenizer import HFTokenizer, Tokenizer, default_tokenizer, tokenizer_from_dict
 
 F32 = TensorProto.FLOAT
 I64 = TensorProto.INT64
@@ -72,7 +73,7 @@ class LMExportInfo:
     form: str
     dtype: str
     config: LMConfig
-    tokenizer: ByteTokenizer
+    tokenizer: Tokenizer
     twin: str = "deamoe"
 
     def to_metadata(self) -> dict[str, str]:
@@ -89,7 +90,8 @@ class LMExportInfo:
         return {PREFIX + k: v for k, v in meta.items()}
 
 
-def lm_export_info(model: onnx.ModelProto, where: str = "the model") -> LMExportInfo:
+def lm_export_info(model: onnx.ModelProto, where: str = "the model", directory: Path | None = None) -> LMExportInfo:
+    """The export's metadata; directory: where its tokenizer files are (a Hugging Face tokenizer)."""
     meta = {p.key[len(PREFIX) :]: p.value for p in model.metadata_props if p.key.startswith(PREFIX)}
     if meta.get("format") != FORMAT:
         raise UsageError(
@@ -103,7 +105,7 @@ def lm_export_info(model: onnx.ModelProto, where: str = "the model") -> LMExport
             form=meta["form"],
             dtype=meta["dtype"],
             config=LMConfig.from_dict(json.loads(meta["lm_config"])),
-            tokenizer=ByteTokenizer.from_dict(json.loads(meta["tokenizer"])),
+            tokenizer=tokenizer_from_dict(json.loads(meta["tokenizer"]), directory),
             twin=meta.get("twin", "deamoe"),
         )
     except (KeyError, ValueError, TypeError) as exc:
@@ -116,7 +118,7 @@ def build_lm_model(
     dtype: str = "fp32",
     opset: int | None = None,
     *,
-    tokenizer: ByteTokenizer | None = None,
+    tokenizer: Tokenizer | None = None,
     twin: str = "deamoe",
 ) -> onnx.ModelProto:
     """model as one ONNX graph with KV-cache inputs and outputs (see the module docstring)."""
@@ -135,8 +137,12 @@ def build_lm_model(
         pasts.append(tuple(b.add_input(n, ["batch", kvh, "past", hd]) for n in past_names(i)))
     state = model.state_dict()
 
-    def w(name: str) -> str:
-        return b.weight(name, state[name])
+    stored: dict[str, str] = {}
+
+    def w(name: str) -> str:  # each weight stored once (a tied head reuses the embedding)
+        if name not in stored:
+            stored[name] = b.weight(name, state[name])
+        return stored[name]
 
     # Shapes and positions: P from the first cache input, B and T from input_ids.
     bt = b.op("Shape", [ids])  # [B, T]
@@ -147,15 +153,21 @@ def build_lm_model(
     cos_table, sin_table = model.rope_cos, model.rope_sin
     cos = b.op("Gather", [b.weight("rope.cos", cos_table, "fp32"), positions], axis=0)  # [T, half] float32
     sin = b.op("Gather", [b.weight("rope.sin", sin_table, "fp32"), positions], axis=0)
-    # Causal mask over [T, P + T]: key j is hidden from query i when j > P + i.
+    # Causal mask over [T, P + T]: key j is hidden from query i when j > P + i, and with a
+    # sliding window W also when j <= P + i - W (see deamoe_trt.lm.attention.hidden_keys).
     key_pos = b.op("Range", [b.const(0, I64, shape=()), b.squeeze(total, [0]), b.const(1, I64, shape=())])
-    hidden_mask = b.op("Greater", [key_pos, b.unsqueeze(positions, [1])])  # [T, S] bool
+    query_pos = b.unsqueeze(positions, [1])  # [T, 1]
+    hidden_mask = b.op("Greater", [key_pos, query_pos])  # [T, S] bool
+    window_masks = {0: hidden_mask}
+    for window in sorted({c.window(i) for i in range(c.num_layers)} - {0}):
+        too_far = b.op("LessOrEqual", [key_pos, b.op("Sub", [query_pos, b.const(window, I64, shape=())])])
+        window_masks[window] = b.op("Or", [hidden_mask, too_far])
     neg_inf = b.scalar(-math.inf)
     q_shape = b.op("Concat", [bt, b.i64(c.num_heads, hd)], axis=0)  # [B, T, H, hd]
     kv_shape = b.op("Concat", [bt, b.i64(kvh, hd)], axis=0)
     scale = b.scalar(1.0 / math.sqrt(hd))
 
-    def rms_norm(x: str, weight: str) -> str:
+    def rms_norm(x: str, weight: str) -> str:  # over the last axis
         xf = to_float32(b, x)
         mean = b.reduce("ReduceMean", b.op("Mul", [xf, xf]), [-1], keepdims=True)
         inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [mean, b.scalar(c.rms_norm_eps)])])])
@@ -163,7 +175,8 @@ def build_lm_model(
         return b.cast(y, act) if act != F32 else y
 
     def linear(x: str, weight: str) -> str:
-        return b.op("Gemm", [x, w(weight)], transB=1)
+        bias = weight.removesuffix(".weight") + ".bias"
+        return b.op("Gemm", [x, w(weight)] + ([w(bias)] if bias in state else []), transB=1)
 
     def heads(x: str, shape: str) -> str:  # [N, H*hd] -> [B, H, T, hd]
         return b.op("Transpose", [b.op("Reshape", [x, shape])], perm=[0, 2, 1, 3])
@@ -175,14 +188,33 @@ def build_lm_model(
         out = b.op("Concat", [r1, r2], axis=-1)
         return b.cast(out, act) if act != F32 else out
 
+    if c.clip_qkv:
+        clip_low = b.weight("clip_qkv.min", torch.tensor(-c.clip_qkv))
+        clip_high = b.weight("clip_qkv.max", torch.tensor(c.clip_qkv))
+
+    def clip(x: str) -> str:
+        return b.op("Clip", [x, clip_low, clip_high]) if c.clip_qkv else x
+
+    def dense_mlp(x: str, p: str) -> str:  # SwiGLU with Hugging Face's gate_proj/up_proj/down_proj
+        gate = linear(x, p + "mlp.gate_proj.weight")
+        hidden = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate])]), linear(x, p + "mlp.up_proj.weight")])
+        return linear(hidden, p + "mlp.down_proj.weight")
+
     x = b.reshape(b.op("Gather", [w("embed_tokens.weight"), ids], axis=0), [-1, c.hidden_size])  # [N, d]
     for i, block in enumerate(model.layers):
         p = f"layers.{i}."
         with b.scope(p):
             h = rms_norm(x, p + "input_layernorm.weight")
-            q = rope(heads(linear(h, p + "self_attn.q_proj.weight"), q_shape))
-            k = rope(heads(linear(h, p + "self_attn.k_proj.weight"), kv_shape))
-            v = heads(linear(h, p + "self_attn.v_proj.weight"), kv_shape)
+            q = linear(h, p + "self_attn.q_proj.weight")
+            k = linear(h, p + "self_attn.k_proj.weight")
+            v = clip(linear(h, p + "self_attn.v_proj.weight"))
+            if c.qk_norm == "full":
+                q, k = rms_norm(q, p + "self_attn.q_norm.weight"), rms_norm(k, p + "self_attn.k_norm.weight")
+            q, k = clip(q), clip(k)
+            q, k, v = heads(q, q_shape), heads(k, kv_shape), heads(v, kv_shape)
+            if c.qk_norm == "head":
+                q, k = rms_norm(q, p + "self_attn.q_norm.weight"), rms_norm(k, p + "self_attn.k_norm.weight")
+            q, k = rope(q), rope(k)
             k_all = b.op("Concat", [pasts[i][0], k], axis=2, outputs=[present_names(i)[0]])[0]
             v_all = b.op("Concat", [pasts[i][1], v], axis=2, outputs=[present_names(i)[1]])[0]
             # Grouped-query attention: q [B, kvh, g, T, hd] against k, v [B, kvh, 1, S, hd].
@@ -191,17 +223,21 @@ def build_lm_model(
             scores = b.op(
                 "Mul", [b.op("MatMul", [to_float32(b, q5), b.op("Transpose", [k5], perm=[0, 1, 2, 4, 3])]), scale]
             )
-            probs = b.op("Softmax", [b.op("Where", [hidden_mask, neg_inf, scores])], axis=-1)
+            probs = b.op("Softmax", [b.op("Where", [window_masks[c.window(i)], neg_inf, scores])], axis=-1)
             ctx = b.op("MatMul", [probs, v5])  # [B, kvh, g, T, hd] float32
             ctx = b.op("Reshape", [ctx, b.i64(0, c.num_heads, -1, hd)])  # [B, H, T, hd]
             ctx = b.reshape(b.op("Transpose", [ctx], perm=[0, 2, 1, 3]), [-1, c.num_heads * hd])
             ctx = b.cast(ctx, act) if act != F32 else ctx
             x = b.op("Add", [x, linear(ctx, p + "self_attn.o_proj.weight")], name="attn_residual")
             h = rms_norm(x, p + "post_attention_layernorm.weight")
-        y = emit_layer(b, h, block.mlp, form, prefix=p + "mlp.")
+            if not block.is_moe:
+                y = dense_mlp(h, p)
+        if block.is_moe:
+            y = emit_layer(b, h, block.mlp, form, prefix=p + "mlp.")
         with b.scope(p):
             x = b.op("Add", [x, y], name="ffn_residual")
-    logits = linear(rms_norm(x, "norm.weight"), "lm_head.weight")  # [N, V]
+    head = "embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
+    logits = linear(rms_norm(x, "norm.weight"), head)  # [N, V]
     logits = b.op("Reshape", [to_float32(b, logits), b.op("Concat", [bt, b.i64(c.vocab_size)], axis=0)])
     b.add_output(logits, ["batch", "tokens", c.vocab_size], F32, name=LOGITS)
     for i in range(c.num_layers):
@@ -212,7 +248,7 @@ def build_lm_model(
         form=form,
         dtype=export_dtype.name,
         config=c,
-        tokenizer=tokenizer or ByteTokenizer(vocab_size=c.vocab_size),
+        tokenizer=tokenizer or default_tokenizer(c.vocab_size),
         twin=twin,
     )
     doc = (
@@ -229,9 +265,12 @@ def export_lm(
     dtype: str = "fp32",
     opset: int | None = None,
     *,
-    tokenizer: ByteTokenizer | None = None,
+    tokenizer: Tokenizer | None = None,
     twin: str = "deamoe",
 ) -> Path:
     """build_lm_model(...) written to path (atomically; weights to path.data past 2 GB)."""
     proto = build_lm_model(model, form, dtype, opset, tokenizer=tokenizer, twin=twin)
-    return save_model(proto, path)
+    saved = save_model(proto, path)
+    if isinstance(tokenizer, HFTokenizer):  # its files travel beside the model
+        tokenizer.save(Path(saved).parent)
+    return saved

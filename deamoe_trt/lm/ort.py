@@ -12,7 +12,7 @@ from ..errors import UsageError
 from ..export.metadata import load_model
 from .model import DeaMoELM
 from .onnx_export import INPUT_IDS, LOGITS, LMExportInfo, build_lm_model, lm_export_info, past_names, present_names
-from .tokenizer import ByteTokenizer
+from .tokenizer import Tokenizer
 
 NUMPY_DTYPES = {name: BY_NAME[name].numpy for name in ("fp32", "fp16")}
 
@@ -51,15 +51,16 @@ class OrtDecoder:
         form: str = "ort",
         dtype: str = "fp32",
         threads: int | None = None,
-        tokenizer: ByteTokenizer | None = None,
+        tokenizer: Tokenizer | None = None,
     ) -> OrtDecoder:
         proto = build_lm_model(model, form, dtype, tokenizer=tokenizer)
-        return cls(make_lm_session(proto, threads=threads), lm_export_info(proto))
+        info = lm_export_info(proto, directory=getattr(tokenizer, "directory", None))
+        return cls(make_lm_session(proto, threads=threads), info)
 
     @classmethod
     def from_file(cls, path: str | Path, *, threads: int | None = None) -> OrtDecoder:
         proto = load_model(path)
-        info = lm_export_info(proto, where=str(path))
+        info = lm_export_info(proto, where=str(path), directory=Path(path).parent)
         return cls(make_lm_session(path, threads=threads), info)
 
     def run(self, ids: np.ndarray, cache: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:

@@ -13,9 +13,13 @@ decoded leniently (ids outside the alphabet become U+FFFD) since a sampler can e
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from .._io import atomic_path
 from ..errors import UsageError
 
 PRINTABLE_ASCII = "\n" + "".join(chr(c) for c in range(0x20, 0x7F))
@@ -92,3 +96,140 @@ class ByteTokenizer:
         if not isinstance(alphabet, str) or not isinstance(vocab, int) or isinstance(vocab, bool):
             raise UsageError("tokenizer needs a string alphabet and an integer vocab_size")
         return cls(alphabet=alphabet, vocab_size=vocab)
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer.json read with the `tokenizers` library (no transformers, no
+    code from the model directory), with the chat template of tokenizer_config.json when asked.
+
+    Checkpoints and ONNX exports record {"type": "hf", "file": "tokenizer.json"} and keep the
+    files beside the weights (HF_FILES), so the tokenizer travels with the model.
+    """
+
+    FILE = "tokenizer.json"
+
+    def __init__(self, directory: str | Path, vocab_size: int):
+        from tokenizers import Tokenizer
+
+        self.directory = Path(directory)
+        self.vocab_size = vocab_size
+        path = self.directory / self.FILE
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises its own Exception subclass
+            raise UsageError(f"{path} is not a readable tokenizer.json: {' '.join(str(exc).split())[:200]}") from None
+        self.settings: dict[str, Any] = {}
+        settings = self.directory / "tokenizer_config.json"
+        if settings.is_file():
+            try:
+                loaded = json.loads(settings.read_text())
+                self.settings = loaded if isinstance(loaded, dict) else {}
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise UsageError(f"{settings} is not valid JSON: {exc}") from None
+
+    def encode(self, text: str, *, what: str = "the prompt") -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=True).ids
+        if not ids:
+            raise UsageError(f"{what} encodes to no tokens")
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def describe(self) -> str:
+        return f"Hugging Face tokenizer ({self.tokenizer.get_vocab_size()} tokens)"
+
+    def chat(self, user: str) -> str:
+        """user's message in the model's chat template, ready for the assistant's reply."""
+        template = self.settings.get("chat_template")
+        if isinstance(template, list):  # named templates: use "default"
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        if not isinstance(template, str):
+            raise UsageError(f"{self.directory} has no chat template (tokenizer_config.json chat_template)")
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise UsageError(f"the chat template refused the prompt: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        special = {k: v for k, v in self.settings.items() if k.endswith("_token") and isinstance(v, str)}
+        try:
+            return env.from_string(template).render(
+                messages=[{"role": "user", "content": user}], add_generation_prompt=True, **special
+            )
+        except jinja2.TemplateError as exc:
+            raise UsageError(f"the chat template of {self.directory} failed: {exc}") from None
+
+    def eos_ids(self) -> list[int]:
+        """Token ids that end a reply (tokenizer_config.json's eos_token, when the vocabulary has it)."""
+        token = self.settings.get("eos_token")
+        if isinstance(token, dict):
+            token = token.get("content")
+        found = self.tokenizer.token_to_id(token) if isinstance(token, str) else None
+        return [] if found is None else [found]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "hf", "file": self.FILE, "vocab_size": self.vocab_size}
+
+    def save(self, directory: str | Path) -> dict[str, Any]:
+        """Copy the tokenizer files into directory (atomically each); returns to_dict()."""
+        for name in HF_FILES:
+            source = self.directory / name
+            if source.is_file() and source.resolve() != (Path(directory) / name).resolve():
+                with atomic_path(Path(directory) / name) as tmp:
+                    shutil.copyfile(source, tmp)
+        return self.to_dict()
+
+
+class NoTokenizer:
+    """A model imported without tokenizer.json: it decodes ids, and says so when given text."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str, *, what: str = "the prompt") -> list[int]:
+        raise UsageError(
+            "this model has no tokenizer (its Hugging Face directory had no tokenizer.json); "
+            "import it again from a directory with one"
+        )
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(str(i) for i in ids)
+
+    def describe(self) -> str:
+        return "no tokenizer"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "none", "vocab_size": self.vocab_size}
+
+
+HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+Tokenizer = ByteTokenizer | HFTokenizer | NoTokenizer
+
+
+def hf_tokenizer_from_dir(directory: str | Path, vocab_size: int) -> HFTokenizer | None:
+    """The tokenizer of a Hugging Face model directory, or None when it has no tokenizer.json."""
+    if not (Path(directory) / HFTokenizer.FILE).is_file():
+        return None
+    return HFTokenizer(directory, vocab_size)
+
+
+def default_tokenizer(vocab_size: int) -> Tokenizer:
+    """What a model saved without a tokenizer gets: bytes when its vocabulary holds them."""
+    return ByteTokenizer(vocab_size=vocab_size) if vocab_size >= 256 else NoTokenizer(vocab_size)
+
+
+def tokenizer_from_dict(data: Any, directory: str | Path | None = None) -> Tokenizer:
+    """The tokenizer a checkpoint's or an export's metadata describes; "hf" reads its files
+    from directory."""
+    kind = data.get("type") if isinstance(data, dict) else None
+    if kind == "hf":
+        vocab = data.get("vocab_size")
+        if directory is None or not (Path(directory) / HFTokenizer.FILE).is_file():
+            raise UsageError(f"the model's tokenizer.json is missing (expected beside it in {directory})")
+        return HFTokenizer(directory, vocab)
+    if kind == "none":
+        return NoTokenizer(data.get("vocab_size"))
+    return ByteTokenizer.from_dict(data)

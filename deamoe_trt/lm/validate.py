@@ -86,7 +86,7 @@ def validate_lm(
     if provider != "cpu":
         raise UsageError("language-model validation runs on the cpu provider only for now")
     proto = load_model(model)
-    info = lm_export_info(proto, str(model))
+    info = lm_export_info(proto, str(model), directory=Path(model).parent)
     loaded = load_lm(checkpoint)
     dtype = DTYPES[info.dtype]
     if dtype.name not in ("fp32", "fp16"):

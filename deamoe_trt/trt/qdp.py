@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper
 
@@ -48,8 +49,15 @@ TENSOR_ARGS = tuple(item.qdp_arg for item in contract.INPUTS)
 CANONICAL_INPUTS = tuple(item.name for item in contract.INPUTS)
 
 # Attribute -> Python type the QDP declares. Bools travel as ONNX INT, so they are ints here.
-_PYTHON_TYPES = {"int": int, "bool": int, "float": float, "str": str}
-ATTRS: dict[str, type] = {a.name: _PYTHON_TYPES[a.kind] for a in contract.ATTRIBUTES}
+# Numeric attributes are declared as 1-D numpy arrays, not int/float: tensorrt.plugin's
+# create_plugin turns each PluginField into an attribute with annotation(field.data), and
+# field.data is a one-element array, which int()/float() refuse from NumPy 2.4 on ("only
+# 0-dimensional arrays can be converted to Python scalars"). An NDArray annotation makes it
+# call field.data.astype(dtype) instead (TensorRT 10.6-11.x, plugin/_lib.py), on any NumPy.
+INT_ATTR = npt.NDArray[np.int32]
+FLOAT_ATTR = npt.NDArray[np.float32]
+_PYTHON_TYPES: dict[str, Any] = {"int": INT_ATTR, "bool": INT_ATTR, "float": FLOAT_ATTR, "str": str}
+ATTRS: dict[str, Any] = {a.name: _PYTHON_TYPES[a.kind] for a in contract.ATTRIBUTES}
 
 # tensorrt.plugin's names for the contract's dtypes: an activation-dtype input may be any of
 # the three, tied by '|' position to the others; a fixed-dtype input is that type only.
@@ -114,9 +122,11 @@ def prepare_model(model: onnx.ModelProto) -> int:
         config = plugin_node.config_from_node(node)
         present = ["hidden_states", *plugin_node.weight_inputs(config)]
         given = dict(zip(present, node.input, strict=True))
-        elem_type = _elem_type_of(model, given["router.weight"]) or _elem_type_of(model, given["hidden_states"])
+        # The FFN weights carry the node's dtype (the router may be float32 in any node).
+        ffn = given.get("experts.gate_up") or given["departments.gate_up"]
+        elem_type = _elem_type_of(model, ffn) or _elem_type_of(model, given["hidden_states"])
         if elem_type is None:
-            raise UsageError(f"DeaMoE node {node.name!r}: cannot tell its dtype (router.weight has no type)")
+            raise UsageError(f"DeaMoE node {node.name!r}: cannot tell its dtype ({ffn} has no type)")
         inputs = [
             given.get(item.name) or _placeholder(model, _FIXED_ELEM_TYPES.get(item.dtype, elem_type), cache)
             for item in contract.INPUTS
@@ -154,13 +164,19 @@ def _text(value: str) -> str:
     return value.rstrip("\x00")
 
 
+def _scalar(name: str, value: Any) -> int | float:
+    """A numeric attribute as a Python number: tensorrt.plugin gives one-element arrays."""
+    array = np.asarray(value)
+    if array.size != 1:
+        raise UsageError(f"DeaMoE attribute {name} must hold one number, got {array.size}")
+    return array.reshape(()).item()
+
+
 def config_from_attrs(values: dict[str, Any]) -> DeaMoEConfig:
     fields = {}
     for name, kind in ATTRS.items():
         value = values[name]
-        if kind is str:
-            value = _text(value)
-        fields[name] = value
+        fields[name] = _text(value) if kind is str else _scalar(name, value)
     for attribute in contract.ATTRIBUTES:
         if attribute.kind == "bool":
             fields[attribute.name] = bool(fields[attribute.name])
@@ -226,20 +242,20 @@ def _define(trtp) -> None:
         shared_gate_up: TensorDesc,
         shared_down: TensorDesc,
         shared_gate: TensorDesc,
-        hidden_size: int,
-        num_departments: int,
-        experts_per_department: int,
-        shared_intermediate_size: int,
-        private_intermediate_size: int,
-        top_k: int,
-        top_departments: int,
+        hidden_size: INT_ATTR,
+        num_departments: INT_ATTR,
+        experts_per_department: INT_ATTR,
+        shared_intermediate_size: INT_ATTR,
+        private_intermediate_size: INT_ATTR,
+        top_k: INT_ATTR,
+        top_departments: INT_ATTR,
         score_func: str,
         department_score: str,
-        norm_topk_prob: int,
-        routed_scaling_factor: float,
-        router_bias: int,
-        shared_expert_intermediate_size: int,
-        shared_expert_gate: int,
+        norm_topk_prob: INT_ATTR,
+        routed_scaling_factor: FLOAT_ATTR,
+        router_bias: INT_ATTR,
+        shared_expert_intermediate_size: INT_ATTR,
+        shared_expert_gate: INT_ATTR,
     ) -> TensorDesc:
         return hidden_states.like()
 
@@ -272,20 +288,20 @@ def _define(trtp) -> None:
         shared_gate_up: Tensor,
         shared_down: Tensor,
         shared_gate: Tensor,
-        hidden_size: int,
-        num_departments: int,
-        experts_per_department: int,
-        shared_intermediate_size: int,
-        private_intermediate_size: int,
-        top_k: int,
-        top_departments: int,
+        hidden_size: INT_ATTR,
+        num_departments: INT_ATTR,
+        experts_per_department: INT_ATTR,
+        shared_intermediate_size: INT_ATTR,
+        private_intermediate_size: INT_ATTR,
+        top_k: INT_ATTR,
+        top_departments: INT_ATTR,
         score_func: str,
         department_score: str,
-        norm_topk_prob: int,
-        routed_scaling_factor: float,
-        router_bias: int,
-        shared_expert_intermediate_size: int,
-        shared_expert_gate: int,
+        norm_topk_prob: INT_ATTR,
+        routed_scaling_factor: FLOAT_ATTR,
+        router_bias: INT_ATTR,
+        shared_expert_intermediate_size: INT_ATTR,
+        shared_expert_gate: INT_ATTR,
         outputs: tuple[Tensor],
         stream: int,
     ) -> None:

@@ -18,7 +18,7 @@ from onnx import external_data_helper, numpy_helper
 
 from ..checkpoint import load_checkpoint, read_header
 from ..errors import UsageError
-from ..export.dtypes import DTYPES, ExportDtype, to_numpy
+from ..export.dtypes import DTYPES, ExportDtype, dtype_of_onnx, to_numpy
 from ..export.metadata import (
     INPUT_NAME,
     OUTPUT_NAME,
@@ -146,7 +146,9 @@ def check_weights(
             continue
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             tensor = _loaded(tensor, path.parent)
-        expected = to_numpy(layer.router.weight, DTYPES[info.dtype]).tobytes()
+        # The router is stored in its own precision (float32, or the model's dtype).
+        stored = dtype_of_onnx(tensor.data_type) or DTYPES[info.dtype]
+        expected = to_numpy(layer.router.weight, stored).tobytes()
         if numpy_helper.to_array(tensor).tobytes() != expected:  # raw_data or typed fields alike
             raise UsageError(
                 f"checkpoint {checkpoint} does not match the model: its layer {index} router weights differ "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .compare import Comparison, comparison_table
+from .compare import Comparison, comparison_table, nonfinite_summary
 
 # (atol, rtol) per dtype; an element fails only when it exceeds both. Measured errors on the
 # tiny and DeepSeek-style test configs are 10-100x below these (export/README.md).
@@ -39,10 +39,15 @@ class ValidationReport:
             f"{self.model} ({self.description}) on {self.provider} vs the PyTorch reference of {self.checkpoint}; "
             f"atol {self.atol:g}, rtol {self.rtol:g}"
         )
-        return "\n".join([comparison_table(self.rows, title=title), *self.notes])
+        nonfinite = nonfinite_summary(self.rows)
+        notes = [*([f"NaN/Inf: {nonfinite}"] if nonfinite else []), *self.notes]
+        return "\n".join([comparison_table(self.rows, title=title), *notes])
 
     def failure(self) -> str:
-        """One line on what exceeded tolerance (for DeaMoEError)."""
+        """One line on what exceeded tolerance (for DeaMoEError); NaN/Inf outputs said first."""
+        nonfinite = nonfinite_summary(self.rows)
+        if nonfinite:
+            return nonfinite
         failed = [r for r in self.rows if not r.passed]
         worst = max(failed, key=lambda r: r.max_abs)
         return (

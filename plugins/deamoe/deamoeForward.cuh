@@ -39,7 +39,8 @@
 #include "deamoeInternal.h"
 
 #if defined(__CUDACC__)
-// Kernel launch (see launchKernel below); the SIMT emulator (tests) defines its own.
+// Kernel launch (see launchKernel below), an expression giving the launch's cudaError_t;
+// the SIMT emulator (tests) defines its own.
 #define DEAMOE_LAUNCH(kernel, grid, block, smem, stream, args)                                                         \
     ::deamoe::detail::launchKernel((kernel), (grid), (block), (smem), (stream), (args))
 #elif !defined(DEAMOE_LAUNCH)
@@ -614,7 +615,7 @@ struct RoutedArgs
     PlanConfig planConfig;
     float const* logits; // [tile][logitsStride]
     int32_t logitsStride;
-    T const* routerBias; // [N] or nullptr
+    float const* routerBias; // [N] float32 or nullptr
     int32_t numTokens;
     int32_t* expertIds;       // [tile][k]: the tile's routing, read back by the plan builder
     float* weights;           // [tile][k]
@@ -649,7 +650,7 @@ DEAMOE_DEVICE void routingBlock(RoutedArgs<T> const& args, int block)
     int const t = block * kTokensPerRoutingBlock + warp;
     if (t < args.numTokens)
     {
-        routeToken(WarpLanes{}, cfg, args.logits + t * args.logitsStride, DeviceBias<T>{args.routerBias}, scratch,
+        routeToken(WarpLanes{}, cfg, args.logits + t * args.logitsStride, DeviceBias<float>{args.routerBias}, scratch,
             args.expertIds + t * k, args.weights + t * k, args.departmentIds + t * k, args.keptDepartments + t * g);
     }
     // Threadfence reduction: publish this block's routing, then count it in. Thread 0's
@@ -867,7 +868,7 @@ struct RouteArgs
     RoutingConfig routing;
     float const* logits; // [numTokens][logitsStride]
     int32_t logitsStride;
-    T const* routerBias;
+    float const* routerBias; // [N] float32 or nullptr
     int32_t numTokens;
     RoutingOutputs out; // rows already offset to this launch's first token
 };
@@ -883,8 +884,61 @@ __global__ void __launch_bounds__(kRouteThreads) routeKernel(RouteArgs<T> const 
     RoutingConfig const& cfg = args.routing;
     float* scratch = dynamicSmem() + warp * routingScratchFloats(cfg);
     routeToken(WarpLanes{}, cfg, args.logits + static_cast<size_t>(t) * args.logitsStride,
-        DeviceBias<T>{args.routerBias}, scratch, args.out.expertIds + t * cfg.topK, args.out.weights + t * cfg.topK,
+        DeviceBias<float>{args.routerBias}, scratch, args.out.expertIds + t * cfg.topK, args.out.weights + t * cfg.topK,
         args.out.departmentIds + t * cfg.topK, args.out.keptDepartments + t * cfg.topDepartments);
+}
+
+// ---------------------------------------------------------------------------------------
+// Router logits from a float32 router weight in a half-precision layer (spec, "Router
+// precision"): one warp per router row, each lane a strided share of d, then a warp sum.
+// The fused K1 reads rows in the activation dtype's 16-byte chunks; this keeps it that way
+// and handles the small float32 router (N*d*4 bytes) on its own.
+
+template <class T>
+struct RouterRowsArgs
+{
+    T const* x;                // [tile][d]
+    float const* routerWeight; // [N][d] float32
+    int32_t hidden;
+    int32_t numExperts;
+    int32_t numTokens;
+    float* logits; // [tile][logitsStride]
+    int32_t logitsStride;
+    int32_t* counters; // [kNumCounters] zeroed for K2, or nullptr (route())
+};
+
+template <class T, int TT>
+__global__ void __launch_bounds__(kGemvThreads) routerRowsFloatKernel(RouterRowsArgs<T> const args)
+{
+    beginDependentKernel();
+    if (args.counters && blockIdx.x == 0 && threadIdx.x < kNumCounters)
+        args.counters[threadIdx.x] = 0;
+    int const lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
+    int const row = static_cast<int>(blockIdx.x) * kGemvWarps + static_cast<int>(threadIdx.x) / kWarpSize;
+    if (row >= args.numExperts)
+        return;
+    float const* w = args.routerWeight + static_cast<size_t>(row) * args.hidden;
+    float acc[TT];
+#pragma unroll
+    for (int t = 0; t < TT; ++t)
+        acc[t] = 0.0f;
+    for (int i = lane; i < args.hidden; i += kWarpSize)
+    {
+        float const wi = w[i];
+#pragma unroll
+        for (int t = 0; t < TT; ++t)
+        {
+            if (t < args.numTokens)
+                acc[t] = fmaf(wi, toFloat(args.x[static_cast<size_t>(t) * args.hidden + i]), acc[t]);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TT; ++t)
+    {
+        float const sum = warpSum(acc[t]);
+        if (lane == 0 && t < args.numTokens)
+            args.logits[static_cast<size_t>(t) * args.logitsStride + row] = sum;
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -897,8 +951,8 @@ inline int ceilDiv(int a, int b)
 
 #if defined(__CUDACC__)
 // Launches kernel<<<grid, block, smem, stream>>>(args), as a programmatic dependent of the
-// stream's previous kernel when that is enabled and the GPU is sm_90 or newer. Errors are
-// left for checkLaunch() (cudaPeekAtLastError).
+// stream's previous kernel when that is enabled and the GPU is sm_90 or newer. Returns the
+// launch's result, for checkLaunch().
 template <class Args>
 cudaError_t launchKernel(void (*kernel)(Args), unsigned grid, unsigned block, size_t smem, cudaStream_t stream,
     Args const& args)
@@ -940,9 +994,12 @@ struct Geometry
     }
 };
 
+// K1: router rows in the activation dtype (numExperts of them, 0 for none) and the shared
+// experts' gate row (logit column numExperts) and gate/up.
 template <class T, int TT>
-Status launchRouterLogits(LayerParams const& p, T const* hidden, T const* routerWeight, T const* sharedGate,
-    int numTokens, float* logits, int logitsStride, T const* sharedGateUp, float* hShared, int32_t* counters,
+Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeight, int numExperts,
+    T const* sharedGate, int numTokens, float* logits, int logitsStride, T const* sharedGateUp, float* hShared,
+    int32_t* counters,
     cudaStream_t stream)
 {
     Geometry<T> const geo(p.hidden);
@@ -954,7 +1011,7 @@ Status launchRouterLogits(LayerParams const& p, T const* hidden, T const* router
     args.chunksPerSlice = geo.chunksPerSlice;
     args.routedMode = 0;
     args.routerWeight = routerWeight;
-    args.numExperts = p.numDepartments * p.expertsPerDepartment;
+    args.numExperts = numExperts;
     args.sharedGateRow = sharedGate;
     args.routerRows = args.numExperts + (sharedGate ? 1 : 0);
     args.logits = logits;
@@ -965,15 +1022,35 @@ Status launchRouterLogits(LayerParams const& p, T const* hidden, T const* router
     args.hShared = hShared;
     args.counters = counters;
     int const sharedBlocks = sharedGateUp ? ceilDiv(p.sharedExpertWidth, geo.neuronsPerBlock) : 0;
-    DEAMOE_LAUNCH((routerSharedKernel<T, TT>), args.routerBlocks + sharedBlocks, kGemvThreads, 0, stream, args);
-    return checkLaunch("router/shared gate-up kernel");
+    return checkLaunch("router/shared gate-up kernel",
+        DEAMOE_LAUNCH((routerSharedKernel<T, TT>), args.routerBlocks + sharedBlocks, kGemvThreads, 0, stream, args));
 }
 
-// K2's dynamic shared memory: the plan's scratch, then a routing scratch area per warp.
-inline size_t routedSmemBytes(LayerParams const& p)
+// K1 (counters: zeroed for K2, or nullptr for route()). A float32 router weight in a
+// half-precision layer (spec, "Router precision") has its own kernel first; both zero the
+// counters, so they are zero whichever of them runs.
+template <class T, int TT>
+Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* routerWeight, T const* sharedGate,
+    int numTokens, float* logits, int logitsStride, T const* sharedGateUp, float* hShared, int32_t* counters,
+    cudaStream_t stream)
 {
-    return sizeof(uint32_t) * planScratchWords(planConfig(p))
-        + sizeof(float) * static_cast<size_t>(routingScratchFloats(routingConfig(p))) * kGemvWarps;
+    int const numExperts = p.numDepartments * p.expertsPerDepartment;
+    if (p.routerWeightFloat32 && !std::is_same<T, float>::value)
+    {
+        // Float32 router rows on their own; K1 below then does only the shared experts'
+        // gate row (as logit column N) and gate/up.
+        RouterRowsArgs<T> rows{hidden, static_cast<float const*>(routerWeight), p.hidden, numExperts, numTokens,
+            logits, logitsStride, counters};
+        Status const status = checkLaunch("float32 router kernel",
+            DEAMOE_LAUNCH((routerRowsFloatKernel<T, TT>), ceilDiv(numExperts, kGemvWarps), kGemvThreads, 0,
+                stream, rows));
+        if (status != Status::kSUCCESS || (sharedGate == nullptr && sharedGateUp == nullptr))
+            return status;
+        return launchGateUpK1<T, TT>(p, hidden, nullptr, 0, sharedGate, numTokens, logits + numExperts, logitsStride,
+            sharedGateUp, hShared, counters, stream);
+    }
+    return launchGateUpK1<T, TT>(p, hidden, static_cast<T const*>(routerWeight), numExperts, sharedGate, numTokens,
+        logits, logitsStride, sharedGateUp, hShared, counters, stream);
 }
 
 template <class T, int TT>
@@ -995,7 +1072,7 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
     T const* sharedGate = p.sharedExpertGate ? static_cast<T const*>(w.sharedGate) : nullptr;
 
     // K1
-    Status status = launchRouterLogits<T, TT>(p, hidden, static_cast<T const*>(w.routerWeight), sharedGate, numTokens,
+    Status status = launchRouterLogits<T, TT>(p, hidden, w.routerWeight, sharedGate, numTokens,
         logits, L.logitsStride, sharedGateUp, hShared, counters, stream);
     if (status != Status::kSUCCESS)
         return status;
@@ -1013,7 +1090,7 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         args.planConfig = planConfig(p);
         args.logits = logits;
         args.logitsStride = L.logitsStride;
-        args.routerBias = p.hasRouterBias ? static_cast<T const*>(w.routerBias) : nullptr;
+        args.routerBias = p.hasRouterBias ? static_cast<float const*>(w.routerBias) : nullptr;
         args.numTokens = numTokens;
         args.expertIds = reinterpret_cast<int32_t*>(ws + L.expertIds);
         args.weights = reinterpret_cast<float*>(ws + L.routingWeights);
@@ -1048,8 +1125,8 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         long long const blocks = args.routingBlocks + args.sharedDownBlocks
             + static_cast<long long>(L.maxDepartmentParts) * gu.departmentBlocksPerPart
             + static_cast<long long>(L.maxExpertParts) * gu.expertBlocksPerPart;
-        DEAMOE_LAUNCH((routedKernel<T, TT>), static_cast<unsigned>(blocks), kGemvThreads, smem, stream, args);
-        status = checkLaunch("routing/routed gate-up kernel");
+        status = checkLaunch("routing/routed gate-up kernel",
+            DEAMOE_LAUNCH((routedKernel<T, TT>), static_cast<unsigned>(blocks), kGemvThreads, smem, stream, args));
         if (status != Status::kSUCCESS)
             return status;
     }
@@ -1070,8 +1147,8 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         args.topK = k;
         args.sharedOut = sharedOut;
         args.output = output;
-        DEAMOE_LAUNCH((downKernel<T, TT>), static_cast<unsigned>(L.downTiles), kGemvThreads, 0, stream, args);
-        status = checkLaunch("down kernel");
+        status = checkLaunch("down kernel",
+            DEAMOE_LAUNCH((downKernel<T, TT>), static_cast<unsigned>(L.downTiles), kGemvThreads, 0, stream, args));
     }
     return status;
 }
@@ -1119,7 +1196,7 @@ Status launchRoute(LayerParams const& p, float const* logits, int logitsStride, 
     args.routing = routingConfig(p);
     args.logits = logits;
     args.logitsStride = logitsStride;
-    args.routerBias = p.hasRouterBias ? static_cast<T const*>(routerBias) : nullptr;
+    args.routerBias = p.hasRouterBias ? static_cast<float const*>(routerBias) : nullptr;
     args.numTokens = numTokens;
     args.out = out;
     int const warpsPerBlock = kRouteThreads / kWarpSize;
@@ -1127,8 +1204,8 @@ Status launchRoute(LayerParams const& p, float const* logits, int logitsStride, 
     if (smem > kSmemBudget)
         return fail(Status::kUNSUPPORTED, "num_experts %d needs more shared memory for routing than %zu bytes",
             args.routing.numExperts, kSmemBudget);
-    DEAMOE_LAUNCH((routeKernel<T>), ceilDiv(numTokens, warpsPerBlock), kRouteThreads, smem, stream, args);
-    return checkLaunch("routing kernel");
+    return checkLaunch("routing kernel",
+        DEAMOE_LAUNCH((routeKernel<T>), ceilDiv(numTokens, warpsPerBlock), kRouteThreads, smem, stream, args));
 }
 
 inline RoutingOutputs offsetOutputs(RoutingOutputs const& out, LayerParams const& p, int first)
@@ -1149,7 +1226,7 @@ Status routeTyped(LayerParams const& p, void const* hidden, void const* routerWe
         T const* x = static_cast<T const*>(hidden) + static_cast<size_t>(first) * p.hidden;
         Status status = dispatchTileTokens(n, [&](auto tt) {
             return launchRouterLogits<T, decltype(tt)::value>(
-                p, x, static_cast<T const*>(routerWeight), nullptr, n, logits, N, nullptr, nullptr, nullptr, stream);
+                p, x, routerWeight, nullptr, n, logits, N, nullptr, nullptr, nullptr, stream);
         });
         if (status == Status::kSUCCESS)
             status = launchRoute<T>(p, logits, N, routerBias, n, offsetOutputs(out, p, first), stream);
@@ -1169,7 +1246,7 @@ Status routerLogitsTyped(
         int const n = std::min(kMaxTileTokens, numTokens - first);
         T const* x = static_cast<T const*>(hidden) + static_cast<size_t>(first) * p.hidden;
         Status const status = dispatchTileTokens(n, [&](auto tt) {
-            return launchRouterLogits<T, decltype(tt)::value>(p, x, static_cast<T const*>(routerWeight), nullptr, n,
+            return launchRouterLogits<T, decltype(tt)::value>(p, x, routerWeight, nullptr, n,
                 logits + static_cast<size_t>(first) * N, N, nullptr, nullptr, nullptr, stream);
         });
         if (status != Status::kSUCCESS)

@@ -76,8 +76,16 @@ WorkspaceLayout workspaceLayout(LayerParams const& p, int32_t tileTokens);
 // Records the reason for a failure (deamoe_last_error()) and returns status.
 Status fail(Status status, char const* format, ...) noexcept;
 
-// Checks the launches just made; kCUDA_ERROR (with the reason recorded) if one failed.
-Status checkLaunch(char const* what) noexcept;
+// The result of one launch (DEAMOE_LAUNCH's value): kCUDA_ERROR with the reason recorded
+// if it failed. A failed launch's error is also cleared from the runtime's last-error
+// state (cudaGetLastError), so that a non-sticky failure (too many resources, a bad
+// configuration) fails this call only, not every later one; a sticky one (a broken
+// context) keeps failing every launch anyway.
+Status checkLaunch(char const* what, cudaError_t launched) noexcept;
+
+// Dynamic shared memory of K2 (its routing blocks): the plan's scratch, then a routing
+// scratch area per warp.
+size_t routedSmemBytes(LayerParams const& p);
 
 // Whether to launch the forward kernels as programmatic dependents: enabled
 // (setProgrammaticLaunch; on unless DEAMOE_PROGRAMMATIC_LAUNCH=0 in the environment) and the

@@ -112,6 +112,21 @@ def test_validate_reports_an_expert_weight_changed_after_export(checkpoints, exp
     assert code == 1 and len(err) == 1 and "worst: output" in err[0]
 
 
+def test_validate_says_plainly_when_the_model_outputs_nan(checkpoints, exported, tmp_path, capsys):
+    """A model whose output is NaN (here: one expert weight made NaN after export) fails with
+    a line that says so, and the table counts the NaN/Inf values."""
+    model = onnx.load(str(exported))
+    (down,) = [t for t in model.graph.initializer if t.name == "layers.1.experts.down"]
+    values = onnx.numpy_helper.to_array(down).copy()
+    values[:] = np.nan
+    down.CopyFrom(onnx.numpy_helper.from_array(values, down.name))
+    onnx.save(model, str(tmp_path / "nan.onnx"))
+    code, out, err = cli(capsys, "validate", tmp_path / "nan.onnx", "--against", checkpoints / "tiny2")
+    assert code == 1 and len(err) == 1
+    assert "the model's output is NaN/Inf in" in err[0] and "where the reference's is finite" in err[0], err
+    assert "NaN/Inf" in out and "FAIL" in out
+
+
 def _write_not_deamoe(path: Path) -> Path:
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])],

@@ -228,3 +228,57 @@ def test_new_pools_never_miss_their_first_job():
         "    del p\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("variant", list(ROUTING_VARIANTS))
+def test_native_routing_of_nonfinite_tokens(variant):
+    """Logit rows with NaN and +-Inf route as deamoe_trt.routing says (lowest-index
+    departments and experts when a selection score is not finite); finite rows are untouched."""
+    config = PRESETS["tiny"].replace(**ROUTING_VARIANTS[variant])
+    layer = DeaMoELayer.random(config, seed=8)
+    fast = cpu.CpuDeaMoE(layer)
+    logits = torch.randn(8, config.num_experts, generator=torch.Generator().manual_seed(3))
+    logits[1] = NAN
+    logits[2, 5] = NAN
+    logits[3, 0] = INF
+    logits[4, -1] = -INF
+    logits[5] = -INF
+    logits[6, 2], logits[6, 7] = INF, -INF
+    bias = layer.router.bias.detach() if layer.router.bias is not None else None
+    got, want = fast.native_route(logits), route_logits(logits, bias, config)
+    assert torch.equal(got.expert_ids, want.expert_ids)
+    assert torch.equal(got.kept_departments, want.kept_departments)
+    torch.testing.assert_close(got.weights, want.weights, rtol=1e-6, atol=1e-7, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_nonfinite_tokens_keep_to_themselves(name):
+    """A token with NaN/Inf hidden values: non-finite output where the reference's math is,
+    every other token's output as without it."""
+    layer = DeaMoELayer.random(CONFIGS[name], seed=4)
+    fast = cpu.CpuDeaMoE(layer)
+    x = random_hidden(5, layer.config.hidden_size, seed=6)
+    good = [0, 2, 4]
+    alone = fast(x[good])
+    for bad in (NAN, INF, -INF):
+        x[1, 3], x[3] = bad, bad
+        with torch.no_grad():
+            reference = layer.forward_routed(x, layer.route(x))
+        y = fast(x)
+        assert torch.equal(torch.isfinite(y).all(dim=1), torch.isfinite(reference).all(dim=1))
+        assert torch.equal(y[good], alone)
+        torch.testing.assert_close(y[good], reference[good], rtol=1e-5, atol=1e-5)
+
+
+def test_float32_router_in_fp16_layer():
+    """Spec "Router precision": the router weight stays float32 in an fp16 layer; the kernel
+    reads it as float32 (its logits are the float32 ones) and routes as the reference."""
+    layer = DeaMoELayer.random(CONFIGS["deepseek-style"], seed=4).to(torch.float16)
+    assert layer.router_dtype == torch.float32 and layer.dtype == torch.float16
+    fast = cpu.CpuDeaMoE(layer)
+    x = random_hidden(9, layer.config.hidden_size, seed=5)
+    torch.testing.assert_close(fast.logits(x), x @ layer.router.weight.t(), rtol=1e-5, atol=1e-5)
+    _assert_same_routing(fast.route(x), layer.route(x))

@@ -1,4 +1,5 @@
-"""`deamoe-trt import-hf MODEL_DIR -o CKPT`: a local HF model directory to a checkpoint; bad input: one line, exit 2."""
+"""`deamoe-trt import-hf MODEL_DIR -o CKPT --layers-only`: a local HF model's MoE layers to a layer
+checkpoint; bad input: one line, exit 2. (The whole-model import: test_hf_lm_cli.py.)"""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def qwen2_dir(tmp_path_factory):
 
 def run_cli(capsys, *argv):
     capsys.readouterr()  # drop what came before (e.g. save_pretrained's progress bar)
-    code = main(["import-hf", *map(str, argv)])
+    code = main(["import-hf", "--layers-only", *map(str, argv)])
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -1,0 +1,314 @@
+"""Whole-model time per output token: a DeaMoE language model against its expanded and vanilla
+twins, on deamoe-trt's CPU kernel and on ONNX Runtime, decode steps interleaved.
+
+The model: `--layers` blocks (default 2) of Qwen3-30B-A3B's attention (d=2048, 32 query /
+4 KV heads of 128, per-head q/k RMSNorm) with DeaMoE FFNs of qwen3-30b-a3b-layer's shapes
+(experts of width 768 = 384 shared in the department + 384 private, top-8 experts from the
+top-2 departments), with `--departments` departments of 8 experts (default 4; 16 in the
+preset: fewer keep the three twins' ONNX Runtime sessions, which hold about four times
+their fp16 weights, inside 8 GiB, without changing the bytes a token reads), an 8k
+vocabulary (so that the LM head's share of a step's bytes is about what it is in the
+48-layer Qwen3-30B-A3B, 15%, not what it would be on top of 2 blocks), fp16 weights,
+random (seeded).
+
+Method: every contender prefills the same random prompt; then one decode step of each in
+turn, `--steps` rounds, each feeding its own greedy token (the deamoe and expanded twins
+compute the same function, so they decode the same tokens). Contenders of one runtime are
+built, interleaved and freed before the next runtime's, so memory holds one runtime's
+twins at a time; ratios are taken within a runtime. Bytes per token: the FFN weights each
+step's routing reads (deamoe_trt.traffic, from the hidden states the CPU contenders saw)
+plus every other weight a step reads (attention, norms, router, LM head, one embedding
+row; in float32 on the CPU runtime, which runs that part in float32, see deamoe_trt.lm.cpu).
+The roof: the CPU kernel's streaming read bandwidth measured before and after.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import DeaMoEConfig
+from ..errors import UsageError
+from ..presets import get_preset
+from ..report import format_bytes, format_table
+from ..traffic import BYTES_PER_WEIGHT, weights_loaded
+
+TWINS = ("deamoe", "expanded", "vanilla")
+RUNTIMES = ("cpu", "ort")
+
+
+def bench_config(layers: int = 2, departments: int = 4, vocab: int = 8192, context: int = 512):
+    from ..lm.config import LMConfig
+
+    layer = get_preset("qwen3-30b-a3b-layer")
+    moe = DeaMoEConfig.from_dict({**layer.to_dict(), "num_departments": departments})
+    return LMConfig(
+        vocab_size=vocab,
+        hidden_size=layer.hidden_size,
+        num_layers=layers,
+        num_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        qk_norm="head",
+        max_position_embeddings=context,
+        rope_theta=1e6,
+        moe=moe,
+    )
+
+
+@dataclass
+class Contender:
+    twin: str
+    runtime: str
+    decoder: object
+    token: int = 0
+    step_s: list[float] = field(default_factory=list)
+    hidden: list[list[torch.Tensor]] = field(default_factory=list)  # per step, per MoE block: its FFN input
+
+
+class _Recording:
+    """A CPU FFN that keeps a copy of its input (one row per token: microseconds) for the traffic count."""
+
+    def __init__(self, ffn, sink: list):
+        self.ffn, self.sink = ffn, sink
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.sink.append(x.detach().clone())
+        return self.ffn(x)
+
+
+def _cpu_contender(base, twin: str, threads: int) -> Contender:
+    """base's attention (PyTorch) with the twin's FFNs packed for the CPU kernel one block at a
+    time (the twin's PyTorch weights are dropped as soon as they are packed)."""
+    from ..cpu import CpuDeaMoE
+    from ..lm.cpu import CpuDecoder
+
+    ffns = {}
+    for i in base.moe_layers():
+        layer = base.layers[i].mlp
+        ffns[i] = CpuDeaMoE(layer if twin == "deamoe" else getattr(layer, twin)(), threads=threads)
+        gc.collect()
+    decoder = CpuDecoder(base, threads=threads, ffns=ffns)
+    contender = Contender(twin, "cpu", decoder)
+    contender.layers = ffns
+    contender.sink = []
+    decoder.ffns = {i: _Recording(ffn, contender.sink) for i, ffn in ffns.items()}
+    return contender
+
+
+def _ort_contender(base, twin: str, threads: int) -> Contender:
+    from ..lm.onnx_export import build_lm_model, lm_export_info
+    from ..lm.ort import OrtDecoder
+    from .ort_models import make_session
+
+    model = base.twin(twin)
+    proto = build_lm_model(model, "ort", "fp16", twin=twin)
+    del model
+    gc.collect()
+    info = lm_export_info(proto)
+    session = make_session(proto, threads)  # weights moved out of the proto into in-memory arrays
+    del proto
+    decoder = OrtDecoder(session.session, info)
+    decoder.keep_alive = session
+    return Contender(twin, "ort", decoder)
+
+
+def memory_estimate(config, runtime: str) -> int:
+    """Bytes a runtime's phase holds: the base model, plus every twin's FFNs packed for the
+    kernel (cpu), or held by ONNX Runtime (ort: the fp16 arrays and, measured on 1.32 with
+    com.microsoft.MoE, about three times as much again for its own copies: 7.7 GiB peak for
+    the default 2 blocks of 4 departments, whose three twins' FFNs are 1.55 GB)."""
+    from ..layer import DeaMoELayer
+
+    def ffn_bytes(moe) -> int:
+        layer = DeaMoELayer(moe, dtype=torch.float16, device="meta")
+        return sum(t.numel() * 2 for t in layer.state_dict().values())
+
+    moe_blocks = config.num_layers - len(config.dense_layers)
+    twins = sum(ffn_bytes(m) for m in (config.moe, config.moe.expanded(), config.moe.vanilla())) * moe_blocks
+    base = ffn_bytes(config.moe) * moe_blocks + _other_bytes(config, 2)
+    if runtime == "cpu":
+        return base + twins
+    # While a twin's session is made, its PyTorch model and ONNX proto exist too.
+    return base + 4 * twins + 2 * ffn_bytes(config.moe.vanilla()) * moe_blocks
+
+
+def _other_bytes(config, bytes_per_weight: int) -> int:
+    """Weights a step reads outside the DeaMoE FFNs (per token): attention, norms, head, an embedding row."""
+    d = config.hidden_size
+    attention = (config.q_dim * 2 + config.kv_dim * 2) * d + 2 * config.head_dim + 2 * d
+    return (config.num_layers * attention + d + config.vocab_size * d + d) * bytes_per_weight
+
+
+def run_lm_bench(
+    *,
+    layers: int = 2,
+    departments: int = 4,
+    steps: int = 32,
+    prompt: int = 16,
+    threads: int = 2,
+    runtimes: tuple[str, ...] = RUNTIMES,
+    twins: tuple[str, ...] = TWINS,
+    seed: int = 0,
+    progress=print,
+    max_memory: float = 8 * 2**30,
+) -> dict:
+    progress = progress or (lambda *_: None)
+    from ..lm.model import DeaMoELM
+    from .bandwidth import kernel_bandwidth
+
+    config = bench_config(layers, departments)
+    dtype = torch.float16
+    b = BYTES_PER_WEIGHT[dtype]
+    need = max(memory_estimate(config, r) for r in runtimes)
+    if need > max_memory:
+        raise UsageError(
+            f"this benchmark would need about {format_bytes(need)} (over --max-memory {format_bytes(max_memory)}); "
+            "use fewer --layers or --departments"
+        )
+    progress(f"model: {layers} blocks, d={config.hidden_size}, {config.moe.num_experts} experts, fp16, seed {seed}")
+    torch.manual_seed(seed)
+    base = DeaMoELM.random(config, seed=seed, dtype=dtype)
+    prompt_ids = torch.randint(0, config.vocab_size, (prompt,), generator=torch.Generator().manual_seed(seed)).tolist()
+    roofs = [kernel_bandwidth(1 << 29, 5, threads)["bytes_per_s"]]
+    rows: list[dict] = []
+    for runtime in runtimes:
+        contenders = []
+        for twin in twins:
+            progress(f"  building {twin} on {runtime} ...")
+            make = _cpu_contender if runtime == "cpu" else _ort_contender
+            contenders.append(make(base, twin, threads))
+            gc.collect()
+        for c in contenders:  # prefill and one untimed step: first-call costs stay out
+            c.token = int(np.argmax(c.decoder.prefill(prompt_ids)))
+            c.token = int(np.argmax(c.decoder.step(c.token)))
+            if runtime == "cpu":
+                c.sink.clear()
+        progress(f"  {steps} interleaved decode steps on {runtime} ...")
+        for _ in range(steps):
+            for c in contenders:
+                start = time.perf_counter()
+                logits = c.decoder.step(c.token)
+                c.token = int(np.argmax(logits))
+                c.step_s.append(time.perf_counter() - start)
+        rows.extend(_row(c, config, b, steps) for c in contenders)
+        del contenders, c  # the loop variable would keep the last contender's weights alive
+        gc.collect()
+    roofs.append(kernel_bandwidth(1 << 29, 5, threads)["bytes_per_s"])
+    roof = statistics.median(roofs)
+    # FFN bytes for ORT rows: the same twin's count from the CPU run (same model, same tokens).
+    # Outside the FFNs the CPU runtime reads float32 copies (deamoe_trt.lm.cpu), ORT fp16.
+    by_twin = {r["twin"]: r["ffn_bytes_per_token"] for r in rows if r["ffn_bytes_per_token"]}
+    for r in rows:
+        ffn = r["ffn_bytes_per_token"] = r["ffn_bytes_per_token"] or by_twin.get(r["twin"])
+        if ffn:
+            r["bytes_per_token"] = ffn + _other_bytes(config, 4 if r["runtime"] == "cpu" else b)
+            r["roof_ms"] = r["bytes_per_token"] / roof * 1e3
+            r["of_roof"] = r["roof_ms"] / r["tpot_ms"]
+    for runtime in runtimes:
+        ref = {r["twin"]: r["tpot_ms"] for r in rows if r["runtime"] == runtime}
+        for r in rows:
+            if r["runtime"] == runtime:
+                r["vs_expanded"] = ref["expanded"] / r["tpot_ms"] if "expanded" in ref else None
+                r["vs_vanilla"] = ref["vanilla"] / r["tpot_ms"] if "vanilla" in ref else None
+    from ..importers.hf_lm import peak_rss_bytes
+
+    return {
+        "peak_rss_bytes": peak_rss_bytes(),
+        "config": config.to_dict(),
+        "dtype": "float16",
+        "threads": threads,
+        "steps": steps,
+        "prompt_tokens": prompt,
+        "roof_bytes_per_s": roofs,
+        "rows": rows,
+    }
+
+
+def _row(c: Contender, config, b: int, steps: int) -> dict:
+    ffn_bytes = None
+    if c.runtime == "cpu":
+        moe_layers = list(c.layers)
+        per_step = len(moe_layers)
+        hidden = c.sink[-steps * per_step :]
+        total = 0
+        for s in range(steps):
+            for j, i in enumerate(moe_layers):
+                kernel = c.layers[i]  # its own routing, from the hidden state this contender saw
+                routing = kernel.route(hidden[s * per_step + j])
+                total += weights_loaded(kernel.config, routing, b).total
+        ffn_bytes = total / steps
+    tpot = statistics.median(c.step_s) * 1e3
+    return {
+        "twin": c.twin,
+        "runtime": c.runtime,
+        "tpot_ms": tpot,
+        "mean_ms": statistics.fmean(c.step_s) * 1e3,
+        "step_ms": [s * 1e3 for s in c.step_s],
+        "ffn_bytes_per_token": ffn_bytes,
+        "bytes_per_token": None,
+    }
+
+
+def lm_bench_table(result: dict) -> str:
+    names = {"deamoe": "DeaMoE", "expanded": "expanded twin", "vanilla": "vanilla twin"}
+    rt = {"cpu": "deamoe-trt CPU kernel", "ort": "ONNX Runtime (ort form)"}
+    rows = []
+    for r in result["rows"]:
+        rows.append(
+            (
+                f"{names[r['twin']]}, {rt[r['runtime']]}",
+                format_bytes(r["bytes_per_token"]) if r.get("bytes_per_token") else "?",
+                f"{r['tpot_ms']:.2f}",
+                f"{r['of_roof']:.0%}" if r.get("of_roof") else "",
+                f"{r['vs_expanded']:.2f}x" if r.get("vs_expanded") and r["twin"] != "expanded" else "",
+                f"{r['vs_vanilla']:.2f}x" if r.get("vs_vanilla") and r["twin"] != "vanilla" else "",
+            )
+        )
+    c = result["config"]
+    title = (
+        f"Whole-model TPOT: {c['num_layers']} blocks, d={c['hidden_size']}, {c['moe']['num_departments']} x "
+        f"{c['moe']['experts_per_department']} experts, fp16, {result['threads']} threads, "
+        f"{result['steps']} interleaved steps (median), peak RSS {format_bytes(result['peak_rss_bytes'])}"
+    )
+    return format_table(
+        ("contender", "weights/token", "TPOT ms", "of roof", "vs expanded", "vs vanilla"), rows, title=title
+    )
+
+
+def write_plot(result: dict, path: Path) -> Path:
+    """TPOT per contender, bars grouped by runtime, with each twin's roof (bytes / bandwidth)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    runtimes = list(dict.fromkeys(r["runtime"] for r in result["rows"]))
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    width = 0.25
+    for k, twin in enumerate(TWINS):
+        xs, ys, roofs = [], [], []
+        for j, runtime in enumerate(runtimes):
+            row = next((r for r in result["rows"] if r["twin"] == twin and r["runtime"] == runtime), None)
+            if row:
+                xs.append(j + (k - 1) * width)
+                ys.append(row["tpot_ms"])
+                roofs.append(row.get("roof_ms") or 0)
+        ax.bar(xs, ys, width, label=twin)
+        ax.scatter(xs, roofs, marker="_", s=300, color="black", zorder=3)
+    ax.set_xticks(range(len(runtimes)), ["deamoe-trt CPU kernel" if r == "cpu" else "ONNX Runtime" for r in runtimes])
+    ax.set_ylabel("TPOT, ms (median)")
+    c = result["config"]
+    ax.set_title(f"{c['num_layers']}-block DeaMoE LM, fp16; black: the read roof of each twin's bytes", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,61 @@
+"""`deamoe-trt bench-lm`: whole-model time per output token, DeaMoE vs its expanded and vanilla twins.
+
+See deamoe_trt/bench/lm_bench.py for the model and the method. The three twins of one
+runtime are resident at once; runtimes run in turn. Configurations estimated above
+--max-memory-gb are refused before anything is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from . import args as common
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench-lm",
+        help="whole-model TPOT: a DeaMoE LM vs its expanded and vanilla twins, CPU kernel and ONNX Runtime",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--layers", type=common.positive_int, default=2, help="decoder blocks (default 2)")
+    parser.add_argument(
+        "--departments", type=common.positive_int, default=4, help="departments of 8 experts per block (default 4)"
+    )
+    parser.add_argument("--steps", type=common.positive_int, default=32, help="interleaved decode steps (default 32)")
+    parser.add_argument("--threads", type=common.positive_int, default=2, help="threads per contender (default 2)")
+    parser.add_argument(
+        "--runtimes", default="cpu,ort", help="comma-separated: cpu (deamoe-trt CPU kernel), ort (default both)"
+    )
+    parser.add_argument(
+        "--max-memory-gb", type=float, default=8.0, help="refuse configurations estimated above this (default 8)"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write the raw result here")
+    parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot here")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..bench.lm_bench import RUNTIMES, lm_bench_table, run_lm_bench, write_plot
+    from ..errors import UsageError
+
+    runtimes = tuple(r.strip() for r in args.runtimes.split(",") if r.strip())
+    if not runtimes or any(r not in RUNTIMES for r in runtimes):
+        raise UsageError(f"--runtimes takes a comma-separated list of {', '.join(RUNTIMES)}, got {args.runtimes!r}")
+    result = run_lm_bench(
+        layers=args.layers,
+        departments=args.departments,
+        steps=args.steps,
+        threads=args.threads,
+        runtimes=runtimes,
+        max_memory=args.max_memory_gb * 2**30,
+    )
+    print(lm_bench_table(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.plot:
+        write_plot(result, args.plot)
+    return 0

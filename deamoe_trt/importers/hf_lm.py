@@ -1,0 +1,412 @@
+"""A whole Hugging Face MoE language model (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE) as a
+deamoe-trt language-model checkpoint, streamed tensor by tensor.
+
+Everything is read from the directory's config.json and safetensors; transformers is not
+needed and no code from the directory runs. The import is exact: attention, norms, dense
+MLPs, embeddings and head are copied; each MoE block becomes a one-department DeaMoE layer
+(D = 1, f_s = 0: the spec's vanilla special case) with the router, experts and Qwen2-MoE's
+gated shared expert copied into the canonical tensors.
+
+Order of work, so that bad input leaves nothing behind:
+1. config.json -> LMConfig (unsupported architectures, remote code, quantized weights and
+   options deamoe-trt does not implement are refused here, in one line);
+2. the checkpoint's headers are indexed and every tensor the model needs is checked for
+   presence, shape and dtype; tensors nobody reads are refused too (a variant this importer
+   does not know would otherwise be silently dropped);
+3. the output's safetensors header is written from the config, then the data block by
+   block, each tensor (each expert's rows) read, converted and appended in turn; peak memory
+   is about the largest tensor plus the shards' pages of one block;
+4. tokenizer files, then config.json, last.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from .._io import atomic_path, atomic_write_text
+from ..checkpoint import CONFIG_FILE, DTYPES, WEIGHTS_FILE, dtype_name
+from ..config import ConfigError, DeaMoEConfig
+from ..errors import UsageError
+from ..lm.config import LMConfig
+from .hf_dir import check_not_quantized, read_config_json, safetensors_files
+from .safetensors_io import ST_DTYPES, ShardReader, StreamingWriter, index_checkpoint
+
+# model_type -> the name users know it by.
+SUPPORTED_LM_TYPES = {
+    "qwen3_moe": "Qwen3-MoE",
+    "qwen2_moe": "Qwen2-MoE",
+    "mixtral": "Mixtral",
+    "olmoe": "OLMoE",
+}
+# rope_theta when a config names none (each family's transformers default).
+_DEFAULT_THETA = {"qwen3_moe": 10000.0, "qwen2_moe": 10000.0, "mixtral": 1e6, "olmoe": 10000.0}
+_MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+# Tensors that are derived, not weights (old checkpoints saved the rotary frequencies).
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+
+
+@dataclass(frozen=True)
+class HFLayout:
+    """Where a family keeps its tensors (source names, with the "model." prefix)."""
+
+    model_type: str
+    moe_module: tuple[str, ...]  # "mlp" or Mixtral's "block_sparse_moe"
+
+
+def supported_list() -> str:
+    return ", ".join(f"{name} ({t})" for t, name in SUPPORTED_LM_TYPES.items())
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    """config.json of a model directory, refusing what cannot be imported as a whole model."""
+    config = read_config_json(model_dir)
+    path = model_dir / "config.json"
+    if config.get("auto_map"):
+        raise UsageError(
+            f"{path} needs trust_remote_code (its auto_map names code in the model directory); "
+            "deamoe-trt never runs code from a model directory"
+        )
+    model_type = config.get("model_type")
+    if model_type == "deepseek_v3" or any(k in config for k in _MLA_FIELDS):
+        raise UsageError(
+            f"{path}: {model_type} uses multi-head latent attention (MLA: low-rank compressed KV and queries, "
+            "decoupled rotary heads), which deamoe-trt's language model does not implement; import its MoE "
+            "layers alone with --layers-only"
+        )
+    if model_type not in SUPPORTED_LM_TYPES:
+        raise UsageError(f"unsupported architecture {model_type!r} in {path}; supported: {supported_list()}")
+    check_not_quantized(config, model_dir)
+    return config
+
+
+def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
+    """The LMConfig of a Hugging Face config.json (a dict), or a one-line UsageError."""
+    t = hf["model_type"]
+
+    def get(name: str, default: Any = None) -> Any:
+        value = hf.get(name)
+        return default if value is None else value
+
+    def need(name: str) -> Any:
+        if hf.get(name) is None:
+            raise UsageError(f"{where} lacks {name}, which a {SUPPORTED_LM_TYPES[t]} config must set")
+        return hf[name]
+
+    act = get("hidden_act", "silu")
+    if act != "silu":
+        raise UsageError(f"{where}: hidden_act {act!r} is not supported; deamoe-trt's FFNs are SwiGLU (silu)")
+    layers = int(need("num_hidden_layers"))
+    heads = int(need("num_attention_heads"))
+    hidden = int(need("hidden_size"))
+
+    # Rotary: transformers 5 writes rope_parameters, 4.x rope_theta + rope_scaling.
+    rope = dict(get("rope_parameters", {}) or {})
+    theta = float(rope.pop("rope_theta", get("rope_theta", _DEFAULT_THETA[t])))
+    scaling = rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None
+    if scaling is None and get("rope_scaling"):
+        scaling = dict(hf["rope_scaling"])
+    if get("partial_rotary_factor", 1.0) != 1.0 or (scaling or {}).get("partial_rotary_factor", 1.0) != 1.0:
+        raise UsageError(f"{where}: partial rotary embeddings are not supported")
+
+    # Attention variants.
+    qkv_bias = o_bias = bool(get("attention_bias", False))
+    if t == "qwen2_moe":
+        qkv_bias, o_bias = bool(get("qkv_bias", True)), False
+    qk_norm = {"qwen3_moe": "head", "olmoe": "full"}.get(t, "none")
+    clip_qkv = float(get("clip_qkv", 0.0)) if t == "olmoe" else 0.0
+    window, window_layers = _sliding_window(hf, t, layers)
+
+    # FFNs: which blocks are MoE, and the MoE routing.
+    experts = int(get("num_experts", get("num_local_experts", 0)))
+    dense = _dense_layers(hf, t, layers, experts)
+    if len(dense) == layers:
+        raise UsageError(f"{where} describes a dense model (no MoE layers); deamoe-trt imports MoE models")
+    expert_width = int(need("moe_intermediate_size") if t.startswith("qwen") else need("intermediate_size"))
+    shared = int(get("shared_expert_intermediate_size", 0)) if t == "qwen2_moe" else 0
+    try:
+        moe = DeaMoEConfig(
+            hidden_size=hidden,
+            num_departments=1,
+            experts_per_department=experts,
+            shared_intermediate_size=0,
+            private_intermediate_size=expert_width,
+            top_k=int(need("num_experts_per_tok")),
+            top_departments=1,
+            score_func="softmax",
+            department_score="max",
+            # Mixtral always renormalises its top-k probabilities; the others say whether they do.
+            norm_topk_prob=True if t == "mixtral" else bool(get("norm_topk_prob", False)),
+            routed_scaling_factor=1.0,
+            router_bias=False,
+            shared_expert_intermediate_size=shared,
+            shared_expert_gate=shared > 0,
+        )
+        return LMConfig(
+            vocab_size=int(need("vocab_size")),
+            hidden_size=hidden,
+            num_layers=layers,
+            num_heads=heads,
+            num_key_value_heads=int(get("num_key_value_heads", heads)),
+            max_position_embeddings=int(need("max_position_embeddings")),
+            moe=moe,
+            rope_theta=theta,
+            rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
+            head_dim=int(get("head_dim", 0)),
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            qk_norm=qk_norm,
+            clip_qkv=clip_qkv,
+            rope_scaling=scaling,
+            sliding_window=window,
+            sliding_window_layers=window_layers,
+            dense_layers=tuple(dense),
+            dense_intermediate_size=int(get("intermediate_size", 0)) if dense else 0,
+            tie_word_embeddings=bool(get("tie_word_embeddings", False)),
+        )
+    except (ConfigError, TypeError, ValueError) as exc:
+        raise UsageError(f"{where} has no deamoe-trt equivalent: {exc}") from None
+
+
+def _sliding_window(hf: dict[str, Any], t: str, layers: int) -> tuple[int, tuple[int, ...] | None]:
+    """(window, layers it applies to; None: all) as transformers 5 decides for each family."""
+    types = hf.get("layer_types")
+    window = hf.get("sliding_window") or 0
+    if t in ("qwen2_moe", "qwen3_moe") and not hf.get("use_sliding_window", False):
+        return 0, None
+    if t == "olmoe" or not window:
+        return 0, None
+    if types is not None:
+        chosen = tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
+        return (int(window), chosen) if chosen else (0, None)
+    if t == "qwen2_moe":
+        # transformers 5: every other layer below max_window_layers slides.
+        limit = int(hf.get("max_window_layers", 28))
+        chosen = tuple(i for i in range(layers) if (i + 1) % 2 and i < limit)
+        return (int(window), chosen) if chosen else (0, None)
+    return int(window), None  # Mixtral, Qwen3-MoE: every layer
+
+
+def _dense_layers(hf: dict[str, Any], t: str, layers: int, experts: int) -> list[int]:
+    """Blocks with a dense MLP: Qwen's mlp_only_layers and decoder_sparse_step."""
+    if t not in ("qwen2_moe", "qwen3_moe"):
+        return []
+    only = set(hf.get("mlp_only_layers") or [])
+    step = int(hf.get("decoder_sparse_step") or 1)
+    return [i for i in range(layers) if i in only or experts <= 0 or (i + 1) % step]
+
+
+# Weights -----------------------------------------------------------------------------------
+
+
+def _block_sources(config: LMConfig, model_type: str, index: dict, i: int) -> dict[str, Any]:
+    """Our tensor name (under layers.{i}.) -> how to make it from source tensors: a source
+    name, or ("experts", kind, [names per expert]) / ("fused", name, kind) for expert stacks."""
+    src = f"model.layers.{i}."
+    out: dict[str, Any] = {
+        "input_layernorm.weight": src + "input_layernorm.weight",
+        "post_attention_layernorm.weight": src + "post_attention_layernorm.weight",
+    }
+    for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        out[f"self_attn.{proj}.weight"] = src + f"self_attn.{proj}.weight"
+        out[f"self_attn.{proj}.bias"] = src + f"self_attn.{proj}.bias"
+    for norm in ("q_norm", "k_norm"):
+        out[f"self_attn.{norm}.weight"] = src + f"self_attn.{norm}.weight"
+    if config.is_dense(i):
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            out[f"mlp.{proj}.weight"] = src + f"mlp.{proj}.weight"
+        return out
+    moe = src + ("block_sparse_moe." if model_type == "mixtral" and src + "mlp.gate.weight" not in index else "mlp.")
+    n = config.moe.num_experts
+    out["mlp.router.weight"] = moe + "gate.weight"
+    if moe + "experts.gate_up_proj" in index:  # transformers 5 fused layout: [E, 2I, d], [E, d, I]
+        out["mlp.experts.gate_up"] = ("fused", moe + "experts.gate_up_proj")
+        out["mlp.experts.down"] = ("fused", moe + "experts.down_proj")
+    else:
+        names = ("w1", "w3", "w2") if moe + "experts.0.w1.weight" in index else ("gate_proj", "up_proj", "down_proj")
+        gate, up, down = ([f"{moe}experts.{e}.{p}.weight" for e in range(n)] for p in names)
+        out["mlp.experts.gate_up"] = ("experts", list(zip(gate, up, strict=True)))
+        out["mlp.experts.down"] = ("experts", [(d,) for d in down])
+    if config.moe.has_shared_experts:
+        sh = moe + "shared_expert."
+        out["mlp.shared_experts.gate_up"] = ("experts", [(sh + "gate_proj.weight", sh + "up_proj.weight")])
+        out["mlp.shared_experts.down"] = sh + "down_proj.weight"
+        out["mlp.shared_experts.gate"] = moe + "shared_expert_gate.weight"
+    return out
+
+
+def _plan(config: LMConfig, model_type: str, index: dict, schema: dict) -> dict[str, Any]:
+    """Our name -> source recipe for every tensor of the schema, checked against the index."""
+    plan: dict[str, Any] = {"embed_tokens.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+    if not config.tie_word_embeddings:
+        plan["lm_head.weight"] = "lm_head.weight"
+    for i in range(config.num_layers):
+        plan.update({f"layers.{i}.{k}": v for k, v in _block_sources(config, model_type, index, i).items()})
+    plan = {name: plan[name] for name in schema if name in plan}
+    lacking = [name for name in schema if name not in plan]
+    if lacking:  # a schema tensor no recipe makes: a bug here, not bad input
+        raise AssertionError(f"no source for {lacking[0]}")
+    used: set[str] = set()
+    for name, recipe in plan.items():
+        shape = schema[name][0]
+        for source, want in _source_shapes(recipe, shape):
+            info = index.get(source)
+            if info is None:
+                raise UsageError(f"the checkpoint lacks {source} (needed for {name}); incomplete or another variant?")
+            if info.dtype not in ST_DTYPES:
+                raise UsageError(f"{source} is {info.dtype}; import float32, float16 or bfloat16 weights")
+            if want is not None and info.shape != want:
+                raise UsageError(f"{source} has shape {list(info.shape)}, but config.json implies {list(want)}")
+            used.add(source)
+    unused = sorted(n for n in index if n not in used and not n.endswith(_IGNORED_SUFFIXES))
+    if unused:
+        raise UsageError(
+            f"the checkpoint has {len(unused)} tensor(s) this import would drop, first {unused[0]} "
+            "(a variant of the architecture that deamoe-trt does not implement)"
+        )
+    return plan
+
+
+def _source_shapes(recipe: Any, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...] | None]]:
+    """(source name, its expected shape) for every source tensor a recipe reads."""
+    if isinstance(recipe, str):
+        return [(recipe, tuple(shape))]
+    kind, sources = recipe
+    if kind == "fused":
+        return [(sources, tuple(shape))]
+    per = shape[1:] if len(shape) == 3 else shape  # stacked [E, rows, cols] or one shared expert
+    if len(sources[0]) == 2:  # gate and up halves of the rows
+        half = (per[0] // 2, per[1])
+        return [(s, half) for pair in sources for s in pair]
+    return [(s, tuple(per)) for (s,) in sources]
+
+
+def _write_tensor(writer: StreamingWriter, reader: ShardReader, name: str, recipe: Any) -> None:
+    if isinstance(recipe, str) or recipe[0] == "fused":
+        source = recipe if isinstance(recipe, str) else recipe[1]
+        writer.write(name, reader.get(source))
+        return
+    writer.begin(name)
+    for sources in recipe[1]:  # one expert at a time: [gate rows; up rows] or its down
+        for source in sources:
+            writer.append(reader.get(source))
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far.
+
+    Linux: VmHWM of /proc/self/status, the high-water mark of this process image. Not
+    getrusage's ru_maxrss, which survives exec: a process started by a big parent reports
+    the parent's peak (measured: 1.9 GB for an import whose own peak was 0.5 GB)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def import_hf_lm(
+    model_dir: str | Path,
+    output: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    progress: TextIO | None = None,
+) -> tuple[LMConfig, dict[str, Any]]:
+    """Import the whole model in model_dir as an lm checkpoint in output; see the module docstring.
+
+    dtype: the checkpoint's dtype; None keeps the stored one (the embedding's).
+    Returns the config and a summary {"model_type", "dtype", "tensors", "bytes", "seconds"}.
+    """
+    from ..lm.checkpoint import FORMAT, FORMAT_VERSION, expected_tensors
+    from ..lm.model import DeaMoELM
+    from ..lm.tokenizer import hf_tokenizer_from_dir
+
+    model_dir, output = Path(model_dir), Path(output)
+    hf = read_config(model_dir)
+    config = lm_config(hf, str(model_dir / "config.json"))
+    safetensors_files(model_dir)  # refuses pickled-only and weightless directories
+    index = index_checkpoint(model_dir)
+    embed = index.get("model.embed_tokens.weight")
+    if embed is None:
+        raise UsageError(f"the checkpoint lacks model.embed_tokens.weight; is {model_dir} a whole model?")
+    if dtype is None:
+        dtype = ST_DTYPES.get(embed.dtype)
+        if dtype not in DTYPES.values():
+            raise UsageError(f"model.embed_tokens.weight is {embed.dtype}; pass --dtype fp32, fp16 or bf16")
+    tokenizer = hf_tokenizer_from_dir(model_dir, config.vocab_size)
+
+    skeleton = DeaMoELM(config, dtype=dtype, device="meta")
+    schema = {name: (tuple(t.shape), t.dtype) for name, t in expected_tensors(skeleton).items()}
+    del skeleton
+    plan = _plan(config, hf["model_type"], index, schema)
+
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"-o {output} exists and is not a directory")
+    created = not output.exists()
+    output.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    total = sum(t.numel() * t.itemsize for t in (torch.empty(s, dtype=d, device="meta") for s, d in schema.values()))
+    try:
+        with atomic_path(output / WEIGHTS_FILE) as tmp, tmp.open("wb") as f:
+            writer = StreamingWriter(f, schema)
+            groups = _groups(plan, config.num_layers)
+            for g, (label, names) in enumerate(groups):
+                reader = ShardReader(index)
+                try:
+                    for name in names:
+                        _write_tensor(writer, reader, name, plan[name])
+                finally:
+                    reader.close()
+                if progress is not None:
+                    rss = peak_rss_bytes() / 2**20
+                    progress.write(f"\r  {label:<12} {g + 1}/{len(groups)}  peak RSS {rss:,.0f} MiB")
+                    progress.flush()
+            writer.close()
+        if progress is not None:
+            progress.write("\n")
+        tokenizer_meta = tokenizer.save(output) if tokenizer is not None else {"type": "none"}
+        header = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "dtype": dtype_name(dtype),
+            "config": config.to_dict(),
+            "tokenizer": {**tokenizer_meta, "vocab_size": config.vocab_size},
+            "source": {"hf_model_type": hf["model_type"], "hf_dir": str(model_dir.resolve())},
+        }
+        atomic_write_text(output / CONFIG_FILE, json.dumps(header, indent=2) + "\n")
+    except BaseException:
+        if created:
+            shutil.rmtree(output, ignore_errors=True)
+        raise
+    summary = {
+        "model_type": hf["model_type"],
+        "dtype": dtype_name(dtype),
+        "tensors": len(schema),
+        "bytes": total,
+        "seconds": time.perf_counter() - start,
+    }
+    return config, summary
+
+
+def _groups(plan: dict[str, Any], layers: int) -> list[tuple[str, list[str]]]:
+    """The schema's names in write order, grouped by block (shards are released between groups)."""
+    groups: list[tuple[str, list[str]]] = []
+    for name in plan:
+        label = f"layer {name.split('.')[1]}" if name.startswith("layers.") else "embeddings"
+        if groups and groups[-1][0] == label:
+            groups[-1][1].append(name)
+        else:
+            groups.append((label, [name]))
+    return groups

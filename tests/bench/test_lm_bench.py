@@ -1,0 +1,35 @@
+"""bench-lm: the whole-model TPOT benchmark runs its contenders interleaved and counts bytes
+per token from the routing each contender ran (checked against deamoe_trt.traffic's formula
+for the twins' known relation: same routing, so the expanded twin reads f_s+f_p per expert)."""
+
+from __future__ import annotations
+
+import pytest
+
+from deamoe_trt.bench.lm_bench import bench_config, lm_bench_table, run_lm_bench, write_plot
+from deamoe_trt.cli.main import main
+
+
+def test_bench_config_keeps_qwen3_30b_a3b_ffn_shapes():
+    c = bench_config()
+    assert (c.hidden_size, c.num_heads, c.num_key_value_heads, c.head_dim) == (2048, 32, 4, 128)
+    moe = c.moe
+    assert (moe.expert_intermediate_size, moe.top_k, moe.top_departments) == (768, 8, 2)
+    assert moe.shared_intermediate_size == moe.private_intermediate_size == 384
+
+
+@pytest.mark.slow
+def test_one_block_bench_on_the_cpu_kernel(tmp_path):
+    result = run_lm_bench(layers=1, departments=2, steps=3, prompt=4, threads=1, runtimes=("cpu",), progress=None)
+    rows = {r["twin"]: r for r in result["rows"]}
+    assert set(rows) == {"deamoe", "expanded", "vanilla"}
+    assert all(len(r["step_ms"]) == 3 for r in rows.values())
+    # Same routing, so the expanded twin reads the shared part once per expert, not per department.
+    assert rows["expanded"]["bytes_per_token"] > rows["deamoe"]["bytes_per_token"]
+    assert "vs expanded" in lm_bench_table(result)
+    assert write_plot(result, tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_bench_lm_rejects_unknown_runtimes(capsys):
+    assert main(["bench-lm", "--runtimes", "cpu,trt"]) == 2
+    assert "--runtimes takes a comma-separated list of cpu, ort" in capsys.readouterr().err
