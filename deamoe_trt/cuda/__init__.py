@@ -114,7 +114,7 @@ def set_programmatic_launch(enabled: bool) -> bool:
     """Launch the forward kernels as programmatic dependents (sm_90+; ignored before).
 
     Hides the gaps between the forward's kernels; results are identical either way.
-    Process-wide, off by default (or on when DEAMOE_PROGRAMMATIC_LAUNCH=1 at load).
+    Process-wide, on by default (off when DEAMOE_PROGRAMMATIC_LAUNCH=0 at load).
     Returns the previous setting.
     """
     lib = _kernels()

@@ -2,25 +2,29 @@
  * DeaMoE forward kernels, templated on the dtype T (float, __half, __nv_bfloat16) and on
  * TT, the token capacity of a step tile rounded up to a power of two (1, 2, 4, 8, 16).
  *
- * One step tile (<= kMaxTileTokens tokens) is four launches on one stream:
- *   K1 gateUpKernel (mode 0)  router logits (+ shared-expert gate logit) and the
- *                             shared experts' gate/up -> h_sh = silu(g) * u
- *   K2 routePlanKernel        block 0: route every token (warp per token) and build the
- *                             plan; blocks 1..: shared experts' down -> partial slot
- *                             (block 0's latency hides behind that streaming)
- *   K3 gateUpKernel (mode 1)  gate/up of every used department and expert part, for the
- *                             tokens that use it -> h = w * silu(g) * u per (token, slot)
- *   K4 downKernel             down of every used part -> per-(token, slot) partials; the
- *                             last block to finish a row tile sums that tile's partials in
- *                             a fixed order and writes the output (no float atomics)
- * K3 and K4 are launched over the worst-case plan (min(D, T*min(g,k)) departments,
- * min(N, T*k) experts); blocks beyond the plan's actual counts exit at once, so the host
- * never waits on the plan and the whole forward is CUDA-graph capturable.
+ * One step tile (<= kMaxTileTokens tokens) is three launches on one stream:
+ *   K1 routerSharedKernel  router logits (+ the shared-expert gate logit) and the shared
+ *                          experts' gate/up -> h_sh = silu(g) * u; zeroes K2's counters
+ *   K2 routedKernel        each block takes a ticket in start order: the first
+ *                          ceil(T/4) route the tile (a warp per token) and the last of
+ *                          them builds the plan; the next ones stream the shared experts'
+ *                          down (no dependency on routing, so the routing hides behind
+ *                          them); the rest wait for the plan and do the gate/up of every
+ *                          used department and expert part for the tokens that use it:
+ *                          h = w * silu(g) * u per (token, slot)
+ *   K3 downKernel          a block owns 8 output rows: it streams those rows of every used
+ *                          part's down projection, accumulates them per token in
+ *                          registers, adds the shared experts' output and writes the
+ *                          output rows (no partials in memory, no atomics, no fences)
+ * K2's gate/up blocks are launched over the worst-case plan (min(D, T*min(g,k))
+ * departments, min(N, T*k) experts); blocks beyond the plan's actual counts exit once it is
+ * known, so the host never waits on the plan and the whole forward is CUDA-graph
+ * capturable.
  *
  * Every weight row is streamed once per tile with 16-byte non-allocating loads; each
- * loaded 16-byte chunk is applied to all of the part's tokens (up to TT) from registers.
- * Gate/up rows are split over `slices` warps when d is long, so that one warp's share
- * stays small and many warps keep loads in flight (memory-bound GEMV).
+ * loaded 16-byte chunk is applied to all of the tokens that use it (up to TT) from
+ * registers. Gate/up rows are split over `slices` warps when d is long, so that one warp's
+ * share stays small and many warps keep loads in flight (memory-bound GEMV).
  */
 #pragma once
 
@@ -220,19 +224,21 @@ DEAMOE_DEVICE float sigmoid(float v)
 }
 
 // Chunks (16-byte units) each lane keeps in flight per row; fewer for wide tiles, whose
-// per-token accumulators need the registers.
+// per-token accumulators need the registers. With two rows per warp that is 8 (TT <= 4)
+// or 4 (TT 8, 16) 16-byte loads in flight per lane.
 template <int TT>
 struct Unroll
 {
-    static constexpr int value = TT <= 4 ? 4 : (TT <= 8 ? 2 : 1);
+    static constexpr int value = TT <= 4 ? 4 : 2;
 };
 
 // acc[r][t] += this lane's share of dot(rows[r][chunk range], act[offset[t] + ...]) for
-// t < numTokens. No cross-lane reduction. The order of operations per (r, t) depends only
-// on the lane and the chunk range: results are bitwise reproducible.
+// the tokens t whose bit is set in `tokens` (the same for the whole warp, so the token
+// branches are uniform). No cross-lane reduction. The order of operations per (r, t)
+// depends only on the lane and the chunk range: results are bitwise reproducible.
 template <class W, class A, int R, int TT>
 DEAMOE_DEVICE void accumulateRows(W const* const (&rows)[R], int chunkBegin, int chunkEnd, A const* act,
-    int const (&offset)[TT], int numTokens, float (&acc)[R][TT])
+    int const (&offset)[TT], uint32_t tokens, float (&acc)[R][TT])
 {
     constexpr int E = Elems16<W>::value;
     constexpr int U = Unroll<TT>::value;
@@ -261,7 +267,7 @@ DEAMOE_DEVICE void accumulateRows(W const* const (&rows)[R], int chunkBegin, int
 #pragma unroll
                 for (int t = 0; t < TT; ++t)
                 {
-                    if (t < numTokens)
+                    if ((tokens >> t) & 1u)
                     {
                         float a[E];
                         loadActivation<A, E>(act + offset[t] + static_cast<size_t>(c) * E, a);
@@ -279,8 +285,29 @@ DEAMOE_DEVICE void accumulateRows(W const* const (&rows)[R], int chunkBegin, int
     }
 }
 
+// Bits 0..n-1.
+DEAMOE_DEVICE uint32_t firstTokens(int n)
+{
+    return n >= 32 ? 0xffffffffu : (1u << n) - 1u;
+}
+
+// Acquire load of a flag another block of the same grid releases (plan ready).
+DEAMOE_DEVICE int loadAcquire(int32_t const* address)
+{
+#if defined(__CUDA_ARCH__)
+    int32_t value;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
+    return value;
+#elif defined(DEAMOE_SIMT_EMULATION)
+    return __atomic_load_n(address, __ATOMIC_ACQUIRE);
+#else
+    return *address; // the host pass of nvcc: never called
+#endif
+}
+
 // ---------------------------------------------------------------------------------------
-// K1 / K3: gate/up GEMV (and the router logits, which are the same kind of x-only GEMV)
+// Gate/up GEMV blocks of K1 (and the router logits, which are the same kind of x-only
+// GEMV) and of K2 (the plan's parts)
 
 enum GateUpKind : int32_t
 {
@@ -298,7 +325,7 @@ struct GateUpArgs
     int32_t numTokens;      // tokens of this tile
     int32_t slices;         // warps per neuron (split of d); kGemvWarps / slices neurons per block
     int32_t chunksPerSlice; // 16-byte chunks of one row per slice
-    int32_t routedMode;     // 0: K1 (router + shared experts), 1: K3 (plan parts)
+    int32_t routedMode;     // 0: K1 (router + shared experts), 1: K2 (plan parts)
     // K1
     T const* routerWeight;  // [N][d]
     int32_t routerRows;     // N (+1 when sharedGateRow)
@@ -310,7 +337,8 @@ struct GateUpArgs
     T const* sharedGateUp; // [2 f_sh][d] or nullptr
     int32_t sharedWidth;   // f_sh
     float* hShared;        // [tile][f_sh]
-    // K3
+    int32_t* counters;     // [kNumCounters] zeroed for K2, or nullptr (route())
+    // K2
     PlanView plan;
     T const* departmentGateUp; // [D][2 f_s][d] or nullptr
     int32_t departmentWidth;   // f_s
@@ -324,10 +352,10 @@ struct GateUpArgs
     int32_t expertBlocksPerPart;
 };
 
+// One gate/up block: block index `block` of the K1 or K2 gate/up grid.
 template <class T, int TT>
-__global__ void __launch_bounds__(kGemvThreads) gateUpKernel(GateUpArgs<T> const args)
+DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
 {
-    beginDependentKernel();
     constexpr int E = Elems16<T>::value;
     __shared__ float partial[kGemvWarps][2][TT];
 
@@ -343,7 +371,6 @@ __global__ void __launch_bounds__(kGemvThreads) gateUpKernel(GateUpArgs<T> const
     T const* base = nullptr;
     PlanEntry const* entries = nullptr;
     int numTokens = args.numTokens;
-    int block = static_cast<int>(blockIdx.x);
     if (!args.routedMode)
     {
         if (block < args.routerBlocks)
@@ -432,7 +459,7 @@ __global__ void __launch_bounds__(kGemvThreads) gateUpKernel(GateUpArgs<T> const
         int const chunksPerRow = d / E;
         int const begin = slice * args.chunksPerSlice;
         int const end = min(begin + args.chunksPerSlice, chunksPerRow);
-        accumulateRows<T, T, 2, TT>(rows, begin, end, args.x, offset, numTokens, acc);
+        accumulateRows<T, T, 2, TT>(rows, begin, end, args.x, offset, firstTokens(numTokens), acc);
 #pragma unroll
         for (int r = 0; r < 2; ++r)
         {
@@ -500,32 +527,26 @@ __global__ void __launch_bounds__(kGemvThreads) gateUpKernel(GateUpArgs<T> const
 }
 
 // ---------------------------------------------------------------------------------------
-// Down rows of one part for its tokens -> per-(token, slot) partials.
+// Down rows: a warp's kDownRowsPerWarp rows (firstRow, firstRow + 1, ...) of a down
+// projection [d][f], accumulated per token, then reduced across the warp.
 
-// Computes kDownRowsPerWarp rows (firstRow, firstRow + 1, ...) of down [d][f] for the
-// part's tokens (activation rows h + offset[t]) and hands each result to
-// store(t, row, value), called by one lane per value.
-template <class T, int TT, class Store>
-DEAMOE_DEVICE void downRows(T const* down, int width, int hidden, int firstRow, float const* h, int const (&offset)[TT],
-    int numTokens, Store const& store)
+template <class T>
+DEAMOE_DEVICE void downRowPointers(T const* down, int width, int hidden, int firstRow, T const* (&rows)[kDownRowsPerWarp])
 {
-    constexpr int E = Elems16<T>::value;
+#pragma unroll
+    for (int r = 0; r < kDownRowsPerWarp; ++r)
+        rows[r] = down + static_cast<size_t>(min(firstRow + r, hidden - 1)) * width;
+}
+
+// Reduces acc over the warp (fixed butterfly) and hands each (token t < numTokens, row)
+// value to store(t, row, value), called by one lane per value.
+template <int TT, class Store>
+DEAMOE_DEVICE void storeRows(float (&acc)[kDownRowsPerWarp][TT], int firstRow, int hidden, int numTokens,
+    Store const& store)
+{
     constexpr int R = kDownRowsPerWarp;
     static_assert(R * TT <= kWarpSize, "one lane per stored value");
     int const lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
-    T const* rows[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-        rows[r] = down + static_cast<size_t>(min(firstRow + r, hidden - 1)) * width;
-    float acc[R][TT];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-    {
-#pragma unroll
-        for (int t = 0; t < TT; ++t)
-            acc[r][t] = 0.0f;
-    }
-    accumulateRows<T, float, R, TT>(rows, 0, width / E, h, offset, numTokens, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r)
     {
@@ -543,7 +564,31 @@ DEAMOE_DEVICE void downRows(T const* down, int width, int hidden, int firstRow, 
 }
 
 // ---------------------------------------------------------------------------------------
-// K2: routing + plan (block 0), shared experts' down (blocks 1..)
+// K1: router logits and the shared experts' gate/up
+
+// Blocks per SM K1 asks ptxas to fit: for 16 tokens, 4 (<= 128 registers) instead of the
+// 3 that ~150 registers allow, a third more loads in flight per SM; below that the
+// registers allow more blocks than are needed. (K2 spills at 128: its shared-down and
+// routing roles need more.)
+template <int TT>
+struct GateUpMinBlocks
+{
+    static constexpr int value = TT >= 16 ? 4 : 1;
+};
+
+template <class T, int TT>
+__global__ void __launch_bounds__(kGemvThreads, GateUpMinBlocks<TT>::value) routerSharedKernel(GateUpArgs<T> const args)
+{
+    beginDependentKernel();
+    // K2 takes tickets and counts routing blocks on these: zero them for it. The
+    // workspace's content on entry is arbitrary, and K2 starts after K1 has completed.
+    if (args.counters && blockIdx.x == 0 && threadIdx.x < kNumCounters)
+        args.counters[threadIdx.x] = 0;
+    gateUpBlock<T, TT>(args, static_cast<int>(blockIdx.x));
+}
+
+// ---------------------------------------------------------------------------------------
+// K2: routing + plan, shared experts' down, routed gate/up
 
 template <class T>
 struct DeviceBias
@@ -561,84 +606,142 @@ struct DeviceBias
 };
 
 template <class T>
-struct RoutePlanArgs
+struct RoutedArgs
 {
+    int32_t* counters; // [kNumCounters], zeroed by K1
+    // Routing blocks (tickets 0 .. routingBlocks-1)
+    int32_t routingBlocks;
     RoutingConfig routing;
     PlanConfig planConfig;
     float const* logits; // [tile][logitsStride]
     int32_t logitsStride;
     float const* routerBias; // [N] float32 or nullptr
     int32_t numTokens;
-    int32_t routingWarps; // warps of block 0 that route (each owns one scratch area)
-    PlanView plan;
-    int32_t* counters; // [numCounters], zeroed here for K4
-    int32_t numCounters;
-    // Shared experts' down (blocks 1..)
+    int32_t* expertIds;       // [tile][k]: the tile's routing, read back by the plan builder
+    float* weights;           // [tile][k]
+    int32_t* departmentIds;   // [tile][k]
+    int32_t* keptDepartments; // [tile][g]
+    // Shared experts' down blocks (the next sharedDownBlocks tickets)
+    int32_t sharedDownBlocks;
     T const* sharedDown; // [d][f_sh] or nullptr
     int32_t hidden;
     int32_t sharedWidth;
     float const* hShared; // [tile][f_sh]
     int32_t sharedGate;   // 1: scale by sigmoid(logit column N)
-    float* partials;      // [tile][S][d]
-    int32_t partialSlots; // S
-    int32_t sharedSlot;   // S - 1
+    float* sharedOut;     // [tile][d]
+    // Routed gate/up blocks (the remaining tickets), once the plan is ready
+    GateUpArgs<T> gateUp;
 };
 
-template <class T, int TT>
-__global__ void __launch_bounds__(kRoutePlanThreads, 1) routePlanKernel(RoutePlanArgs<T> const args)
+// Routes tokens block*4 .. block*4+3 (a warp each); the last routing block to finish
+// builds the plan and releases it. Dynamic shared memory: planScratchWords, then one
+// routing scratch area per warp.
+template <class T>
+DEAMOE_DEVICE void routingBlock(RoutedArgs<T> const& args, int block)
 {
-    beginDependentKernel();
+    __shared__ int isLast;
+    RoutingConfig const& cfg = args.routing;
+    int const k = cfg.topK;
+    int const g = cfg.topDepartments;
     int const warp = static_cast<int>(threadIdx.x) / kWarpSize;
-
-    if (blockIdx.x == 0)
+    uint32_t* planScratch = reinterpret_cast<uint32_t*>(dynamicSmem());
+    float* scratch = reinterpret_cast<float*>(planScratch + planScratchWords(args.planConfig))
+        + warp * routingScratchFloats(cfg);
+    int const t = block * kTokensPerRoutingBlock + warp;
+    if (t < args.numTokens)
     {
-        RoutingConfig const& cfg = args.routing;
-        int const k = cfg.topK;
-        int const g = cfg.topDepartments;
-        int const scratchFloats = routingScratchFloats(cfg);
-        float* smem = dynamicSmem();
-        int32_t* expertIds = reinterpret_cast<int32_t*>(smem);        // [tile][k]
-        float* weights = smem + kMaxTileTokens * k;                    // [tile][k]
-        int32_t* departmentIds = expertIds + 2 * kMaxTileTokens * k;   // [tile][k]
-        int32_t* kept = expertIds + 3 * kMaxTileTokens * k;            // [tile][g]
-        uint32_t* planScratch = reinterpret_cast<uint32_t*>(kept + kMaxTileTokens * g); // [N + D]
-        float* routingScratch = reinterpret_cast<float*>(planScratch + planScratchWords(args.planConfig));
-
-        if (warp < args.routingWarps)
-        {
-            float* scratch = routingScratch + warp * scratchFloats;
-            for (int t = warp; t < args.numTokens; t += args.routingWarps)
-            {
-                routeToken(WarpLanes{}, cfg, args.logits + t * args.logitsStride, DeviceBias<float>{args.routerBias},
-                    scratch, expertIds + t * k, weights + t * k, departmentIds + t * k, kept + t * g);
-            }
-        }
-        for (int i = static_cast<int>(threadIdx.x); i < args.numCounters; i += kRoutePlanThreads)
-            args.counters[i] = 0;
-        __syncthreads();
-        buildPlan(BlockLanes{}, WarpLanes{}, warp == 0, args.planConfig, args.numTokens, expertIds, weights, kept,
-            planScratch, args.plan);
-        return;
+        routeToken(WarpLanes{}, cfg, args.logits + t * args.logitsStride, DeviceBias<float>{args.routerBias}, scratch,
+            args.expertIds + t * k, args.weights + t * k, args.departmentIds + t * k, args.keptDepartments + t * g);
     }
+    // Threadfence reduction: publish this block's routing, then count it in. Thread 0's
+    // fences are cumulative: the first orders the whole block's writes (seen through the
+    // barrier) before the count (release), the second the other blocks' routing before
+    // this block's reads of it (acquire).
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+    {
+        __threadfence();
+        isLast = atomicAdd(args.counters + kCounterRoutedBlocks, 1) == args.routingBlocks - 1;
+        __threadfence();
+    }
+    __syncthreads();
+    if (!isLast)
+        return;
+    buildPlan(BlockLanes{}, WarpLanes{}, warp == 0, args.planConfig, args.numTokens, args.expertIds, args.weights,
+        args.keptDepartments, planScratch, args.gateUp.plan);
+    // Release the plan: every writer's writes, then (through the barrier) thread 0's
+    // cumulative fence, then the flag the waiting blocks acquire.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+    {
+        __threadfence();
+        atomicExch(args.counters + kCounterPlanReady, 1);
+    }
+}
 
-    // Shared experts' down: rows of this block, all tokens of the tile.
-    int const firstRow = (static_cast<int>(blockIdx.x) - 1) * kSharedDownRowsPerBlock + warp * kDownRowsPerWarp;
+// The shared experts' down rows of this block (kDownRowsPerTile rows, all tokens) into
+// sharedOut, scaled by the shared-expert gate.
+template <class T, int TT>
+DEAMOE_DEVICE void sharedDownBlock(RoutedArgs<T> const& args, int block)
+{
+    constexpr int E = Elems16<T>::value;
+    int const warp = static_cast<int>(threadIdx.x) / kWarpSize;
+    int const firstRow = block * kDownRowsPerTile + warp * kDownRowsPerWarp;
     if (firstRow >= args.hidden)
         return;
     int offset[TT];
 #pragma unroll
     for (int t = 0; t < TT; ++t)
         offset[t] = t * args.sharedWidth;
-    auto store = [&args](int t, int row, float value) {
+    T const* rows[kDownRowsPerWarp];
+    downRowPointers(args.sharedDown, args.sharedWidth, args.hidden, firstRow, rows);
+    float acc[kDownRowsPerWarp][TT] = {};
+    accumulateRows<T, float, kDownRowsPerWarp, TT>(
+        rows, 0, args.sharedWidth / E, args.hShared, offset, firstTokens(args.numTokens), acc);
+    storeRows<TT>(acc, firstRow, args.hidden, args.numTokens, [&args](int t, int row, float value) {
         if (args.sharedGate)
             value *= sigmoid(args.logits[t * args.logitsStride + args.routing.numExperts]);
-        args.partials[static_cast<size_t>(t * args.partialSlots + args.sharedSlot) * args.hidden + row] = value;
-    };
-    downRows<T, TT>(args.sharedDown, args.sharedWidth, args.hidden, firstRow, args.hShared, offset, args.numTokens, store);
+        args.sharedOut[static_cast<size_t>(t) * args.hidden + row] = value;
+    });
+}
+
+template <class T, int TT>
+__global__ void __launch_bounds__(kGemvThreads, 1) routedKernel(RoutedArgs<T> const args)
+{
+    beginDependentKernel();
+    // Roles by ticket, in the order blocks start (not blockIdx): the routing blocks are
+    // certainly running before any block waits for their plan, whatever the scheduler
+    // does, and the shared-down blocks start before the waiting ones take SM slots.
+    __shared__ int ticket;
+    if (threadIdx.x == 0)
+        ticket = atomicAdd(args.counters + kCounterTicket, 1);
+    __syncthreads();
+    int block = ticket;
+    if (block < args.routingBlocks)
+    {
+        routingBlock(args, block);
+        return;
+    }
+    block -= args.routingBlocks;
+    if (block < args.sharedDownBlocks)
+    {
+        sharedDownBlock<T, TT>(args, block);
+        return;
+    }
+    block -= args.sharedDownBlocks;
+    if (threadIdx.x == 0)
+    {
+        while (loadAcquire(args.counters + kCounterPlanReady) == 0)
+            __nanosleep(256);
+    }
+    __syncthreads(); // the plan is visible to the whole block from here
+    gateUpBlock<T, TT>(args.gateUp, block);
 }
 
 // ---------------------------------------------------------------------------------------
-// K4: down of every used part + fused, ordered reduction
+// K3: down of every used part, owned by output row tile
 
 template <class T>
 struct DownArgs
@@ -646,134 +749,114 @@ struct DownArgs
     PlanView plan;
     int32_t hidden;
     int32_t numTokens;
-    int32_t tiles; // ceil(d / kDownRowsPerTile)
     T const* departmentDown; // [D][d][f_s] or nullptr
     int32_t departmentWidth;
-    float const* hDepartment;
-    int32_t departmentSlots; // min(g, k)
-    T const* expertDown; // [N][d][f_p] or nullptr
+    float const* hDepartment; // [tile][min(g,k)][f_s]
+    int32_t departmentSlots;  // min(g, k)
+    T const* expertDown;      // [N][d][f_p] or nullptr
     int32_t expertWidth;
-    float const* hExpert;
+    float const* hExpert; // [tile][k][f_p]
     int32_t topK;
-    float* partials; // [tile][S][d]
-    int32_t partialSlots;
-    int32_t hasShared; // partial slot S - 1 holds the shared experts' output
-    int32_t* counters; // [tiles], zeroed by K2
-    T* output;         // [tile][d]
+    float const* sharedOut; // [tile][d] or nullptr
+    T* output;              // [tile][d]
 };
 
-// Blocks per SM the down kernel asks ptxas to fit: without a hint ptxas stops at 128
-// registers for TT = 16 on sm_110 and spills; the hint lets it use up to 170 there.
+// Blocks per SM the down kernel asks ptxas to fit. Every down block streams the same
+// bytes, so a grid that does not fit in one wave leaves a tail at a fraction of the
+// bandwidth: 7 blocks of <= 73 registers for 1 token put deepseek-v3-layer's 896 row
+// tiles in one wave on an H100/H200 (132 SMs; 8 blocks of 64 registers spill, as do 7
+// for 2 tokens in fp16). Wider tiles need the registers: 3 keeps the 16-token variant
+// from spilling on sm_110.
 template <int TT>
 struct DownMinBlocks
 {
-    static constexpr int value = TT >= 16 ? 3 : 4;
+    static constexpr int value = TT == 1 ? 7 : (TT == 2 ? 6 : (TT >= 16 ? 3 : 4));
 };
 
+// Each block owns kDownRowsPerTile output rows and streams those rows of every used part
+// (experts in plan order, then departments), adding each part's dot products into the
+// tokens' accumulators (W_j and w_e are already folded into h), then the shared experts'
+// output. The parts' metadata is staged in shared memory kDownPartsPerGroup at a time.
 template <class T, int TT>
 __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT>::value) downKernel(DownArgs<T> const args)
 {
     beginDependentKernel();
-    __shared__ int isLast;
-    int const warp = static_cast<int>(threadIdx.x) / kWarpSize;
+    constexpr int E = Elems16<T>::value;
+    constexpr int G = kDownPartsPerGroup;
+    constexpr int R = kDownRowsPerWarp;
+    __shared__ T const* partDown[G]; // the part's down matrix [d][width]
+    __shared__ float const* partH[G];
+    __shared__ int partWidth[G];
+    __shared__ int partOffset[G][TT]; // h offset of each token in the part, -1: not used
+
+    int const tid = static_cast<int>(threadIdx.x);
+    int const warp = tid / kWarpSize;
     int const d = args.hidden;
-    int const usedDepartments = args.departmentWidth ? args.plan.counts[0] : 0;
+    int const firstRow = static_cast<int>(blockIdx.x) * kDownRowsPerTile + warp * R;
     int const usedExperts = args.expertWidth ? args.plan.counts[1] : 0;
-    int const departmentBlocks = usedDepartments * args.tiles;
-    int block = static_cast<int>(blockIdx.x);
-    if (block >= departmentBlocks + usedExperts * args.tiles)
-        return; // beyond this tile's plan
+    int const usedDepartments = args.departmentWidth ? args.plan.counts[0] : 0;
+    int const parts = usedExperts + usedDepartments;
 
-    // W_j and w_e are already folded into h: the partial is the plain dot product.
-    int tile;
-    int numTokens;
-    int offset[TT];
-    T const* down;
-    float const* h;
-    int width;
-    int slotsPerToken; // h's slots per token
-    int slotBase;      // first partial slot of this kind
-    PlanEntry const* entries;
-    if (block < departmentBlocks)
+    float acc[R][TT] = {};
+    for (int first = 0; first < parts; first += G)
     {
-        int const part = block / args.tiles;
-        tile = block - part * args.tiles;
-        width = args.departmentWidth;
-        down = args.departmentDown + static_cast<size_t>(args.plan.departments[part]) * d * width;
-        h = args.hDepartment;
-        slotsPerToken = args.departmentSlots;
-        slotBase = args.topK;
-        numTokens = args.plan.departmentEntryCounts[part];
-        entries = args.plan.departmentEntries + part * kMaxTileTokens;
-    }
-    else
-    {
-        block -= departmentBlocks;
-        int const part = block / args.tiles;
-        tile = block - part * args.tiles;
-        width = args.expertWidth;
-        down = args.expertDown + static_cast<size_t>(args.plan.experts[part]) * d * width;
-        h = args.hExpert;
-        slotsPerToken = args.topK;
-        slotBase = 0;
-        numTokens = args.plan.expertEntryCounts[part];
-        entries = args.plan.expertEntries + part * kMaxTileTokens;
-    }
+        int const n = min(G, parts - first);
+        __syncthreads(); // the previous group is consumed
+        for (int i = tid; i < G * TT; i += kGemvThreads)
+            (&partOffset[0][0])[i] = -1;
+        for (int q = tid; q < n; q += kGemvThreads)
+        {
+            int const p = first + q;
+            bool const expert = p < usedExperts;
+            int const width = expert ? args.expertWidth : args.departmentWidth;
+            int const id = expert ? args.plan.experts[p] : args.plan.departments[p - usedExperts];
+            partDown[q] = (expert ? args.expertDown : args.departmentDown) + static_cast<size_t>(id) * d * width;
+            partH[q] = expert ? args.hExpert : args.hDepartment;
+            partWidth[q] = width;
+        }
+        __syncthreads();
+        for (int i = tid; i < n * kMaxTileTokens; i += kGemvThreads)
+        {
+            int const p = first + i / kMaxTileTokens;
+            int const e = i % kMaxTileTokens;
+            bool const expert = p < usedExperts;
+            int const part = expert ? p : p - usedExperts;
+            int const count = expert ? args.plan.expertEntryCounts[part] : args.plan.departmentEntryCounts[part];
+            if (e < count)
+            {
+                PlanEntry const entry
+                    = (expert ? args.plan.expertEntries : args.plan.departmentEntries)[part * kMaxTileTokens + e];
+                int const slots = expert ? args.topK : args.departmentSlots;
+                partOffset[i / kMaxTileTokens][entry.token]
+                    = (entry.token * slots + entry.slot) * (expert ? args.expertWidth : args.departmentWidth);
+            }
+        }
+        __syncthreads();
+        if (firstRow < d)
+        {
+            for (int q = 0; q < n; ++q)
+            {
+                int const width = partWidth[q];
+                uint32_t tokens = 0u;
 #pragma unroll
-    for (int t = 0; t < TT; ++t)
-    {
-        PlanEntry const entry = t < numTokens ? entries[t] : PlanEntry{0, 0, 0.0f};
-        offset[t] = (entry.token * slotsPerToken + entry.slot) * width;
+                for (int t = 0; t < TT; ++t)
+                    tokens |= partOffset[q][t] >= 0 ? 1u << t : 0u;
+                T const* rows[R];
+                downRowPointers(partDown[q], width, d, firstRow, rows);
+                // The offsets stay in shared memory (a broadcast read per use), not in 16
+                // registers of the widest tile.
+                accumulateRows<T, float, R, TT>(rows, 0, width / E, partH[q], partOffset[q], tokens, acc);
+            }
+        }
     }
-
-    int const firstRow = tile * kDownRowsPerTile + warp * kDownRowsPerWarp;
-    if (firstRow < d)
-    {
-        auto store = [&](int t, int row, float value) {
-            PlanEntry const entry = entries[t];
-            args.partials[static_cast<size_t>(entry.token * args.partialSlots + slotBase + entry.slot) * d + row] = value;
-        };
-        downRows<T, TT>(down, width, d, firstRow, h, offset, numTokens, store);
-    }
-
-    // The last of the tile's blocks (one per used part) sums its partials. Threadfence
-    // reduction: make this block's partials visible, then count it in.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0)
-    {
-        int const expected = usedDepartments + usedExperts;
-        isLast = atomicAdd(args.counters + tile, 1) == expected - 1;
-    }
-    __syncthreads();
-    if (!isLast)
+    if (firstRow >= d)
         return;
-    __threadfence();
-
-    // One thread per (token, row) of the tile: kDownRowsPerTile * kMaxTileTokens == threads.
-    static_assert(kDownRowsPerTile * kMaxTileTokens == kGemvThreads, "reduction mapping");
-    int const t = static_cast<int>(threadIdx.x) / kDownRowsPerTile;
-    int const row = tile * kDownRowsPerTile + static_cast<int>(threadIdx.x) % kDownRowsPerTile;
-    if (t >= args.numTokens || row >= d)
-        return;
-    // Fixed order: experts in selection order, then departments, then shared experts.
-    // __ldcg: read at L2, where the other blocks' partials are (L1 is not coherent).
-    float const* p = args.partials + static_cast<size_t>(t) * args.partialSlots * d + row;
-    float sum = 0.0f;
-    if (args.expertWidth)
-    {
-        for (int s = 0; s < args.topK; ++s)
-            sum += __ldcg(p + static_cast<size_t>(s) * d);
-    }
-    if (args.departmentWidth)
-    {
-        int const slots = args.plan.departmentSlots[t];
-        for (int s = 0; s < slots; ++s)
-            sum += __ldcg(p + static_cast<size_t>(args.topK + s) * d);
-    }
-    if (args.hasShared)
-        sum += __ldcg(p + static_cast<size_t>(args.partialSlots - 1) * d);
-    args.output[static_cast<size_t>(t) * d + row] = fromFloat<T>(sum);
+    storeRows<TT>(acc, firstRow, d, args.numTokens, [&args, d](int t, int row, float value) {
+        size_t const at = static_cast<size_t>(t) * d + row;
+        if (args.sharedOut)
+            value += args.sharedOut[at];
+        args.output[at] = fromFloat<T>(value);
+    });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -821,12 +904,15 @@ struct RouterRowsArgs
     int32_t numTokens;
     float* logits; // [tile][logitsStride]
     int32_t logitsStride;
+    int32_t* counters; // [kNumCounters] zeroed for K2, or nullptr (route())
 };
 
 template <class T, int TT>
 __global__ void __launch_bounds__(kGemvThreads) routerRowsFloatKernel(RouterRowsArgs<T> const args)
 {
     beginDependentKernel();
+    if (args.counters && blockIdx.x == 0 && threadIdx.x < kNumCounters)
+        args.counters[threadIdx.x] = 0;
     int const lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
     int const row = static_cast<int>(blockIdx.x) * kGemvWarps + static_cast<int>(threadIdx.x) / kWarpSize;
     if (row >= args.numExperts)
@@ -913,6 +999,7 @@ struct Geometry
 template <class T, int TT>
 Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeight, int numExperts,
     T const* sharedGate, int numTokens, float* logits, int logitsStride, T const* sharedGateUp, float* hShared,
+    int32_t* counters,
     cudaStream_t stream)
 {
     Geometry<T> const geo(p.hidden);
@@ -933,14 +1020,19 @@ Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeig
     args.sharedGateUp = sharedGateUp;
     args.sharedWidth = sharedGateUp ? p.sharedExpertWidth : 0;
     args.hShared = hShared;
+    args.counters = counters;
     int const sharedBlocks = sharedGateUp ? ceilDiv(p.sharedExpertWidth, geo.neuronsPerBlock) : 0;
     return checkLaunch("router/shared gate-up kernel",
-        DEAMOE_LAUNCH((gateUpKernel<T, TT>), args.routerBlocks + sharedBlocks, kGemvThreads, 0, stream, args));
+        DEAMOE_LAUNCH((routerSharedKernel<T, TT>), args.routerBlocks + sharedBlocks, kGemvThreads, 0, stream, args));
 }
 
+// K1 (counters: zeroed for K2, or nullptr for route()). A float32 router weight in a
+// half-precision layer (spec, "Router precision") has its own kernel first; both zero the
+// counters, so they are zero whichever of them runs.
 template <class T, int TT>
 Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* routerWeight, T const* sharedGate,
-    int numTokens, float* logits, int logitsStride, T const* sharedGateUp, float* hShared, cudaStream_t stream)
+    int numTokens, float* logits, int logitsStride, T const* sharedGateUp, float* hShared, int32_t* counters,
+    cudaStream_t stream)
 {
     int const numExperts = p.numDepartments * p.expertsPerDepartment;
     if (p.routerWeightFloat32 && !std::is_same<T, float>::value)
@@ -948,17 +1040,17 @@ Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* rou
         // Float32 router rows on their own; K1 below then does only the shared experts'
         // gate row (as logit column N) and gate/up.
         RouterRowsArgs<T> rows{hidden, static_cast<float const*>(routerWeight), p.hidden, numExperts, numTokens,
-            logits, logitsStride};
+            logits, logitsStride, counters};
         Status const status = checkLaunch("float32 router kernel",
             DEAMOE_LAUNCH((routerRowsFloatKernel<T, TT>), ceilDiv(numExperts, kGemvWarps), kGemvThreads, 0,
                 stream, rows));
         if (status != Status::kSUCCESS || (sharedGate == nullptr && sharedGateUp == nullptr))
             return status;
         return launchGateUpK1<T, TT>(p, hidden, nullptr, 0, sharedGate, numTokens, logits + numExperts, logitsStride,
-            sharedGateUp, hShared, stream);
+            sharedGateUp, hShared, counters, stream);
     }
     return launchGateUpK1<T, TT>(p, hidden, static_cast<T const*>(routerWeight), numExperts, sharedGate, numTokens,
-        logits, logitsStride, sharedGateUp, hShared, stream);
+        logits, logitsStride, sharedGateUp, hShared, counters, stream);
 }
 
 template <class T, int TT>
@@ -970,7 +1062,7 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
     Geometry<T> const geo(d);
     float* logits = reinterpret_cast<float*>(ws + L.logits);
     float* hShared = reinterpret_cast<float*>(ws + L.hShared);
-    float* partials = reinterpret_cast<float*>(ws + L.partials);
+    float* sharedOut = p.sharedExpertWidth ? reinterpret_cast<float*>(ws + L.sharedOut) : nullptr;
     int32_t* counters = reinterpret_cast<int32_t*>(ws + L.counters);
     PlanView const plan{reinterpret_cast<int32_t*>(ws + L.counts), reinterpret_cast<int32_t*>(ws + L.departments),
         reinterpret_cast<int32_t*>(ws + L.experts), reinterpret_cast<int32_t*>(ws + L.departmentEntryCounts),
@@ -981,80 +1073,70 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
 
     // K1
     Status status = launchRouterLogits<T, TT>(p, hidden, w.routerWeight, sharedGate, numTokens,
-        logits, L.logitsStride, sharedGateUp, hShared, stream);
+        logits, L.logitsStride, sharedGateUp, hShared, counters, stream);
     if (status != Status::kSUCCESS)
         return status;
 
     // K2
     {
-        RoutePlanArgs<T> args{};
+        size_t const smem = routedSmemBytes(p);
+        if (smem > kSmemBudget)
+            return fail(Status::kUNSUPPORTED, "num_experts %d needs more shared memory for routing than %zu bytes",
+                p.numDepartments * p.expertsPerDepartment, kSmemBudget);
+        RoutedArgs<T> args{};
+        args.counters = counters;
+        args.routingBlocks = ceilDiv(numTokens, kTokensPerRoutingBlock);
         args.routing = routingConfig(p);
         args.planConfig = planConfig(p);
         args.logits = logits;
         args.logitsStride = L.logitsStride;
         args.routerBias = p.hasRouterBias ? static_cast<float const*>(w.routerBias) : nullptr;
         args.numTokens = numTokens;
-        size_t const perWarp = sizeof(float) * routingScratchFloats(args.routing);
-        size_t const fixed = routePlanSmemBytes(p, 0);
-        args.routingWarps = static_cast<int>(std::min<size_t>(
-            std::min(numTokens, kRoutePlanWarps), (kSmemBudget - std::min(fixed, kSmemBudget)) / perWarp));
-        if (args.routingWarps < 1) // checkSupported() refuses such layers before anything launches
-            return fail(Status::kUNSUPPORTED, "num_experts %d needs more shared memory for routing than %zu bytes",
-                args.routing.numExperts, kSmemBudget);
-        args.plan = plan;
-        args.counters = counters;
-        args.numCounters = L.downTiles;
+        args.expertIds = reinterpret_cast<int32_t*>(ws + L.expertIds);
+        args.weights = reinterpret_cast<float*>(ws + L.routingWeights);
+        args.departmentIds = reinterpret_cast<int32_t*>(ws + L.departmentIds);
+        args.keptDepartments = reinterpret_cast<int32_t*>(ws + L.keptDepartments);
+        args.sharedDownBlocks = p.sharedExpertWidth ? L.downTiles : 0;
         args.sharedDown = p.sharedExpertWidth ? static_cast<T const*>(w.sharedDown) : nullptr;
         args.hidden = d;
         args.sharedWidth = p.sharedExpertWidth;
         args.hShared = hShared;
         args.sharedGate = p.sharedExpertGate;
-        args.partials = partials;
-        args.partialSlots = L.partialSlots;
-        args.sharedSlot = L.partialSlots - 1;
-        int const blocks = 1 + (p.sharedExpertWidth ? ceilDiv(d, kSharedDownRowsPerBlock) : 0);
-        status = checkLaunch("routing/plan kernel",
-            DEAMOE_LAUNCH((routePlanKernel<T, TT>), blocks, kRoutePlanThreads,
-                routePlanSmemBytes(p, args.routingWarps), stream, args));
+        args.sharedOut = sharedOut;
+
+        GateUpArgs<T>& gu = args.gateUp;
+        gu.x = hidden;
+        gu.hidden = d;
+        gu.numTokens = numTokens;
+        gu.slices = geo.slices;
+        gu.chunksPerSlice = geo.chunksPerSlice;
+        gu.routedMode = 1;
+        gu.plan = plan;
+        gu.departmentGateUp = static_cast<T const*>(w.departmentGateUp);
+        gu.departmentWidth = p.sharedWidth;
+        gu.hDepartment = reinterpret_cast<float*>(ws + L.hDepartment);
+        gu.departmentSlots = L.departmentSlotsPerToken;
+        gu.departmentBlocksPerPart = p.sharedWidth ? ceilDiv(p.sharedWidth, geo.neuronsPerBlock) : 0;
+        gu.expertGateUp = static_cast<T const*>(w.expertGateUp);
+        gu.expertWidth = p.privateWidth;
+        gu.hExpert = reinterpret_cast<float*>(ws + L.hExpert);
+        gu.topK = k;
+        gu.expertBlocksPerPart = p.privateWidth ? ceilDiv(p.privateWidth, geo.neuronsPerBlock) : 0;
+        long long const blocks = args.routingBlocks + args.sharedDownBlocks
+            + static_cast<long long>(L.maxDepartmentParts) * gu.departmentBlocksPerPart
+            + static_cast<long long>(L.maxExpertParts) * gu.expertBlocksPerPart;
+        status = checkLaunch("routing/routed gate-up kernel",
+            DEAMOE_LAUNCH((routedKernel<T, TT>), static_cast<unsigned>(blocks), kGemvThreads, smem, stream, args));
         if (status != Status::kSUCCESS)
             return status;
     }
 
     // K3
     {
-        GateUpArgs<T> args{};
-        args.x = hidden;
-        args.hidden = d;
-        args.numTokens = numTokens;
-        args.slices = geo.slices;
-        args.chunksPerSlice = geo.chunksPerSlice;
-        args.routedMode = 1;
-        args.plan = plan;
-        args.departmentGateUp = static_cast<T const*>(w.departmentGateUp);
-        args.departmentWidth = p.sharedWidth;
-        args.hDepartment = reinterpret_cast<float*>(ws + L.hDepartment);
-        args.departmentSlots = L.departmentSlotsPerToken;
-        args.departmentBlocksPerPart = p.sharedWidth ? ceilDiv(p.sharedWidth, geo.neuronsPerBlock) : 0;
-        args.expertGateUp = static_cast<T const*>(w.expertGateUp);
-        args.expertWidth = p.privateWidth;
-        args.hExpert = reinterpret_cast<float*>(ws + L.hExpert);
-        args.topK = k;
-        args.expertBlocksPerPart = p.privateWidth ? ceilDiv(p.privateWidth, geo.neuronsPerBlock) : 0;
-        long long const blocks = static_cast<long long>(L.maxDepartmentParts) * args.departmentBlocksPerPart
-            + static_cast<long long>(L.maxExpertParts) * args.expertBlocksPerPart;
-        status = checkLaunch("routed gate-up kernel",
-            DEAMOE_LAUNCH((gateUpKernel<T, TT>), static_cast<unsigned>(blocks), kGemvThreads, 0, stream, args));
-        if (status != Status::kSUCCESS)
-            return status;
-    }
-
-    // K4
-    {
         DownArgs<T> args{};
         args.plan = plan;
         args.hidden = d;
         args.numTokens = numTokens;
-        args.tiles = L.downTiles;
         args.departmentDown = static_cast<T const*>(w.departmentDown);
         args.departmentWidth = p.sharedWidth;
         args.hDepartment = reinterpret_cast<float const*>(ws + L.hDepartment);
@@ -1063,15 +1145,10 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         args.expertWidth = p.privateWidth;
         args.hExpert = reinterpret_cast<float const*>(ws + L.hExpert);
         args.topK = k;
-        args.partials = partials;
-        args.partialSlots = L.partialSlots;
-        args.hasShared = p.sharedExpertWidth > 0;
-        args.counters = counters;
+        args.sharedOut = sharedOut;
         args.output = output;
-        long long const parts = (p.sharedWidth ? L.maxDepartmentParts : 0) + (p.privateWidth ? L.maxExpertParts : 0);
         status = checkLaunch("down kernel",
-            DEAMOE_LAUNCH((downKernel<T, TT>), static_cast<unsigned>(parts * L.downTiles), kGemvThreads, 0,
-                stream, args));
+            DEAMOE_LAUNCH((downKernel<T, TT>), static_cast<unsigned>(L.downTiles), kGemvThreads, 0, stream, args));
     }
     return status;
 }
@@ -1149,7 +1226,7 @@ Status routeTyped(LayerParams const& p, void const* hidden, void const* routerWe
         T const* x = static_cast<T const*>(hidden) + static_cast<size_t>(first) * p.hidden;
         Status status = dispatchTileTokens(n, [&](auto tt) {
             return launchRouterLogits<T, decltype(tt)::value>(
-                p, x, routerWeight, nullptr, n, logits, N, nullptr, nullptr, stream);
+                p, x, routerWeight, nullptr, n, logits, N, nullptr, nullptr, nullptr, stream);
         });
         if (status == Status::kSUCCESS)
             status = launchRoute<T>(p, logits, N, routerBias, n, offsetOutputs(out, p, first), stream);
@@ -1170,7 +1247,7 @@ Status routerLogitsTyped(
         T const* x = static_cast<T const*>(hidden) + static_cast<size_t>(first) * p.hidden;
         Status const status = dispatchTileTokens(n, [&](auto tt) {
             return launchRouterLogits<T, decltype(tt)::value>(p, x, routerWeight, nullptr, n,
-                logits + static_cast<size_t>(first) * N, N, nullptr, nullptr, stream);
+                logits + static_cast<size_t>(first) * N, N, nullptr, nullptr, nullptr, stream);
         });
         if (status != Status::kSUCCESS)
             return status;

@@ -17,18 +17,25 @@ namespace deamoe
 namespace detail
 {
 
-// Launch geometry. Changing these changes performance only, never results, except
-// kDownRowsPerTile, which is also the unit of the down kernel's fused reduction.
-constexpr int kGemvThreads = 128;                     // gate/up and down blocks: 4 warps
+// Launch geometry. Changing these changes performance only, never results.
+constexpr int kGemvThreads = 128;                     // every forward block: 4 warps
 constexpr int kGemvWarps = kGemvThreads / kWarpSize;
 constexpr int kDownRowsPerWarp = 2;
 constexpr int kDownRowsPerTile = kGemvWarps * kDownRowsPerWarp; // 8 output rows per down block
-constexpr int kRoutePlanThreads = 512;                // routing/plan block + shared-expert down blocks
-constexpr int kRoutePlanWarps = kRoutePlanThreads / kWarpSize;
-constexpr int kSharedDownRowsPerBlock = kRoutePlanWarps * kDownRowsPerWarp;
+constexpr int kTokensPerRoutingBlock = kGemvWarps;    // one warp per token
+constexpr int kDownPartsPerGroup = 32;                // parts whose metadata a down block stages at once
 constexpr int kRouteThreads = 128;                    // route(): one warp per token
 constexpr size_t kSmemBudget = 48 * 1024;             // no opt-in attribute needed anywhere
 constexpr size_t kAlign = 256;
+
+// The step's synchronisation words (workspace `counters`), zeroed by K1 for K2.
+enum Counter : int32_t
+{
+    kCounterTicket = 0,        // K2 blocks take their role in start order
+    kCounterRoutedBlocks = 1,  // K2 routing blocks done; the last builds the plan
+    kCounterPlanReady = 2,     // 1 once the plan is written (release / acquire)
+    kNumCounters = 3,
+};
 
 RoutingConfig routingConfig(LayerParams const& p);
 PlanConfig planConfig(LayerParams const& p);
@@ -40,9 +47,8 @@ struct WorkspaceLayout
     int32_t maxDepartmentParts;
     int32_t maxExpertParts;
     int32_t departmentSlotsPerToken; // min(g, k)
-    int32_t partialSlots;            // S = k + (f_s ? min(g,k) : 0) + (f_sh ? 1 : 0)
     int32_t logitsStride;            // N + 1 (column N: the shared-expert gate logit)
-    int32_t downTiles;               // ceil(d / kDownRowsPerTile): counters
+    int32_t downTiles;               // ceil(d / kDownRowsPerTile): K3's blocks
     size_t logits;                   // float [tile][N + 1]
     size_t counts;                   // int [2]
     size_t departments;              // int [maxDepartmentParts]
@@ -52,11 +58,15 @@ struct WorkspaceLayout
     size_t departmentEntries;        // PlanEntry [maxDepartmentParts][kMaxTileTokens]
     size_t expertEntries;            // PlanEntry [maxExpertParts][kMaxTileTokens]
     size_t departmentSlots;          // int [kMaxTileTokens]
-    size_t counters;                 // int [downTiles]
+    size_t counters;                 // int [kNumCounters]
+    size_t expertIds;                // int [tile][k]: the tile's routing (K2's routing blocks)
+    size_t routingWeights;           // float [tile][k]
+    size_t departmentIds;            // int [tile][k]
+    size_t keptDepartments;          // int [tile][g]
     size_t hShared;                  // float [tile][f_sh]
     size_t hDepartment;              // float [tile][min(g,k)][f_s]
     size_t hExpert;                  // float [tile][k][f_p]
-    size_t partials;                 // float [tile][S][d]
+    size_t sharedOut;                // float [tile][d]: the shared experts' output (K2 -> K3)
     size_t forwardBytes;             // everything above
     size_t routeBytes;               // logits only (route())
 };
@@ -73,11 +83,12 @@ Status fail(Status status, char const* format, ...) noexcept;
 // context) keeps failing every launch anyway.
 Status checkLaunch(char const* what, cudaError_t launched) noexcept;
 
-// Dynamic shared memory of the routing/plan kernel with routingWarps routing warps.
-size_t routePlanSmemBytes(LayerParams const& p, int routingWarps);
+// Dynamic shared memory of K2 (its routing blocks): the plan's scratch, then a routing
+// scratch area per warp.
+size_t routedSmemBytes(LayerParams const& p);
 
 // Whether to launch the forward kernels as programmatic dependents: enabled
-// (setProgrammaticLaunch, or DEAMOE_PROGRAMMATIC_LAUNCH=1 in the environment) and the
+// (setProgrammaticLaunch; on unless DEAMOE_PROGRAMMATIC_LAUNCH=0 in the environment) and the
 // current device is sm_90 or newer.
 bool programmaticLaunchUsable() noexcept;
 

@@ -27,10 +27,11 @@ namespace
 
 thread_local char tLastError[512] = "";
 
+// On by default (it only takes effect on sm_90+); DEAMOE_PROGRAMMATIC_LAUNCH=0 turns it off.
 bool programmaticLaunchFromEnvironment()
 {
     char const* value = std::getenv("DEAMOE_PROGRAMMATIC_LAUNCH");
-    return value && value[0] == '1';
+    return !value || value[0] != '0';
 }
 
 std::atomic<bool> gProgrammaticLaunch{programmaticLaunchFromEnvironment()};
@@ -172,13 +173,10 @@ Status checkLaunch(char const* what, cudaError_t launched) noexcept
         Status::kCUDA_ERROR, "%s: %s (%s)", what, cudaGetErrorName(launched), cudaGetErrorString(launched));
 }
 
-size_t routePlanSmemBytes(LayerParams const& p, int routingWarps)
+size_t routedSmemBytes(LayerParams const& p)
 {
-    RoutingConfig const rc = routingConfig(p);
-    PlanConfig const pc = planConfig(p);
-    size_t const fixed = sizeof(float) * kMaxTileTokens * (3 * static_cast<size_t>(rc.topK) + rc.topDepartments)
-        + sizeof(uint32_t) * planScratchWords(pc);
-    return fixed + sizeof(float) * static_cast<size_t>(routingScratchFloats(rc)) * routingWarps;
+    return sizeof(uint32_t) * planScratchWords(planConfig(p))
+        + sizeof(float) * static_cast<size_t>(routingScratchFloats(routingConfig(p))) * kGemvWarps;
 }
 
 RoutingConfig routingConfig(LayerParams const& p)
@@ -205,7 +203,6 @@ WorkspaceLayout workspaceLayout(LayerParams const& p, int32_t tileTokens)
     L.maxDepartmentParts = maxDepartmentParts(pc, tile);
     L.maxExpertParts = maxExpertParts(pc, tile);
     L.departmentSlotsPerToken = std::min(p.topDepartments, p.topK);
-    L.partialSlots = p.topK + (p.sharedWidth ? L.departmentSlotsPerToken : 0) + (p.sharedExpertWidth ? 1 : 0);
     L.logitsStride = pc.numExperts + 1;
     L.downTiles = (p.hidden + kDownRowsPerTile - 1) / kDownRowsPerTile;
 
@@ -225,11 +222,15 @@ WorkspaceLayout workspaceLayout(LayerParams const& p, int32_t tileTokens)
     L.departmentEntries = take(sizeof(PlanEntry) * kMaxTileTokens * L.maxDepartmentParts);
     L.expertEntries = take(sizeof(PlanEntry) * kMaxTileTokens * L.maxExpertParts);
     L.departmentSlots = take(sizeof(int32_t) * kMaxTileTokens);
-    L.counters = take(sizeof(int32_t) * L.downTiles);
+    L.counters = take(sizeof(int32_t) * kNumCounters);
+    L.expertIds = take(sizeof(int32_t) * tile * p.topK);
+    L.routingWeights = take(sizeof(float) * tile * p.topK);
+    L.departmentIds = take(sizeof(int32_t) * tile * p.topK);
+    L.keptDepartments = take(sizeof(int32_t) * tile * p.topDepartments);
     L.hShared = take(sizeof(float) * tile * static_cast<size_t>(p.sharedExpertWidth));
     L.hDepartment = take(sizeof(float) * tile * L.departmentSlotsPerToken * static_cast<size_t>(p.sharedWidth));
     L.hExpert = take(sizeof(float) * tile * p.topK * static_cast<size_t>(p.privateWidth));
-    L.partials = take(sizeof(float) * tile * L.partialSlots * d);
+    L.sharedOut = take(sizeof(float) * tile * (p.sharedExpertWidth ? d : 0));
     L.forwardBytes = offset;
     return L;
 }
@@ -396,12 +397,11 @@ Status checkSupported(LayerParams const& params, DataType dtype) noexcept
     DEAMOE_RETURN_IF_FAILED(validate(params));
     DEAMOE_RETURN_IF_FAILED(detail::checkDtype(static_cast<int32_t>(dtype)));
     DEAMOE_RETURN_IF_FAILED(detail::checkVectorizable(params, dtype));
-    size_t const oneToken = detail::routePlanSmemBytes(params, 1);
-    if (oneToken > detail::kSmemBudget)
+    size_t const routing = detail::routedSmemBytes(params);
+    if (routing > detail::kSmemBudget)
         return fail(Status::kUNSUPPORTED,
-            "num_experts %d, top_k %d: the routing/plan block needs %zu bytes of shared memory for one token, over "
-            "its %zu-byte budget",
-            params.numDepartments * params.expertsPerDepartment, params.topK, oneToken, detail::kSmemBudget);
+            "num_experts %d, top_k %d: the routing blocks need %zu bytes of shared memory, over their %zu-byte budget",
+            params.numDepartments * params.expertsPerDepartment, params.topK, routing, detail::kSmemBudget);
     return Status::kSUCCESS;
 }
 

@@ -140,7 +140,7 @@ Status routeLogits(LayerParams const& params, DataType dtype, float const* logit
 // Programmatic dependent launch (Hopper and newer; ignored before sm_90): each forward
 // kernel may be scheduled while the previous one drains, hiding launch gaps. Results are
 // identical either way (every kernel waits for its predecessor before touching memory).
-// Off by default; DEAMOE_PROGRAMMATIC_LAUNCH=1 in the environment turns it on at load.
+// On by default; DEAMOE_PROGRAMMATIC_LAUNCH=0 in the environment turns it off at load.
 // Process-wide; safe inside CUDA graph capture (CUDA >= 12.3).
 void setProgrammaticLaunch(bool enabled) noexcept;
 bool programmaticLaunch() noexcept;

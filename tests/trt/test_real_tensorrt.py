@@ -1,7 +1,7 @@
 """End to end on a real GPU with real TensorRT: export, build, validate against the reference.
 
 Skipped unless TensorRT imports, a CUDA GPU is visible and (for the C++ route) the plugin
-library is built (DEAMOE_TRT_PLUGIN or build/plugins). plugins/deamoe/trt_device_check.py
+library is built (DEAMOE_TRT_PLUGIN or build/plugins). `deamoe-trt check-trt` (deamoe_trt/checks/trt_device.py)
 runs the same steps and more (the qwen3-30b-a3b-layer preset, timings) as one script.
 """
 

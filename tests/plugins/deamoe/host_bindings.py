@@ -1,5 +1,5 @@
 """ctypes wrappers for the test-only host build of the kernels' routing and plan logic
-(plugins/deamoe/deamoeHostTest.cpp), returning torch tensors shaped like deamoe_trt.routing."""
+(tests/plugins/deamoe/deamoeHostTest.cpp), returning torch tensors shaped like deamoe_trt.routing."""
 
 from __future__ import annotations
 

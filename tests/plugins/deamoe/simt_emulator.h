@@ -231,6 +231,21 @@ inline int atomicAdd(int* address, int value)
     return __atomic_fetch_add(address, value, __ATOMIC_SEQ_CST);
 }
 
+inline int atomicExch(int* address, int value)
+{
+    return __atomic_exchange_n(address, value, __ATOMIC_SEQ_CST);
+}
+
+// Blocks run one at a time here, so a spin wait on another block's flag can only succeed
+// if that block ran earlier: one that spins this long never will (a kernel bug), abort.
+inline void __nanosleep(unsigned)
+{
+    thread_local long spins = 0;
+    if (++spins > 10'000'000)
+        simt::die("spin wait never satisfied (the flag's writer must run first)");
+    std::this_thread::yield();
+}
+
 inline unsigned atomicOr(unsigned* address, unsigned value)
 {
     return __atomic_fetch_or(address, value, __ATOMIC_SEQ_CST);

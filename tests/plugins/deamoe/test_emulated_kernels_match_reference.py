@@ -4,13 +4,14 @@ The emulated library is the real kernel source (plugins/deamoe/*.cu) behind the 
 ABI, driven through deamoe_trt.cuda's own marshalling (_ops) with CPU tensors: launch
 geometry, the plan's consumption, warp reductions, the fused ordered down reduction and
 the tile loop all run. Timing and memory behaviour are not modelled (see
-tests/plugins/deamoe/simt_emulator.h); plugins/deamoe/gpu_check.py covers the GPU.
+tests/plugins/deamoe/simt_emulator.h); `deamoe-trt check-gpu` (deamoe_trt/checks/gpu.py) covers the GPU.
 """
 
 from __future__ import annotations
 
 import copy
 import ctypes
+import os
 
 import pytest
 import torch
@@ -215,7 +216,42 @@ def test_workspace_size_grows_with_tokens_up_to_one_tile(emulated_lib):
     sizes = [_ops.workspace_bytes(emulated_lib, c, t, torch.bfloat16) for t in (1, 2, 16, 17, 4096)]
     assert 0 < sizes[0] < sizes[1] < sizes[2]
     assert sizes[2] == sizes[3] == sizes[4]  # the batch runs in tiles of 16 tokens
-    assert sizes[2] < 16 * 2**20  # a few MiB: partials of 16 tokens x 11 slots x 7168 floats
+    # About 1 MiB: float32 intermediates h and the shared experts' [16][7168] output; no
+    # per-part output partials (16 tokens x 11 slots x 7168 floats would be 5 MiB).
+    assert sizes[2] < 2 * 2**20
+
+
+# More used parts than a down block stages at once (kDownPartsPerGroup = 32): 16 tokens x
+# top-8 over 64 experts, plus departments and a gated shared expert, so K2 runs all three
+# roles (4 routing blocks, shared down, routed gate/up) and K3 several part groups.
+MANY_PARTS = DeaMoEConfig(
+    hidden_size=32,
+    num_departments=4,
+    experts_per_department=16,
+    shared_intermediate_size=16,
+    private_intermediate_size=8,
+    top_k=8,
+    top_departments=2,
+    shared_expert_intermediate_size=16,
+    shared_expert_gate=True,
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
+def test_every_token_tile_and_dtype_matches_reference(emulated_lib, dtype, tolerance):
+    layer = DeaMoELayer.random(MANY_PARTS, seed=11, dtype=dtype)
+    x = hidden(MANY_PARTS, 16, seed=12, dtype=dtype)
+    assert layer.route(x).used_experts().numel() > 32  # more than one part group
+    for n in (1, 2, 3, 5, 16):  # every token tile: 1, 2, 4, 8, 16
+        y = _ops.forward_with(emulated_lib, layer, x[:n])
+        assert y.dtype == dtype and torch.isfinite(y).all()
+        assert relative_error(y, reference_fp32(layer, x[:n])) < tolerance, n
+
+
+def test_programmatic_launch_is_on_by_default(emulated_lib):
+    # On unless DEAMOE_PROGRAMMATIC_LAUNCH=0 at load; it takes effect on sm_90+ only.
+    assert emulated_lib.deamoe_programmatic_launch() == int(os.environ.get("DEAMOE_PROGRAMMATIC_LAUNCH", "1") != "0")
 
 
 @pytest.mark.parametrize(

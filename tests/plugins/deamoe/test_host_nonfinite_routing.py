@@ -18,12 +18,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import compile_shared
 
+from deamoe_trt.checks.emulated import EMULATOR_DIR, KERNEL_DIR
 from deamoe_trt.config import DeaMoEConfig
+from deamoe_trt.native import find_cxx
 from deamoe_trt.routing import Routing, route_logits
-from plugins.conftest import KERNEL_DIR, REPO, compile_shared, find_cxx
 from plugins.deamoe.host_bindings import plan
 from plugins.deamoe.host_bindings import route_logits as host_route_logits
+
+REPO = KERNEL_DIR.parents[1]
 
 MODES = list(itertools.product(["softmax", "sigmoid"], ["max", "sum_top2", "sum"], [False, True]))
 NAN, INF = float("nan"), float("inf")
@@ -154,7 +158,11 @@ def test_nonfinite_tokens_under_address_and_ub_sanitizers(tmp_path):
         pytest.skip(f"{cxx} has no AddressSanitizer runtime (libasan.so)")
     lib = tmp_path / "libdeamoe_host_sanitized.so"
     flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
-    compile_shared(cxx, ["-std=c++17", "-O1", "-ffp-contract=off", *flags, str(KERNEL_DIR / "deamoeHostTest.cpp")], lib)
+    compile_shared(
+        cxx,
+        ["-std=c++17", "-O1", "-ffp-contract=off", *flags, f"-I{KERNEL_DIR}", str(EMULATOR_DIR / "deamoeHostTest.cpp")],
+        lib,
+    )
     out = tmp_path / "results.json"
     child = (
         "import ctypes, json, sys; "

@@ -1,10 +1,8 @@
-#!/usr/bin/env python3
 """GPU check of the DeaMoE CUDA kernels: correctness against the PyTorch reference, then speed.
 
-    PYTHONUNBUFFERED=1 python plugins/deamoe/gpu_check.py --out DIR
+    deamoe-trt check-gpu --out DIR        (or: python -m deamoe_trt.checks.gpu --out DIR)
 
-On any CUDA machine with PyTorch (no install needed: it imports deamoe_trt from this
-checkout). It
+On any CUDA machine with PyTorch. It
 1. builds the kernels for the local GPU only (CMake + nvcc, cached in ~/.cache/deamoe_trt);
 2. measures the device copy bandwidth (a 1 GiB device-to-device copy; bytes read + written)
    and a read-only bandwidth;
@@ -17,13 +15,16 @@ checkout). It
    buffer) before each; eager launches and CUDA-graph replay; programmatic dependent launch
    off and on. Reports bytes loaded per step (deamoe_trt.traffic.weights_loaded on the
    kernels' routing of that input), achieved bandwidth, its fraction of the copy bandwidth
-   and the speedups;
+   and the speedups; per kernel (torch.profiler, 1 token), its time, its bytes
+   (deamoe_trt.perf_model's per-kernel account of the same routing), its bandwidth and the
+   model's predicted time for this GPU;
 5. writes DIR/gpu_check.json (everything) and DIR/gpu_check.txt (the tables), prints them.
 Exit status 0 when every correctness check passed (performance targets are reported, not
 enforced), 1 otherwise. Designed to finish in under 5 minutes on an H200 (--budget-s).
 
---dry-run runs the same flow on the CPU through the SIMT-emulated kernel library (tests)
-with shrunken presets: a check of this script, not of the GPU.
+--dry-run runs the same flow on the CPU through the SIMT-emulated kernel library
+(deamoe_trt.checks.emulated; needs a source checkout) with shrunken presets: a check of
+this script, not of the GPU.
 """
 
 from __future__ import annotations
@@ -35,29 +36,23 @@ import json
 import math
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import torch
+from torch.nn import functional as F
 
-import torch  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
-
-from deamoe_trt.config import DeaMoEConfig  # noqa: E402
-from deamoe_trt.layer import DeaMoELayer  # noqa: E402
-from deamoe_trt.presets import PRESETS  # noqa: E402
-from deamoe_trt.routing import Routing, route_logits  # noqa: E402
-
-try:
-    from deamoe_trt.traffic import weights_loaded
-except ImportError:  # pragma: no cover - older checkouts: the spec's formula inline
-    weights_loaded = None
+from .. import perf_model
+from ..bench.timing import percentile
+from ..config import DeaMoEConfig
+from ..layer import DeaMoELayer
+from ..presets import PRESETS
+from ..routing import Routing, route_logits
+from ..traffic import weights_loaded
+from .emulated import build_emulated_library
 
 T0 = time.perf_counter()
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -102,8 +97,8 @@ class GpuBackend:
     def router_logits(self, layer, x):
         return self.cuda.router_logits(layer, x)
 
-    def set_programmatic_launch(self, enabled: bool) -> None:
-        self.cuda.set_programmatic_launch(enabled)
+    def set_programmatic_launch(self, enabled: bool) -> bool:
+        return self.cuda.set_programmatic_launch(enabled)
 
     def sync(self) -> None:
         torch.cuda.synchronize()
@@ -149,16 +144,7 @@ class EmulatedBackend:
 
     @staticmethod
     def _build() -> Path:
-        sys.path.insert(0, str(REPO / "tests"))
-        from plugins.conftest import EMULATOR_DIR, KERNEL_DIR, find_cuda_include, find_cxx
-
-        out = Path("/tmp") / "deamoe_gpu_check_dry_run" / "libdeamoe_emulated.so"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [find_cxx(), "-std=c++20", "-O2", "-pthread", "-ffp-contract=off", "-shared", "-fPIC",
-               f"-I{find_cuda_include()}", f"-I{KERNEL_DIR}", f"-I{EMULATOR_DIR}",
-               str(EMULATOR_DIR / "emulated_kernels.cpp"), "-o", str(out)]  # fmt: skip
-        subprocess.run(cmd, check=True)
-        return out
+        return build_emulated_library(Path("/tmp") / "deamoe_gpu_check_dry_run" / "libdeamoe_emulated.so")
 
     def forward(self, layer, x):
         return self._ops.forward_with(self.lib, layer, x)
@@ -169,8 +155,10 @@ class EmulatedBackend:
     def router_logits(self, layer, x):
         return self._ops.router_logits_with(self.lib, layer, x)
 
-    def set_programmatic_launch(self, enabled: bool) -> None:
+    def set_programmatic_launch(self, enabled: bool) -> bool:
+        previous = bool(self.lib.deamoe_programmatic_launch())
         self.lib.deamoe_set_programmatic_launch(int(enabled))
+        return previous
 
     def sync(self) -> None:
         pass
@@ -392,17 +380,7 @@ def measure_bandwidth(backend, size_bytes: int, repeats: int) -> dict:
 
 
 def step_bytes(config: DeaMoEConfig, routing: Routing, bytes_per_weight: int) -> int:
-    if weights_loaded is not None:
-        return int(weights_loaded(config, routing, bytes_per_weight).total)
-    c, d, b = config, config.hidden_size, bytes_per_weight  # the spec's formula
-    used_d = int(routing.used_departments().numel()) if c.shared_intermediate_size else 0
-    used_e = int(routing.used_experts().numel()) if c.private_intermediate_size else 0
-    return (
-        used_d * 3 * d * c.shared_intermediate_size * b
-        + used_e * 3 * d * c.private_intermediate_size * b
-        + c.num_experts * d * b
-        + 3 * d * c.shared_expert_intermediate_size * b
-    )
+    return int(weights_loaded(config, routing, bytes_per_weight).total)
 
 
 @dataclass
@@ -421,8 +399,8 @@ class Timing:
             "pdl": self.pdl,
             "iterations": len(t),
             "median_us": statistics.median(t),
-            "p10_us": t[len(t) // 10],
-            "p90_us": t[min(len(t) - 1, (9 * len(t)) // 10)],
+            "p10_us": percentile(t, 10),
+            "p90_us": percentile(t, 90),
         }
         if self.bytes_per_step:
             per_iter = [b / us / 1e3 for b, us in zip(self.bytes_per_step, self.times_us, strict=True)]
@@ -448,7 +426,7 @@ class Bench:
 
     def kernels(self, variant: str, layer, xs, routing_bytes, pdl: bool) -> list[Timing]:
         b = self.backend
-        b.set_programmatic_launch(pdl)
+        previous = b.set_programmatic_launch(pdl)
         try:
             with torch.no_grad():
                 for i in range(min(3, len(xs))):
@@ -475,7 +453,7 @@ class Bench:
                     del graph
             return timings
         finally:
-            b.set_programmatic_launch(False)
+            b.set_programmatic_launch(previous)
 
     def reference(self, layer, xs) -> Timing:
         count = min(self.torch_iters, len(xs))
@@ -486,12 +464,33 @@ class Bench:
         return Timing("torch", "eager", False, times)
 
 
-def profile_kernels(backend, layer, xs) -> list[dict]:
-    """Per-kernel GPU time of the DeaMoE forward (torch.profiler / CUPTI), if available."""
+KERNEL_ORDER = ("routerSharedKernel", "routedKernel", "downKernel")  # K1, K2, K3
+
+
+def model_device() -> perf_model.Device | None:
+    """The performance model's entry for this GPU, if it has one."""
+    name = torch.cuda.get_device_name(0).lower() if torch.cuda.is_available() else ""
+    for key in ("h200", "h100", "a40", "orin"):
+        if key in name:
+            return perf_model.DEVICES[key]
+    return None
+
+
+def profile_kernels(backend, layer, xs, routings) -> list[dict]:
+    """Per-kernel GPU time of the DeaMoE forward (torch.profiler / CUPTI), with each kernel's
+    bytes (the performance model's per-kernel account of these inputs' routing), its
+    bandwidth and the model's predicted time for this GPU (when it knows the GPU)."""
     if backend.name != "cuda":
         return []
     from torch.profiler import ProfilerActivity, profile
 
+    c, tokens = layer.config, xs[0].shape[0]
+    bytes_per_weight = torch.finfo(layer.dtype).bits // 8
+    used = [(int(r.used_departments().numel()), int(r.used_experts().numel())) for r in routings]
+    u_d = round(statistics.mean(u for u, _ in used))
+    u_e = round(statistics.mean(u for _, u in used))
+    device = model_device()
+    model = perf_model.predict_step(c, device or perf_model.DEVICES["h200"], tokens, bytes_per_weight, u_d, u_e)
     with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         for x in xs:
             backend.forward(layer, x)
@@ -499,8 +498,17 @@ def profile_kernels(backend, layer, xs) -> list[dict]:
     rows = []
     for event in prof.key_averages():
         total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
-        if total and event.count:
-            rows.append({"name": event.key[:120], "calls": event.count, "avg_us": total / event.count})
+        if not (total and event.count):
+            continue
+        row = {"name": event.key[:120], "calls": event.count, "avg_us": total / event.count}
+        for i, kernel in enumerate(KERNEL_ORDER):
+            if kernel in event.key:
+                row["kernel"] = f"K{i + 1}"
+                row["bytes"] = model[i].weight_bytes
+                row["bandwidth_GBps"] = model[i].weight_bytes / row["avg_us"] / 1e3
+                if device is not None:
+                    row["predicted_us"] = 1e6 * model[i].seconds
+        rows.append(row)
     rows.sort(key=lambda r: -r["avg_us"] * r["calls"])
     return rows[:12]
 
@@ -568,9 +576,11 @@ def bench_preset(backend, bench: Bench, preset: str, layer: DeaMoELayer, tokens:
                 + f" | expanded {e['median_us']:8.1f} us | x{speedups.get('vs_expanded_eager', 0):.2f} vs expanded"
                 f", x{speedups.get('vs_torch_eager', 0):.1f} vs torch | U_d {used_d:.1f} U_e {used_e:.1f}"
             )
-            if tokens[0] == T and backend.name == "cuda":
-                with contextlib.suppress(Exception):
-                    entry["profile"] = profile_kernels(backend, layer, xs[:5])
+            if T in pdl_tokens and backend.name == "cuda":
+                try:
+                    entry["profile"] = profile_kernels(backend, layer, xs[:5], routings[:5])
+                except Exception as exc:  # the profiler is optional: record why, go on
+                    results["skipped"].append(f"{preset} per-kernel profile: {type(exc).__name__}: {exc}")
             del xs, routings
     finally:
         free(twin)
@@ -632,6 +642,16 @@ def table(results: dict) -> str:
             f"{num(s.get('vs_expanded_eager_pdl'), '6.2f')} {num(r.get('median_us'), '9.1f')} "
             f"{num(s.get('vs_torch_eager'), '7.1f')}"
         )
+    profiles = [(b, k) for b in results["benchmarks"] for k in b.get("profile") or [] if "kernel" in k]
+    if profiles:
+        lines.append("")
+        lines.append("per kernel (torch.profiler; bytes and prediction from deamoe_trt.perf_model)")
+        for b, k in profiles:
+            predicted = f"{k['predicted_us']:8.1f}" if "predicted_us" in k else "       -"
+            lines.append(
+                f"  {b['preset']:20s} {b['dtype']:4s} T={b['tokens']:2d} {k['kernel']} {k['avg_us']:8.1f} us "
+                f"{k['bytes'] / 1e6:8.1f} MB {k['bandwidth_GBps']:6.0f} GB/s  predicted {predicted} us"
+            )
     if results.get("targets"):
         lines.append("")
         lines.append("targets (deepseek-v3-layer, bf16, 1 token)")
@@ -688,7 +708,9 @@ def shrink(config: DeaMoEConfig) -> DeaMoEConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="deamoe-trt check-gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", required=True, type=Path, help="folder for gpu_check.json and gpu_check.txt")
     parser.add_argument("--library", help="a built libdeamoe_kernels.so (default: build for this GPU, cached)")
     parser.add_argument("--tokens", default="1,2,4,8,16", help="token counts to benchmark")
@@ -698,7 +720,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-bench", action="store_true", help="correctness only")
     parser.add_argument("--budget-s", type=float, default=270.0, help="stop starting benchmarks after this many s")
     parser.add_argument("--dry-run", action="store_true", help="CPU + SIMT-emulated kernels, shrunken presets")
+    parser.add_argument("--presets", default="tiny,deepseek-v3-layer,qwen3-30b-a3b-layer", help="presets to run")
     args = parser.parse_args(argv)
+    global T0
+    T0 = time.perf_counter()  # --budget-s counts from here, not from the import
+    selected = [p for p in args.presets.split(",") if p]
+    if unknown := [p for p in selected if p not in PRESETS]:
+        print(f"check-gpu: unknown preset(s) {', '.join(unknown)}; choose from {', '.join(PRESETS)}", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     tokens = [int(t) for t in args.tokens.split(",") if t]
     pdl_tokens = {int(t) for t in args.pdl_tokens.split(",") if t}
@@ -719,7 +748,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     if not args.dry_run:
         if not torch.cuda.is_available():
-            print("gpu_check: torch.cuda.is_available() is False; this check needs a CUDA GPU (or --dry-run)")
+            print(
+                "check-gpu: torch.cuda.is_available() is False; this check needs a CUDA GPU (or --dry-run)",
+                file=sys.stderr,
+            )
             return 2
         props = torch.cuda.get_device_properties(0)
         env.update(
@@ -757,10 +789,12 @@ def main(argv: list[str] | None = None) -> int:
         "deepseek-v3-layer": [1, 4, 16, 20],
     }
     if dry:
-        check_tokens = {"tiny": [1, 3], "qwen3-30b-a3b-layer": [1, 2], "deepseek-v3-layer": [1, 2]}
-        tokens = tokens[:2]
-        args.iters = min(args.iters, 2)
-        args.torch_iters = min(args.torch_iters, 2)
+        # A check of the flow, not of the kernels (tests/plugins does that): one token
+        # count, one iteration; the emulator runs each CUDA thread as a host thread.
+        check_tokens = {name: [2] for name in check_tokens}
+        tokens = tokens[:1]
+        args.iters = 1
+        args.torch_iters = 1
 
     try:
         log("measuring device bandwidth")
@@ -780,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
         ("deepseek-v3-layer", [torch.bfloat16], torch.bfloat16),
         ("qwen3-30b-a3b-layer", [torch.float32, torch.bfloat16], torch.bfloat16),
     ]
-    for preset, check_dtypes, bench_dtype in plan:
+    for preset, check_dtypes, bench_dtype in [step for step in plan if step[0] in selected]:
         config = presets[preset]
         for dtype in check_dtypes:
             layer = None

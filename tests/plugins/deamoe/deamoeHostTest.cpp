@@ -3,8 +3,8 @@
  * deamoePlan.cuh) compiled for the CPU, so tests/plugins/ can check it against
  * deamoe_trt/routing.py without a GPU. Not part of the kernel library.
  *
- * Build: c++ -std=c++17 -O2 -ffp-contract=off -shared -fPIC deamoeHostTest.cpp -o libdeamoe_host_test.so
- * (the pytest session fixture in tests/plugins/conftest.py does this).
+ * Build: c++ -std=c++17 -O2 -ffp-contract=off -shared -fPIC -Iplugins/deamoe deamoeHostTest.cpp -o libdeamoe_host_test.so
+ * (the pytest session fixture in tests/conftest.py does this).
  */
 #include <vector>
 

@@ -1,0 +1,63 @@
+"""The kernel library built for the CPU under the SIMT emulator (tests/plugins/deamoe/):
+the real kernel source behind the real C ABI, on host memory. The tests use it, and so does
+`deamoe-trt check-gpu --dry-run`, which needs this source checkout (the emulator is not
+part of the installed package)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from ..cuda._library import plugins_dir
+from ..errors import MissingDependencyError
+from ..native import find_cxx
+
+KERNEL_DIR = plugins_dir() / "deamoe"
+EMULATOR_DIR = plugins_dir().parent / "tests" / "plugins" / "deamoe"
+
+
+def find_cuda_include() -> Path | None:
+    """A CUDA toolkit include directory (cuda_fp16.h, cuda_runtime_api.h), if any."""
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        homes.append(str(Path(nvcc).resolve().parents[1]))
+    for home in homes:
+        if home:
+            include = Path(home) / "include"
+            if (include / "cuda_fp16.h").is_file() and (include / "cuda_runtime_api.h").is_file():
+                return include
+            for include in sorted((Path(home) / "targets").glob("*/include")):
+                if (include / "cuda_fp16.h").is_file():
+                    return include
+    return None
+
+
+def emulated_library_command(cxx: str, include: Path, output: Path) -> list[str]:
+    """The compiler command that builds libdeamoe_emulated.so."""
+    return [
+        cxx, "-std=c++20", "-O2", "-pthread", "-ffp-contract=off", "-Wall", "-Wextra", "-Wno-unknown-pragmas",
+        "-Werror", "-Wl,--no-undefined", f"-I{include}", f"-I{KERNEL_DIR}", f"-I{EMULATOR_DIR}",
+        str(EMULATOR_DIR / "emulated_kernels.cpp"), "-shared", "-fPIC", "-o", str(output),
+    ]  # fmt: skip
+
+
+def build_emulated_library(output: Path) -> Path:
+    """Builds the emulated library at `output`; MissingDependencyError when the compiler,
+    the CUDA headers or the emulator source (a source checkout) are missing."""
+    cxx, include = find_cxx(), find_cuda_include()
+    if cxx is None:
+        raise MissingDependencyError("no C++ compiler (c++, g++ or clang++) on PATH to build the emulated kernels")
+    if include is None:
+        raise MissingDependencyError("no CUDA toolkit headers (cuda_fp16.h) via CUDA_HOME, nvcc or /usr/local/cuda")
+    if not (EMULATOR_DIR / "emulated_kernels.cpp").is_file():
+        raise MissingDependencyError(f"the SIMT emulator source is not here ({EMULATOR_DIR}): use a source checkout")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(
+        emulated_library_command(cxx, include, output), capture_output=True, text=True, timeout=900, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"compiling {output.name} failed:\n{result.stderr[-4000:]}")
+    return output

@@ -1,0 +1,40 @@
+"""`deamoe-trt check-gpu`: its --dry-run runs the whole flow (correctness, timing of the
+kernels and of the expanded twin with programmatic launch off and on, the report) through
+the SIMT-emulated kernel library; on a GPU it is the one command that measures the kernels."""
+
+import json
+
+import pytest
+
+from deamoe_trt.checks.gpu import main
+from deamoe_trt.cli.main import main as cli_main
+from deamoe_trt.presets import PRESETS
+
+
+@pytest.mark.slow
+def test_dry_run_checks_and_times_through_the_emulator(emulated_lib, tmp_path):
+    argv = ["--dry-run", "--library", emulated_lib._name, "--presets", "deepseek-v3-layer", "--tokens", "1",
+            "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    results = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert results["correctness"] and all(r["pass"] for r in results["correctness"])
+    assert {r["preset"] for r in results["correctness"]} == {"deepseek-v3-layer"}
+    (bench,) = results["benchmarks"]
+    timings = {(t["variant"], t["mode"], t["pdl"]): t for t in bench["timings"]}
+    assert {("deamoe", "eager", False), ("deamoe", "eager", True), ("expanded", "eager", False)} <= set(timings)
+    # One token of the (shrunken) preset: the spec's bytes for k experts and min(g, k)
+    # departments, against the twin's k experts of the full width.
+    c = PRESETS["deepseek-v3-layer"]
+    deamoe, twin = timings[("deamoe", "eager", False)], timings[("expanded", "eager", False)]
+    assert twin["bytes_per_step_mean"] > deamoe["bytes_per_step_mean"] > 0
+    assert bench["mean_used_experts"] == c.top_k
+    assert "speedup vs expanded" in " ".join(results["targets"].values())
+    report = (tmp_path / "gpu_check.txt").read_text()
+    assert "PASS deepseek-v3-layer" in report and "targets" in report
+
+
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path, capsys):
+    assert cli_main(["check-gpu", "--presets", "nope", "--out", str(tmp_path)]) == 2
+    assert "unknown preset(s) nope" in capsys.readouterr().err
+    assert main(["--out", str(tmp_path), "--presets", "tiny"]) == 2  # no GPU here, no --dry-run
+    assert "needs a CUDA GPU" in capsys.readouterr().err
