@@ -18,7 +18,7 @@ from ..report import Progress
 from ..routing import Routing, route
 from . import grouping
 from .experts import ExpertWeights
-from .fit import ALIGNED, NAIVE, DepartmentParts, Method, build_department, merge_department, tokens_of
+from .fit import ALIGNED, NAIVE, DepartmentParts, build_department, merge_department, tokens_of
 
 GROUPINGS = ("cluster", "keep")
 METHODS = ("aligned", "naive", "merged")
@@ -129,7 +129,7 @@ def convert_layer(
         raise UsageError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     experts = ExpertWeights.of(source)
     c = source.config
-    n, m = c.num_experts, c.num_experts // settings.departments
+    m = c.num_experts // settings.departments
     check_calibration(hidden, c)
     x = hidden.reshape(-1, c.hidden_size).float()
     routing = source.route(x)

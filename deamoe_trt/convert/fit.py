@@ -211,7 +211,7 @@ def fit_downs(
         ds_t = torch.linalg.solve(schur, rhs_s)  # [f_s, d]
         shared_down = ds_t.t().float().contiguous()
     private_downs = []
-    for (_, b, _), sol, start in zip(blocks, solved, private_starts, strict=True):
+    for sol, start in zip(solved, private_starts, strict=True):
         if sol is None:
             private_downs.append(start)
             continue
