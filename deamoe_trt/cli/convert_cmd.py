@@ -65,6 +65,12 @@ def register(subparsers) -> None:
         help="language models: a UTF-8 text (default: the shipped text); layers: a safetensors file with "
         "hidden_states [T, d] (default: random hidden states)",
     )
+    parser.add_argument(
+        "--calibration-tokens",
+        type=common.positive_int,
+        default=4096,
+        help="layers without --calibration: random calibration hidden states (default 4096, plus 1/4 held out)",
+    )
     parser.add_argument("--heal-steps", type=_non_negative, default=0, help="distillation steps (default 0)")
     parser.add_argument("--heal-lr", type=float, default=1e-3, help="healing learning rate (default 1e-3)")
     parser.add_argument("--report", metavar="R.json", help="write the comparison report as JSON")
@@ -137,7 +143,7 @@ def _run(args) -> int:
         stack = load_checkpoint(args.source)
         settings.check(stack.config)
         hidden = read_hidden(args.calibration) if args.calibration else None
-        source = stack_source(stack, hidden, seed=args.seed)
+        source = stack_source(stack, hidden, seed=args.seed, tokens=args.calibration_tokens)
 
     sweep = SWEEP if args.plot else ()
     result, report = convert_model(source, settings, compare=not args.no_compare, sweep=sweep)

@@ -84,16 +84,18 @@ def build_department(
     usage = torch.tensor([float(t.weight.sum()) for t in tokens]) + 1e-6
     usage = usage / usage.sum() if method.weighted else torch.full((len(members),), 1.0 / len(members))
 
+    vectors = [neuron_vectors(*w) for w in weights] if shared_size and method.select == "importance" else None
     if shared_size and method.align and len(members) > 1:
-        perms = align(weights, usage)
+        perms = align(vectors, usage)
     else:
         perms = [torch.arange(f) for _ in members]
+    vectors = [v[p] for v, p in zip(vectors, perms, strict=True)] if vectors else None
     aligned = [(g[p], u[p], dn[:, p]) for (g, u, dn), p in zip(weights, perms, strict=True)]
     importance = [imp[p] for imp, p in zip(importance, perms, strict=True)]
     activations = [h[:, p] for h, p in zip(activations, perms, strict=True)]
 
     mean = tuple(sum(w * part[i] for w, part in zip(usage.tolist(), aligned, strict=True)) for i in range(3))
-    shared_slots, private_slots = _choose_slots(aligned, mean, importance, usage, shared_size, private_size, method)
+    shared_slots, private_slots = _choose_slots(vectors, mean, importance, usage, shared_size, private_size, method)
     shared = (mean[0][shared_slots], mean[1][shared_slots], mean[2][:, shared_slots]) if shared_size else None
     private = [(g[s], u[s], dn[:, s]) for (g, u, dn), s in zip(aligned, private_slots, strict=True)]
 
@@ -125,17 +127,22 @@ def _importance(activations: torch.Tensor, weight: torch.Tensor, down: torch.Ten
     return mean_abs * down.norm(dim=0)
 
 
-def _choose_slots(aligned, mean, importance, usage, shared_size, private_size, method):
+def _choose_slots(vectors, mean, importance, usage, shared_size, private_size, method):
     f = mean[0].shape[0]
-    if method.select == "index":
+    if method.select == "index" or not shared_size:
         shared = torch.arange(shared_size)
-        private = [torch.arange(shared_size, shared_size + private_size) for _ in aligned]
+        private = [torch.arange(shared_size, shared_size + private_size) for _ in importance]
+        if method.select == "importance":  # no sharing: each expert keeps its most important neurons
+            return shared, [
+                torch.sort(torch.sort(imp, descending=True, stable=True).indices[:private_size]).values
+                for imp in importance
+            ]
         return shared, private
     template = neuron_vectors(*mean)
     cost = torch.zeros(f)
-    for w, part, imp in zip(usage.tolist(), aligned, importance, strict=True):
+    for w, v, imp in zip(usage.tolist(), vectors, importance, strict=True):
         # Importance of an unused expert is 0; give its neurons a floor so they still count.
-        cost += w * (imp + 1e-6) * (neuron_vectors(*part) - template).norm(dim=1)
+        cost += w * (imp + 1e-6) * (v - template).norm(dim=1)
     shared = torch.sort(torch.sort(cost, stable=True).indices[:shared_size]).values
     rest = torch.ones(f, dtype=torch.bool)
     rest[shared] = False

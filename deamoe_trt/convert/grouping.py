@@ -19,7 +19,7 @@ from ..routing import Routing
 from .experts import ExpertWeights
 
 # Hidden states used for output similarity (outputs of every expert on every one of them).
-SIMILARITY_TOKENS = 256
+SIMILARITY_TOKENS = 128
 PROJECTION = 64
 
 

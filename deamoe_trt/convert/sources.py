@@ -56,10 +56,10 @@ def lm_source(lm, tokenizer, text: str, *, seq_len: int = 128) -> Source:
     )
 
 
-def stack_source(stack, hidden: torch.Tensor | None = None, *, seed: int = 0) -> Source:
+def stack_source(stack, hidden: torch.Tensor | None = None, *, seed: int = 0, tokens: int = RANDOM_TOKENS) -> Source:
     d = stack.config.hidden_size
     if hidden is None:
-        hidden = random_hidden(RANDOM_TOKENS + RANDOM_TOKENS // 4, d, seed=seed)
+        hidden = random_hidden(tokens + max(64, tokens // 4), d, seed=seed)
     if hidden.dim() != 2 or hidden.shape[1] != d:
         raise UsageError(f"calibration hidden_states must have shape [tokens, {d}], got {list(hidden.shape)}")
     held = max(64, int(hidden.shape[0] * HELDOUT_FRACTION))
