@@ -150,6 +150,7 @@ def _run(args) -> int:
     report["source"]["path"] = str(args.source)
     summary = {
         "converted_from": str(args.source),
+        "source": report["source"],
         "expert_order": [order.tolist() for order in result.orders],
         "report": [r for r in report["rows"] if r["method"] in ("source", result.name)],
     }

@@ -90,3 +90,31 @@ def write_plot(report: dict, path: str | Path) -> Path:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return path
+
+
+def recorded_table(conversion: dict) -> str:
+    """The source and converted rows a converted checkpoint records (training.conversion)."""
+    rows = conversion["report"]
+    fraction = next(r["shared_fraction"] for r in rows if r["method"] != "source")
+    source = {"layers": len(rows[0]["relative_error"]), "num_experts": "?", "expert_width": "?", "top_k": "?"}
+    source.update(conversion.get("source", {}))
+    return report_table({"rows": rows, "source": source}, fraction=fraction)
+
+
+def lm_bytes_table(model, ids: list[int]) -> str:
+    """Measured now: bytes per one-token decoding step of a language model and of its vanilla
+    twin (shared neurons copied into every expert, one-stage top-k: the source's shape),
+    routing the tokens ids through each."""
+    import torch
+
+    from ..traffic import BYTES_PER_WEIGHT
+    from .metrics import step_bytes
+
+    measured = {}
+    for name in ("deamoe", "vanilla"):
+        twin = model.twin(name)
+        with torch.no_grad():
+            routings = twin(torch.tensor([ids])).routings
+        measured[name] = sum(step_bytes(twin.config.moe, r, BYTES_PER_WEIGHT[twin.dtype]) for r in routings)
+    rows = [(name, format_bytes(b), f"{b / measured['vanilla']:.1%}") for name, b in measured.items()]
+    return format_table(("model", "FFN weights/step", "vs vanilla"), rows, title=f"Measured on {len(ids)} tokens")

@@ -102,11 +102,12 @@ def convert_model(
     width = source.layers[0].config.expert_intermediate_size
     requested = settings.sizes(width)[0] / width
     fractions = [None, *(f for f in sweep if abs(round(f * width) / width - requested) > 1e-9)]
-    bar = Progress(len(source.layers), "convert: grouping", enabled=progress)
+    bar = Progress(len(source.layers), "convert: grouping experts", enabled=progress)
+    bar.update("", step=0)
     orders = []
-    for layer, x in zip(source.layers, source.calibration, strict=True):
+    for i, (layer, x) in enumerate(zip(source.layers, source.calibration, strict=True)):
         orders.append(plan_order(layer, x, settings))
-        bar.update()
+        bar.update(f"layer {i + 1}")
     rows = [_measure(source, _source_variant(source), source)]
     result = None
     for fraction in fractions:

@@ -164,9 +164,7 @@ def train(
     return result
 
 
-def _train(
-    model, tokenizer, train_ids, val_ids, settings: TrainSettings, progress: bool, label: str
-) -> TrainResult:
+def _train(model, tokenizer, train_ids, val_ids, settings: TrainSettings, progress: bool, label: str) -> TrainResult:
     start = time.perf_counter()
     initial_val = evaluate(model, val_ids, settings)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
