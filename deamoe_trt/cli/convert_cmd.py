@@ -148,11 +148,12 @@ def _run(args) -> int:
     sweep = SWEEP if args.plot else ()
     result, report = convert_model(source, settings, compare=not args.no_compare, sweep=sweep)
     report["source"]["path"] = str(args.source)
+    kept = [r for r in report["rows"] if r["method"] == "source" or r["shared_fraction"] == result.fraction]
     summary = {
         "converted_from": str(args.source),
         "source": report["source"],
         "expert_order": [order.tolist() for order in result.orders],
-        "report": [r for r in report["rows"] if r["method"] in ("source", result.name)],
+        "report": [r for r in kept if r["method"] in ("source", result.name)],
     }
     if is_lm:
         out = result.lm.save_pretrained(args.output, tokenizer=loaded.tokenizer, training={"conversion": summary})
@@ -162,8 +163,7 @@ def _run(args) -> int:
         converted = DeaMoEStack.from_layers(result.layers)
         converted.source = summary
         out = converted.save_pretrained(args.output)
-    requested = next(r["shared_fraction"] for r in report["rows"] if r["method"] == result.name)
-    print(report_table(report, fraction=requested))
+    print(report_table(report, fraction=result.fraction))
     if args.report:
         atomic_write_text(args.report, json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.report}")

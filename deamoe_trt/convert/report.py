@@ -101,10 +101,10 @@ def recorded_table(conversion: dict) -> str:
     return report_table({"rows": rows, "source": source}, fraction=fraction)
 
 
-def lm_bytes_table(model, ids: list[int]) -> str:
-    """Measured now: bytes per one-token decoding step of a language model and of its vanilla
+def lm_step_bytes(model, ids: list[int]) -> dict[str, float]:
+    """Bytes per one-token decoding step of a language model ("deamoe") and of its vanilla
     twin (shared neurons copied into every expert, one-stage top-k: the source's shape),
-    routing the tokens ids through each."""
+    routing the tokens ids through each; all blocks together."""
     import torch
 
     from ..traffic import BYTES_PER_WEIGHT
@@ -116,5 +116,10 @@ def lm_bytes_table(model, ids: list[int]) -> str:
         with torch.no_grad():
             routings = twin(torch.tensor([ids])).routings
         measured[name] = sum(step_bytes(twin.config.moe, r, BYTES_PER_WEIGHT[twin.dtype]) for r in routings)
+    return measured
+
+
+def lm_bytes_table(model, ids: list[int]) -> str:
+    measured = lm_step_bytes(model, ids)
     rows = [(name, format_bytes(b), f"{b / measured['vanilla']:.1%}") for name, b in measured.items()]
     return format_table(("model", "FFN weights/step", "vs vanilla"), rows, title=f"Measured on {len(ids)} tokens")

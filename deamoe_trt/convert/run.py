@@ -131,7 +131,7 @@ def _source_variant(source: Source) -> Variant:
 
 def _convert_all(source: Source, settings: ConvertSettings, orders, *, compare: bool, progress: bool) -> list[Variant]:
     width = source.layers[0].config.expert_intermediate_size
-    fraction = settings.sizes(width)[0] / width
+    fraction = round(settings.sizes(width)[0] / width, 4)
     n_layers = len(source.layers)
     if settings.department_score is None:
         settings = dataclasses.replace(settings, department_score=_common_score(source, settings, orders))
@@ -241,7 +241,7 @@ def _measure(source: Source, variant: Variant, reference: Source, *, settings: C
     c = variant.layers[0].config
     row = {
         "method": variant.name,
-        "shared_fraction": round(variant.fraction, 4),
+        "shared_fraction": variant.fraction,
         "f_s": c.shared_intermediate_size,
         "f_p": c.private_intermediate_size,
         "departments": c.num_departments,

@@ -7,12 +7,12 @@ import torch
 
 pytest.importorskip("transformers")
 
+from importers.hf_util import HIDDEN, hf_block
+
 from deamoe_trt.convert.core import ConvertSettings, convert_layer, expert_agreement
 from deamoe_trt.convert.metrics import relative_error, step_bytes
 from deamoe_trt.importers.hf import from_hf
 from deamoe_trt.inputs import random_hidden
-
-from importers.hf_util import HIDDEN, hf_block
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"])

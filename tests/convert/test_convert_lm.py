@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from deamoe_trt.cli.main import main as cli
+from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.convert.core import ConvertSettings
 from deamoe_trt.convert.run import convert_model
 from deamoe_trt.convert.sources import lm_source
-from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.lm import ByteTokenizer, DeaMoELM, LMConfig, load_lm
 from deamoe_trt.lm.train import shipped_text
 
