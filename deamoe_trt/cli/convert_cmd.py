@@ -13,30 +13,6 @@ import json
 from . import args as common
 
 
-def _fraction(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "convert", help="convert a trained vanilla MoE into a DeaMoE (departments + shared parts)", description=__doc__
@@ -45,10 +21,10 @@ def register(subparsers) -> None:
     common.add_output(parser, help="checkpoint directory to write (same kind as the source)")
     parser.add_argument("--departments", type=common.positive_int, required=True, help="D: must divide the experts")
     size = parser.add_mutually_exclusive_group(required=True)
-    size.add_argument("--shared-size", type=_non_negative, metavar="F_S", help="shared neurons per department")
-    size.add_argument("--shared-fraction", type=_fraction, metavar="X", help="f_s as a fraction of the expert width")
+    size.add_argument("--shared-size", type=common.non_negative_int, metavar="F_S", help="shared neurons/department")
+    size.add_argument("--shared-fraction", type=common.unit_fraction, metavar="X", help="f_s / the expert width f")
     parser.add_argument(
-        "--private-size", type=_non_negative, metavar="F_P", help="private neurons per expert (default f - f_s)"
+        "--private-size", type=common.non_negative_int, metavar="F_P", help="private neurons per expert (default f-f_s)"
     )
     parser.add_argument("--top-departments", type=common.positive_int, required=True, metavar="G", help="g")
     parser.add_argument(
@@ -71,7 +47,7 @@ def register(subparsers) -> None:
         default=4096,
         help="layers without --calibration: random calibration hidden states (default 4096, plus 1/4 held out)",
     )
-    parser.add_argument("--heal-steps", type=_non_negative, default=0, help="distillation steps (default 0)")
+    parser.add_argument("--heal-steps", type=common.non_negative_int, default=0, help="distillation steps (default 0)")
     parser.add_argument("--heal-lr", type=float, default=1e-3, help="healing learning rate (default 1e-3)")
     parser.add_argument("--report", metavar="R.json", help="write the comparison report as JSON")
     parser.add_argument(

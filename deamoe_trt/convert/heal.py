@@ -29,6 +29,15 @@ def _cosine_lr(optimizer, base: float, step: int, steps: int) -> None:
         group["lr"] = base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / max(1, steps))))
 
 
+def _step(optimizer, loss: torch.Tensor, progress: Progress | None, label: str) -> float:
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    if progress is not None:
+        progress.update(f"{label} {loss.item():.4f}")
+    return loss.item()
+
+
 def heal_layer(
     layer: DeaMoELayer,
     source: DeaMoELayer,
@@ -56,12 +65,7 @@ def heal_layer(
         batch = torch.randperm(x.shape[0], generator=gen)[:LAYER_BATCH]
         y = layer.forward_routed(x[batch], layer.route(x[batch]))
         loss = (y - target[batch]).pow(2).sum() / target[batch].pow(2).sum().clamp_min(1e-12)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        if progress is not None:
-            progress.update(f"layer loss {loss.item():.4f}")
+        losses.append(_step(optimizer, loss, progress, "layer loss"))
     layer.to(dtype)
     return losses
 
@@ -97,12 +101,7 @@ def heal_lm(
                 teacher = F.log_softmax(source(ids).logits, dim=-1)
             student = F.log_softmax(model(ids).logits, dim=-1)
             loss = F.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="batchmean")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-            if progress is not None:
-                progress.update(f"logit KL {loss.item():.4f}")
+            losses.append(_step(optimizer, loss, progress, "logit KL"))
     finally:
         for p in frozen:
             p.requires_grad_(True)
