@@ -38,8 +38,8 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--calibration",
         metavar="FILE",
-        help="language models: a UTF-8 text (default: the shipped text); layers: a safetensors file with "
-        "hidden_states [T, d] (default: random hidden states)",
+        help="language models: a UTF-8 text (default: the shipped text) or a safetensors file with input_ids; "
+        "layers: a safetensors file with hidden_states [T, d] (default: random hidden states)",
     )
     parser.add_argument(
         "--calibration-tokens",
@@ -82,7 +82,7 @@ def _run(args) -> int:
     from ..convert.core import ConvertSettings
     from ..convert.report import report_table, write_plot
     from ..convert.run import SWEEP, convert_model
-    from ..convert.sources import lm_source, read_hidden, read_text, stack_source
+    from ..convert.sources import lm_source, read_calibration_tensor, read_text, stack_source
     from ..errors import CheckpointError
     from ..lm.checkpoint import FORMAT as LM_FORMAT
 
@@ -109,7 +109,12 @@ def _run(args) -> int:
         from ..lm.train import shipped_text
 
         loaded = load_lm(args.source)
-        text = read_text(args.calibration) if args.calibration else shipped_text()
+        if not args.calibration:
+            text = shipped_text()
+        elif args.calibration.endswith(".safetensors"):
+            text = read_calibration_tensor(args.calibration, "input_ids")
+        else:
+            text = read_text(args.calibration)
         for layer in loaded.model.layers:
             settings.check(layer.mlp.config)
         source = lm_source(loaded.model, loaded.tokenizer, text)
@@ -118,7 +123,7 @@ def _run(args) -> int:
 
         stack = load_checkpoint(args.source)
         settings.check(stack.config)
-        hidden = read_hidden(args.calibration) if args.calibration else None
+        hidden = read_calibration_tensor(args.calibration, "hidden_states") if args.calibration else None
         source = stack_source(stack, hidden, seed=args.seed, tokens=args.calibration_tokens)
 
     sweep = SWEEP if args.plot else ()

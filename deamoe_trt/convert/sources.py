@@ -4,6 +4,7 @@ Language models: a text (default the shipped one), encoded with the model's toke
 split by position like training does: the first 90% calibrates, the last 10% is held out.
 Windows of seq_len + 1 tokens are taken evenly from each part. Each block's calibration
 hidden states are the source model's own FFN inputs on those windows.
+Token ids instead of a text: a safetensors file with "input_ids".
 Layer and stack checkpoints: random unit-variance hidden states (deamoe_trt.inputs), or a
 safetensors file with "hidden_states" [T, d]; 10% of its rows (at least the last 64) are
 held out. A stack's layer i sees the source stack's residual stream after layers < i.
@@ -35,8 +36,15 @@ def windows_of(ids: torch.Tensor, length: int, count: int) -> torch.Tensor:
     return torch.stack([ids[s : s + length] for s in starts.tolist()])
 
 
-def lm_source(lm, tokenizer, text: str, *, seq_len: int = 128) -> Source:
-    ids = torch.tensor(tokenizer.encode(text, what="the calibration text"), dtype=torch.long)
+def lm_source(lm, tokenizer, text: str | torch.Tensor, *, seq_len: int = 128) -> Source:
+    """text: a string (encoded with tokenizer) or token ids (any shape, read in order)."""
+    if isinstance(text, torch.Tensor):
+        ids = text.reshape(-1).long()
+        vocab = lm.config.vocab_size
+        if ids.numel() and not (int(ids.min()) >= 0 and int(ids.max()) < vocab):
+            raise UsageError(f"calibration token ids must be in [0, {vocab}), got {int(ids.min())}..{int(ids.max())}")
+    else:
+        ids = torch.tensor(tokenizer.encode(text, what="the calibration text"), dtype=torch.long)
     length = min(seq_len, lm.config.max_position_embeddings - 1) + 1
     cut = int(len(ids) * (1 - HELDOUT_FRACTION))
     if cut < 2 * length or len(ids) - cut < length:
@@ -73,14 +81,15 @@ def stack_source(stack, hidden: torch.Tensor | None = None, *, seed: int = 0, to
     )
 
 
-def read_hidden(path: str | Path) -> torch.Tensor:
+def read_calibration_tensor(path: str | Path, name: str) -> torch.Tensor:
+    """Tensor `name` of a safetensors file: hidden_states [T, d] for layers, input_ids for LMs."""
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"calibration file {path} does not exist")
     tensors = read_tensors(path)
-    if "hidden_states" not in tensors:
-        raise UsageError(f"{path} has no tensor named hidden_states (found: {', '.join(sorted(tensors)) or 'none'})")
-    return tensors["hidden_states"]
+    if name not in tensors:
+        raise UsageError(f"{path} has no tensor named {name} (found: {', '.join(sorted(tensors)) or 'none'})")
+    return tensors[name]
 
 
 def read_text(path: str | Path) -> str:

@@ -12,6 +12,7 @@ from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.convert.core import ConvertSettings
 from deamoe_trt.convert.run import convert_model
 from deamoe_trt.convert.sources import lm_source
+from deamoe_trt.errors import UsageError
 from deamoe_trt.lm import ByteTokenizer, DeaMoELM, LMConfig, load_lm
 from deamoe_trt.lm.train import shipped_text
 
@@ -123,6 +124,15 @@ def test_bad_input_is_one_line_and_writes_nothing(vanilla_lm, tmp_path, capsys, 
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_token_id_calibration_is_the_same_as_its_text(vanilla_lm):
+    from_text = lm_source(vanilla_lm, ByteTokenizer(), TEXT, seq_len=32)
+    ids = torch.tensor(ByteTokenizer().encode(TEXT))
+    from_ids = lm_source(vanilla_lm, ByteTokenizer(), ids, seq_len=32)
+    assert torch.equal(from_text.calibration_windows, from_ids.calibration_windows)
+    with pytest.raises(UsageError, match=r"calibration token ids must be in \[0, 256\), got 0..300"):
+        lm_source(vanilla_lm, ByteTokenizer(), torch.tensor([0, 300]), seq_len=32)
 
 
 def test_source_with_shared_parts_is_refused(tmp_path, capsys):
