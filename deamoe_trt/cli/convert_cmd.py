@@ -19,14 +19,18 @@ def register(subparsers) -> None:
     )
     common.add_checkpoint(parser, name="source", help="layer/stack or language-model checkpoint of a vanilla MoE")
     common.add_output(parser, help="checkpoint directory to write (same kind as the source)")
-    parser.add_argument("--departments", type=common.positive_int, required=True, help="D: must divide the experts")
+    parser.add_argument(
+        "--departments", type=common.positive_int, required=True, metavar="D", help="D (divides the experts)"
+    )
     size = parser.add_mutually_exclusive_group(required=True)
     size.add_argument("--shared-size", type=common.non_negative_int, metavar="F_S", help="shared neurons/department")
     size.add_argument("--shared-fraction", type=common.unit_fraction, metavar="X", help="f_s / the expert width f")
     parser.add_argument(
         "--private-size", type=common.non_negative_int, metavar="F_P", help="private neurons per expert (default f-f_s)"
     )
-    parser.add_argument("--top-departments", type=common.positive_int, required=True, metavar="G", help="g")
+    parser.add_argument(
+        "--top-departments", type=common.positive_int, required=True, metavar="G", help="departments per token"
+    )
     parser.add_argument(
         "--grouping", choices=("cluster", "keep"), default="cluster", help="cluster experts (default) or keep order"
     )
@@ -44,10 +48,13 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--calibration-tokens",
         type=common.positive_int,
+        metavar="N",
         default=4096,
         help="layers without --calibration: random calibration hidden states (default 4096, plus 1/4 held out)",
     )
-    parser.add_argument("--heal-steps", type=common.non_negative_int, default=0, help="distillation steps (default 0)")
+    parser.add_argument(
+        "--heal-steps", type=common.non_negative_int, default=0, metavar="N", help="distillation steps (default 0)"
+    )
     parser.add_argument("--heal-lr", type=float, default=1e-3, help="healing learning rate (default 1e-3)")
     parser.add_argument("--report", metavar="R.json", help="write the comparison report as JSON")
     parser.add_argument(
