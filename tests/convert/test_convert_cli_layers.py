@@ -7,19 +7,12 @@ import json
 import pytest
 import torch
 
+from configs import QWEN2_STYLE_GATED_SHARED
 from deamoe_trt import DeaMoEStack
 from deamoe_trt.cli.main import main as cli
-from deamoe_trt.config import DeaMoEConfig
 
-VANILLA = DeaMoEConfig(
-    hidden_size=32,
-    num_departments=1,
-    experts_per_department=8,
-    shared_intermediate_size=0,
-    private_intermediate_size=16,
-    top_k=2,
-    top_departments=1,
-)
+# A vanilla MoE (f_s = 0) with a gated shared expert, which the conversion must keep.
+VANILLA = QWEN2_STYLE_GATED_SHARED
 
 
 @pytest.mark.slow
@@ -62,5 +55,7 @@ def test_convert_stack_with_report_and_plot(tmp_path, capsys):
     rows = json.loads(report.read_text())["rows"]
     fractions = {r["shared_fraction"] for r in rows if r["method"] == "converted + healed"}
     assert fractions == {0.25, 0.5, 0.75}
+    for layer, orig in zip(converted.layers, source.layers, strict=True):
+        assert torch.equal(layer.shared_experts.gate, orig.shared_experts.gate)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "converted + healed" in capsys.readouterr().out
