@@ -4,6 +4,7 @@ from .config import DeaMoEConfig
 from .errors import CheckpointError, DeaMoEError, MissingDependencyError, UsageError
 from .layer import DeaMoELayer, DeaMoEStack
 from .presets import PRESETS, get_preset
+from .quant import QuantConfig
 from .routing import Routing, route, route_logits
 from .traffic import StepTraffic, weights_loaded
 
@@ -17,6 +18,7 @@ __all__ = [
     "DeaMoELayer",
     "DeaMoEStack",
     "MissingDependencyError",
+    "QuantConfig",
     "Routing",
     "StepTraffic",
     "UsageError",

@@ -1,8 +1,11 @@
 """Checkpoints: a directory with config.json and model.safetensors. Never pickle.
 
 config.json:  {"format": "deamoe-trt", "format_version": 1, "num_layers": L,
-               "dtype": "float32", "config": {DeaMoEConfig fields}, "source": {...}}
-model.safetensors: for each layer i, the spec's canonical tensors as "layers.{i}.<name>".
+               "dtype": "float32", "config": {DeaMoEConfig fields}, "source": {...},
+               "quantization": {"bits": 4, "group_size": 64, ...} (quantized checkpoints only)}
+model.safetensors: for each layer i, the spec's canonical tensors as "layers.{i}.<name>";
+in a quantized checkpoint each FFN weight <name> is "<name>.qweight" (uint8 codes) and
+"<name>.scales" (deamoe_trt.quant, docs/quantization.md).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from ._io import atomic_path, atomic_write_text
 from .config import DeaMoEConfig
 from .errors import CheckpointError, UsageError
 from .layer import DeaMoELayer, DeaMoEStack
+from .quant import QuantConfig
 
 FORMAT = "deamoe-trt"
 FORMAT_VERSION = 1
@@ -47,6 +51,8 @@ def save_checkpoint(stack: DeaMoEStack, directory: str | Path, *, source: dict[s
     }
     if source:
         header["source"] = source
+    if stack.quant is not None:
+        header["quantization"] = stack.quant.to_dict()
     return write_files(directory, tensors, header)
 
 
@@ -91,6 +97,13 @@ def read_header(directory: str | Path) -> dict[str, Any]:
         header["config"] = DeaMoEConfig.from_dict(header.get("config"))
     except ValueError as exc:
         raise CheckpointError(f"{path}: {exc}") from None
+    if "quantization" in header:
+        try:
+            header["quantization"] = QuantConfig.from_dict(header["quantization"])
+        except UsageError as exc:
+            raise CheckpointError(f"{path}: {exc}") from None
+    else:
+        header["quantization"] = None
     return header
 
 
@@ -100,7 +113,11 @@ def load_checkpoint(directory: str | Path, *, device=None) -> DeaMoEStack:
     header = read_header(directory)
     config: DeaMoEConfig = header["config"]
     dtype = DTYPES[header["dtype"]]
-    stack = DeaMoEStack(config, header["num_layers"], dtype=dtype, device="meta")
+    quant = header["quantization"]
+    try:
+        stack = DeaMoEStack(config, header["num_layers"], dtype=dtype, device="meta", quant=quant)
+    except UsageError as exc:
+        raise CheckpointError(f"{directory / CONFIG_FILE}: {exc}") from None
     expected = {
         f"layers.{i}.{name}": tensor
         for i, layer in enumerate(stack.layers)
@@ -111,7 +128,7 @@ def load_checkpoint(directory: str | Path, *, device=None) -> DeaMoEStack:
 
     layers = []
     for i in range(header["num_layers"]):
-        layer = DeaMoELayer(config, dtype=dtype, device="meta")
+        layer = DeaMoELayer(config, dtype=dtype, device="meta", quant=quant)
         prefix = f"layers.{i}."
         state = {name[len(prefix) :]: t for name, t in tensors.items() if name.startswith(prefix)}
         layer.load_state_dict(state, assign=True)
@@ -120,7 +137,9 @@ def load_checkpoint(directory: str | Path, *, device=None) -> DeaMoEStack:
 
 
 def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], dtype: str, path: Path) -> None:
-    """Every expected tensor present with its shape and the config's dtype, nothing else, all finite."""
+    """Every expected tensor present with its shape and dtype, nothing else, all finite.
+
+    Expected dtypes are the config's, except a quantized checkpoint's codes (uint8)."""
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise CheckpointError(f"{path} lacks {len(missing)} tensor(s) its config needs, first {missing[0]}")
@@ -135,8 +154,9 @@ def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Te
             raise CheckpointError(
                 f"{name} has shape {list(got.shape)} but its config needs {list(want.shape)} ({path})"
             )
-        if got.dtype != DTYPES[dtype]:
-            raise CheckpointError(f"{name} is {dtype_name(got.dtype)} but config.json says {dtype}")
+        if got.dtype != want.dtype:
+            reason = "config.json says" if want.dtype == DTYPES[dtype] else "quantized codes are"
+            raise CheckpointError(f"{name} is {dtype_name(got.dtype)} but {reason} {dtype_name(want.dtype)}")
         if not bool(torch.isfinite(got).all()):
             raise CheckpointError(f"{name} contains NaN or Inf ({path})")
 

@@ -11,6 +11,7 @@ from torch.nn import functional as F
 
 from .config import DeaMoEConfig
 from .errors import UsageError
+from .quant import QuantConfig, QuantizedWeight, dense
 from .routing import Routing, route
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -30,13 +31,22 @@ class Router(nn.Module):
         self.bias = nn.Parameter(torch.empty(config.num_experts, **factory)) if config.router_bias else None
 
 
-class GroupedSwiGLU(nn.Module):
-    """Stacked SwiGLU weights: gate_up [G, 2*f, d] (gate rows, then up rows), down [G, d, f]."""
+def _ffn_weight(shape, quant: QuantConfig | None, **factory):
+    """A float Parameter, or a QuantizedWeight (the spec's weight-only quantization)."""
+    if quant is None:
+        return nn.Parameter(torch.empty(shape, **factory))
+    return QuantizedWeight(shape, quant, **factory)
 
-    def __init__(self, groups: int, hidden: int, width: int, **factory):
+
+class GroupedSwiGLU(nn.Module):
+    """Stacked SwiGLU weights: gate_up [G, 2*f, d] (gate rows, then up rows), down [G, d, f].
+
+    Quantized (quant given), each is a QuantizedWeight: indexing a group dequantizes it."""
+
+    def __init__(self, groups: int, hidden: int, width: int, *, quant: QuantConfig | None = None, **factory):
         super().__init__()
-        self.gate_up = nn.Parameter(torch.empty(groups, 2 * width, hidden, **factory))
-        self.down = nn.Parameter(torch.empty(groups, hidden, width, **factory))
+        self.gate_up = _ffn_weight((groups, 2 * width, hidden), quant, **factory)
+        self.down = _ffn_weight((groups, hidden, width), quant, **factory)
 
     def forward_group(self, index: int, x: torch.Tensor) -> torch.Tensor:
         return swiglu(x, self.gate_up[index], self.down[index])
@@ -45,19 +55,32 @@ class GroupedSwiGLU(nn.Module):
 class SharedExperts(nn.Module):
     """Always-on experts: ungated (DeepSeek) or gated by sigmoid(x . gate) (Qwen2-MoE)."""
 
-    def __init__(self, config: DeaMoEConfig, **factory):
+    def __init__(self, config: DeaMoEConfig, *, quant: QuantConfig | None = None, **factory):
         super().__init__()
         width = config.shared_expert_intermediate_size
-        self.gate_up = nn.Parameter(torch.empty(2 * width, config.hidden_size, **factory))
-        self.down = nn.Parameter(torch.empty(config.hidden_size, width, **factory))
+        self.gate_up = _ffn_weight((2 * width, config.hidden_size), quant, **factory)
+        self.down = _ffn_weight((config.hidden_size, width), quant, **factory)
+        # The gate is a routing-like vector of d values: never quantized.
         self.gate = nn.Parameter(torch.empty(1, config.hidden_size, **factory)) if config.shared_expert_gate else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Gated output in float32."""
-        out = swiglu(x, self.gate_up, self.down).float()
+        out = swiglu(x, dense(self.gate_up), dense(self.down)).float()
         if self.gate is not None:
             out = out * torch.sigmoid(x.float() @ self.gate.float().t())
         return out
+
+
+def check_quantizable(config: DeaMoEConfig, quant: QuantConfig) -> None:
+    """Every quantized weight's input width must be a whole number of groups."""
+    quant.check_width("the hidden size d", config.hidden_size)
+    for what, width in (
+        ("the shared part (f_s)", config.shared_intermediate_size),
+        ("the private part (f_p)", config.private_intermediate_size),
+        ("the shared experts (f_sh)", config.shared_expert_intermediate_size),
+    ):
+        if width:
+            quant.check_width(what, width)
 
 
 class DeaMoELayer(nn.Module):
@@ -65,27 +88,41 @@ class DeaMoELayer(nn.Module):
 
     Parts of width 0 are absent (departments when f_s = 0, experts when f_p = 0,
     shared_experts when f_sh = 0) rather than stored as empty tensors.
+
+    With `quant`, the FFN weights (departments, experts, shared experts) are stored
+    quantized (deamoe_trt.quant) and dequantized exactly when run; the router and the
+    shared-expert gate stay in `dtype`.
     """
 
-    def __init__(self, config: DeaMoEConfig, *, dtype: torch.dtype = torch.float32, device=None):
+    def __init__(
+        self,
+        config: DeaMoEConfig,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+        quant: QuantConfig | None = None,
+    ):
         super().__init__()
         if dtype not in SUPPORTED_DTYPES:
             raise UsageError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
         factory = {"dtype": dtype, "device": device}
         self.config = config
+        self.quant = quant
         c = config
+        if quant is not None:
+            check_quantizable(c, quant)
         self.router = Router(c, **factory)
         self.departments = (
-            GroupedSwiGLU(c.num_departments, c.hidden_size, c.shared_intermediate_size, **factory)
+            GroupedSwiGLU(c.num_departments, c.hidden_size, c.shared_intermediate_size, quant=quant, **factory)
             if c.shared_intermediate_size
             else None
         )
         self.experts = (
-            GroupedSwiGLU(c.num_experts, c.hidden_size, c.private_intermediate_size, **factory)
+            GroupedSwiGLU(c.num_experts, c.hidden_size, c.private_intermediate_size, quant=quant, **factory)
             if c.private_intermediate_size
             else None
         )
-        self.shared_experts = SharedExperts(c, **factory) if c.has_shared_experts else None
+        self.shared_experts = SharedExperts(c, quant=quant, **factory) if c.has_shared_experts else None
 
     # Construction ----------------------------------------------------------------------
 
@@ -184,13 +221,21 @@ class DeaMoELayer(nn.Module):
         """Same routing and outputs, every department's shared neurons copied into each of
         its experts (f_s = 0): the layer without sharing, to show what sharing saves."""
         c = self.config
-        twin = DeaMoELayer(c.expanded(), dtype=self.dtype, device=self.router.weight.device)
+        twin = DeaMoELayer(c.expanded(), dtype=self.dtype, device=self.router.weight.device, quant=self.quant)
         twin.router.weight.copy_(self.router.weight)
         if self.router.bias is not None:
             twin.router.bias.copy_(self.router.bias)
-        gate_up, down = self._expert_weights()
-        twin.experts.gate_up.copy_(gate_up)
-        twin.experts.down.copy_(down)
+        if self.quant is None:
+            gate_up, down = self._expert_weights(lambda w: w)
+            twin.experts.gate_up.copy_(gate_up)
+            twin.experts.down.copy_(down)
+        else:
+            # Rows are quantized independently along their inputs and every width is a whole
+            # number of groups, so the twin's codes and scales are the parts' laid side by side.
+            for field in ("qweight", "scales"):
+                gate_up, down = self._expert_weights(lambda w, field=field: getattr(w, field))
+                getattr(twin.experts.gate_up, field).copy_(gate_up)
+                getattr(twin.experts.down, field).copy_(down)
         if self.shared_experts is not None:
             twin.shared_experts.load_state_dict(self.shared_experts.state_dict())
         return twin
@@ -201,26 +246,51 @@ class DeaMoELayer(nn.Module):
 
         Its routing differs from this layer's, so its outputs do too."""
         twin = self.expanded()
-        vanilla = DeaMoELayer(self.config.vanilla(), dtype=self.dtype, device=self.router.weight.device)
+        vanilla = DeaMoELayer(
+            self.config.vanilla(), dtype=self.dtype, device=self.router.weight.device, quant=self.quant
+        )
         vanilla.load_state_dict(twin.state_dict())
         return vanilla
 
-    def _expert_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every expert as one SwiGLU block of width f_s + f_p: gate_up [N, 2f, d], down [N, d, f]."""
+    def _expert_weights(self, tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every expert as one SwiGLU block of width f_s + f_p: gate_up [N, 2f, d], down [N, d, f].
+
+        tensor(weight) picks what is laid out: the weight itself, or a quantized weight's
+        codes or scales (their last dimension is the input's, packed or grouped)."""
         c = self.config
         gates, ups, downs = [], [], []
         if self.departments is not None:
-            per_expert = self.departments.gate_up.repeat_interleave(c.experts_per_department, dim=0)
+            per_expert = tensor(self.departments.gate_up).repeat_interleave(c.experts_per_department, dim=0)
             gate, up = per_expert.chunk(2, dim=1)
             gates.append(gate)
             ups.append(up)
-            downs.append(self.departments.down.repeat_interleave(c.experts_per_department, dim=0))
+            downs.append(tensor(self.departments.down).repeat_interleave(c.experts_per_department, dim=0))
         if self.experts is not None:
-            gate, up = self.experts.gate_up.chunk(2, dim=1)
+            gate, up = tensor(self.experts.gate_up).chunk(2, dim=1)
             gates.append(gate)
             ups.append(up)
-            downs.append(self.experts.down)
+            downs.append(tensor(self.experts.down))
         return torch.cat(gates + ups, dim=1), torch.cat(downs, dim=2)
+
+    @torch.no_grad()
+    def quantized(self, quant: QuantConfig) -> DeaMoELayer:
+        """This layer with its FFN weights quantized (round to nearest); router and gate kept."""
+        if self.quant is not None:
+            raise UsageError(
+                f"the layer is already quantized ({self.quant.bits}-bit, group size {self.quant.group_size}); "
+                "quantize the floating-point checkpoint instead"
+            )
+        out = DeaMoELayer(self.config, dtype=self.dtype, device=self.router.weight.device, quant=quant)
+        out.router.load_state_dict(self.router.state_dict())
+        for name in ("departments", "experts", "shared_experts"):
+            source, target = getattr(self, name), getattr(out, name)
+            if source is None:
+                continue
+            target.gate_up.set_from(source.gate_up)
+            target.down.set_from(source.down)
+            if getattr(source, "gate", None) is not None:
+                target.gate.copy_(source.gate)
+        return out
 
     # Checkpoints --------------------------------------------------------------------------
 
@@ -251,18 +321,28 @@ class DeaMoEStack(nn.Module):
     The FFN part of a decoder, without attention: what a multi-layer checkpoint holds and
     what multi-layer exports and benchmarks run."""
 
-    def __init__(self, config: DeaMoEConfig, num_layers: int, *, dtype: torch.dtype = torch.float32, device=None):
+    def __init__(
+        self,
+        config: DeaMoEConfig,
+        num_layers: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+        quant: QuantConfig | None = None,
+    ):
         super().__init__()
         if num_layers < 1:
             raise UsageError(f"num_layers must be >= 1, got {num_layers}")
         self.config = config
-        self.layers = nn.ModuleList(DeaMoELayer(config, dtype=dtype, device=device) for _ in range(num_layers))
+        self.layers = nn.ModuleList(
+            DeaMoELayer(config, dtype=dtype, device=device, quant=quant) for _ in range(num_layers)
+        )
 
     @classmethod
     def from_layers(cls, layers: list[DeaMoELayer]) -> DeaMoEStack:
-        configs = {layer.config for layer in layers}
+        configs = {(layer.config, layer.quant) for layer in layers}
         if len(configs) != 1:
-            raise UsageError("all layers of a stack must share one config")
+            raise UsageError("all layers of a stack must share one config (and quantization)")
         stack = cls.__new__(cls)
         nn.Module.__init__(stack)
         stack.config = layers[0].config
@@ -278,6 +358,13 @@ class DeaMoEStack(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.layers[0].dtype
+
+    @property
+    def quant(self) -> QuantConfig | None:
+        return self.layers[0].quant
+
+    def quantized(self, quant: QuantConfig) -> DeaMoEStack:
+        return DeaMoEStack.from_layers([layer.quantized(quant) for layer in self.layers])
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         x = hidden_states

@@ -7,9 +7,10 @@ import torch
 from .config import DeaMoEConfig
 from .inputs import input_generator
 from .layer import DeaMoELayer, DeaMoEStack
+from .quant import QuantConfig
 from .report import format_bytes, format_table
 from .routing import Routing, router_logits
-from .traffic import BYTES_PER_WEIGHT, compare_traffic
+from .traffic import BYTES_PER_WEIGHT, compare_traffic, weights_loaded
 
 
 def config_table(config: DeaMoEConfig) -> str:
@@ -19,18 +20,44 @@ def config_table(config: DeaMoEConfig) -> str:
 
 
 def parameter_table(stack: DeaMoEStack) -> str:
+    """Parameters and stored bytes per part (quantized parts: packed codes plus scales)."""
     counts: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    quant = stack.quant
     for layer in stack.layers:
         for name, tensor in layer.state_dict().items():
             part = name.split(".")[0]
-            counts[part] = counts.get(part, 0) + tensor.numel()
-    bytes_per = BYTES_PER_WEIGHT[stack.dtype]
-    rows = [(part, f"{n:,}", format_bytes(n * bytes_per)) for part, n in counts.items()]
-    total = sum(counts.values())
-    rows.append(("total", f"{total:,}", format_bytes(total * bytes_per)))
+            if name.endswith(".qweight"):
+                params = tensor.numel() * 8 // quant.bits
+            elif name.endswith(".scales"):
+                params = 0
+            else:
+                params = tensor.numel()
+            counts[part] = counts.get(part, 0) + params
+            sizes[part] = sizes.get(part, 0) + tensor.numel() * tensor.element_size()
+    rows = [(part, f"{n:,}", format_bytes(sizes[part])) for part, n in counts.items()]
+    rows.append(("total", f"{sum(counts.values()):,}", format_bytes(sum(sizes.values()))))
+    stored = _stored(stack) + ("" if quant is None else f", group size {quant.group_size}")
     return format_table(
-        ("part", "parameters", "size"), rows, title=f"Parameters ({len(stack.layers)} layer(s), {stack.dtype})"
+        ("part", "parameters", "size"), rows, title=f"Parameters ({len(stack.layers)} layer(s), {stored})"
     )
+
+
+@torch.no_grad()
+def quantization_error(
+    reference: DeaMoEStack, quantized: DeaMoEStack, *, tokens: int = 64, seed: int = 0
+) -> list[tuple[str, str, str, int]]:
+    """Per layer, on random tokens: ||y_q - y|| / ||y||, max |y_q - y| and the tokens whose
+    experts differ (0 unless the router changed: it is never quantized)."""
+    gen = input_generator(seed)
+    rows = []
+    for i, (layer, qlayer) in enumerate(zip(reference.layers, quantized.layers, strict=True)):
+        x = torch.randn(tokens, reference.config.hidden_size, generator=gen).to(layer.dtype)
+        y, yq = layer(x).float(), qlayer(x).float()
+        moved = (layer.route(x).expert_ids != qlayer.route(x).expert_ids).any(dim=-1).sum()
+        rel = float((yq - y).norm() / y.norm().clamp_min(1e-30))
+        rows.append((str(i), f"{rel:.2e}", f"{float((yq - y).abs().max()):.2e}", int(moved)))
+    return rows
 
 
 def routing_table(layer: DeaMoELayer, routing: Routing) -> str:
@@ -60,7 +87,8 @@ def traffic_table(stack: DeaMoEStack, tokens: list[int], *, samples: int = 16, s
             for layer in stack.layers:
                 x = torch.randn(count, config.hidden_size, generator=gen)
                 bias = layer.router.bias.detach() if layer.router.bias is not None else None
-                traffic = compare_traffic(config, router_logits(x, layer.router.weight.detach()), bias, bytes_per)
+                logits = router_logits(x, layer.router.weight.detach())
+                traffic = compare_traffic(config, logits, bias, bytes_per, stack.quant)
                 for key in sums:
                     sums[key] += traffic[key].total
                 used_d += traffic["deamoe"].departments_used
@@ -81,5 +109,44 @@ def traffic_table(stack: DeaMoEStack, tokens: list[int], *, samples: int = 16, s
     return format_table(
         ("tokens", "U_d", "U_e", "DeaMoE", "expanded", "vanilla", "vs expanded", "vs vanilla"),
         rows,
-        title=f"Weights loaded per decoding step (mean of {samples} random batches, {stack.dtype})",
+        title=f"Weights loaded per decoding step (mean of {samples} random batches, {_stored(stack)})",
+    )
+
+
+def _stored(stack: DeaMoEStack) -> str:
+    quant = stack.quant
+    return str(stack.dtype) if quant is None else f"int{quant.bits} FFN weights + {stack.dtype} scales"
+
+
+@torch.no_grad()
+def bit_width_table(stack: DeaMoEStack, tokens: list[int], *, samples: int = 16, seed: int = 0) -> str:
+    """The stack's size and mean DeaMoE bytes per decoding step with its FFN weights at
+    fp32, fp16, int8 and int4 (group size: the checkpoint's, else 64; scales and router at
+    fp16 for the quantized rows), over the same random batches for every row."""
+    from .fit import moe_layer_bytes
+
+    config = stack.config
+    group = stack.quant.group_size if stack.quant is not None else 64
+    settings = [
+        ("fp32", 4, None),
+        ("fp16", 2, None),
+        (f"int8, group {group}", 2, QuantConfig(8, group)),
+        (f"int4, group {group}", 2, QuantConfig(4, group)),
+    ]
+    gen = input_generator(seed)
+    sums = {(label, count): 0.0 for label, _, _ in settings for count in tokens}
+    for count in tokens:
+        for _ in range(samples):
+            for layer in stack.layers:
+                routing = layer.route(torch.randn(count, config.hidden_size, generator=gen).to(layer.dtype))
+                for label, b, quant in settings:
+                    sums[(label, count)] += weights_loaded(config, routing, b, quant).total / samples
+    rows = []
+    for label, b, quant in settings:
+        size = len(stack.layers) * moe_layer_bytes(config, quant, b)
+        rows.append((label, format_bytes(size), *(format_bytes(sums[(label, count)]) for count in tokens)))
+    return format_table(
+        ("FFN weights", "model size", *(f"bytes/step, {count} token(s)" for count in tokens)),
+        rows,
+        title=f"Size and DeaMoE weights loaded per step by bit width ({len(stack.layers)} layer(s), mean of {samples})",
     )

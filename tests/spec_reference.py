@@ -95,3 +95,36 @@ def spec_bytes(cfg, expert_sets, bytes_per_weight):
     total += cfg.num_experts * b if cfg.router_bias else 0
     total += d * b if cfg.shared_expert_gate else 0
     return total
+
+
+def spec_dequantize(qweight, scales, bits, group_size):
+    """The spec's w = scale * (q - zero) for a quantized [..., rows, cols] weight, reading ONNX
+    Runtime QMoE's packing: int4 two per byte, the even column in the low nibble; zero point
+    2^(bits-1). float64."""
+    qweight = np.asarray(qweight, dtype=np.uint8).astype(np.int64)
+    scales = np.asarray(scales, dtype=np.float64)
+    if bits == 8:
+        codes = qweight
+    else:
+        codes = np.empty((*qweight.shape[:-1], qweight.shape[-1] * 2), dtype=np.int64)
+        codes[..., 0::2] = qweight % 16
+        codes[..., 1::2] = qweight // 16
+    return np.repeat(scales, group_size, axis=-1) * (codes - 2 ** (bits - 1))
+
+
+def spec_quantized_bytes(cfg, expert_sets, bytes_per_weight, bits, group_size):
+    """spec_bytes with the FFN weights stored as `bits`-bit codes plus one scale of
+    bytes_per_weight bytes per group of group_size (the router stays at bytes_per_weight)."""
+    d, b = cfg.hidden_size, bytes_per_weight
+
+    def ffn(numel):
+        return numel * bits // 8 + numel // group_size * b
+
+    experts = set().union(*expert_sets)
+    departments = {e // cfg.experts_per_department for e in experts}
+    total = len(departments) * ffn(3 * d * cfg.shared_intermediate_size)
+    total += len(experts) * ffn(3 * d * cfg.private_intermediate_size)
+    total += cfg.num_experts * d * b + ffn(3 * d * cfg.shared_expert_intermediate_size)
+    total += cfg.num_experts * b if cfg.router_bias else 0
+    total += d * b if cfg.shared_expert_gate else 0
+    return total

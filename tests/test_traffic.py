@@ -49,3 +49,17 @@ def test_expanded_and_vanilla_share_the_expert_width():
     # One token: both twins read k full-width experts.
     assert traffic["expanded"].total == traffic["vanilla"].total
     assert traffic["expanded"].experts_used == layer.config.top_k
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen3-30b-a3b-layer", "deepseek-v3-layer"])
+@pytest.mark.parametrize(("bits", "group_size"), [(4, 16), (8, 128)])
+def test_quantized_bytes_count_packed_codes_and_scales(name, bits, group_size):
+    from deamoe_trt.quant import QuantConfig
+    from spec_reference import spec_quantized_bytes
+
+    config = PRESETS[name]
+    logits = torch.randn(4, config.num_experts, generator=torch.Generator().manual_seed(1))
+    bias = torch.zeros(config.num_experts) if config.router_bias else None
+    expert_sets = [set(spec_route(row.tolist(), None if bias is None else bias.tolist(), config)[1]) for row in logits]
+    traffic = weights_loaded(config, route_logits(logits, bias, config), 2, QuantConfig(bits, group_size))
+    assert traffic.total == spec_quantized_bytes(config, expert_sets, 2, bits, group_size)

@@ -96,6 +96,18 @@ def register(subparsers) -> None:
         metavar="F",
         help="share of available memory the run may plan for (default 0.8); contenders beyond it are skipped",
     )
+    parser.add_argument(
+        "--quantized",
+        type=int,
+        choices=(4, 8),
+        default=None,
+        metavar="BITS",
+        help="instead: int4/int8 DeaMoE on the CPU kernel vs its quantized twin, ONNX Runtime's QMoE vanilla "
+        "layer and fp32/fp16 DeaMoE (default 1 token; see docs/benchmarks.md)",
+    )
+    parser.add_argument(
+        "--group-size", type=int, default=None, help="with --quantized: columns per scale (default 128; 16 --quick)"
+    )
     common.add_seed(parser)
     parser.set_defaults(func=run)
 
@@ -112,6 +124,13 @@ def _fraction(text: str) -> float:
 
 def run(args) -> int:
     from ..bench import BenchOptions, format_result, run_bench, write_json, write_plot
+
+    if args.quantized is not None:
+        return run_quantized(args)
+    if args.group_size is not None:
+        from ..errors import UsageError
+
+        raise UsageError("--group-size goes with --quantized")
 
     changes = {
         "dtype": args.dtype,
@@ -136,4 +155,20 @@ def run(args) -> int:
         print(f"\nwrote {write_json(result, args.json)}")
     if args.plot:
         print(f"wrote {write_plot(result, args.plot)}")
+    return 0
+
+
+def run_quantized(args) -> int:
+    from ..bench import write_json
+    from ..bench.quantized import QuantBenchOptions, format_quant_result, run_quant_bench
+
+    changes = {"bits": args.quantized, "seed": args.seed, "threads": args.threads}
+    for name in ("preset", "tokens", "steps", "warmup", "group_size", "gap_ms"):
+        if getattr(args, name) is not None:
+            changes[name] = getattr(args, name)
+    options = QuantBenchOptions.quick_run(**changes) if args.quick else QuantBenchOptions(**changes)
+    result = run_quant_bench(options)
+    print(format_quant_result(result))
+    if args.json:
+        print(f"\nwrote {write_json(result, args.json)}")
     return 0

@@ -1,4 +1,5 @@
-"""`deamoe-trt info`: a checkpoint's config, parameters and weights loaded per step."""
+"""`deamoe-trt info`: a checkpoint's config, parameters and weights loaded per step, its size
+and bytes per step at fp32/fp16/int8/int4, and which models fit which Jetson/Thor devices."""
 
 from __future__ import annotations
 
@@ -7,19 +8,41 @@ from . import args as common
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("info", help="show a checkpoint's config and bytes per step", description=__doc__)
-    common.add_checkpoint(parser)
+    parser.add_argument(
+        "checkpoint",
+        metavar="CKPT",
+        nargs="?",
+        help="checkpoint directory (config.json + model.safetensors); optional with --fit",
+    )
     common.add_tokens(parser)
     parser.add_argument("--samples", type=common.positive_int, default=16, help="random batches per token count")
+    parser.add_argument(
+        "--fit",
+        action="store_true",
+        help="also print which presets and whole models (Qwen3-30B-A3B, DeepSeek-V3) fit Orin/Thor at fp16/int8/int4",
+    )
     common.add_seed(parser)
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from ..checkpoint import load_checkpoint
-    from ..summary import config_table, parameter_table, traffic_table
+    from ..errors import UsageError
 
-    stack = load_checkpoint(args.checkpoint)
-    print(config_table(stack.config), end="\n\n")
-    print(parameter_table(stack), end="\n\n")
-    print(traffic_table(stack, args.tokens, samples=args.samples, seed=args.seed))
+    if args.checkpoint is None and not args.fit:
+        raise UsageError("give a checkpoint directory, or --fit for the device memory-fit table")
+    if args.checkpoint is not None:
+        from ..checkpoint import load_checkpoint
+        from ..summary import bit_width_table, config_table, parameter_table, traffic_table
+
+        stack = load_checkpoint(args.checkpoint)
+        print(config_table(stack.config), end="\n\n")
+        print(parameter_table(stack), end="\n\n")
+        print(traffic_table(stack, args.tokens, samples=args.samples, seed=args.seed), end="\n\n")
+        print(bit_width_table(stack, args.tokens, samples=args.samples, seed=args.seed))
+    if args.fit:
+        from ..fit import fit_table
+
+        if args.checkpoint is not None:
+            print()
+        print(fit_table())
     return 0

@@ -15,6 +15,7 @@ SUBCOMMANDS = (
     "deamoe_trt.cli.init_cmd",
     "deamoe_trt.cli.info_cmd",
     "deamoe_trt.cli.import_cmd",
+    "deamoe_trt.cli.quantize_cmd",
     "deamoe_trt.cli.export_cmd",
     "deamoe_trt.cli.validate_cmd",
     "deamoe_trt.cli.bench_cmd",

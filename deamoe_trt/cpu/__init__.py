@@ -21,6 +21,7 @@ import torch
 
 from ..errors import DeaMoEError, UsageError
 from ..layer import DeaMoELayer, DeaMoEStack
+from ..quant import unpack
 from ..routing import Routing, route_logits
 from ._build import build, cache_dir, load
 
@@ -187,6 +188,8 @@ class _LayerDesc(ctypes.Structure):
         ("shared", ctypes.c_void_p),
         ("groups_sh", ctypes.c_int64),
         ("shared_gate", ctypes.c_void_p),
+        ("weight_bits", ctypes.c_int32),
+        ("group_size", ctypes.c_int32),
     ]
 
 
@@ -196,6 +199,10 @@ ROUTINGS = ("native", "torch")
 class CpuDeaMoE:
     """A DeaMoELayer on the fast CPU path: fp32 or fp16 weights, fp32 math, fp32 outputs
     cast back to the input's dtype (as DeaMoELayer.forward does).
+
+    A quantized layer (int8/int4, deamoe_trt.quant) keeps its FFN weights packed and
+    dequantizes them in registers; its scales are held as fp32 (fp16 scales are widened,
+    exactly), its router in the layer's dtype.
 
     routing="native" (default) routes in the kernel, one call per step: a restatement of
     deamoe_trt.routing that tests/cpu holds to the same decisions. routing="torch" calls
@@ -221,6 +228,7 @@ class CpuDeaMoE:
         self.dp = _round_up(self.d, int(self.lib.dm_row_pad()))
         self.nb = int(self.lib.dm_neurons_per_group())
         self.nbytes = 0
+        self.quant = layer.quant
 
         with torch.no_grad():
             self.router = self._pad_rows(layer.router.weight)
@@ -256,6 +264,8 @@ class CpuDeaMoE:
             shared=self.shared.ptr if self.shared else None,
             groups_sh=groups_sh,
             shared_gate=_ptr(self.shared_gate),
+            weight_bits=self.quant.bits if self.quant else 0,
+            group_size=self.quant.group_size if self.quant else 0,
         )
         self._desc_ref = ctypes.byref(self.desc)
         self._buffers: dict[int, tuple[torch.Tensor, ...]] = {}
@@ -275,6 +285,8 @@ class CpuDeaMoE:
         """Blocks of a GroupedSwiGLU (or the shared experts, count 1) in the kernel's group layout."""
         if part is None:
             return None, 0
+        if self.quant is not None:
+            return self._pack_quantized(part, count)
         gate_up = part.gate_up.detach().contiguous()
         down = part.down.detach().contiguous()
         width = down.shape[-1]
@@ -286,6 +298,33 @@ class CpuDeaMoE:
         )
         self.nbytes += buf.nbytes
         return buf, groups
+
+    def _pack_quantized(self, part, count: int) -> tuple[_Buffer, int]:
+        """A quantized part in the kernel's quantized group layout (dm_pack_q): codes stay
+        codes (int4 two per byte), scales become fp32."""
+        q = self.quant
+        if self.dp != self.d:
+            raise UsageError(f"the CPU path runs quantized layers whose hidden size is a multiple of 16, not {self.d}")
+        if q.group_size % self.nb or q.group_size % 16:
+            raise UsageError(f"the CPU path runs group sizes that are multiples of 16, not {q.group_size}")
+
+        def codes(weight) -> torch.Tensor:
+            # One code per byte for the packer; 2-D shared experts as a stack of one.
+            return unpack(weight.qweight.detach(), q.bits).reshape(count, *weight.shape[-2:]).contiguous()
+
+        def scales(weight) -> torch.Tensor:
+            return weight.scales.detach().float().reshape(count, weight.shape[-2], -1).contiguous()
+
+        width = part.down.shape[-1]
+        gu_codes, gu_scales = codes(part.gate_up), scales(part.gate_up)
+        dn_codes, dn_scales = codes(part.down), scales(part.down)
+        nbytes = int(self.lib.dm_pack_q_bytes(count, width, self.d, q.group_size, q.bits))
+        buf = _Buffer(nbytes)
+        pointers = (gu_codes.data_ptr(), gu_scales.data_ptr(), dn_codes.data_ptr(), dn_scales.data_ptr())
+        code = self.lib.dm_pack_q(*pointers, count, width, self.d, q.group_size, q.bits, buf.ptr)
+        self._check(code, "pack quantized weights")
+        self.nbytes += buf.nbytes
+        return buf, width // self.nb
 
     @staticmethod
     def _check(code: int, what: str) -> None:

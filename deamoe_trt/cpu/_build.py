@@ -23,7 +23,7 @@ from ..errors import DeaMoEError, MissingDependencyError
 
 SOURCE = Path(__file__).with_name("deamoe_cpu.cpp")
 FLAGS = ("-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-pthread", "-DNDEBUG")
-ABI_VERSION = 2
+ABI_VERSION = 3
 LIBRARY_NAME = "libdeamoe_cpu.so"
 
 _lib: ctypes.CDLL | None = None
@@ -127,6 +127,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dm_free": (None, [ptr]),
         "dm_pack": (i32, [ptr, ptr, i64, i64, i64, i64, i32, ptr]),
         "dm_pad_rows": (i32, [ptr, i64, i64, i64, i32, ptr]),
+        "dm_pack_q": (i32, [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i32, ptr]),
+        "dm_pack_q_bytes": (i64, [i64, i64, i64, i64, i32]),
         "dm_router": (i32, [ptr, i32, ptr, i64, i64, ptr, i64, ptr]),
         "dm_route": (i32, [ptr, ptr, i64, ptr, ptr, ptr, ptr]),
         "dm_moe_forward": (i32, [ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr]),

@@ -162,6 +162,20 @@ inline void dot_rows(const WT* row, const float* const* xs, int64_t n, float* ou
 // Rows of a neuron group's gate/up part: gate and up of each of its NB neurons.
 constexpr int R = 2 * NB;
 
+// h = silu(g) * u * w for the NB*TT (neuron, token) pairs of a pass, as one vector, from the
+// gate (row 2n) and up (row 2n+1) accumulators; tok_w: the tokens' weights for this block.
+template <int TT>
+inline void activations(const V (&acc)[R][TT], const float* tok_w, float* h) {
+  static_assert(NB * TT <= W, "one vector holds every (neuron, token) pair of a pass");
+  alignas(64) float g[W] = {}, u[W] = {};
+  for (int n = 0; n < NB; ++n)
+    for (int t = 0; t < TT; ++t) {
+      g[n * TT + t] = vsum(acc[2 * n][t]);
+      u[n * TT + t] = vsum(acc[2 * n + 1][t]) * tok_w[t];
+    }
+  vstore(h, vmul(vsilu(vload(g)), vload(u)));
+}
+
 // One neuron group for TT tokens: h = silu(x.gate) * (x.up) * weight, then y += h * down.
 //
 // Group layout, chosen so that the pass reads the group strictly front to back and loads
@@ -186,15 +200,8 @@ inline void group_pass(const WT* group, int64_t dp, const float* const* xs, cons
       for (int t = 0; t < TT; ++t) acc[r][t] = vfma(wr, x[t], acc[r][t]);
     }
   }
-  // h = silu(g) * u * w for the NB*TT (neuron, token) pairs, as one vector.
-  static_assert(NB * TT <= W, "one vector holds every (neuron, token) pair of a pass");
-  alignas(64) float g[W] = {}, u[W] = {}, h[W];
-  for (int n = 0; n < NB; ++n)
-    for (int t = 0; t < TT; ++t) {
-      g[n * TT + t] = vsum(acc[2 * n][t]);
-      u[n * TT + t] = vsum(acc[2 * n + 1][t]) * tok_w[t];
-    }
-  vstore(h, vmul(vsilu(vload(g)), vload(u)));
+  alignas(64) float h[W];
+  activations<TT>(acc, tok_w, h);
 
   // The NB down columns are added together: one load and store of each output vector
   // per NB weight vectors keeps the output traffic (L1) below the weight traffic.
@@ -240,6 +247,154 @@ void dot_rows_any(int tt, const WT* row, const float* const* xs, int64_t n, floa
     case 6: return dot_rows<6>(row, xs, n, out);
     case 7: return dot_rows<7>(row, xs, n, out);
     case 8: return dot_rows<8>(row, xs, n, out);
+  }
+}
+
+// ----------------------------------------------------------------------------------------
+// Weight-only int8/int4 (deamoe_trt/quant.py): the same neuron groups and passes, but the
+// weights stay packed in memory (int4: two per byte) and are dequantized in registers,
+// w = scale * (q - zero_point), fp32 accumulation. Layout of one quantized neuron group
+// (written by dm_pack_q; d must be a whole number of quantization groups, so dp == d):
+//   gate/up part, per quantization group of GS columns: the R rows' scales (fp32), then per
+//     column chunk (W columns): int8: R rows of W signed codes (q - 128); int4: R/2 row
+//     pairs of W bytes, byte i = row 2p's code of column i (low nibble) | row 2p+1's (high);
+//   down part, per output chunk (W outputs): int8: NB neurons of W signed codes; int4: NB/2
+//     neuron pairs of W bytes, as above.
+// A block's down scales follow its groups: [f / GS][d] fp32, read from L1/L2 by every neuron
+// group of a quantization group (NB neurons never straddle one: GS is a multiple of NB).
+// ----------------------------------------------------------------------------------------
+
+constexpr int kMaxTokensPerPassQ = W == 16 ? 2 : 1;
+
+#if defined(__AVX512F__)
+using VI = __m512i;
+// W bytes -> W int32 lanes.
+inline VI load_u8(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline VI load_s8(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline V to_float(VI v) { return _mm512_cvtepi32_ps(v); }
+// int4 rows: a 16-entry table of scale * (j - 8), looked up by each lane's low nibble
+// (vpermps reads only an index's low 4 bits): one instruction per vector of weights.
+struct Int4Row {
+  V table;
+};
+inline Int4Row int4_row(V base, float scale) { return {vmul(base, vset1(scale))}; }
+inline V int4_low(VI bytes, const Int4Row& r) { return _mm512_permutexvar_ps(bytes, r.table); }
+inline V int4_high(VI bytes, const Int4Row& r) { return _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), r.table); }
+#else
+using VI = __m256i;
+inline VI load_u8(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline VI load_s8(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline V to_float(VI v) { return _mm256_cvtepi32_ps(v); }
+// int4 rows: q * scale - 8 * scale in one fma: both products are exact, so this is
+// scale * (q - 8) rounded once, as the reference computes it.
+struct Int4Row {
+  V scale, offset;
+};
+inline Int4Row int4_row(V, float scale) { return {vset1(scale), vset1(-8.0f * scale)}; }
+inline V int4_low(VI bytes, const Int4Row& r) {
+  return vfma(to_float(_mm256_and_si256(bytes, _mm256_set1_epi32(15))), r.scale, r.offset);
+}
+inline V int4_high(VI bytes, const Int4Row& r) { return vfma(to_float(_mm256_srli_epi32(bytes, 4)), r.scale, r.offset); }
+#endif
+
+// (j - 8) for j = 0..15: int4 codes minus their zero point (the first W used by AVX2).
+alignas(64) constexpr float kInt4Values[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+
+inline int64_t q_gate_up_bytes(int bits, int64_t gs, int64_t dp) { return dp / gs * R * 4 + R * dp * bits / 8; }
+inline int64_t q_group_bytes(int bits, int64_t gs, int64_t dp) {
+  return q_gate_up_bytes(bits, gs, dp) + NB * dp * bits / 8;
+}
+
+// One quantized neuron group for TT tokens (see group_pass): h = silu(x.gate) * (x.up) * weight,
+// then y += down * h, where dscale [dp] holds the down scales of this group's neurons.
+template <int TT, int BITS>
+inline void group_pass_q(const uint8_t* group, int64_t dp, int64_t gs, const float* dscale, const float* const* xs,
+                         const float* tok_w, float* const* ys) {
+  V acc[R][TT];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) acc[r][t] = vzero();
+  const V base = vload(kInt4Values);
+  const uint8_t* w = group;
+  for (int64_t q0 = 0; q0 < dp; q0 += gs) {
+    const float* scale = reinterpret_cast<const float*>(w);
+    w += R * 4;
+    if constexpr (BITS == 4) {
+      Int4Row rows[R];
+      for (int r = 0; r < R; ++r) rows[r] = int4_row(base, scale[r]);
+      for (int64_t c = q0; c < q0 + gs; c += W, w += R / 2 * W) {
+        V x[TT];
+        for (int t = 0; t < TT; ++t) x[t] = vload(xs[t] + c);
+#pragma GCC unroll 4
+        for (int p = 0; p < R / 2; ++p) {
+          const VI bytes = load_u8(w + p * W);
+          const V w0 = int4_low(bytes, rows[2 * p]), w1 = int4_high(bytes, rows[2 * p + 1]);
+          for (int t = 0; t < TT; ++t) {
+            acc[2 * p][t] = vfma(w0, x[t], acc[2 * p][t]);
+            acc[2 * p + 1][t] = vfma(w1, x[t], acc[2 * p + 1][t]);
+          }
+        }
+      }
+    } else {
+      V scales[R];
+      for (int r = 0; r < R; ++r) scales[r] = vset1(scale[r]);
+      for (int64_t c = q0; c < q0 + gs; c += W, w += R * W) {
+        V x[TT];
+        for (int t = 0; t < TT; ++t) x[t] = vload(xs[t] + c);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const V wr = vmul(to_float(load_s8(w + r * W)), scales[r]);
+          for (int t = 0; t < TT; ++t) acc[r][t] = vfma(wr, x[t], acc[r][t]);
+        }
+      }
+    }
+  }
+  alignas(64) float h[W];
+  activations<TT>(acc, tok_w, h);
+
+  // Down: y += scale_o * sum_n h_n * (q_on - zero): the NB neurons share each output's scale.
+  for (int64_t c = 0; c < dp; c += W) {
+    V d[NB];
+    if constexpr (BITS == 4) {
+#if defined(__AVX512F__)
+      for (int p = 0; p < NB / 2; ++p) {
+        const VI bytes = load_u8(w + p * W);
+        d[2 * p] = _mm512_permutexvar_ps(bytes, base);
+        d[2 * p + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), base);
+      }
+#else
+      const Int4Row unit = int4_row(base, 1.0f);
+      for (int p = 0; p < NB / 2; ++p) {
+        const VI bytes = load_u8(w + p * W);
+        d[2 * p] = int4_low(bytes, unit);
+        d[2 * p + 1] = int4_high(bytes, unit);
+      }
+#endif
+      w += NB / 2 * W;
+    } else {
+      for (int n = 0; n < NB; ++n) d[n] = to_float(load_s8(w + n * W));
+      w += NB * W;
+    }
+    const V s = vload(dscale + c);
+#pragma GCC unroll 4
+    for (int t = 0; t < TT; ++t) {
+      V y0 = vzero(), y1 = vzero();
+      for (int n = 0; n < NB; n += 2) {
+        y0 = vfma(vset1(h[n * TT + t]), d[n], y0);
+        y1 = vfma(vset1(h[(n + 1) * TT + t]), d[n + 1], y1);
+      }
+      vstore(ys[t] + c, vfma(vadd(y0, y1), s, vload(ys[t] + c)));
+    }
+  }
+}
+
+template <int BITS>
+void group_pass_q_any(int tt, const uint8_t* group, int64_t dp, int64_t gs, const float* dscale,
+                      const float* const* xs, const float* tok_w, float* const* ys) {
+  switch (tt) {
+    case 1: return group_pass_q<1, BITS>(group, dp, gs, dscale, xs, tok_w, ys);
+    case 2:
+      if constexpr (kMaxTokensPerPassQ >= 2) return group_pass_q<2, BITS>(group, dp, gs, dscale, xs, tok_w, ys);
+      break;
   }
 }
 
@@ -414,6 +569,8 @@ struct Task {
 
 struct Step {
   int dtype;  // 0 fp32, 1 fp16
+  int bits;   // 0: float weights of dtype; 4 or 8: quantized (group_pass_q)
+  int64_t group_size;
   int64_t dp;
   int64_t tokens;
   const float* x;  // [tokens, dp], zero-padded
@@ -448,9 +605,40 @@ void run_tasks(const Step& s, int tid, int nthreads) {
   }
 }
 
+template <int BITS>
+void run_tasks_q(const Step& s, int tid, int nthreads) {
+  const int64_t dp = s.dp, gs = s.group_size;
+  float* mine = s.partial + tid * s.tokens * dp;
+  std::fill(mine, mine + s.tokens * dp, 0.0f);
+  const int64_t group_bytes = q_group_bytes(BITS, gs, dp);
+  const float* xs[kMaxTokensPerPassQ];
+  float* ys[kMaxTokensPerPassQ];
+  for (const Task& task : s.tasks) {
+    int64_t g0, g1;
+    split(task.groups, tid, nthreads, &g0, &g1);
+    const auto* base = static_cast<const uint8_t*>(task.weights);
+    const auto* dscales = reinterpret_cast<const float*>(base + task.groups * group_bytes);
+    for (int64_t t0 = 0; t0 < task.tok_count; t0 += kMaxTokensPerPassQ) {
+      const int tt = static_cast<int>(std::min<int64_t>(kMaxTokensPerPassQ, task.tok_count - t0));
+      for (int t = 0; t < tt; ++t) {
+        const int64_t token = s.tok_idx[task.tok_begin + t0 + t];
+        xs[t] = s.x + token * dp;
+        ys[t] = mine + token * dp;
+      }
+      const float* w = s.tok_w.data() + task.tok_begin + t0;
+      for (int64_t g = g0; g < g1; ++g)
+        group_pass_q_any<BITS>(tt, base + g * group_bytes, dp, gs, dscales + g * NB / gs * dp, xs, w, ys);
+    }
+  }
+}
+
 void step_job(void* ctx, int tid, int nthreads) {
   const Step& s = *static_cast<const Step*>(ctx);
-  if (s.dtype == 1)
+  if (s.bits == 4)
+    run_tasks_q<4>(s, tid, nthreads);
+  else if (s.bits == 8)
+    run_tasks_q<8>(s, tid, nthreads);
+  else if (s.dtype == 1)
     run_tasks<uint16_t>(s, tid, nthreads);
   else
     run_tasks<float>(s, tid, nthreads);
@@ -529,7 +717,7 @@ void busy_job(void* ctx, int, int) {
 
 extern "C" {
 
-int dm_abi_version() { return 2; }
+int dm_abi_version() { return 3; }
 const char* dm_simd() { return DEAMOE_SIMD; }
 int64_t dm_row_pad() { return kPad; }
 int64_t dm_neurons_per_group() { return NB; }
@@ -592,6 +780,68 @@ int dm_pack(const void* gate_up, const void* down, int64_t count, int64_t f, int
   return 0;
 }
 
+// Pack `count` quantized SwiGLU blocks of width f into the quantized group layout (see
+// group_pass_q). Codes come unpacked, one unsigned code per byte: gate_up [count, 2f, d],
+// down [count, d, f]; scales fp32: gate_up [count, 2f, d/gs], down [count, d, f/gs].
+// d and f must be whole numbers of groups, gs a multiple of the vector width and of NB.
+int64_t dm_pack_q_bytes(int64_t count, int64_t f, int64_t d, int64_t gs, int bits) {
+  return count * (f / NB * q_group_bytes(bits, gs, d) + f / gs * d * 4);
+}
+
+int dm_pack_q(const uint8_t* gu_codes, const float* gu_scales, const uint8_t* dn_codes, const float* dn_scales,
+              int64_t count, int64_t f, int64_t d, int64_t gs, int bits, void* out) {
+  if ((bits != 4 && bits != 8) || f <= 0 || d <= 0 || gs <= 0 || gs % W || gs % NB || d % gs || f % gs) return -1;
+  const int64_t groups = f / NB, group_bytes = q_group_bytes(bits, gs, d);
+  const int64_t block_bytes = groups * group_bytes + f / gs * d * 4;
+  const int zero = 1 << (bits - 1);
+  auto* dst = static_cast<uint8_t*>(out);
+  std::memset(dst, 0, static_cast<size_t>(count * block_bytes));
+  // Code v of a lane: int8 stores v - 128 as a signed byte; int4 ORs it into its nibble.
+  auto put = [bits, zero](uint8_t* byte, int which, uint8_t v) {
+    if (bits == 8)
+      *byte = static_cast<uint8_t>(static_cast<int8_t>(static_cast<int>(v) - zero));
+    else
+      *byte |= static_cast<uint8_t>((v & 15) << (4 * which));
+  };
+  for (int64_t b = 0; b < count; ++b) {
+    uint8_t* blk = dst + b * block_bytes;
+    for (int64_t n = 0; n < f; ++n) {
+      uint8_t* grp = blk + (n / NB) * group_bytes;
+      const int64_t lane = n % NB;
+      for (int which = 0; which < 2; ++which) {
+        const int64_t row = which * f + n, r = 2 * lane + which;
+        const uint8_t* codes = gu_codes + (b * 2 * f + row) * d;
+        const float* scales = gu_scales + (b * 2 * f + row) * (d / gs);
+        for (int64_t q = 0; q < d / gs; ++q) {
+          uint8_t* qg = grp + q * (R * 4 + R * gs * bits / 8);
+          std::memcpy(qg + r * 4, &scales[q], 4);
+          for (int64_t c = 0; c < gs; ++c) {
+            uint8_t* chunk = qg + R * 4 + (c / W) * (R * W * bits / 8);
+            const int64_t i = c % W;
+            if (bits == 8)
+              put(chunk + r * W + i, 0, codes[q * gs + c]);
+            else
+              put(chunk + (r / 2) * W + i, static_cast<int>(r % 2), codes[q * gs + c]);
+          }
+        }
+      }
+      uint8_t* down = grp + q_gate_up_bytes(bits, gs, d);
+      for (int64_t o = 0; o < d; ++o) {
+        uint8_t* chunk = down + (o / W) * (NB * W * bits / 8);
+        const uint8_t v = dn_codes[(b * d + o) * f + n];
+        if (bits == 8)
+          put(chunk + lane * W + o % W, 0, v);
+        else
+          put(chunk + (lane / 2) * W + o % W, static_cast<int>(lane % 2), v);
+      }
+    }
+    auto* dscales = reinterpret_cast<float*>(blk + groups * group_bytes);
+    for (int64_t q = 0; q < f / gs; ++q)
+      for (int64_t o = 0; o < d; ++o) dscales[q * d + o] = dn_scales[(b * d + o) * (f / gs) + q];
+  }
+  return 0;
+}
+
 // Pad rows [rows, d] to [rows, dp] (zeros), element size esize. Used for router weights.
 int dm_pad_rows(const void* src, int64_t rows, int64_t d, int64_t dp, int esize, void* out) {
   if (dp < d || dp % kPad || (esize != 2 && esize != 4)) return -1;
@@ -635,6 +885,8 @@ struct dm_layer {
   const void* shared;         // packed always-on shared experts, groups_sh groups, or null
   int64_t groups_sh;
   const float* shared_gate;   // [dp] fp32 Qwen2-style gate of the shared experts, or null (a = 1)
+  int32_t weight_bits;        // 0: FFN weights of dtype; 4 or 8: quantized, packed by dm_pack_q
+  int32_t group_size;         // columns per scale when quantized
 };
 
 }  // extern "C"
@@ -732,7 +984,10 @@ bool valid(const dm_layer& L) {
   return L.dp % kPad == 0 && L.d > 0 && L.d <= L.dp && (L.dtype == 0 || L.dtype == 1) && L.num_departments > 0 &&
          L.experts_per_department > 0 && L.top_k > 0 && L.top_departments > 0 &&
          L.top_departments <= L.num_departments && L.top_k <= L.top_departments * L.experts_per_department &&
-         L.router != nullptr;
+         L.router != nullptr &&
+         (L.weight_bits == 0 || ((L.weight_bits == 4 || L.weight_bits == 8) && L.group_size > 0 &&
+                                 L.group_size % W == 0 && L.group_size % NB == 0 && L.d == L.dp &&
+                                 L.d % L.group_size == 0));
 }
 
 // Run the blocks a routing asks for. Department j runs once for the tokens with any kept
@@ -744,12 +999,17 @@ void run_step(Pool* pool, const dm_layer& L, const float* x, int64_t tokens, con
   const int64_t D = L.num_departments, m = L.experts_per_department, N = D * m, k = L.top_k, dp = L.dp;
   Step s;
   s.dtype = L.dtype;
+  s.bits = L.weight_bits;
+  s.group_size = L.group_size;
   s.dp = dp;
   s.tokens = tokens;
   s.x = x;
   s.partial = scratch;
   const int64_t esize = L.dtype == 1 ? 2 : 4;
   auto block = [&](const void* base, int64_t index, int64_t groups) {
+    if (L.weight_bits)  // groups, then the block's down scales
+      return static_cast<const char*>(base) +
+             index * (groups * q_group_bytes(L.weight_bits, L.group_size, dp) + groups * NB / L.group_size * dp * 4);
     return static_cast<const char*>(base) + index * groups * 3 * NB * dp * esize;
   };
 

@@ -170,7 +170,10 @@ class GraphBuilder:
 
     def add_initializer(self, name: str, array: np.ndarray, elem_type: int, shape: Sequence[int] | None = None) -> str:
         """Store array (already of elem_type's numpy type; uint16 bits for bf16) as initializer name."""
-        if shape is not None and int(np.prod(shape)) != array.size:
+        elements = int(np.prod(shape)) if shape is not None else array.size
+        if elem_type in (TensorProto.UINT4, TensorProto.INT4):  # two per byte, low nibble first
+            elements = (elements + 1) // 2
+        if shape is not None and elements != array.size:
             raise ValueError(f"initializer {name}: shape {list(shape)} does not hold {array.size} elements")
         return self._store(self._claim(name, "initializer"), array, elem_type, shape)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from onnx import TensorProto
 
 from ..errors import UsageError
 from ..layer import DeaMoELayer
@@ -12,6 +13,9 @@ from .graph import GraphBuilder
 FORMS = {"plugin": plugin_form.emit, "ort": ort_form.emit, "onnx": onnx_form.emit}
 # Per form, weights its ops read in another layout: name -> fn(tensor) -> (suffix, view, shape).
 WEIGHT_LAYOUTS = {"ort": ort_form.WEIGHT_LAYOUTS}
+# Forms that take quantized checkpoints: bits -> the element type of their codes' initializers.
+# (The plugin form does not yet: its node has no quantized inputs.)
+QUANTIZED_CODE_TYPES = {"ort": ort_form.code_type, "onnx": onnx_form.code_type}
 
 
 def check_form(form: str) -> str:
@@ -32,6 +36,12 @@ def emit_layer(builder: GraphBuilder, x_name: str, layer: DeaMoELayer, form: str
     emit = FORMS[check_form(form)]
     if not isinstance(layer, DeaMoELayer):
         raise UsageError(f"emit_layer needs a DeaMoELayer, got {type(layer).__name__}")
+    quant = layer.quant
+    if quant is not None and form not in QUANTIZED_CODE_TYPES:
+        raise UsageError(
+            f"a quantized (int{quant.bits}) checkpoint cannot be exported in the {form} form yet: "
+            "its node has no bits, group-size or scale inputs; use --form ort or --form onnx"
+        )
     layouts = WEIGHT_LAYOUTS.get(form, {})
     weights = {}
     for name, tensor in layer.state_dict().items():
@@ -41,6 +51,19 @@ def emit_layer(builder: GraphBuilder, x_name: str, layer: DeaMoELayer, form: str
         if name in layouts:
             suffix, tensor, shape = layouts[name](tensor)
             stored = f"{name}.{suffix}"
-        weights[name] = builder.weight(f"{prefix}{stored}", tensor, shape=shape)
+        if name.endswith(".qweight"):
+            # Codes go in as stored: uint8 bytes, or the same bytes read as uint4 (ONNX packs
+            # uint4 two per byte, low nibble first, as the checkpoint does).
+            elem_type = QUANTIZED_CODE_TYPES[form](quant.bits)
+            if shape is None:
+                shape = list(tensor.shape)
+            if elem_type == TensorProto.UINT4:
+                shape = [*shape[:-1], shape[-1] * 2]
+            array = tensor.detach().cpu().numpy()
+            weights[name] = builder.add_initializer(f"{prefix}{stored}", array, elem_type, shape)
+        else:
+            weights[name] = builder.weight(f"{prefix}{stored}", tensor, shape=shape)
     with builder.scope(prefix):
+        if quant is not None:
+            return emit(builder, x_name, weights, layer.config, quant=quant)
         return emit(builder, x_name, weights, layer.config)

@@ -9,6 +9,7 @@ Keys written by build_model (all strings):
   deamoe_trt.config      the layers' DeaMoEConfig as JSON
   deamoe_trt.max_tokens  the largest T the deployment runs (for TensorRT profiles), if given
   deamoe_trt.ort_routing graph | moe-op (ort form: spec routing in ONNX ops, or MoE's own)
+  deamoe_trt.quantization e.g. "int4-g64": FFN weights quantized so (quantized checkpoints only)
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class ExportInfo:
     config: DeaMoEConfig
     max_tokens: int | None = None
     ort_routing: str | None = None
+    quantization: str | None = None  # quantization_tag of the exported checkpoint
 
     @property
     def num_layers(self) -> int:
@@ -59,6 +61,8 @@ class ExportInfo:
             meta["max_tokens"] = str(self.max_tokens)
         if self.ort_routing is not None:
             meta["ort_routing"] = self.ort_routing
+        if self.quantization is not None:
+            meta["quantization"] = self.quantization
         return {PREFIX + key: value for key, value in meta.items()}
 
 
@@ -84,6 +88,7 @@ def export_info(model: onnx.ModelProto, where: str = "the model") -> ExportInfo:
             config=config,
             max_tokens=max_tokens,
             ort_routing=meta.get("ort_routing"),
+            quantization=meta.get("quantization"),
         )
     except (KeyError, ValueError) as exc:
         raise UsageError(f"{where} has damaged deamoe_trt metadata ({type(exc).__name__}: {exc})") from None
@@ -92,6 +97,11 @@ def export_info(model: onnx.ModelProto, where: str = "the model") -> ExportInfo:
             f"{where} has deamoe_trt metadata this deamoe-trt does not know: {info.form}/{info.dtype}/{info.module}"
         )
     return info
+
+
+def quantization_tag(quant) -> str | None:
+    """ "int4-g64" for a QuantConfig of 4 bits and group size 64; None for float weights."""
+    return None if quant is None else f"int{quant.bits}-g{quant.group_size}"
 
 
 def describe(model: onnx.ModelProto) -> str:

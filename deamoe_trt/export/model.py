@@ -12,7 +12,8 @@ from ..layer import DeaMoELayer, DeaMoEStack
 from .dtypes import get_dtype
 from .graph import GraphBuilder, check_opset
 from .layer_graph import check_form, emit_layer
-from .metadata import INPUT_NAME, OUTPUT_NAME, ExportInfo
+from .metadata import INPUT_NAME, OUTPUT_NAME, ExportInfo, quantization_tag
+from .onnx_form import QUANTIZED_MIN_OPSET
 from .ort_form import is_vanilla
 
 
@@ -35,13 +36,22 @@ def build_model(
     """
     check_form(form)
     export_dtype = get_dtype(dtype, form)
-    opset = check_opset(opset)
     if isinstance(module, DeaMoEStack):
         kind, layers = "stack", list(module.layers)
     elif isinstance(module, DeaMoELayer):
         kind, layers = "layer", [module]
     else:
         raise UsageError(f"can export a DeaMoELayer or DeaMoEStack, got {type(module).__name__}")
+    quant = layers[0].quant
+    if quant is not None and form == "onnx":
+        if opset is None:
+            opset = QUANTIZED_MIN_OPSET
+        elif opset < QUANTIZED_MIN_OPSET:
+            raise UsageError(
+                f"a quantized checkpoint in the onnx form needs opset >= {QUANTIZED_MIN_OPSET} "
+                f"(DequantizeLinear with block_size), got {opset}"
+            )
+    opset = check_opset(opset)
     indices = list(range(len(layers))) if layer_indices is None else [int(i) for i in layer_indices]
     if len(indices) != len(layers) or len(set(indices)) != len(indices) or min(indices) < 0:
         raise UsageError(f"layer_indices must be {len(layers)} distinct indices >= 0, got {list(indices)}")
@@ -70,6 +80,7 @@ def build_model(
         config=config,
         max_tokens=max_tokens,
         ort_routing=("moe-op" if is_vanilla(config) else "graph") if form == "ort" else None,
+        quantization=quantization_tag(quant),
     )
     doc = f"DeaMoE {kind} ({len(layers)} layer(s)) in the {form} form, {export_dtype.name}; deamoe-trt {__version__}"
     return b.build(f"deamoe_{kind}_{form}", metadata=info.to_metadata(), doc=doc)

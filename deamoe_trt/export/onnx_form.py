@@ -6,13 +6,21 @@ w_e) each run through swiglu_graph.grouped_swiglu, which gathers the selected we
 token while that is cheap (decoding) and runs every group densely otherwise, so the graph
 is right and bounded in memory for any token count. A kept department that got no expert
 has W_j = 0 and adds nothing, as the spec says (it is still computed in this form).
+
+A quantized checkpoint's weights are stored as they are in the checkpoint (uint4 or uint8
+codes, per-group scales) and dequantized in the graph by DequantizeLinear's blocked form
+(opset 21, zero point 2^(bits-1)), which computes deamoe_trt.quant.dequantize exactly; the
+rest of the graph is the float one.
 """
 
 from __future__ import annotations
 
+import numpy as np
+import torch
 from onnx import TensorProto
 
 from ..config import DeaMoEConfig
+from ..quant import QuantConfig, pack, zero_point
 from .graph import GraphBuilder
 from .routing_graph import emit_routing, to_float32
 from .swiglu_graph import grouped_swiglu, shared_experts
@@ -20,9 +28,21 @@ from .swiglu_graph import grouped_swiglu, shared_experts
 F32 = TensorProto.FLOAT
 
 
-def emit(b: GraphBuilder, x: str, weights: dict[str, str], config: DeaMoEConfig) -> str:
+# DequantizeLinear's blocked quantization (block_size) is opset 21's.
+QUANTIZED_MIN_OPSET = 21
+
+
+def code_type(bits: int) -> int:
+    return TensorProto.UINT4 if bits == 4 else TensorProto.UINT8
+
+
+def emit(
+    b: GraphBuilder, x: str, weights: dict[str, str], config: DeaMoEConfig, quant: QuantConfig | None = None
+) -> str:
     """One layer; x [T, d] in the model's dtype -> output name [T, d] in the same dtype."""
     c = config
+    if quant is not None:
+        weights = dequantized(b, weights, quant)
     x32 = to_float32(b, x)
     routing = emit_routing(b, x32, weights, c)
     parts = []
@@ -65,3 +85,29 @@ def emit(b: GraphBuilder, x: str, weights: dict[str, str], config: DeaMoEConfig)
     for part in parts[1:]:
         y = b.op("Add", [y, part])
     return b.cast(y, b.dtype.onnx) if b.dtype.onnx != F32 else y
+
+
+def dequantized(b: GraphBuilder, weights: dict[str, str], quant: QuantConfig) -> dict[str, str]:
+    """weights with every quantized weight's codes and scales replaced by its dequantized value."""
+    out = {name: value for name, value in weights.items() if not name.endswith((".qweight", ".scales"))}
+    for name in weights:
+        if not name.endswith(".qweight"):
+            continue
+        base = name.removesuffix(".qweight")
+        shape = list(b.initializers[weights[f"{base}.scales"]].dims)
+        out[base] = b.op(
+            "DequantizeLinear",
+            [weights[name], weights[f"{base}.scales"], _zero_points(b, weights[name], shape, quant.bits)],
+            axis=len(shape) - 1,
+            block_size=quant.group_size,
+        )
+    return out
+
+
+def _zero_points(b: GraphBuilder, codes_name: str, shape: list[int], bits: int) -> str:
+    """The implicit zero point 2^(bits-1) as DequantizeLinear's blocked zero-point tensor."""
+    count = int(np.prod(shape))
+    # ONNX packs uint4 over the flattened tensor: an odd count leaves the last high nibble unused.
+    codes = torch.full((count + count % 2 if bits == 4 else count,), zero_point(bits), dtype=torch.uint8)
+    name = f"{codes_name.removesuffix('.qweight')}.zero_point"
+    return b.add_initializer(name, pack(codes, bits).numpy(), code_type(bits), shape)

@@ -15,6 +15,16 @@ Runtime", the benchmark's anchor. Its softmax runs on logits in the model's dtyp
 top-k breaks ties towards the higher index (the spec: lower), so it can differ from the
 reference on exact ties or fp16 near-ties; validation measures it like any other model.
 
+A quantized checkpoint (deamoe_trt.quant) runs through com.microsoft.QMoE instead, with the
+same routing values: its codes and scales go in as the checkpoint stores them (QMoE's
+packing: [experts, rows, cols * bits / 8] uint8, implicit zero point 2^(bits-1), one scale
+per block_size columns), gate/up rows interleaved like the float weights. The shared
+experts become a QMoE of one expert whose router value is 0 (weight exactly 1), so their
+int4/int8 weights stay packed too. ONNX Runtime 1.32's CPU QMoE keeps float activations for
+4-bit blocks but quantizes activations to int8 for 8-bit blocks (its documented behaviour),
+so int8 models differ from the dequantized reference by about 1% of the output's scale
+there; validation checks them at that tolerance and says so.
+
 Needs an ONNX Runtime whose MoE takes weights as [experts, out, in] (1.23 and later) and,
 on the CUDA EP, one that honours the SwiGLU attributes below: older CUDA kernels ignore
 them and apply GPT-OSS's alpha 1.702 / beta 1 / clamp 7 (microsoft/onnxruntime#28738),
@@ -29,9 +39,10 @@ import torch
 from onnx import TensorProto
 
 from ..config import DeaMoEConfig
+from ..quant import QuantConfig
 from .graph import GraphBuilder
 from .routing_graph import dense_weights, emit_routing, router_logits, to_float32
-from .swiglu_graph import shared_experts
+from .swiglu_graph import gate_shared_experts, shared_experts
 
 F32 = TensorProto.FLOAT
 MOE_DOMAIN = "com.microsoft"
@@ -68,27 +79,34 @@ def is_vanilla(config: DeaMoEConfig) -> bool:
     )
 
 
-def emit(b: GraphBuilder, x: str, weights: dict[str, str], config: DeaMoEConfig) -> str:
+def emit(
+    b: GraphBuilder, x: str, weights: dict[str, str], config: DeaMoEConfig, quant: QuantConfig | None = None
+) -> str:
     """One layer; x [T, d] in the model's dtype -> output name [T, d] in the same dtype."""
     c = config
     x32 = to_float32(b, x)
     parts = []
     if is_vanilla(c):
         probs = b.cast(router_logits(b, x32, weights["router.weight"]), b.dtype.onnx)
-        parts.append(_moe(b, x, probs, weights, "experts", c.top_k, c.norm_topk_prob))
+        parts.append(_moe(b, x, probs, weights, "experts", c.top_k, c.norm_topk_prob, quant))
     else:
         routing = emit_routing(b, x32, weights, c)
         total = b.reduce("ReduceSum", routing.weights, [1], keepdims=True)  # sum(w) = sum(W)
         if c.shared_intermediate_size:
             values = _log_ratio(b, routing.department_weights)
-            out = _moe(b, x, values, weights, "departments", c.top_departments, False)
+            out = _moe(b, x, values, weights, "departments", c.top_departments, False, quant)
             parts.append(b.op("Mul", [out, total]))
         if c.private_intermediate_size:
             full = dense_weights(b, routing.expert_ids, routing.weights, b.op("Shape", [routing.logits]))
-            out = _moe(b, x, _log_ratio(b, full), weights, "experts", c.top_k, False)
+            out = _moe(b, x, _log_ratio(b, full), weights, "experts", c.top_k, False, quant)
             parts.append(b.op("Mul", [out, total]))
-    if c.has_shared_experts:
+    if c.has_shared_experts and quant is None:
         parts.append(shared_experts(b, x, x32, weights, c))
+    elif c.has_shared_experts:
+        # One expert, router value 0: QMoE's softmax gives it weight exactly 1.
+        zeros = b.op("Mul", [b.slice(x, 1, 0, 1), b.const([0.0], b.dtype.onnx)])
+        out = _moe(b, x, zeros, weights, "shared_experts", 1, False, quant)
+        parts.append(gate_shared_experts(b, out, x32, weights, c))
     y = parts[0]
     for part in parts[1:]:
         y = b.op("Add", [y, part])
@@ -105,9 +123,35 @@ def _log_ratio(b: GraphBuilder, dense: str) -> str:
 
 
 def _moe(
-    b: GraphBuilder, x: str, router_values: str, weights: dict[str, str], part: str, k: int, normalize: bool
+    b: GraphBuilder,
+    x: str,
+    router_values: str,
+    weights: dict[str, str],
+    part: str,
+    k: int,
+    normalize: bool,
+    quant: QuantConfig | None = None,
 ) -> str:
-    """MoE over one part's stacked SwiGLU blocks -> [T, d] float32."""
+    """MoE (QMoE when quantized) over one part's stacked SwiGLU blocks -> [T, d] float32."""
+    if quant is not None:
+        out = b.op(
+            "QMoE",
+            [
+                x,
+                router_values,
+                weights[f"{part}.gate_up.qweight"],
+                weights[f"{part}.gate_up.scales"],
+                "",
+                weights[f"{part}.down.qweight"],
+                weights[f"{part}.down.scales"],
+            ],
+            domain=MOE_DOMAIN,
+            name=f"{part}_QMoE",
+            expert_weight_bits=quant.bits,
+            block_size=quant.group_size,
+            **moe_attributes(k, normalize),
+        )
+        return to_float32(b, out)
     out = b.op(
         "MoE",
         [x, router_values, weights[f"{part}.gate_up"], "", weights[f"{part}.down"]],
@@ -131,5 +175,34 @@ def interleaved_gate_up(gate_up: torch.Tensor) -> tuple[str, torch.Tensor, tuple
     return "interleaved", paired, (groups, rows, hidden)
 
 
-# Weights this form's ops read in another layout than the canonical one.
-WEIGHT_LAYOUTS = {"experts.gate_up": interleaved_gate_up, "departments.gate_up": interleaved_gate_up}
+def one_expert(weight: torch.Tensor) -> tuple[str, torch.Tensor, tuple[int, ...]]:
+    """The shared experts' [rows, cols] codes or scales as a stack of one expert [1, rows, cols]."""
+    return "stacked", weight, (1, *weight.shape)
+
+
+def one_expert_interleaved(weight: torch.Tensor) -> tuple[str, torch.Tensor, tuple[int, ...]]:
+    """The shared experts' gate/up codes or scales, rows interleaved, as one expert [1, 2f, cols]."""
+    suffix, paired, shape = interleaved_gate_up(weight.unsqueeze(0))
+    return suffix, paired, shape
+
+
+def code_type(bits: int) -> int:
+    """QMoE reads codes as uint8 bytes whatever the bits (two int4 codes per byte)."""
+    return TensorProto.UINT8
+
+
+# Weights this form's ops read in another layout than the canonical one. Rows of quantized
+# weights move with their codes and scales, which stay as stored within each row.
+WEIGHT_LAYOUTS = {
+    "experts.gate_up": interleaved_gate_up,
+    "departments.gate_up": interleaved_gate_up,
+    **{
+        f"{part}.gate_up.{field}": interleaved_gate_up
+        for part in ("experts", "departments")
+        for field in ("qweight", "scales")
+    },
+    "shared_experts.gate_up.qweight": one_expert_interleaved,
+    "shared_experts.gate_up.scales": one_expert_interleaved,
+    "shared_experts.down.qweight": one_expert,
+    "shared_experts.down.scales": one_expert,
+}

@@ -27,6 +27,11 @@ def shared_experts(b: GraphBuilder, x: str, x32: str, weights: dict[str, str], c
     h = b.op("Gemm", [x, weights["shared_experts.gate_up"]], transB=1)
     a = swiglu_activation(b, h, config.shared_expert_intermediate_size, axis=1)
     out = b.cast(b.op("Gemm", [a, weights["shared_experts.down"]], transB=1), F32)
+    return gate_shared_experts(b, out, x32, weights, config)
+
+
+def gate_shared_experts(b: GraphBuilder, out: str, x32: str, weights: dict[str, str], config: DeaMoEConfig) -> str:
+    """The shared experts' float32 output [T, d], times sigmoid(x . gate) when gated (Qwen2-MoE)."""
     if config.shared_expert_gate:
         gate_logit = b.op("Gemm", [x32, to_float32(b, weights["shared_experts.gate"])], transB=1)  # [T, 1]
         out = b.op("Mul", [out, b.op("Sigmoid", [gate_logit])])

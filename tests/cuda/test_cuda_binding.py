@@ -158,3 +158,11 @@ def test_gpu_routing_from_logits_breaks_ties_like_reference():
     want = route_logits(logits.cpu(), bias.cpu(), c)
     assert torch.equal(got.expert_ids.cpu(), want.expert_ids)
     assert torch.equal(got.kept_departments.cpu(), want.kept_departments)
+
+
+def test_quantized_layers_are_refused_in_one_line_until_the_kernels_take_them():
+    from deamoe_trt.quant import QuantConfig
+
+    layer = DeaMoELayer.random(PRESETS["tiny"]).quantized(QuantConfig(4, 16))
+    with pytest.raises(UsageError, match=r"do not run int4 \(quantized\) layers yet"):
+        cuda.forward(layer, torch.zeros(1, 64))

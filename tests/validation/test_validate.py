@@ -88,3 +88,21 @@ def test_bf16_plugin_model_is_fed_and_read_as_float32_holding_bf16_values():
     (y,) = session.run(None, {"hidden_states": x.float().numpy()})
     with torch.no_grad():
         np.testing.assert_array_equal(y, layer(x).float().numpy())
+
+
+def test_quantized_model_needs_its_quantized_checkpoint(checkpoint, tmp_path):
+    from deamoe_trt.checkpoint import load_checkpoint
+    from deamoe_trt.quant import QuantConfig
+
+    quantized = load_checkpoint(checkpoint).quantized(QuantConfig(8, 16))
+    quantized.save_pretrained(tmp_path / "q8")
+    model = export(quantized, tmp_path / "m.onnx", "ort")
+    with pytest.raises(UsageError, match="the model has int8-g16, the checkpoint float weights"):
+        validate(model, checkpoint, tokens=(1,))
+    report = validate(model, tmp_path / "q8", tokens=(1, 4))
+    # ONNX Runtime's CPU QMoE quantizes activations for int8 weights: its looser tolerance, said so.
+    assert report.passed and (report.atol, report.rtol) == (5e-2, 5e-2)
+    assert "int8 activations" in report.table()
+    onnx_model = export(quantized, tmp_path / "o.onnx", "onnx")
+    report = validate(onnx_model, tmp_path / "q8", tokens=(1,))
+    assert report.passed and (report.atol, report.rtol) == DEFAULT_TOLERANCES["fp32"]

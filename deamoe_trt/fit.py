@@ -1,0 +1,196 @@
+"""Which models fit which edge devices, at fp16, int8 and int4 FFN weights.
+
+Whole-model sizes come from the models' published config numbers alone (no weights): the
+MoE layers through DeaMoEConfig and deamoe_trt.quant's byte counts, everything else
+(attention, embeddings, dense FFN layers, norms) counted from the same config and kept in
+fp16, as deamoe-trt quantizes only FFN weights. A model fits a device when its weights,
+a KV cache of KV_TOKENS tokens (batch 1, fp16) and RESERVE_BYTES for the OS and the runtime
+fit its memory (Jetson's CPU and GPU share one memory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import DeaMoEConfig
+from .presets import PRESETS
+from .quant import QuantConfig
+from .report import format_bytes, format_table
+from .traffic import ffn_bytes
+
+GIB = 1 << 30
+# (name, memory in bytes): the Jetson modules' LPDDR5 and Thor's, as sold.
+DEVICES = (
+    ("Orin Nano 8 GB", 8 * GIB),
+    ("Orin NX 16 GB", 16 * GIB),
+    ("AGX Orin 32 GB", 32 * GIB),
+    ("AGX Orin 64 GB", 64 * GIB),
+    ("Thor 128 GB", 128 * GIB),
+)
+# The OS, CUDA, TensorRT and activations: about what JetPack leaves unavailable to a process.
+RESERVE_BYTES = 2 * GIB
+KV_TOKENS = 4096
+FP16 = 2
+# The precisions compared: (label, quantization of the FFN weights or None for fp16).
+PRECISIONS = (("fp16", None), ("int8", QuantConfig(8, 64)), ("int4", QuantConfig(4, 64)))
+
+
+@dataclass(frozen=True)
+class WholeModel:
+    name: str
+    moe: DeaMoEConfig  # the shape of each MoE layer
+    moe_layers: int
+    other_params: int  # everything outside the MoE layers' FFN weights and routers, kept fp16
+    kv_bytes_per_token: int  # fp16 KV cache, all layers
+
+    def weight_bytes(self, quant: QuantConfig | None) -> int:
+        return self.moe_layers * moe_layer_bytes(self.moe, quant) + self.other_params * FP16
+
+    @property
+    def params(self) -> int:
+        return self.moe_layers * moe_layer_params(self.moe) + self.other_params
+
+
+def moe_layer_params(c: DeaMoEConfig) -> int:
+    d = c.hidden_size
+    ffn = 3 * d * (c.num_departments * c.shared_intermediate_size + c.num_experts * c.private_intermediate_size)
+    ffn += 3 * d * c.shared_expert_intermediate_size
+    return ffn + c.num_experts * d + (c.num_experts if c.router_bias else 0) + (d if c.shared_expert_gate else 0)
+
+
+def moe_layer_bytes(c: DeaMoEConfig, quant: QuantConfig | None, bytes_per_weight: int = FP16) -> int:
+    """One MoE layer's stored bytes: FFN weights (packed + scales when quantized), router at B."""
+    d, b = c.hidden_size, bytes_per_weight
+    total = c.num_departments * ffn_bytes(3 * d * c.shared_intermediate_size, b, quant)
+    total += c.num_experts * ffn_bytes(3 * d * c.private_intermediate_size, b, quant)
+    total += ffn_bytes(3 * d * c.shared_expert_intermediate_size, b, quant)
+    return (
+        total + (c.num_experts * d + (c.num_experts if c.router_bias else 0) + (d if c.shared_expert_gate else 0)) * b
+    )
+
+
+def qwen3_moe(
+    name: str,
+    *,
+    hidden_size: int = 2048,
+    num_hidden_layers: int = 48,
+    num_attention_heads: int = 32,
+    num_key_value_heads: int = 4,
+    head_dim: int = 128,
+    vocab_size: int = 151936,
+    num_experts: int = 128,
+    moe_intermediate_size: int = 768,
+    num_experts_per_tok: int = 8,
+    tie_word_embeddings: bool = False,
+    moe: DeaMoEConfig | None = None,
+) -> WholeModel:
+    """A Qwen3-MoE model from its config.json numbers (defaults: Qwen3-30B-A3B's); moe
+    replaces its MoE layers by another shape (its DeaMoE form)."""
+    d = hidden_size
+    attention = d * num_attention_heads * head_dim + 2 * d * num_key_value_heads * head_dim
+    attention += num_attention_heads * head_dim * d + 2 * head_dim  # o_proj, q_norm, k_norm
+    per_layer = attention + 2 * d  # two RMSNorms
+    embeddings = vocab_size * d * (1 if tie_word_embeddings else 2)
+    vanilla = DeaMoEConfig(
+        hidden_size=d,
+        num_departments=1,
+        experts_per_department=num_experts,
+        shared_intermediate_size=0,
+        private_intermediate_size=moe_intermediate_size,
+        top_k=num_experts_per_tok,
+        top_departments=1,
+        norm_topk_prob=True,
+    )
+    kv = 2 * num_hidden_layers * num_key_value_heads * head_dim * FP16
+    return WholeModel(name, moe or vanilla, num_hidden_layers, num_hidden_layers * per_layer + embeddings + d, kv)
+
+
+def deepseek_v3(
+    name: str,
+    *,
+    hidden_size: int = 7168,
+    num_hidden_layers: int = 61,
+    first_k_dense_replace: int = 3,
+    intermediate_size: int = 18432,
+    moe_intermediate_size: int = 2048,
+    n_routed_experts: int = 256,
+    n_shared_experts: int = 1,
+    num_experts_per_tok: int = 8,
+    n_group: int = 8,
+    topk_group: int = 4,
+    num_attention_heads: int = 128,
+    q_lora_rank: int = 1536,
+    kv_lora_rank: int = 512,
+    qk_nope_head_dim: int = 128,
+    qk_rope_head_dim: int = 64,
+    v_head_dim: int = 128,
+    vocab_size: int = 129280,
+    moe: DeaMoEConfig | None = None,
+) -> WholeModel:
+    """DeepSeek-V3 from its config.json numbers (MLA attention, 3 dense layers; no MTP module)."""
+    d, h = hidden_size, num_attention_heads
+    attention = d * q_lora_rank + q_lora_rank + q_lora_rank * h * (qk_nope_head_dim + qk_rope_head_dim)
+    attention += d * (kv_lora_rank + qk_rope_head_dim) + kv_lora_rank
+    attention += kv_lora_rank * h * (qk_nope_head_dim + v_head_dim) + h * v_head_dim * d
+    per_layer = attention + 2 * d
+    dense = first_k_dense_replace * 3 * d * intermediate_size
+    moe_layers = num_hidden_layers - first_k_dense_replace
+    vanilla = DeaMoEConfig(
+        hidden_size=d,
+        num_departments=n_group,
+        experts_per_department=n_routed_experts // n_group,
+        shared_intermediate_size=0,
+        private_intermediate_size=moe_intermediate_size,
+        top_k=num_experts_per_tok,
+        top_departments=topk_group,
+        score_func="sigmoid",
+        department_score="sum_top2",
+        routed_scaling_factor=2.5,
+        router_bias=True,
+        shared_expert_intermediate_size=n_shared_experts * moe_intermediate_size,
+    )
+    other = num_hidden_layers * per_layer + dense + 2 * vocab_size * d + d
+    kv = num_hidden_layers * (kv_lora_rank + qk_rope_head_dim) * FP16  # MLA caches the latent
+    return WholeModel(name, moe or vanilla, moe_layers, other, kv)
+
+
+def whole_models() -> list[WholeModel]:
+    return [
+        qwen3_moe("Qwen3-30B-A3B"),
+        qwen3_moe("Qwen3-30B-A3B, DeaMoE form (qwen3-30b-a3b-layer x 48)", moe=PRESETS["qwen3-30b-a3b-layer"]),
+        deepseek_v3("DeepSeek-V3 (671B)"),
+        deepseek_v3("DeepSeek-V3, DeaMoE form (deepseek-v3-layer x 58)", moe=PRESETS["deepseek-v3-layer"]),
+    ]
+
+
+def preset_layers() -> list[WholeModel]:
+    """Each preset as one layer alone (no attention, no KV cache)."""
+    return [WholeModel(f"{name} (one layer)", config, 1, 0, 0) for name, config in PRESETS.items()]
+
+
+def format_count(n: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return str(n)
+
+
+def fit_table(models: list[WholeModel] | None = None) -> str:
+    """Per model and precision: weights, and per device 'yes (free)' or 'no (short by)'."""
+    models = (preset_layers() + whole_models()) if models is None else models
+    rows = []
+    for model in models:
+        for label, quant in PRECISIONS:
+            weights = model.weight_bytes(quant)
+            need = weights + model.kv_bytes_per_token * KV_TOKENS + RESERVE_BYTES
+            cells = [f"{'yes' if memory >= need else 'no'}" for _, memory in DEVICES]
+            rows.append((model.name, label, format_count(model.params), format_bytes(weights), *cells))
+    return format_table(
+        ("model", "FFN weights", "params", "weights", *(name for name, _ in DEVICES)),
+        rows,
+        title=(
+            f"Fits with a {KV_TOKENS}-token fp16 KV cache and {RESERVE_BYTES // GIB} GiB for OS and runtime "
+            "(int8/int4: FFN weights, group size 64, fp16 scales; the rest fp16)"
+        ),
+        align="ll" + "r" * (len(DEVICES) + 2),
+    )

@@ -1,0 +1,30 @@
+"""Whole-model sizes from config numbers against the models' published parameter counts."""
+
+import pytest
+
+from deamoe_trt.fit import DEVICES, GIB, KV_TOKENS, RESERVE_BYTES, deepseek_v3, fit_table, qwen3_moe
+from deamoe_trt.quant import QuantConfig
+
+
+def test_qwen3_30b_a3b_has_its_published_30_5b_parameters():
+    model = qwen3_moe("Qwen3-30B-A3B")
+    assert model.params == pytest.approx(30.5e9, rel=0.005)
+    # fp16: about 61 GB; int4 FFN weights, group 64, fp16 scales: 0.5 + 2/64 = 17/32 B each.
+    assert model.weight_bytes(None) == 2 * model.params
+    ffn = 48 * 128 * 3 * 2048 * 768
+    assert model.weight_bytes(QuantConfig(4, 64)) == model.weight_bytes(None) - ffn * 2 + ffn * 17 // 32
+
+
+def test_deepseek_v3_has_its_published_671b_parameters():
+    assert deepseek_v3("DeepSeek-V3").params == pytest.approx(671e9, rel=0.002)
+
+
+def test_fit_is_weights_plus_kv_cache_plus_reserve():
+    model = qwen3_moe("Qwen3-30B-A3B")
+    need = model.weight_bytes(QuantConfig(4, 64)) + model.kv_bytes_per_token * KV_TOKENS + RESERVE_BYTES
+    table = fit_table([model]).splitlines()
+    int4 = next(line for line in table if " int4 " in line)
+    verdicts = int4.split()[-len(DEVICES) :]
+    assert verdicts == ["yes" if memory >= need else "no" for _, memory in DEVICES]
+    assert verdicts == ["no", "no", "yes", "yes", "yes"]  # ~18.5 GB: from AGX Orin 32 GB on
+    assert DEVICES[2][1] == 32 * GIB
