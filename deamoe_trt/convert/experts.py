@@ -26,6 +26,8 @@ class ExpertWeights:
                 f"the source already has department shared parts (f_s = {c.shared_intermediate_size}); "
                 "convert takes a vanilla MoE (f_s = 0), e.g. an imported Hugging Face model"
             )
+        if getattr(layer, "quant", None) is not None:
+            raise UsageError("the source is quantized; convert a float checkpoint, then quantize the converted one")
         return cls(gate_up=layer.experts.gate_up.detach(), down=layer.experts.down.detach())
 
     @property

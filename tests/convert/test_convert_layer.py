@@ -16,6 +16,7 @@ from deamoe_trt.convert.heal import heal_layer
 from deamoe_trt.convert.metrics import relative_error, step_bytes
 from deamoe_trt.errors import UsageError
 from deamoe_trt.inputs import random_hidden
+from deamoe_trt.quant import QuantConfig
 from spec_reference import spec_bytes, spec_forward
 
 TINY = get_preset("tiny")  # d=64, D=4 x m=4, f_s=32, f_p=16, k=4, g=2
@@ -204,6 +205,8 @@ def test_source_with_shared_parts_and_short_calibration_are_refused():
         convert_layer(planted, calibration(), ConvertSettings(4, 2, shared_size=8))
     with pytest.raises(UsageError, match="calibration is too short: 16 tokens, need at least 32"):
         convert_layer(source, calibration(16), ConvertSettings(4, 2, shared_size=8))
+    with pytest.raises(UsageError, match="the source is quantized"):
+        convert_layer(source.quantized(QuantConfig(bits=8, group_size=16)), calibration(), ConvertSettings(4, 2, 8))
 
 
 def test_conversion_is_deterministic():
