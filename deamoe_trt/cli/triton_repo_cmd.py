@@ -1,0 +1,142 @@
+"""`deamoe-trt triton-repo`: write a Triton Inference Server model repository.
+
+Any mix of: --engine (a TensorRT engine of the plugin form, platform tensorrt_plan, with the
+export it was built from for its inputs and outputs), --ort (the ort export on Triton's
+onnxruntime backend) and --lm (a language-model checkpoint as a decoupled, streaming decode
+service on the Python backend). Each config.pbtxt is checked against Triton's model config
+schema when tritonclient is installed. See docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from . import args as common
+
+
+def _gpus(text: str) -> list[int]:
+    try:
+        gpus = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GPU indices like 0,1, got {text!r}") from None
+    if not gpus or any(g < 0 for g in gpus):
+        raise argparse.ArgumentTypeError(f"expected GPU indices >= 0 like 0,1, got {text!r}")
+    return gpus
+
+
+def _batch(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "triton-repo", help="write a Triton Inference Server model repository", description=__doc__
+    )
+    common.add_output(parser, help="repository folder to write (models already in it are kept or replaced by name)")
+    trt = parser.add_argument_group("TensorRT engine (platform tensorrt_plan)")
+    trt.add_argument("--engine", metavar="ENGINE", help="engine from `deamoe-trt build` of the plugin form")
+    trt.add_argument("--engine-onnx", metavar="MODEL.onnx", help="the export the engine was built from")
+    trt.add_argument(
+        "--plugin",
+        metavar="PATH",
+        help="where libdeamoe_plugin.so is on the server (for the tritonserver command line)",
+    )
+    trt.add_argument("--engine-name", default="deamoe_trt", help="model name (default deamoe_trt)")
+    ort = parser.add_argument_group("ONNX Runtime (platform onnxruntime_onnx)")
+    ort.add_argument("--ort", metavar="MODEL.onnx", help="the ort export (`deamoe-trt export --form ort`)")
+    ort.add_argument("--ort-name", default="deamoe_ort", help="model name (default deamoe_ort)")
+    ort.add_argument("--ort-kind", choices=("gpu", "cpu"), default="gpu", help="CUDA or CPU execution (default gpu)")
+    lm = parser.add_argument_group("LM decode service (Python backend, decoupled)")
+    lm.add_argument("--lm", metavar="CKPT", help="language-model checkpoint (e.g. samples/models/tiny-lm)")
+    lm.add_argument("--lm-name", default="tiny_lm", help="model name (default tiny_lm)")
+    lm.add_argument(
+        "--lm-runtime",
+        choices=("ort", "torch", "trt"),
+        default="ort",
+        help="decoder: ort (ONNX Runtime CPU, default), torch (reference), trt (needs --lm-engine, a GPU)",
+    )
+    lm.add_argument("--lm-engine", metavar="ENGINE", help="engine from build_lm_engine (--lm-runtime trt)")
+    lm.add_argument(
+        "--max-active", type=common.positive_int, default=32, help="sequences in flight per instance (default 32)"
+    )
+    shared = parser.add_argument_group("all models")
+    shared.add_argument("--instances", type=common.positive_int, default=1, help="instances per device (default 1)")
+    shared.add_argument("--gpus", type=_gpus, metavar="I,J", help="GPUs the instances go on (default: all)")
+    shared.add_argument("--threads", type=common.positive_int, default=1, help="CPU threads per instance (default 1)")
+    shared.add_argument(
+        "--max-batch-size",
+        type=_batch,
+        metavar="N",
+        help="Triton batch size for engine/ort (default: the export's max_tokens when tokens can batch; 0: off)",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from ..errors import MissingDependencyError, UsageError
+    from ..serving import repo as triton
+
+    if not (args.engine or args.ort or args.lm):
+        raise UsageError("nothing to write: give --engine (with --engine-onnx), --ort and/or --lm")
+    if bool(args.engine) != bool(args.engine_onnx):
+        raise UsageError("--engine and --engine-onnx go together (the engine's inputs come from its export)")
+    out = Path(args.output)
+    written = []
+    if args.engine:
+        written.append(
+            triton.write_tensorrt_model(
+                out,
+                Path(args.engine),
+                Path(args.engine_onnx),
+                name=args.engine_name,
+                instances=args.instances,
+                gpus=args.gpus,
+                max_batch_size=args.max_batch_size,
+            )
+        )
+    if args.ort:
+        written.append(
+            triton.write_onnxruntime_model(
+                out,
+                Path(args.ort),
+                name=args.ort_name,
+                kind=args.ort_kind,
+                instances=args.instances,
+                gpus=args.gpus,
+                threads=args.threads,
+                max_batch_size=args.max_batch_size,
+            )
+        )
+    if args.lm:
+        written.append(
+            triton.write_lm_model(
+                out,
+                Path(args.lm),
+                name=args.lm_name,
+                runtime=args.lm_runtime,
+                instances=args.instances,
+                threads=args.threads,
+                max_active=args.max_active,
+                engine=Path(args.lm_engine) if args.lm_engine else None,
+                plugin=args.plugin,
+            )
+        )
+    plugins = [args.plugin] if args.plugin and args.engine else None
+    triton.write_readme(out, plugins=plugins)
+    for folder in written:
+        try:
+            triton.validate_config((folder / "config.pbtxt").read_text(), where=str(folder / "config.pbtxt"))
+            checked = "checked against Triton's model config schema"
+        except MissingDependencyError as exc:
+            checked = f"not checked ({exc})"
+        print(f"{folder}: {checked}")
+    print(f"\nserve it with:\n    {triton.serve_command(out, plugins=plugins)}")
+    return 0
