@@ -1,11 +1,16 @@
 """Checkpoints: a directory with config.json and model.safetensors. Never pickle.
 
 config.json:  {"format": "deamoe-trt", "format_version": 1, "num_layers": L,
-               "dtype": "float32", "config": {DeaMoEConfig fields}, "source": {...},
+               "dtype": "float32", "router_dtype": "float32",
+               "config": {DeaMoEConfig fields}, "source": {...},
                "quantization": {"bits": 4, "group_size": 64, ...} (quantized checkpoints only)}
 model.safetensors: for each layer i, the spec's canonical tensors as "layers.{i}.<name>";
 in a quantized checkpoint each FFN weight <name> is "<name>.qweight" (uint8 codes) and
 "<name>.scales" (deamoe_trt.quant, docs/quantization.md).
+
+"dtype" is the FFN weights' dtype; "router_dtype" the router weight's, written only when it
+differs (absent: the same as "dtype"). router.bias is float32; checkpoints written before
+the router kept its own precision hold it in "dtype", and load upcast (losslessly).
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from ._io import atomic_path, atomic_write_text
+from . import dtypes
+from ._io import atomic_path, atomic_write_text, read_json
 from .config import DeaMoEConfig
-from .errors import CheckpointError, UsageError
+from .errors import CheckpointError, UsageError, one_line
 from .layer import DeaMoELayer, DeaMoEStack
 from .quant import QuantConfig
 
@@ -28,11 +34,11 @@ FORMAT = "deamoe-trt"
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {d.long_name: d.torch for d in dtypes.DTYPES}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    return str(dtype).removeprefix("torch.")  # any dtype: a corrupt file may hold int64
 
 
 def save_checkpoint(stack: DeaMoEStack, directory: str | Path, *, source: dict[str, Any] | None = None) -> Path:
@@ -49,6 +55,11 @@ def save_checkpoint(stack: DeaMoEStack, directory: str | Path, *, source: dict[s
         "dtype": dtype_name(stack.dtype),
         "config": stack.config.to_dict(),
     }
+    router_dtypes = {layer.router_dtype for layer in stack.layers}
+    if len(router_dtypes) != 1:
+        raise UsageError("all layers of a stack must keep their router weights in one dtype")
+    if (router_dtype := router_dtypes.pop()) != stack.dtype:
+        header["router_dtype"] = dtype_name(router_dtype)
     if source:
         header["source"] = source
     if stack.quant is not None:
@@ -78,10 +89,7 @@ def read_header(directory: str | Path) -> dict[str, Any]:
     path = directory / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(f"{directory} has no {CONFIG_FILE}; is it a deamoe-trt checkpoint?")
-    try:
-        header = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    header = read_json(path, CheckpointError)
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise CheckpointError(f'{path} is not a deamoe-trt checkpoint config (no "format": "{FORMAT}")')
     if header.get("format_version") != FORMAT_VERSION:
@@ -93,6 +101,11 @@ def read_header(directory: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: num_layers must be an integer >= 1, got {num_layers!r}")
     if header.get("dtype") not in DTYPES:
         raise CheckpointError(f"{path}: dtype must be one of {', '.join(DTYPES)}, got {header.get('dtype')!r}")
+    header.setdefault("router_dtype", header["dtype"])
+    if header["router_dtype"] not in ("float32", header["dtype"]):
+        raise CheckpointError(
+            f"{path}: router_dtype must be float32 or {header['dtype']}, got {header['router_dtype']!r}"
+        )
     try:
         header["config"] = DeaMoEConfig.from_dict(header.get("config"))
     except ValueError as exc:
@@ -112,10 +125,12 @@ def load_checkpoint(directory: str | Path, *, device=None) -> DeaMoEStack:
     directory = Path(directory)
     header = read_header(directory)
     config: DeaMoEConfig = header["config"]
-    dtype = DTYPES[header["dtype"]]
+    dtype, router_dtype = DTYPES[header["dtype"]], DTYPES[header["router_dtype"]]
     quant = header["quantization"]
     try:
-        stack = DeaMoEStack(config, header["num_layers"], dtype=dtype, device="meta", quant=quant)
+        stack = DeaMoEStack(
+            config, header["num_layers"], dtype=dtype, device="meta", router_dtype=router_dtype, quant=quant
+        )
     except UsageError as exc:
         raise CheckpointError(f"{directory / CONFIG_FILE}: {exc}") from None
     expected = {
@@ -128,18 +143,27 @@ def load_checkpoint(directory: str | Path, *, device=None) -> DeaMoEStack:
 
     layers = []
     for i in range(header["num_layers"]):
-        layer = DeaMoELayer(config, dtype=dtype, device="meta", quant=quant)
+        layer = DeaMoELayer(config, dtype=dtype, device="meta", router_dtype=router_dtype, quant=quant)
         prefix = f"layers.{i}."
-        state = {name[len(prefix) :]: t for name, t in tensors.items() if name.startswith(prefix)}
+        state = {
+            name[len(prefix) :]: t.float() if name.endswith(ROUTER_BIAS) else t
+            for name, t in tensors.items()
+            if name.startswith(prefix)
+        }
         layer.load_state_dict(state, assign=True)
         layers.append(layer.to(device) if device is not None else layer)
     return DeaMoEStack.from_layers(layers)
 
 
+ROUTER_BIAS = "router.bias"
+
+
 def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], dtype: str, path: Path) -> None:
     """Every expected tensor present with its shape and dtype, nothing else, all finite.
 
-    Expected dtypes are the config's, except a quantized checkpoint's codes (uint8)."""
+    Expected dtypes are the config's, except a quantized checkpoint's codes (uint8) and the
+    router's (router_dtype; router.bias float32, or the checkpoint's dtype in checkpoints
+    written before it was always float32)."""
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise CheckpointError(f"{path} lacks {len(missing)} tensor(s) its config needs, first {missing[0]}")
@@ -154,8 +178,9 @@ def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Te
             raise CheckpointError(
                 f"{name} has shape {list(got.shape)} but its config needs {list(want.shape)} ({path})"
             )
-        if got.dtype != want.dtype:
-            reason = "config.json says" if want.dtype == DTYPES[dtype] else "quantized codes are"
+        legacy_bias = name.endswith(ROUTER_BIAS) and got.dtype == DTYPES[dtype]
+        if got.dtype != want.dtype and not legacy_bias:
+            reason = "quantized codes are" if want.dtype == torch.uint8 else "config.json says"
             raise CheckpointError(f"{name} is {dtype_name(got.dtype)} but {reason} {dtype_name(want.dtype)}")
         if not bool(torch.isfinite(got).all()):
             raise CheckpointError(f"{name} contains NaN or Inf ({path})")
@@ -168,5 +193,5 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
         with safe_open(str(path), framework="pt") as f:
             return {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - safe_open is not a dict
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = one_line(exc, first=True)
         raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): {reason}") from None

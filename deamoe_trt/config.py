@@ -64,9 +64,6 @@ class DeaMoEConfig:
     def has_shared_experts(self) -> bool:
         return self.shared_expert_intermediate_size > 0
 
-    def department_of(self, expert: int) -> int:
-        return expert // self.experts_per_department
-
     # Related layers ------------------------------------------------------------------
 
     def expanded(self) -> DeaMoEConfig:
@@ -86,6 +83,11 @@ class DeaMoEConfig:
 
     def replace(self, **changes: Any) -> DeaMoEConfig:
         return dataclasses.replace(self, **changes)
+
+    def differences(self, other: DeaMoEConfig) -> list[str]:
+        """'field a vs b' for every field where other differs from this config, in field order."""
+        a, b = self.to_dict(), other.to_dict()
+        return [f"{name} {a[name]!r} vs {b[name]!r}" for name in a if a[name] != b[name]]
 
     # JSON -----------------------------------------------------------------------------
 

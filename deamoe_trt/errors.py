@@ -20,3 +20,16 @@ class CheckpointError(UsageError):
 
 class MissingDependencyError(DeaMoEError):
     """An optional runtime (TensorRT, CUDA, a compiler) is not available here."""
+
+
+def one_line(exc: BaseException, *, first: bool = False, limit: int | None = None) -> str:
+    """exc's message on one line (whitespace runs joined), or its type's name if it has none.
+
+    first: keep only the first line, for third-party messages whose later lines are noise
+    (a traceback, a list of candidates); limit: cut to that many characters.
+    """
+    text = str(exc).strip()
+    if first:
+        text = text.splitlines()[0] if text else ""
+    text = " ".join(text.split())
+    return (text[:limit] if limit else text) or type(exc).__name__

@@ -16,7 +16,7 @@ from .config import DeaMoEConfig
 from .presets import PRESETS
 from .quant import QuantConfig
 from .report import format_bytes, format_table
-from .traffic import ffn_bytes
+from .traffic import parameter_count, stored_bytes
 
 GIB = 1 << 30
 # (name, memory in bytes): the Jetson modules' LPDDR5 and Thor's, as sold.
@@ -44,29 +44,11 @@ class WholeModel:
     kv_bytes_per_token: int  # fp16 KV cache, all layers
 
     def weight_bytes(self, quant: QuantConfig | None) -> int:
-        return self.moe_layers * moe_layer_bytes(self.moe, quant) + self.other_params * FP16
+        return self.moe_layers * stored_bytes(self.moe, FP16, quant) + self.other_params * FP16
 
     @property
     def params(self) -> int:
-        return self.moe_layers * moe_layer_params(self.moe) + self.other_params
-
-
-def moe_layer_params(c: DeaMoEConfig) -> int:
-    d = c.hidden_size
-    ffn = 3 * d * (c.num_departments * c.shared_intermediate_size + c.num_experts * c.private_intermediate_size)
-    ffn += 3 * d * c.shared_expert_intermediate_size
-    return ffn + c.num_experts * d + (c.num_experts if c.router_bias else 0) + (d if c.shared_expert_gate else 0)
-
-
-def moe_layer_bytes(c: DeaMoEConfig, quant: QuantConfig | None, bytes_per_weight: int = FP16) -> int:
-    """One MoE layer's stored bytes: FFN weights (packed + scales when quantized), router at B."""
-    d, b = c.hidden_size, bytes_per_weight
-    total = c.num_departments * ffn_bytes(3 * d * c.shared_intermediate_size, b, quant)
-    total += c.num_experts * ffn_bytes(3 * d * c.private_intermediate_size, b, quant)
-    total += ffn_bytes(3 * d * c.shared_expert_intermediate_size, b, quant)
-    return (
-        total + (c.num_experts * d + (c.num_experts if c.router_bias else 0) + (d if c.shared_expert_gate else 0)) * b
-    )
+        return self.moe_layers * parameter_count(self.moe) + self.other_params
 
 
 def qwen3_moe(

@@ -10,11 +10,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from .config import DeaMoEConfig
+from .dtypes import TORCH_DTYPES
 from .errors import UsageError
 from .quant import QuantConfig, QuantizedWeight, dense
 from .routing import Routing, route
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SUPPORTED_DTYPES = TORCH_DTYPES
 
 
 def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
@@ -24,11 +25,33 @@ def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.
 
 
 class Router(nn.Module):
-    def __init__(self, config: DeaMoEConfig, **factory):
+    """Router weight [N, d] and optional selection bias [N], with their own precision
+    (spec, "Router precision"): the bias is always float32; a float32 weight stays float32
+    when the layer is converted to another dtype (as transformers' _keep_in_fp32_modules
+    keeps DeepSeek-V3's gate), any other weight follows the layer."""
+
+    def __init__(self, config: DeaMoEConfig, *, dtype: torch.dtype, device=None):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size, **factory))
+        self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size, dtype=dtype, device=device))
         # Selection-only bias (DeepSeek-V3's e_score_correction_bias): it picks, never weighs.
-        self.bias = nn.Parameter(torch.empty(config.num_experts, **factory)) if config.router_bias else None
+        self.bias = (
+            nn.Parameter(torch.empty(config.num_experts, dtype=torch.float32, device=device))
+            if config.router_bias
+            else None
+        )
+
+    def _apply(self, fn, recurse=True):
+        kept = {name: p.data for name, p in self.named_parameters() if p.dtype == torch.float32 or name == "bias"}
+        super()._apply(fn, recurse)
+        for name, before in kept.items():
+            param = getattr(self, name)
+            if param.dtype != before.dtype:  # a dtype conversion: keep the original values, moved
+                param.data = before.to(device=param.device, dtype=torch.float32)
+        return self
+
+    def cast_weight(self, dtype: torch.dtype) -> None:
+        """Store the weight in dtype (the one way to narrow a float32 router)."""
+        self.weight.data = self.weight.data.to(dtype)
 
 
 def _ffn_weight(shape, quant: QuantConfig | None, **factory):
@@ -100,18 +123,22 @@ class DeaMoELayer(nn.Module):
         *,
         dtype: torch.dtype = torch.float32,
         device=None,
+        router_dtype: torch.dtype | None = None,
         quant: QuantConfig | None = None,
     ):
         super().__init__()
         if dtype not in SUPPORTED_DTYPES:
             raise UsageError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+        router_dtype = dtype if router_dtype is None else router_dtype
+        if router_dtype not in (dtype, torch.float32):
+            raise UsageError(f"router_dtype must be float32 or the layer's dtype ({dtype}), got {router_dtype}")
         factory = {"dtype": dtype, "device": device}
         self.config = config
         self.quant = quant
         c = config
         if quant is not None:
             check_quantizable(c, quant)
-        self.router = Router(c, **factory)
+        self.router = Router(c, dtype=router_dtype, device=device)
         self.departments = (
             GroupedSwiGLU(c.num_departments, c.hidden_size, c.shared_intermediate_size, quant=quant, **factory)
             if c.shared_intermediate_size
@@ -128,26 +155,46 @@ class DeaMoELayer(nn.Module):
 
     @classmethod
     def random(
-        cls, config: DeaMoEConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32, device=None
+        cls,
+        config: DeaMoEConfig,
+        *,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+        low_memory: bool = False,
     ) -> DeaMoELayer:
-        """A randomly initialised layer whose routing is spread and outputs well-conditioned."""
+        """A randomly initialised layer whose routing is spread and outputs well-conditioned.
+
+        The weights are drawn in float32 and converted; low_memory draws them straight into
+        dtype one [rows, cols] slice at a time instead (same distribution, other values), for
+        layers whose float32 copy would not fit in memory beside them. The router weight is
+        in dtype too (the selection bias, as always, float32).
+        """
+        if low_memory:
+            layer = cls(config, dtype=dtype, device=device)
+            layer.reset_parameters(seed, sliced=True)
+            return layer
         layer = cls(config, dtype=torch.float32, device=device)
         layer.reset_parameters(seed)
+        layer.router.cast_weight(dtype)
         return layer.to(dtype)
 
     @torch.no_grad()
-    def reset_parameters(self, seed: int = 0) -> None:
+    def reset_parameters(self, seed: int = 0, *, sliced: bool = False) -> None:
         """Scaled normal init: unit-variance inputs give logits and outputs of order one.
 
         Router rows of norm ~1 keep softmax scores spread over experts instead of
         collapsing on one; down projections scaled by 1/sqrt(width) keep each expert's
-        output at the input's scale.
+        output at the input's scale. sliced: draw each [rows, cols] slice separately (no
+        float32 copy of a whole tensor).
         """
         gen = torch.Generator(device="cpu").manual_seed(seed)
         c = self.config
 
         def normal_(param: torch.Tensor, fan_in: int) -> None:
-            param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(fan_in))
+            parts = param.view(-1, *param.shape[-2:]) if sliced and param.dim() >= 2 else [param]
+            for part in parts:
+                part.copy_(torch.randn(part.shape, generator=gen) / math.sqrt(fan_in))
 
         normal_(self.router.weight, c.hidden_size)
         if self.router.bias is not None:
@@ -167,6 +214,12 @@ class DeaMoELayer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
+        """The FFN weights' dtype (the router keeps its own: router_dtype)."""
+        part = self.departments if self.departments is not None else self.experts
+        return part.gate_up.dtype
+
+    @property
+    def router_dtype(self) -> torch.dtype:
         return self.router.weight.dtype
 
     # Forward --------------------------------------------------------------------------
@@ -221,7 +274,13 @@ class DeaMoELayer(nn.Module):
         """Same routing and outputs, every department's shared neurons copied into each of
         its experts (f_s = 0): the layer without sharing, to show what sharing saves."""
         c = self.config
-        twin = DeaMoELayer(c.expanded(), dtype=self.dtype, device=self.router.weight.device, quant=self.quant)
+        twin = DeaMoELayer(
+            c.expanded(),
+            dtype=self.dtype,
+            device=self.router.weight.device,
+            router_dtype=self.router_dtype,
+            quant=self.quant,
+        )
         twin.router.weight.copy_(self.router.weight)
         if self.router.bias is not None:
             twin.router.bias.copy_(self.router.bias)
@@ -247,7 +306,11 @@ class DeaMoELayer(nn.Module):
         Its routing differs from this layer's, so its outputs do too."""
         twin = self.expanded()
         vanilla = DeaMoELayer(
-            self.config.vanilla(), dtype=self.dtype, device=self.router.weight.device, quant=self.quant
+            self.config.vanilla(),
+            dtype=self.dtype,
+            device=self.router.weight.device,
+            router_dtype=self.router_dtype,
+            quant=self.quant,
         )
         vanilla.load_state_dict(twin.state_dict())
         return vanilla
@@ -280,7 +343,9 @@ class DeaMoELayer(nn.Module):
                 f"the layer is already quantized ({self.quant.bits}-bit, group size {self.quant.group_size}); "
                 "quantize the floating-point checkpoint instead"
             )
-        out = DeaMoELayer(self.config, dtype=self.dtype, device=self.router.weight.device, quant=quant)
+        out = DeaMoELayer(
+            self.config, dtype=self.dtype, device=self.router.weight.device, router_dtype=self.router_dtype, quant=quant
+        )
         out.router.load_state_dict(self.router.state_dict())
         for name in ("departments", "experts", "shared_experts"):
             source, target = getattr(self, name), getattr(out, name)
@@ -328,6 +393,7 @@ class DeaMoEStack(nn.Module):
         *,
         dtype: torch.dtype = torch.float32,
         device=None,
+        router_dtype: torch.dtype | None = None,
         quant: QuantConfig | None = None,
     ):
         super().__init__()
@@ -335,7 +401,8 @@ class DeaMoEStack(nn.Module):
             raise UsageError(f"num_layers must be >= 1, got {num_layers}")
         self.config = config
         self.layers = nn.ModuleList(
-            DeaMoELayer(config, dtype=dtype, device=device, quant=quant) for _ in range(num_layers)
+            DeaMoELayer(config, dtype=dtype, device=device, router_dtype=router_dtype, quant=quant)
+            for _ in range(num_layers)
         )
 
     @classmethod

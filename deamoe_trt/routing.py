@@ -75,6 +75,12 @@ def route_logits(logits: torch.Tensor, router_bias: torch.Tensor | None, config:
     logits = logits.float()
     scores = torch.softmax(logits, dim=-1) if config.score_func == "softmax" else torch.sigmoid(logits)
     selection = scores if router_bias is None else scores + router_bias.float()
+    # Non-finite tokens (spec extension "Non-finite tokens"): a token with any NaN or
+    # infinite selection score (a NaN in its hidden state; a +inf logit under softmax)
+    # chooses as if all its scores tied: the lowest-index g departments, then the
+    # lowest-index k experts of those, i.e. experts 0..k-1. Its weights stay what the
+    # math gives (NaN for softmax), so its output is NaN; other tokens are untouched.
+    selection = selection.masked_fill(~torch.isfinite(selection).all(dim=-1, keepdim=True), 0.0)
 
     per_department = selection.view(num_tokens, config.num_departments, config.experts_per_department)
     if config.department_score == "max":

@@ -79,6 +79,7 @@ def traffic_table(stack: DeaMoEStack, tokens: list[int], *, samples: int = 16, s
     for all layers together."""
     gen = input_generator(seed)
     config, bytes_per = stack.config, BYTES_PER_WEIGHT[stack.dtype]
+    router_bytes = BYTES_PER_WEIGHT[stack.layers[0].router_dtype]
     rows = []
     for count in tokens:
         sums = {"deamoe": 0.0, "expanded": 0.0, "vanilla": 0.0}
@@ -88,7 +89,7 @@ def traffic_table(stack: DeaMoEStack, tokens: list[int], *, samples: int = 16, s
                 x = torch.randn(count, config.hidden_size, generator=gen)
                 bias = layer.router.bias.detach() if layer.router.bias is not None else None
                 logits = router_logits(x, layer.router.weight.detach())
-                traffic = compare_traffic(config, logits, bias, bytes_per, stack.quant)
+                traffic = compare_traffic(config, logits, bias, bytes_per, stack.quant, router_bytes)
                 for key in sums:
                     sums[key] += traffic[key].total
                 used_d += traffic["deamoe"].departments_used
@@ -123,7 +124,7 @@ def bit_width_table(stack: DeaMoEStack, tokens: list[int], *, samples: int = 16,
     """The stack's size and mean DeaMoE bytes per decoding step with its FFN weights at
     fp32, fp16, int8 and int4 (group size: the checkpoint's, else 64; scales and router at
     fp16 for the quantized rows), over the same random batches for every row."""
-    from .fit import moe_layer_bytes
+    from .traffic import stored_bytes
 
     config = stack.config
     group = stack.quant.group_size if stack.quant is not None else 64
@@ -143,7 +144,7 @@ def bit_width_table(stack: DeaMoEStack, tokens: list[int], *, samples: int = 16,
                     sums[(label, count)] += weights_loaded(config, routing, b, quant).total / samples
     rows = []
     for label, b, quant in settings:
-        size = len(stack.layers) * moe_layer_bytes(config, quant, b)
+        size = len(stack.layers) * stored_bytes(config, b, quant)
         rows.append((label, format_bytes(size), *(format_bytes(sums[(label, count)]) for count in tokens)))
     return format_table(
         ("FFN weights", "model size", *(f"bytes/step, {count} token(s)" for count in tokens)),

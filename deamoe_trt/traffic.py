@@ -7,10 +7,11 @@ from dataclasses import dataclass
 import torch
 
 from .config import DeaMoEConfig
+from .dtypes import DTYPES
 from .quant import QuantConfig
 from .routing import Routing, route_logits
 
-BYTES_PER_WEIGHT = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
+BYTES_PER_WEIGHT = {d.torch: d.bytes for d in DTYPES}
 
 
 @dataclass(frozen=True)
@@ -18,8 +19,9 @@ class StepTraffic:
     """Bytes of weights one step over a batch reads, by part.
 
     The spec's formula, plus the two small vectors it leaves out: the selection bias
-    (N*B) and the shared-expert gate (d*B), which a step reads all the same. Quantized FFN
-    weights count their packed codes plus one scale (B bytes) per group.
+    (N*4, always float32) and the shared-expert gate (d*B), which a step reads all the same.
+    The router weight counts at its own precision (N*d*B_router). Quantized FFN weights
+    count their packed codes plus one scale (B bytes) per group.
     """
 
     departments_used: int  # U_d
@@ -34,27 +36,89 @@ class StepTraffic:
         return self.department_bytes + self.expert_bytes + self.router_bytes + self.shared_expert_bytes
 
 
+# Weights of each part of a layer: gate, up and down of a SwiGLU block are 3*d*width.
+
+
+def _router_weights(config: DeaMoEConfig) -> int:
+    return config.num_experts * config.hidden_size + (config.num_experts if config.router_bias else 0)
+
+
+def router_bytes(config: DeaMoEConfig, bytes_per_weight: int) -> int:
+    """The router's bytes: its weight at bytes_per_weight each, its selection bias float32
+    (spec, "Router precision")."""
+    bias = config.num_experts * BYTES_PER_WEIGHT[torch.float32] if config.router_bias else 0
+    return config.num_experts * config.hidden_size * bytes_per_weight + bias
+
+
+def _department_weights(config: DeaMoEConfig) -> int:
+    return 3 * config.hidden_size * config.shared_intermediate_size
+
+
+def _expert_weights(config: DeaMoEConfig) -> int:
+    return 3 * config.hidden_size * config.private_intermediate_size
+
+
+def _shared_expert_weights(config: DeaMoEConfig) -> int:
+    return 3 * config.hidden_size * config.shared_expert_intermediate_size
+
+
+def _shared_gate_weights(config: DeaMoEConfig) -> int:
+    return config.hidden_size if config.shared_expert_gate else 0
+
+
+def parameter_count(config: DeaMoEConfig) -> int:
+    """Weights of one layer (every canonical tensor), without allocating it."""
+    return (
+        _router_weights(config)
+        + config.num_departments * _department_weights(config)
+        + config.num_experts * _expert_weights(config)
+        + _shared_expert_weights(config)
+        + _shared_gate_weights(config)
+    )
+
+
 def ffn_bytes(numel: int, bytes_per_weight: int, quant: QuantConfig | None = None) -> int:
     """Bytes of numel FFN weights: B each, or packed codes plus scales when quantized."""
     return numel * bytes_per_weight if quant is None else quant.nbytes(numel, bytes_per_weight)
 
 
+def stored_bytes(config: DeaMoEConfig, bytes_per_weight: int, quant: QuantConfig | None = None) -> int:
+    """One layer's stored bytes: FFN weights (packed codes plus scales when quantized), the
+    router weight and the shared-expert gate at B each, the selection bias in float32."""
+    b = bytes_per_weight
+    ffn = config.num_departments * ffn_bytes(_department_weights(config), b, quant)
+    ffn += config.num_experts * ffn_bytes(_expert_weights(config), b, quant)
+    ffn += ffn_bytes(_shared_expert_weights(config), b, quant)
+    return ffn + router_bytes(config, b) + _shared_gate_weights(config) * b
+
+
+def layer_bytes(config: DeaMoEConfig, dtype: torch.dtype) -> int:
+    """Bytes of one layer's weights in dtype."""
+    return stored_bytes(config, BYTES_PER_WEIGHT[dtype])
+
+
 def weights_loaded(
-    config: DeaMoEConfig, routing: Routing, bytes_per_weight: int, quant: QuantConfig | None = None
+    config: DeaMoEConfig,
+    routing: Routing,
+    bytes_per_weight: int,
+    quant: QuantConfig | None = None,
+    router_bytes_per_weight: int | None = None,
 ) -> StepTraffic:
-    """Bytes one step reads for the batch whose routing is given (FFN weights quantized by quant)."""
-    d, b = config.hidden_size, bytes_per_weight
+    """Bytes one step reads for the batch whose routing is given (FFN weights quantized by quant).
+
+    bytes_per_weight: of the FFN weights; router_bytes_per_weight: of the router weight,
+    which is never quantized (default the same as the FFN weights')."""
+    b = bytes_per_weight
+    rb = b if router_bytes_per_weight is None else router_bytes_per_weight
     departments_used = int(routing.used_departments().numel()) if config.shared_intermediate_size else 0
     experts_used = int(routing.used_experts().numel()) if config.private_intermediate_size else 0
-    router = config.num_experts * d * b + (config.num_experts * b if config.router_bias else 0)
-    shared = ffn_bytes(3 * d * config.shared_expert_intermediate_size, b, quant)
-    shared += d * b if config.shared_expert_gate else 0
+    shared = ffn_bytes(_shared_expert_weights(config), b, quant) + _shared_gate_weights(config) * b
     return StepTraffic(
         departments_used=departments_used,
         experts_used=experts_used,
-        department_bytes=departments_used * ffn_bytes(3 * d * config.shared_intermediate_size, b, quant),
-        expert_bytes=experts_used * ffn_bytes(3 * d * config.private_intermediate_size, b, quant),
-        router_bytes=router,
+        department_bytes=departments_used * ffn_bytes(_department_weights(config), b, quant),
+        expert_bytes=experts_used * ffn_bytes(_expert_weights(config), b, quant),
+        router_bytes=router_bytes(config, rb),
         shared_expert_bytes=shared,
     )
 
@@ -65,13 +129,15 @@ def compare_traffic(
     router_bias: torch.Tensor | None,
     bytes_per_weight: int,
     quant: QuantConfig | None = None,
+    router_bytes_per_weight: int | None = None,
 ) -> dict[str, StepTraffic]:
     """One batch's bytes for the layer, its expanded twin (same routing, no sharing) and its
     vanilla twin (one-stage top-k over the same scores, no sharing), keyed by those names."""
     routing = route_logits(logits, router_bias, config)
     vanilla = config.vanilla()
+    b, rb = bytes_per_weight, router_bytes_per_weight
     return {
-        "deamoe": weights_loaded(config, routing, bytes_per_weight, quant),
-        "expanded": weights_loaded(config.expanded(), routing, bytes_per_weight, quant),
-        "vanilla": weights_loaded(vanilla, route_logits(logits, router_bias, vanilla), bytes_per_weight, quant),
+        "deamoe": weights_loaded(config, routing, b, quant, rb),
+        "expanded": weights_loaded(config.expanded(), routing, b, quant, rb),
+        "vanilla": weights_loaded(vanilla, route_logits(logits, router_bias, vanilla), b, quant, rb),
     }

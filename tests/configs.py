@@ -22,21 +22,32 @@ QWEN2_STYLE_GATED_SHARED = DeaMoEConfig(
 # Departments only: every expert is its department's shared part (f_p = 0).
 TINY_SHARED_ONLY = PRESETS["tiny"].replace(private_intermediate_size=0)
 
+
+def deepseek_style(**sizes) -> DeaMoEConfig:
+    """DeepSeek-V3-style routing: sigmoid scores, a selection bias, sum_top2 department
+    scores, routed scaling 2.5, k = 4 experts in g = 2 of D = 4 departments of m = 4, and an
+    ungated shared expert. Suites pass the sizes their component needs (kernel alignment,
+    padding, ONNX Runtime layouts) and say why beside them."""
+    fields = {
+        "hidden_size": 32,
+        "num_departments": 4,
+        "experts_per_department": 4,
+        "shared_intermediate_size": 32,
+        "private_intermediate_size": 16,
+        "top_k": 4,
+        "top_departments": 2,
+        "score_func": "sigmoid",
+        "department_score": "sum_top2",
+        "routed_scaling_factor": 2.5,
+        "router_bias": True,
+        "shared_expert_intermediate_size": 48,
+    }
+    return DeaMoEConfig(**{**fields, **sizes})
+
+
 # Widths in whole quantization groups of 16 and 32 (weight-only int8/int4 tests).
-# DeepSeek-V3 style: sigmoid, selection bias, sum_top2, scaling, an ungated shared expert.
-DEEPSEEK_STYLE_GROUPED = DeaMoEConfig(
-    hidden_size=64,
-    num_departments=4,
-    experts_per_department=4,
-    shared_intermediate_size=32,
-    private_intermediate_size=32,
-    top_k=4,
-    top_departments=2,
-    score_func="sigmoid",
-    department_score="sum_top2",
-    routed_scaling_factor=2.5,
-    router_bias=True,
-    shared_expert_intermediate_size=64,
+DEEPSEEK_STYLE_GROUPED = deepseek_style(
+    hidden_size=64, private_intermediate_size=32, shared_expert_intermediate_size=64
 )
 # Qwen2-MoE style: one department, a sigmoid-gated shared expert.
 QWEN2_STYLE_GROUPED = QWEN2_STYLE_GATED_SHARED.replace(hidden_size=48, shared_expert_intermediate_size=32)

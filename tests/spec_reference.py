@@ -83,16 +83,18 @@ def spec_forward(x, tensors, cfg):
     return out
 
 
-def spec_bytes(cfg, expert_sets, bytes_per_weight):
+def spec_bytes(cfg, expert_sets, bytes_per_weight, router_bytes_per_weight=None):
     """The spec's formula for one step, from the kept experts of each token (plus the
-    selection bias and shared-expert gate vectors, which deamoe-trt counts too)."""
+    selection bias, float32 per "Router precision", and shared-expert gate vectors, which
+    deamoe-trt counts too). The router weight counts at router_bytes_per_weight (default b)."""
     d, b = cfg.hidden_size, bytes_per_weight
+    rb = b if router_bytes_per_weight is None else router_bytes_per_weight
     experts = set().union(*expert_sets)
     departments = {e // cfg.experts_per_department for e in experts}
     total = len(departments) * 3 * d * cfg.shared_intermediate_size * b
     total += len(experts) * 3 * d * cfg.private_intermediate_size * b
-    total += cfg.num_experts * d * b + 3 * d * cfg.shared_expert_intermediate_size * b
-    total += cfg.num_experts * b if cfg.router_bias else 0
+    total += cfg.num_experts * d * rb + 3 * d * cfg.shared_expert_intermediate_size * b
+    total += cfg.num_experts * 4 if cfg.router_bias else 0
     total += d * b if cfg.shared_expert_gate else 0
     return total
 
@@ -125,6 +127,6 @@ def spec_quantized_bytes(cfg, expert_sets, bytes_per_weight, bits, group_size):
     total = len(departments) * ffn(3 * d * cfg.shared_intermediate_size)
     total += len(experts) * ffn(3 * d * cfg.private_intermediate_size)
     total += cfg.num_experts * d * b + ffn(3 * d * cfg.shared_expert_intermediate_size)
-    total += cfg.num_experts * b if cfg.router_bias else 0
+    total += cfg.num_experts * 4 if cfg.router_bias else 0  # the selection bias is float32
     total += d * b if cfg.shared_expert_gate else 0
     return total

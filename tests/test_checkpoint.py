@@ -4,15 +4,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from configs import deepseek_style
 from deamoe_trt import PRESETS, CheckpointError, DeaMoELayer, DeaMoEStack, UsageError
 from deamoe_trt.checkpoint import load_checkpoint, read_header
 from deamoe_trt.inputs import random_hidden
 
-DEEPSEEK_STYLE = PRESETS["tiny"].replace(
-    score_func="sigmoid", department_score="sum_top2", router_bias=True, shared_expert_intermediate_size=16
-)
+DEEPSEEK_STYLE = deepseek_style(hidden_size=64, routed_scaling_factor=1.0, shared_expert_intermediate_size=16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_layer_round_trips_through_save_and_load(tmp_path, dtype):
     layer = DeaMoELayer.random(DEEPSEEK_STYLE, seed=1, dtype=dtype)
@@ -109,3 +109,29 @@ def test_failed_save_leaves_no_partial_files(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         DeaMoELayer.random(PRESETS["tiny"]).save_pretrained(tmp_path / "ckpt")
     assert list((tmp_path / "ckpt").iterdir()) == []
+
+
+def test_router_precision_round_trips_and_old_checkpoints_load(tmp_path):
+    """A bf16 layer with a float32 router saves "router_dtype" and loads it back bit-exact; a
+    checkpoint written before (bias in the layer dtype, no router_dtype) still loads."""
+    config = PRESETS["tiny"].replace(score_func="sigmoid", router_bias=True)
+    layer = DeaMoELayer.random(config, seed=2).to(torch.bfloat16)
+    layer.save_pretrained(tmp_path / "new")
+    assert json.loads((tmp_path / "new" / "config.json").read_text())["router_dtype"] == "float32"
+    loaded = DeaMoELayer.from_pretrained(tmp_path / "new")
+    assert loaded.router_dtype == torch.float32 and loaded.dtype == torch.bfloat16
+    assert torch.equal(loaded.router.weight, layer.router.weight)
+    assert torch.equal(loaded.router.bias, layer.router.bias)
+
+    # The format before: every tensor, the bias too, in the header's dtype.
+    old = DeaMoELayer.random(config, seed=3, dtype=torch.bfloat16)
+    old.save_pretrained(tmp_path / "old")
+    weights = tmp_path / "old" / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["layers.0.router.bias"] = tensors["layers.0.router.bias"].bfloat16()
+    save_file(tensors, weights)
+    header = json.loads((tmp_path / "old" / "config.json").read_text())
+    assert "router_dtype" not in header
+    back = DeaMoELayer.from_pretrained(tmp_path / "old")
+    assert back.router.bias.dtype == torch.float32
+    assert torch.equal(back.router.bias, old.router.bias.bfloat16().float())

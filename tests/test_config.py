@@ -83,3 +83,10 @@ def test_spec_preset_shapes():
     assert (qwen.num_experts, qwen.expert_intermediate_size) == (128, 768)
     deepseek = PRESETS["deepseek-v3-layer"]
     assert (deepseek.num_experts, deepseek.expert_intermediate_size) == (256, 2048)
+
+
+def test_differences_name_each_differing_field_in_order():
+    tiny = PRESETS["tiny"]
+    other = tiny.replace(top_k=2, score_func="sigmoid")
+    assert tiny.differences(other) == ["top_k 4 vs 2", "score_func 'softmax' vs 'sigmoid'"]
+    assert tiny.differences(tiny) == []

@@ -1,27 +1,18 @@
+import copy
+
 import numpy as np
 import pytest
 import torch
 
-from configs import QWEN2_STYLE_GATED_SHARED, TINY_SHARED_ONLY
-from deamoe_trt import PRESETS, DeaMoEConfig, DeaMoELayer, DeaMoEStack, UsageError
+from configs import QWEN2_STYLE_GATED_SHARED, TINY_SHARED_ONLY, deepseek_style
+from deamoe_trt import PRESETS, DeaMoELayer, DeaMoEStack, UsageError
 from deamoe_trt.inputs import random_hidden
 from spec_reference import spec_forward
 
 CONFIGS = {
     "tiny": PRESETS["tiny"],
-    "deepseek-style": DeaMoEConfig(
-        hidden_size=32,
-        num_departments=4,
-        experts_per_department=4,
-        shared_intermediate_size=24,
-        private_intermediate_size=8,
-        top_k=4,
-        top_departments=2,
-        score_func="sigmoid",
-        department_score="sum_top2",
-        routed_scaling_factor=2.5,
-        router_bias=True,
-        shared_expert_intermediate_size=16,
+    "deepseek-style": deepseek_style(
+        shared_intermediate_size=24, private_intermediate_size=8, shared_expert_intermediate_size=16
     ),
     "qwen2-style-gated-shared": QWEN2_STYLE_GATED_SHARED,
     "shared-only": TINY_SHARED_ONLY,
@@ -130,6 +121,7 @@ def test_random_init_spreads_routing_over_experts():
     assert routing.weights[:, 0].mean() < 0.9  # no token is sent to a single expert alone
 
 
+@pytest.mark.slow
 def test_stack_applies_layers_with_residuals():
     stack = DeaMoEStack.random(CONFIGS["tiny"], 2, seed=8)
     x = random_hidden(5, 64, seed=8)
@@ -137,3 +129,28 @@ def test_stack_applies_layers_with_residuals():
         h = x + stack.layers[0](x)
         torch.testing.assert_close(stack(x), h + stack.layers[1](h))
         torch.testing.assert_close(stack.expanded()(x), stack(x), rtol=1e-5, atol=1e-5)
+
+
+def test_router_keeps_its_precision_through_dtype_conversions():
+    """Spec "Router precision": router.bias always float32, a float32 router weight stays
+    float32 and bit-exact when the layer is converted; any other weight follows the layer."""
+    small = dict(hidden_size=16, shared_intermediate_size=8, private_intermediate_size=8)
+    layer = DeaMoELayer.random(PRESETS["deepseek-v3-layer"].replace(**small, shared_expert_intermediate_size=8), seed=1)
+    weight, bias = layer.router.weight.detach().clone(), layer.router.bias.detach().clone()
+    for dtype in (torch.float16, torch.bfloat16):
+        half = copy.deepcopy(layer).to(dtype)
+        assert half.dtype == dtype and half.router_dtype == torch.float32
+        assert torch.equal(half.router.weight, weight) and torch.equal(half.router.bias, bias)
+        narrow = DeaMoELayer.random(layer.config, seed=1, dtype=dtype)
+        assert narrow.router_dtype == dtype and narrow.router.bias.dtype == torch.float32
+        assert narrow.float().router_dtype == torch.float32  # widening follows the layer
+
+
+def test_low_memory_random_draws_the_same_distribution_in_dtype():
+    config = CONFIGS["deepseek-style"]  # departments, experts, bias and shared experts
+    direct = DeaMoELayer.random(config, seed=5, dtype=torch.bfloat16, low_memory=True)
+    converted = DeaMoELayer.random(config, seed=5, dtype=torch.bfloat16)
+    assert direct.dtype == torch.bfloat16
+    for (name, a), (_, b) in zip(direct.state_dict().items(), converted.state_dict().items(), strict=True):
+        assert a.shape == b.shape, name
+        assert float(a.float().std()) == pytest.approx(float(b.float().std()), rel=0.1), name

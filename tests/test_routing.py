@@ -1,24 +1,15 @@
 import pytest
 import torch
 
+from configs import deepseek_style
 from deamoe_trt import PRESETS, DeaMoEConfig, route_logits
 from deamoe_trt.routing import top_indices
 from spec_reference import spec_route
 
 CONFIGS = {
     "tiny": PRESETS["tiny"],
-    "deepseek-style": DeaMoEConfig(
-        hidden_size=32,
-        num_departments=4,
-        experts_per_department=4,
-        shared_intermediate_size=8,
-        private_intermediate_size=8,
-        top_k=4,
-        top_departments=2,
-        score_func="sigmoid",
-        department_score="sum_top2",
-        routed_scaling_factor=2.5,
-        router_bias=True,
+    "deepseek-style": deepseek_style(
+        shared_intermediate_size=8, private_intermediate_size=8, shared_expert_intermediate_size=0
     ),
     "sum-no-norm": DeaMoEConfig(
         hidden_size=16,

@@ -1,10 +1,11 @@
 import pytest
 import torch
 
+from configs import deepseek_style
 from deamoe_trt import PRESETS, DeaMoELayer, route_logits, weights_loaded
 from deamoe_trt.inputs import random_hidden
 from deamoe_trt.routing import router_logits
-from deamoe_trt.traffic import compare_traffic
+from deamoe_trt.traffic import compare_traffic, layer_bytes, parameter_count
 from spec_reference import spec_bytes, spec_route
 
 
@@ -16,9 +17,10 @@ def test_bytes_follow_the_spec_formula(name, tokens):
     logits = torch.randn(tokens, config.num_experts, generator=gen)
     bias = 0.05 * torch.randn(config.num_experts, generator=gen) if config.router_bias else None
     expert_sets = [set(spec_route(row.tolist(), None if bias is None else bias.tolist(), config)[1]) for row in logits]
-    for bytes_per_weight in (2, 4):
-        traffic = weights_loaded(config, route_logits(logits, bias, config), bytes_per_weight)
-        assert traffic.total == spec_bytes(config, expert_sets, bytes_per_weight)
+    for bytes_per_weight, router_bytes in ((2, None), (4, None), (2, 4)):
+        routing = route_logits(logits, bias, config)
+        traffic = weights_loaded(config, routing, bytes_per_weight, router_bytes_per_weight=router_bytes)
+        assert traffic.total == spec_bytes(config, expert_sets, bytes_per_weight, router_bytes)
 
 
 def test_qwen3_preset_loads_at_most_five_eighths_of_its_twin_per_token():
@@ -49,6 +51,16 @@ def test_expanded_and_vanilla_share_the_expert_width():
     # One token: both twins read k full-width experts.
     assert traffic["expanded"].total == traffic["vanilla"].total
     assert traffic["expanded"].experts_used == layer.config.top_k
+
+
+@pytest.mark.parametrize("name", ["tiny", "deepseek-style-gated"])
+def test_parameter_count_is_every_canonical_tensor(name):
+    config = PRESETS["tiny"] if name == "tiny" else deepseek_style(shared_expert_gate=True)
+    layer = DeaMoELayer(config, device="meta")
+    assert parameter_count(config) == sum(t.numel() for t in layer.state_dict().values())
+    # Every tensor at its stored width: the selection bias stays float32 in a bf16 layer.
+    bf16 = DeaMoELayer(config, dtype=torch.bfloat16, device="meta")
+    assert layer_bytes(config, torch.bfloat16) == sum(t.numel() * t.element_size() for t in bf16.state_dict().values())
 
 
 @pytest.mark.parametrize("name", ["tiny", "qwen3-30b-a3b-layer", "deepseek-v3-layer"])

@@ -13,12 +13,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..config import DeaMoEConfig
-from ..traffic import BYTES_PER_WEIGHT
+from ..errors import MissingDependencyError, one_line
+from ..layer import DeaMoEStack
+from ..traffic import layer_bytes
+
+if TYPE_CHECKING:
+    from .options import BenchOptions
 
 MODELS = ("deamoe", "expanded", "vanilla")
 RUNTIMES = ("cpu", "ort", "torch")
@@ -59,20 +64,6 @@ class Contender:
             out["cooldown_s"] = self.cooldown_s
         out.update(self.info)
         return out
-
-
-def parameter_count(config: DeaMoEConfig) -> int:
-    """Weights of one layer (every canonical tensor), without allocating it."""
-    c, d = config, config.hidden_size
-    n = c.num_experts * d + (c.num_experts if c.router_bias else 0)
-    n += c.num_departments * 3 * d * c.shared_intermediate_size
-    n += c.num_experts * 3 * d * c.private_intermediate_size
-    n += 3 * d * c.shared_expert_intermediate_size + (d if c.shared_expert_gate else 0)
-    return n
-
-
-def layer_bytes(config: DeaMoEConfig, dtype: torch.dtype) -> int:
-    return parameter_count(config) * BYTES_PER_WEIGHT[dtype]
 
 
 @dataclass
@@ -127,3 +118,117 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     start = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------------------------------
+# The contender factory: a module on a runtime, checked against the reference on the check inputs.
+# ---------------------------------------------------------------------------------------------
+
+# Largest |output - reference| accepted, relative to max |reference|, before a contender is
+# flagged (not dropped): fp32 runtimes agree to ~1e-6, fp16 ones to ~1e-3.
+CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float16: 3e-2}
+
+
+# Pauses after a runtime whose threads keep spinning once a call returns, measured on the
+# development machine: PyTorch's OpenMP workers spin ~10 ms, ONNX Runtime's ~40 ms when its
+# intra-op spinning is on (its default). Whoever ran next would otherwise share its cores
+# with them. ONNX Runtime runs with spinning off here: measured interleaved, spinning made
+# its own steps no faster (4.1-4.3 ms against 4.0 ms on a 64-expert layer) and, unless it
+# was followed by a 60 ms pause, slowed the next contender by up to 1.8x. --ort-spinning on
+# restores it, with that pause.
+TORCH_COOLDOWN_S = 0.02
+ORT_SPINNING_COOLDOWN_S = 0.06
+
+
+def build_contender(name: str, module, threads: int, options: BenchOptions, ref: dict, checks: dict) -> Contender:
+    model, runtime = name.split("/")
+    contender = Contender(name, model, runtime, cooldown_s=options.gap_ms / 1e3)
+    if options.gap_ms > 0 and runtime == "torch":
+        contender.cooldown_s = max(contender.cooldown_s, TORCH_COOLDOWN_S)
+    if options.gap_ms > 0 and runtime == "ort" and options.ort_spinning:
+        contender.cooldown_s = max(contender.cooldown_s, ORT_SPINNING_COOLDOWN_S)
+    try:
+        if runtime == "cpu":
+            from ..cpu import CpuDeaMoE, CpuDeaMoEStack, simd
+
+            fast = (
+                CpuDeaMoEStack(module, threads=threads)
+                if isinstance(module, DeaMoEStack)
+                else CpuDeaMoE(module, threads=threads)
+            )
+            contender.run = fast
+            contender.prepare = identity
+            contender.to_torch = identity
+            contender.memory_bytes = fast.nbytes
+            contender.info = {"simd": simd(), "threads": threads}
+        elif runtime == "torch":
+
+            def run(x, module=module):
+                with torch.inference_mode():
+                    return module(x)
+
+            contender.run = run
+            contender.prepare = identity
+            contender.to_torch = identity
+            contender.memory_bytes = sum(t.numel() * t.element_size() for t in module.state_dict().values())
+            contender.info = {"threads": torch.get_num_threads()}
+        else:
+            contender.run, contender.info = _ort_runner(module, threads, options)
+            contender.prepare = to_numpy
+            contender.to_torch = torch.from_numpy
+            contender.memory_bytes = module_bytes(module)
+        # A runtime that cannot run this model (ORT or PyTorch without fp16 CPU kernels...)
+        # fails here, on the check inputs, rather than in the middle of the timed loop.
+        contender.info["max_abs_diff"] = _check(contender, ref, checks)
+    except MissingDependencyError as exc:
+        contender.status, contender.reason = "skipped", one_line(exc, limit=300)
+        return contender
+    except Exception as exc:  # one contender failing must not end the benchmark
+        contender.status, contender.reason = "failed", f"{type(exc).__name__}: {one_line(exc, limit=300)}"
+        contender.run = None
+        return contender
+    dtype = next(iter(checks.values())).dtype
+    scale = max(float(r.abs().max()) for r in ref.values())
+    if contender.info["max_abs_diff"] > CHECK_TOLERANCE[dtype] * max(scale, 1e-6):
+        contender.info["warning"] = f"outputs differ from the PyTorch reference by {contender.info['max_abs_diff']:.3g}"
+    return contender
+
+
+def _ort_runner(module, threads: int, options: BenchOptions):
+    from .ort_models import BUILDER, build_ort_model, make_session
+
+    model = build_ort_model(module)
+    ort_model = make_session(model, threads, spinning=options.ort_spinning)
+    del model
+    info = {
+        "builder": BUILDER,
+        "threads": threads,
+        "spinning": options.ort_spinning,
+        "execution_mode": "sequential",
+    }
+    return ort_model.run, info
+
+
+def _check(contender: Contender, ref: dict, checks: dict) -> float:
+    worst = 0.0
+    for tokens, x in checks.items():
+        y = contender.to_torch(contender.run(contender.prepare(x))).float()
+        worst = max(worst, float((y - ref[tokens]).abs().max()))
+    return worst
+
+
+def reference_outputs(module, checks: dict) -> dict:
+    with torch.inference_mode():
+        return {t: module(x).float() for t, x in checks.items()}
+
+
+def module_bytes(module) -> int:
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+
+def identity(x):
+    return x
+
+
+def to_numpy(x: torch.Tensor):
+    return x.numpy()

@@ -7,12 +7,13 @@ com.microsoft.MoE, which does its own softmax top-k routing (deamoe_trt/export/o
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from ..errors import DeaMoEError, MissingDependencyError, UsageError
+from ..dtypes import DTYPES
+from ..errors import MissingDependencyError, UsageError
 from ..layer import DeaMoELayer
 
-ONNX_DTYPES = {torch.float32: "fp32", torch.float16: "fp16"}
+# ONNX Runtime's CPU MoE has no bf16 kernel.
+ONNX_DTYPES = {d.torch: d.name for d in DTYPES if d.name != "bf16"}
 # Initializers at least this big are handed to ONNX Runtime as in-memory arrays.
 _IN_MEMORY_MIN_BYTES = 1 << 16
 BUILDER = "deamoe_trt.export.build_model"
@@ -26,21 +27,6 @@ def build_ort_model(layer: DeaMoELayer):
     if dtype is None:
         raise UsageError(f"the ort form runs fp32 or fp16 here, not {layer.dtype}")
     return build_model(layer, "ort", dtype=dtype)
-
-
-def session_options(threads: int, spinning: bool):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    # Spinning threads keep a core busy after each run; in an interleaved benchmark they
-    # would steal it from the next contender.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    return options
 
 
 class OrtModel:
@@ -69,6 +55,8 @@ def make_session(model, threads: int, *, spinning: bool = False) -> OrtModel:
         import onnx
         import onnxruntime as ort
         from onnx import external_data_helper, numpy_helper
+
+        from ..validation.session import make_session, session_options
     except ImportError as exc:
         raise MissingDependencyError(f"ONNX Runtime contenders need onnx and onnxruntime: {exc}") from None
 
@@ -84,13 +72,10 @@ def make_session(model, threads: int, *, spinning: bool = False) -> OrtModel:
         if tensor.data_location != onnx.TensorProto.EXTERNAL and len(tensor.raw_data) >= _IN_MEMORY_MIN_BYTES:
             to_memory(tensor)
 
-    options = session_options(threads, spinning)
+    # Spinning threads keep a core busy after each run; in an interleaved benchmark they
+    # would steal it from the next contender.
+    options = session_options(threads, spinning=spinning)
     if arrays:
         names = list(arrays)
         options.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(arrays[n]) for n in names])
-    try:
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # ORT reports every failure as its own exception types
-        text = " ".join(str(exc).split())
-        raise DeaMoEError(f"ONNX Runtime could not load the model: {text[:300]}") from None
-    return OrtModel(session, arrays)
+    return OrtModel(make_session(model, options=options), arrays)

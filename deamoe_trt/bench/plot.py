@@ -15,7 +15,8 @@ BYTES_MARKERS = {"deamoe": "o", "expanded": "s", "vanilla": "x"}
 BYTES_LINESTYLES = {"deamoe": "-", "expanded": "-", "vanilla": "--"}
 
 
-def write_plot(result: dict, path: str | Path) -> Path:
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend, or MissingDependencyError saying how to get it."""
     try:
         import matplotlib
 
@@ -23,6 +24,11 @@ def write_plot(result: dict, path: str | Path) -> Path:
         import matplotlib.pyplot as plt
     except ImportError:
         raise MissingDependencyError("--plot needs matplotlib (pip install matplotlib)") from None
+    return plt
+
+
+def write_plot(result: dict, path: str | Path) -> Path:
+    plt = pyplot()
 
     panels = [("layer", "time")]
     layer = result["layer"]

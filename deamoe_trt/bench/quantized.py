@@ -27,7 +27,7 @@ from ..traffic import weights_loaded
 from . import bandwidth as bw
 from . import machine
 from .contenders import Contender
-from .harness import step_seed
+from .options import step_seed
 from .tables import _x
 from .timing import interleaved, summary
 
@@ -297,7 +297,7 @@ def _targets(result: dict) -> str:
 
 
 class _Cooldown:
-    """A busy pause before each timed call, as the main benchmark's (harness._Runner.cooldown)."""
+    """A busy pause before each timed call, as the main benchmark's (loop.Runner.cooldown)."""
 
     def __init__(self, seconds: float, threads: int):
         from ..cpu import Pool

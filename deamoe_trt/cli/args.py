@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-import torch
+from ..dtypes import DTYPES
 
-DTYPE_NAMES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPE_NAMES = {d.name: d.torch for d in DTYPES}
 
 
 def token_counts(text: str) -> list[int]:
@@ -73,5 +73,25 @@ def add_dtype(parser: argparse.ArgumentParser, *, choices=tuple(DTYPE_NAMES), de
     )
 
 
-def add_output(parser: argparse.ArgumentParser, *, required: bool = True, help: str = "output path") -> None:
-    parser.add_argument("-o", "--output", required=required, metavar="PATH", help=help)
+def writable_path(text: str, *, directory: bool = False) -> str:
+    """An output path argparse checks before the command runs (one line, exit 2, if unwritable)."""
+    from .._io import check_writable
+    from ..errors import UsageError
+
+    try:
+        check_writable(text, directory=directory)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def writable_directory(text: str) -> str:
+    return writable_path(text, directory=True)
+
+
+def add_output(
+    parser: argparse.ArgumentParser, *, required: bool = True, help: str = "output path", directory: bool = False
+) -> None:
+    """-o/--output, checked writable at parse time (directory: a folder the command fills)."""
+    kind = writable_directory if directory else writable_path
+    parser.add_argument("-o", "--output", required=required, metavar="PATH", type=kind, help=help)

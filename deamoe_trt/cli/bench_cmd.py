@@ -54,8 +54,8 @@ def register(subparsers) -> None:
         "--steps", type=common.positive_int, default=None, help="timed steps per token count (default 200)"
     )
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default max(3, steps/10))")
-    parser.add_argument("--json", metavar="PATH", help="write every figure as JSON here")
-    parser.add_argument("--plot", metavar="PATH", help="write the figure (PNG) here")
+    parser.add_argument("--json", metavar="PATH", type=common.writable_path, help="write every figure as JSON here")
+    parser.add_argument("--plot", metavar="PATH", type=common.writable_path, help="write the figure (PNG) here")
     parser.add_argument("--quick", action="store_true", help="a small run in seconds (tiny preset, few steps)")
     parser.add_argument(
         "--layers",
@@ -124,7 +124,10 @@ def _fraction(text: str) -> float:
 
 def run(args) -> int:
     from ..bench import BenchOptions, format_result, run_bench, write_json, write_plot
+    from ..bench.plot import pyplot
 
+    if args.plot:
+        pyplot()  # before minutes of benchmarking, not after them
     if args.quantized is not None:
         return run_quantized(args)
     if args.group_size is not None:

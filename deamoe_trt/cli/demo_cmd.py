@@ -22,7 +22,9 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "demo", help="run the whole toolchain on the built-in tiny model", description=__doc__
     )
-    common.add_output(parser, required=False, help="keep the demo's files here (default: a temporary directory)")
+    common.add_output(
+        parser, required=False, help="keep the demo's files here (default: a temporary directory)", directory=True
+    )
     common.add_seed(parser)
     parser.set_defaults(func=run)
 

@@ -44,18 +44,17 @@ def run(args) -> int:
     from ..report import format_bytes
 
     loaded = load_lm(args.checkpoint)
-    dtype = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}[args.dtype]
     path = export_lm(
         loaded.model.twin(args.twin),
         Path(args.output),
         args.form,
-        dtype,
+        args.dtype,
         args.opset,
         tokenizer=loaded.tokenizer,
         twin=args.twin,
     )
     size = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
-    print(f"wrote {path} ({args.twin}, {args.form} form, {dtype}, {format_bytes(size)})")
+    print(f"wrote {path} ({args.twin}, {args.form} form, {args.dtype}, {format_bytes(size)})")
     if args.validate:
         from ..lm.validate import validate_lm
 

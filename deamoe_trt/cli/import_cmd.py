@@ -40,7 +40,7 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model_dir", metavar="MODEL_DIR", help="local Hugging Face model directory")
-    common.add_output(parser, help="checkpoint directory to write")
+    common.add_output(parser, help="checkpoint directory to write", directory=True)
     parser.add_argument(
         "--layers",
         type=layer_selection,

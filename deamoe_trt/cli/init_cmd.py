@@ -11,7 +11,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("init", help="write a random checkpoint of a preset", description=__doc__)
     parser.add_argument("--preset", choices=list(PRESETS), default="tiny", help="layer shape (default tiny)")
     parser.add_argument("--layers", type=common.positive_int, default=1, help="layers in the stack (default 1)")
-    common.add_output(parser, help="checkpoint directory to write")
+    common.add_output(parser, help="checkpoint directory to write", directory=True)
     common.add_seed(parser)
     common.add_dtype(parser, choices=tuple(common.DTYPE_NAMES))
     parser.set_defaults(func=run)

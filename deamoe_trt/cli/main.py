@@ -7,7 +7,7 @@ import importlib
 import os
 import sys
 
-from ..errors import DeaMoEError
+from ..errors import DeaMoEError, one_line
 
 # Each module defines register(subparsers) and sets func(args) -> int | None on its parser.
 SUBCOMMANDS = (
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except DeaMoEError as exc:
-        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except BrokenPipeError:
         # `deamoe-trt ... | head` closed our stdout: not an error of ours, and nothing left to say.
@@ -69,16 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("DEAMOE_TRT_DEBUG"):
             raise
         print(
-            f"{prog}: internal error: {type(exc).__name__}: {_one_line(exc)} "
+            f"{prog}: internal error: {type(exc).__name__}: {one_line(exc)} "
             "(rerun with DEAMOE_TRT_DEBUG=1 for the traceback and report it)",
             file=sys.stderr,
         )
         return 1
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
 
 
 if __name__ == "__main__":

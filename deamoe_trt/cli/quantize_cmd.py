@@ -19,7 +19,7 @@ def register(subparsers) -> None:
         "quantize", help="quantize a checkpoint's FFN weights to int8 or int4", description=__doc__
     )
     common.add_checkpoint(parser)
-    common.add_output(parser, help="quantized checkpoint directory to write")
+    common.add_output(parser, help="quantized checkpoint directory to write", directory=True)
     parser.add_argument("--bits", type=int, required=True, choices=BITS, help="bits per weight: 8 or 4")
     parser.add_argument(
         "--group-size", type=int, default=64, choices=GROUP_SIZES, help="input columns per scale (default 64)"

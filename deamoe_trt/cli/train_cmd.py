@@ -13,7 +13,7 @@ def register(subparsers) -> None:
         help="train the tiny-lm language model on the shipped text (about 2 minutes on a CPU core)",
         description=__doc__,
     )
-    common.add_output(parser, required=False, help="checkpoint directory to write (default ./tiny-lm)")
+    common.add_output(parser, required=False, help="checkpoint directory to write (default ./tiny-lm)", directory=True)
     parser.add_argument(
         "--steps",
         type=common.positive_int,

@@ -38,7 +38,9 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "triton-repo", help="write a Triton Inference Server model repository", description=__doc__
     )
-    common.add_output(parser, help="repository folder to write (models already in it are kept or replaced by name)")
+    common.add_output(
+        parser, help="repository folder to write (models already in it are kept or replaced by name)", directory=True
+    )
     trt = parser.add_argument_group("TensorRT engine (platform tensorrt_plan)")
     trt.add_argument("--engine", metavar="ENGINE", help="engine from `deamoe-trt build` of the plugin form")
     trt.add_argument("--engine-onnx", metavar="MODEL.onnx", help="the export the engine was built from")

@@ -178,7 +178,7 @@ class _LayerDesc(ctypes.Structure):
         ("top_k", ctypes.c_int64),
         ("top_departments", ctypes.c_int64),
         ("routed_scaling_factor", ctypes.c_float),
-        ("reserved", ctypes.c_float),
+        ("router_dtype", ctypes.c_int32),
         ("router", ctypes.c_void_p),
         ("router_bias", ctypes.c_void_p),
         ("departments", ctypes.c_void_p),
@@ -214,6 +214,8 @@ class CpuDeaMoE:
             raise UsageError(
                 f"the CPU path runs float32 or float16 weights, not {layer.dtype}; convert the layer first"
             )
+        if layer.router_dtype not in _DTYPE_CODES:
+            raise UsageError(f"the CPU path runs a float32 or float16 router, not {layer.router_dtype}")
         if layer.router.weight.device.type != "cpu":
             raise UsageError("the CPU path needs the layer's weights on the CPU")
         if routing not in ROUTINGS:
@@ -231,7 +233,7 @@ class CpuDeaMoE:
         self.quant = layer.quant
 
         with torch.no_grad():
-            self.router = self._pad_rows(layer.router.weight)
+            self.router = self._pad_rows(layer.router.weight)  # in its own dtype (float32 or the layer's)
             self.router_bias = (
                 layer.router.bias.detach().float().contiguous() if layer.router.bias is not None else None
             )
@@ -255,6 +257,7 @@ class CpuDeaMoE:
             top_k=c.top_k,
             top_departments=c.top_departments,
             routed_scaling_factor=c.routed_scaling_factor,
+            router_dtype=_DTYPE_CODES[layer.router_dtype],
             router=self.router.ptr,
             router_bias=_ptr(self.router_bias),
             departments=self.departments.ptr if self.departments else None,
@@ -275,9 +278,9 @@ class CpuDeaMoE:
 
     def _pad_rows(self, weight: torch.Tensor) -> _Buffer:
         w = weight.detach().contiguous()
-        rows = w.shape[0]
-        buf = _Buffer(rows * self.dp * self.esize)
-        self._check(self.lib.dm_pad_rows(w.data_ptr(), rows, self.d, self.dp, self.esize, buf.ptr), "pad router")
+        rows, esize = w.shape[0], w.element_size()
+        buf = _Buffer(rows * self.dp * esize)
+        self._check(self.lib.dm_pad_rows(w.data_ptr(), rows, self.d, self.dp, esize, buf.ptr), "pad router")
         self.nbytes += buf.nbytes
         return buf
 
@@ -364,7 +367,7 @@ class CpuDeaMoE:
         # On this thread (pool None): the router is small, and a layer call's workers are
         # waking up meanwhile.
         code = self.lib.dm_router(
-            None, self.desc.dtype, self.router.ptr, self.config.num_experts, self.dp, xp.data_ptr(), tokens,
+            None, self.desc.router_dtype, self.router.ptr, self.config.num_experts, self.dp, xp.data_ptr(), tokens,
             out.data_ptr(),
         )  # fmt: skip
         self._check(code, "router")

@@ -14,12 +14,12 @@ import ctypes
 import hashlib
 import os
 import platform
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 from ..errors import DeaMoEError, MissingDependencyError
+from ..native import cache_dir, find_cxx
 
 SOURCE = Path(__file__).with_name("deamoe_cpu.cpp")
 FLAGS = ("-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-pthread", "-DNDEBUG")
@@ -29,19 +29,11 @@ LIBRARY_NAME = "libdeamoe_cpu.so"
 _lib: ctypes.CDLL | None = None
 
 
-def cache_dir() -> Path:
-    """Where built libraries live: $DEAMOE_TRT_CACHE_DIR, else $XDG_CACHE_HOME/deamoe-trt, else ~/.cache/deamoe-trt."""
-    if os.environ.get("DEAMOE_TRT_CACHE_DIR"):
-        return Path(os.environ["DEAMOE_TRT_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "deamoe-trt"
-
-
 def compiler() -> str:
-    """The C++ compiler to use: $CXX, else g++, else c++, else clang++."""
-    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
+    """The C++ compiler (deamoe_trt.native.find_cxx), or MissingDependencyError saying how to get one."""
+    cxx = find_cxx()
+    if cxx is not None:
+        return cxx
     raise MissingDependencyError(
         "the fast CPU path builds its kernel at first use and needs a C++ compiler: none found "
         "(install g++, e.g. `apt-get install g++`, or set CXX)"

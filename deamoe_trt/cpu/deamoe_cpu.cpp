@@ -875,7 +875,7 @@ struct dm_layer {
   int64_t d, dp;             // hidden size, padded row length
   int64_t num_departments, experts_per_department, top_k, top_departments;
   float routed_scaling_factor;
-  float reserved;
+  int32_t router_dtype;       // router rows: 0 fp32, 1 fp16 (float32 or the weights' dtype)
   const void* router;         // [N, dp] router rows
   const float* router_bias;   // [N] fp32 selection bias, or null
   const void* departments;    // packed shared parts of the D departments, groups_s groups each, or null
@@ -910,7 +910,15 @@ void route_token(const dm_layer& L, const float* z, float* s, float* c, float* d
   } else {
     for (int64_t i = 0; i < N; ++i) s[i] = 1.0f / (1.0f + std::exp(-z[i]));
   }
-  for (int64_t i = 0; i < N; ++i) c[i] = s[i] + (L.router_bias ? L.router_bias[i] : 0.0f);
+  bool finite = true;
+  for (int64_t i = 0; i < N; ++i) {
+    c[i] = s[i] + (L.router_bias ? L.router_bias[i] : 0.0f);
+    finite = finite && std::isfinite(c[i]);
+  }
+  // A token with a non-finite selection score chooses as if all its scores tied: the
+  // lowest-index departments and experts (deamoe_trt/routing.py's rule); its weights stay
+  // what the math gives.
+  if (!finite) std::fill(c, c + N, 0.0f);
 
   // Stage 1: department scores, keep the top g.
   for (int64_t j = 0; j < D; ++j) {
@@ -984,7 +992,7 @@ bool valid(const dm_layer& L) {
   return L.dp % kPad == 0 && L.d > 0 && L.d <= L.dp && (L.dtype == 0 || L.dtype == 1) && L.num_departments > 0 &&
          L.experts_per_department > 0 && L.top_k > 0 && L.top_departments > 0 &&
          L.top_departments <= L.num_departments && L.top_k <= L.top_departments * L.experts_per_department &&
-         L.router != nullptr &&
+         (L.router_dtype == 0 || L.router_dtype == 1) && L.router != nullptr &&
          (L.weight_bits == 0 || ((L.weight_bits == 4 || L.weight_bits == 8) && L.group_size > 0 &&
                                  L.group_size % W == 0 && L.group_size % NB == 0 && L.d == L.dp &&
                                  L.d % L.group_size == 0));
@@ -1113,7 +1121,7 @@ int dm_layer_forward(void* pool_handle, const dm_layer* layer, const float* x, i
   auto* pool = static_cast<Pool*>(pool_handle);
   pool->wake();
   const int64_t N = L.num_departments * L.experts_per_department;
-  RouterJob router{L.dtype, L.router, N, L.dp, tokens, x, logits};
+  RouterJob router{L.router_dtype, L.router, N, L.dp, tokens, x, logits};
   router_job(&router, 0, 1);
   route_all(L, logits, tokens, ids, w, nullptr, nullptr);
   std::vector<float> shared_w;

@@ -5,8 +5,7 @@ from __future__ import annotations
 import ctypes
 import functools
 
-import torch
-
+from .. import contract, dtypes
 from ..config import DeaMoEConfig
 
 # deamoe::Status
@@ -20,69 +19,44 @@ STATUS_NAMES = {
 }
 
 # deamoe::DataType
-DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+DTYPES = {d.torch: d.kernel for d in dtypes.DTYPES}
 
-SCORE_FUNCS = {"softmax": 0, "sigmoid": 1}
-DEPARTMENT_SCORES = {"max": 0, "sum_top2": 1, "sum": 2}
+# deamoe::ScoreFunc and deamoe::DepartmentScore: a value's position is its code.
+SCORE_FUNCS = {name: code for code, name in enumerate(contract.ENUMS["score_func"])}
+DEPARTMENT_SCORES = {name: code for code, name in enumerate(contract.ENUMS["department_score"])}
+
+# Every LayerParams member is 4 bytes: int32, or a float for the one float attribute.
+_CTYPES = {"int": ctypes.c_int32, "bool": ctypes.c_int32, "str": ctypes.c_int32, "float": ctypes.c_float}
 
 
 class LayerParams(ctypes.Structure):
-    """deamoe::LayerParams, field for field (all 4-byte members, no padding)."""
+    """deamoe::LayerParams, field for field (all 4-byte members, no padding), from the contract:
+    one member per attribute, then the inputs' dtype flags."""
 
-    _fields_ = [
-        ("hidden", ctypes.c_int32),
-        ("numDepartments", ctypes.c_int32),
-        ("expertsPerDepartment", ctypes.c_int32),
-        ("sharedWidth", ctypes.c_int32),
-        ("privateWidth", ctypes.c_int32),
-        ("topK", ctypes.c_int32),
-        ("topDepartments", ctypes.c_int32),
-        ("scoreFunc", ctypes.c_int32),
-        ("departmentScore", ctypes.c_int32),
-        ("normTopkProb", ctypes.c_int32),
-        ("routedScalingFactor", ctypes.c_float),
-        ("hasRouterBias", ctypes.c_int32),
-        ("sharedExpertWidth", ctypes.c_int32),
-        ("sharedExpertGate", ctypes.c_int32),
+    _fields_ = [(a.param, _CTYPES[a.kind]) for a in contract.ATTRIBUTES] + [
+        (name, ctypes.c_int32) for name in contract.DTYPE_PARAMS
     ]
 
 
 class LayerWeights(ctypes.Structure):
-    """deamoe::LayerWeights: device pointers, None for absent parts."""
+    """deamoe::LayerWeights: device pointers, None for absent parts; one per weight input."""
 
-    _fields_ = [
-        ("routerWeight", ctypes.c_void_p),
-        ("routerBias", ctypes.c_void_p),
-        ("departmentGateUp", ctypes.c_void_p),
-        ("departmentDown", ctypes.c_void_p),
-        ("expertGateUp", ctypes.c_void_p),
-        ("expertDown", ctypes.c_void_p),
-        ("sharedGateUp", ctypes.c_void_p),
-        ("sharedDown", ctypes.c_void_p),
-        ("sharedGate", ctypes.c_void_p),
-    ]
+    _fields_ = [(item.weights_field, ctypes.c_void_p) for item in contract.WEIGHT_INPUTS]
+
+
+def _param_value(attribute: contract.Attribute, value):
+    if attribute.kind == "str":
+        return contract.enum_code(attribute.name, value)
+    return int(value) if attribute.kind == "bool" else value
 
 
 @functools.lru_cache(maxsize=64)
-def layer_params(config: DeaMoEConfig) -> LayerParams:
-    """The config as LayerParams (cached per config; callers must not modify the result)."""
-    c = config
-    return LayerParams(
-        hidden=c.hidden_size,
-        numDepartments=c.num_departments,
-        expertsPerDepartment=c.experts_per_department,
-        sharedWidth=c.shared_intermediate_size,
-        privateWidth=c.private_intermediate_size,
-        topK=c.top_k,
-        topDepartments=c.top_departments,
-        scoreFunc=SCORE_FUNCS[c.score_func],
-        departmentScore=DEPARTMENT_SCORES[c.department_score],
-        normTopkProb=int(c.norm_topk_prob),
-        routedScalingFactor=c.routed_scaling_factor,
-        hasRouterBias=int(c.router_bias),
-        sharedExpertWidth=c.shared_expert_intermediate_size,
-        sharedExpertGate=int(c.shared_expert_gate),
-    )
+def layer_params(config: DeaMoEConfig, router_weight_float32: bool = False) -> LayerParams:
+    """The config as LayerParams (cached; callers must not modify the result).
+
+    router_weight_float32: the router weight is float32 (else in the activation dtype)."""
+    attributes = {a.param: _param_value(a, getattr(config, a.name)) for a in contract.ATTRIBUTES}
+    return LayerParams(**attributes, routerWeightFloat32=int(router_weight_float32))
 
 
 _P = ctypes.POINTER
@@ -103,6 +77,7 @@ PROTOTYPES = {
     "deamoe_status_string": (ctypes.c_char_p, [_I32]),
     "deamoe_max_tile_tokens": (_I32, []),
     "deamoe_last_error": (ctypes.c_char_p, []),
+    "deamoe_check_supported": (_I32, [_P(LayerParams), _I32]),
     "deamoe_router_logits": (_I32, [_P(LayerParams), _I32, _VOID, _VOID, _I32, _VOID, _VOID]),
     "deamoe_route_logits": (_I32, [_P(LayerParams), _I32, _VOID, _VOID, _I32, _VOID, _VOID, _VOID, _VOID, _VOID]),
     "deamoe_set_programmatic_launch": (None, [_I32]),

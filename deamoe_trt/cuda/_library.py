@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import MissingDependencyError
+from ..native import cache_dir
 from ._abi import bind
 
 ENV_LIBRARY = "DEAMOE_TRT_KERNELS_LIB"
@@ -34,15 +35,14 @@ def plugins_dir() -> Path:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "deamoe_trt"
+    return cache_dir() / "cuda"
 
 
 def load_library(path: str | os.PathLike | None = None, *, cuda_architectures: str | None = None) -> ctypes.CDLL:
     """The DeaMoE kernel library, loaded once per path.
 
     Looks at, in order: `path`; the environment variable DEAMOE_TRT_KERNELS_LIB; a build
-    cached under ~/.cache/deamoe_trt/<hash>/ (hash of the kernel sources, the CUDA
+    cached under deamoe_trt.native.cache_dir()/cuda/<hash>/ (hash of the kernel sources, the CUDA
     compiler and the architectures). When none exists it builds one with CMake and nvcc
     for `cuda_architectures` (default: the current GPU's, e.g. "90"), printing progress
     to stderr; that takes a minute or two, once.

@@ -97,7 +97,7 @@ def forward_with(lib: ctypes.CDLL, layer: DeaMoELayer, x: torch.Tensor, stream: 
     num_tokens = tokens.shape[0]
     out = torch.empty_like(tokens)
     if num_tokens:
-        params = layer_params(config)
+        params = layer_params(config, layer.router_dtype == torch.float32)
         weights, keep = layer_weights(layer)
         size = workspace_bytes(lib, config, num_tokens, dtype)
         workspace = torch.empty(size, dtype=torch.uint8, device=tokens.device)
@@ -126,7 +126,7 @@ def router_logits_with(
     tokens = _tokens(config, x, dtype)
     logits = torch.empty(tokens.shape[0], config.num_experts, dtype=torch.float32, device=tokens.device)
     if tokens.shape[0]:
-        params = layer_params(config)
+        params = layer_params(config, layer.router_dtype == torch.float32)
         router = _weight(layer.router.weight)
         status = lib.deamoe_router_logits(
             ctypes.byref(params), DTYPES[dtype], _ptr(tokens), _ptr(router), tokens.shape[0], _ptr(logits), stream
@@ -168,7 +168,7 @@ def route_with(lib: ctypes.CDLL, layer: DeaMoELayer, x: torch.Tensor, stream: in
     num_tokens = tokens.shape[0]
     outputs = _routing_outputs(config, num_tokens, tokens.device)
     if num_tokens:
-        params = layer_params(config)
+        params = layer_params(config, layer.router_dtype == torch.float32)
         router = _weight(layer.router.weight)
         bias = _weight(layer.router.bias)
         size = workspace_bytes(lib, config, num_tokens, dtype)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from onnx import TensorProto
 
+from .. import dtypes as base_dtypes
 from ..errors import UsageError
 
 
@@ -16,15 +16,15 @@ class ExportDtype:
     name: str  # as on the command line and in recipes: fp32, fp16, bf16
     torch: torch.dtype
     onnx: int  # TensorProto element type
+    numpy: type  # what ONNX Runtime is fed (bf16: its raw 16-bit pattern)
     forms: tuple[str, ...]  # forms that can carry it
 
 
 # bf16 only for the plugin form: ONNX Runtime's CPU kernels (MatMul, MoE) have no bf16, so the
 # ort and onnx forms could not be run or validated in bf16; TensorRT's plugin can.
+_FORMS = {"fp32": ("plugin", "ort", "onnx"), "fp16": ("plugin", "ort", "onnx"), "bf16": ("plugin",)}
 DTYPES: dict[str, ExportDtype] = {
-    "fp32": ExportDtype("fp32", torch.float32, TensorProto.FLOAT, ("plugin", "ort", "onnx")),
-    "fp16": ExportDtype("fp16", torch.float16, TensorProto.FLOAT16, ("plugin", "ort", "onnx")),
-    "bf16": ExportDtype("bf16", torch.bfloat16, TensorProto.BFLOAT16, ("plugin",)),
+    d.name: ExportDtype(d.name, d.torch, d.onnx, d.numpy, _FORMS[d.name]) for d in base_dtypes.DTYPES
 }
 
 
@@ -42,7 +42,8 @@ def get_dtype(name: str, form: str | None = None) -> ExportDtype:
 
 
 def dtype_of_onnx(elem_type: int) -> ExportDtype | None:
-    return next((d for d in DTYPES.values() if d.onnx == elem_type), None)
+    row = base_dtypes.of_onnx(elem_type)
+    return None if row is None else DTYPES[row.name]
 
 
 def to_numpy(tensor: torch.Tensor, dtype: ExportDtype) -> np.ndarray:

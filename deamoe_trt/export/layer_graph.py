@@ -31,7 +31,9 @@ def emit_layer(builder: GraphBuilder, x_name: str, layer: DeaMoELayer, form: str
     The output is [T, d], same dtype: the layer's y, without a residual.
     prefix: prepended to the canonical weight names (e.g. "model.layers.3.mlp." gives the
     initializer "model.layers.3.mlp.router.weight") and to every generated name; weights are
-    cast to the builder's dtype. Names must be new to the graph.
+    cast to the builder's dtype, except the router's (spec, "Router precision"): router.bias
+    is stored as float32, and router.weight too when the layer keeps it in float32.
+    Names must be new to the graph.
     """
     emit = FORMS[check_form(form)]
     if not isinstance(layer, DeaMoELayer):
@@ -62,8 +64,15 @@ def emit_layer(builder: GraphBuilder, x_name: str, layer: DeaMoELayer, form: str
             array = tensor.detach().cpu().numpy()
             weights[name] = builder.add_initializer(f"{prefix}{stored}", array, elem_type, shape)
         else:
-            weights[name] = builder.weight(f"{prefix}{stored}", tensor, shape=shape)
+            weights[name] = builder.weight(f"{prefix}{stored}", tensor, _stored_dtype(name, tensor), shape=shape)
     with builder.scope(prefix):
         if quant is not None:
             return emit(builder, x_name, weights, layer.config, quant=quant)
         return emit(builder, x_name, weights, layer.config)
+
+
+def _stored_dtype(name: str, tensor: torch.Tensor) -> str | None:
+    """The initializer dtype of a canonical weight: None for the builder's (activation) dtype."""
+    if name == "router.bias" or (name == "router.weight" and tensor.dtype == torch.float32):
+        return "fp32"
+    return None

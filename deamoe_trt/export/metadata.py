@@ -22,7 +22,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from ..config import DeaMoEConfig
-from ..errors import UsageError
+from ..errors import UsageError, one_line
 from .dtypes import DTYPES
 
 PREFIX = "deamoe_trt."
@@ -66,11 +66,25 @@ class ExportInfo:
         return {PREFIX + key: value for key, value in meta.items()}
 
 
+def export_format(model: onnx.ModelProto) -> str | None:
+    """The deamoe_trt.format a model's metadata names (this module's FORMAT for layers and
+    stacks, another for other exports), or None."""
+    return next((p.value for p in model.metadata_props if p.key == PREFIX + "format"), None)
+
+
 def export_info(model: onnx.ModelProto, where: str = "the model") -> ExportInfo:
     """The ExportInfo a deamoe-trt export carries; UsageError saying what the model is otherwise."""
-    meta = {p.key[len(PREFIX) :]: p.value for p in model.metadata_props if p.key.startswith(PREFIX)}
-    if meta.get("format") != FORMAT:
+    props = {p.key: p.value for p in model.metadata_props}
+    if props.get(PREFIX + "format") != FORMAT:
         raise UsageError(f"{where} is an ONNX model but not a deamoe-trt export: {describe(model)}")
+    return info_from_metadata(props, where)
+
+
+def info_from_metadata(props: dict[str, str], where: str) -> ExportInfo:
+    """The ExportInfo of a layer/stack export's metadata_props (key -> value)."""
+    meta = {key[len(PREFIX) :]: value for key, value in props.items() if key.startswith(PREFIX)}
+    if meta.get("format") != FORMAT:
+        raise UsageError(f"{where} does not describe a deamoe-trt layer or stack export")
     if meta.get("format_version") != FORMAT_VERSION:
         raise UsageError(
             f"{where} is a deamoe-trt export of format_version {meta.get('format_version')!r}; "
@@ -97,6 +111,43 @@ def export_info(model: onnx.ModelProto, where: str = "the model") -> ExportInfo:
             f"{where} has deamoe_trt metadata this deamoe-trt does not know: {info.form}/{info.dtype}/{info.module}"
         )
     return info
+
+
+# A TensorRT engine cannot carry metadata_props; `deamoe-trt build` writes its model's
+# deamoe_trt.* metadata as JSON beside the engine, so validation knows what the engine holds.
+ENGINE_METADATA_SUFFIX = ".deamoe.json"
+
+
+def engine_metadata_path(engine: str | Path) -> Path:
+    engine = Path(engine)
+    return engine.with_name(engine.name + ENGINE_METADATA_SUFFIX)
+
+
+def write_engine_metadata(engine: str | Path, props: dict[str, str]) -> Path | None:
+    """Write the deamoe_trt.* entries of props beside engine (atomically); with none, remove a
+    stale file of an earlier build instead. Returns the path written, if any."""
+    from .._io import atomic_write_text
+
+    path = engine_metadata_path(engine)
+    ours = {key: value for key, value in props.items() if key.startswith(PREFIX)}
+    if not ours:
+        path.unlink(missing_ok=True)
+        return None
+    atomic_write_text(path, json.dumps(ours, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def engine_info(engine: str | Path) -> ExportInfo | None:
+    """The ExportInfo of the model engine was built from, when its build wrote one beside it."""
+    path = engine_metadata_path(engine)
+    if not path.is_file():
+        return None
+    from .._io import read_json
+
+    props = read_json(path)
+    if not isinstance(props, dict) or not all(isinstance(v, str) for v in props.values()):
+        raise UsageError(f"{path} is not deamoe-trt engine metadata; rebuild the engine or delete it")
+    return info_from_metadata(props, str(path))
 
 
 def quantization_tag(quant) -> str | None:
@@ -134,7 +185,8 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError, OSError) as exc:
-        raise UsageError(f"{path} is not a readable ONNX model (truncated or corrupt?): {_first_line(exc)}") from None
+        reason = one_line(exc, first=True)
+        raise UsageError(f"{path} is not a readable ONNX model (truncated or corrupt?): {reason}") from None
     if not model.HasField("graph") or not model.opset_import:
         # A protobuf cut at a field boundary still parses, minus what came after the cut.
         raise UsageError(f"{path} is not a complete ONNX model (no graph or opset imports: truncated?)")
@@ -157,8 +209,3 @@ def _sniff(head: bytes) -> str | None:
     if all(32 <= c < 127 or c in b"\t\r\n" for c in head):
         return "text"
     return None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

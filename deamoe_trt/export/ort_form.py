@@ -87,8 +87,13 @@ def emit(
     x32 = to_float32(b, x)
     parts = []
     if is_vanilla(c):
-        probs = b.cast(router_logits(b, x32, weights["router.weight"]), b.dtype.onnx)
+        logits = router_logits(b, x32, weights["router.weight"])
+        probs = b.cast(logits, b.dtype.onnx)
         parts.append(_moe(b, x, probs, weights, "experts", c.top_k, c.norm_topk_prob, quant))
+        # MoE gives 0 for a token whose router values hold NaN; the spec's math gives NaN
+        # (deamoe_trt.routing, "Non-finite tokens"). z - z is 0 for finite logits, NaN
+        # otherwise: adding its row sum passes a non-finite token on and changes no other.
+        parts.append(b.reduce("ReduceSum", b.op("Sub", [logits, logits]), [1], keepdims=True))
     else:
         routing = emit_routing(b, x32, weights, c)
         total = b.reduce("ReduceSum", routing.weights, [1], keepdims=True)  # sum(w) = sum(W)

@@ -7,42 +7,26 @@ ONNX Runtime reference op reads them with it, and validation checks them with it
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import AttributeProto, helper
 
+from .. import contract
 from ..config import DeaMoEConfig
 from ..errors import UsageError
 
-OP_TYPE = "DeaMoE"
-DOMAIN = "deamoe_trt"
-PLUGIN_VERSION = "1"
-PLUGIN_NAMESPACE = ""
-OUTPUT_NAME = "output"
+# The contract itself lives in deamoe_trt.contract; these names are the export's view of it.
+OP_TYPE = contract.OP_TYPE
+DOMAIN = contract.DOMAIN
+PLUGIN_VERSION = contract.PLUGIN_VERSION
+PLUGIN_NAMESPACE = contract.PLUGIN_NAMESPACE
+OUTPUT_NAME = contract.OUTPUT_NAME
+MAX_INPUTS = contract.MAX_INPUTS
 
-# Inputs after hidden_states, in the contract's order, each with the rule for when it is present.
-WEIGHT_INPUTS: tuple[tuple[str, Callable[[DeaMoEConfig], bool]], ...] = (
-    ("router.weight", lambda c: True),
-    ("router.bias", lambda c: c.router_bias),
-    ("departments.gate_up", lambda c: c.shared_intermediate_size > 0),
-    ("departments.down", lambda c: c.shared_intermediate_size > 0),
-    ("experts.gate_up", lambda c: c.private_intermediate_size > 0),
-    ("experts.down", lambda c: c.private_intermediate_size > 0),
-    ("shared_experts.gate_up", lambda c: c.shared_expert_intermediate_size > 0),
-    ("shared_experts.down", lambda c: c.shared_expert_intermediate_size > 0),
-    ("shared_experts.gate", lambda c: c.shared_expert_gate),
-)
-MAX_INPUTS = 1 + len(WEIGHT_INPUTS)
-
-# Config field -> ONNX attribute type, from the field's annotation (bools travel as INT 0/1).
-_FIELD_TYPES = {
-    f.name: f.type if isinstance(f.type, str) else f.type.__name__ for f in dataclasses.fields(DeaMoEConfig)
-}
-# A config field of any other type has no attribute type in the contract: fail at import, loudly.
+# Attribute kind -> ONNX attribute type (bools travel as INT 0/1).
 _ONNX_TYPE = {
     "int": AttributeProto.INT,
     "bool": AttributeProto.INT,
@@ -50,15 +34,14 @@ _ONNX_TYPE = {
     "str": AttributeProto.STRING,
 }
 ATTRIBUTE_TYPES: dict[str, int] = {
-    **{name: _ONNX_TYPE[kind] for name, kind in _FIELD_TYPES.items()},
-    "plugin_version": AttributeProto.STRING,
-    "plugin_namespace": AttributeProto.STRING,
+    **{a.name: _ONNX_TYPE[a.kind] for a in contract.ATTRIBUTES},
+    **dict.fromkeys(contract.SELECTOR_ATTRIBUTES, AttributeProto.STRING),
 }
 
 
 def weight_inputs(config: DeaMoEConfig) -> list[str]:
     """Canonical names of the weight inputs a node of config has, in input order."""
-    return [name for name, present in WEIGHT_INPUTS if present(config)]
+    return [item.name for item in contract.present_inputs(config)[1:]]
 
 
 def config_to_attributes(config: DeaMoEConfig) -> dict[str, Any]:
@@ -86,9 +69,9 @@ def config_from_attributes(attrs: Mapping[str, Any], *, where: str = "DeaMoE nod
     if attrs["plugin_namespace"] != PLUGIN_NAMESPACE:
         raise UsageError(f"{where} has plugin_namespace {attrs['plugin_namespace']!r}; expected {PLUGIN_NAMESPACE!r}")
     fields: dict[str, Any] = {}
-    for name, kind in _FIELD_TYPES.items():
-        value = attrs[name]
-        if kind == "bool":
+    for attribute in contract.ATTRIBUTES:
+        name, value = attribute.name, attrs[attribute.name]
+        if attribute.kind == "bool":
             if value not in (0, 1):
                 raise UsageError(f"{where}: attribute {name} must be 0 or 1, got {value!r}")
             value = bool(value)
@@ -136,9 +119,3 @@ def same_config(a: DeaMoEConfig, b: DeaMoEConfig) -> bool:
 
 def as_float32(config: DeaMoEConfig) -> DeaMoEConfig:
     return config.replace(routed_scaling_factor=float(np.float32(config.routed_scaling_factor)))
-
-
-def config_differences(model: DeaMoEConfig, other: DeaMoEConfig) -> list[str]:
-    """'field: a vs b' for every field where two configs differ (float32 for the scaling factor)."""
-    a, b = as_float32(model).to_dict(), as_float32(other).to_dict()
-    return [f"{name} {a[name]!r} vs {b[name]!r}" for name in a if a[name] != b[name]]

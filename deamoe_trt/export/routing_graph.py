@@ -38,7 +38,7 @@ class RoutingValues:
 
 
 def router_logits(b: GraphBuilder, x32: str, router_weight: str) -> str:
-    """z = x Wr^T in float32 (x32 already float32; router_weight in the model's dtype)."""
+    """z = x Wr^T in float32 (x32 already float32; router_weight float32 or the model's dtype)."""
     return b.op("Gemm", [x32, to_float32(b, router_weight)], transB=1)
 
 
@@ -48,6 +48,7 @@ def emit_routing(b: GraphBuilder, x32: str, weights: dict[str, str], config: Dea
     logits = router_logits(b, x32, weights["router.weight"])
     scores = b.op("Softmax", [logits], axis=-1) if c.score_func == "softmax" else b.op("Sigmoid", [logits])
     selection = b.op("Add", [scores, to_float32(b, weights["router.bias"])]) if c.router_bias else scores
+    selection = _finite_or_zero(b, selection)
 
     # Stage 1: one score per department from its experts' selection scores, keep the top g.
     per_department = b.reshape(selection, [-1, c.num_departments, c.experts_per_department])
@@ -103,8 +104,21 @@ def dense_weights(b: GraphBuilder, ids: str, weights: str, shape: str, fill: flo
 
 
 def to_float32(b: GraphBuilder, name: str) -> str:
-    """name as float32 (a Cast unless the model is float32; ONNX Runtime folds it for initializers)."""
-    return name if b.dtype.onnx == F32 else b.cast(name, F32)
+    """name as float32: a Cast unless it is float32 already (a float32 model's value, or an
+    initializer stored in float32 such as the router's); ONNX Runtime folds it for initializers."""
+    stored = b.initializers.get(name)
+    is_float32 = stored.data_type == F32 if stored is not None else b.dtype.onnx == F32
+    return name if is_float32 else b.cast(name, F32)
+
+
+def _finite_or_zero(b: GraphBuilder, selection: str) -> str:
+    """Selection scores, with the rows of non-finite tokens set to 0 (routing.route_logits):
+    all ties, so TopK sends such a token to the lowest-index departments and experts.
+
+    c - c is 0 for a finite c and NaN otherwise, so a row's sum of it is NaN exactly when
+    the row holds a NaN or an infinity."""
+    row_check = b.reduce("ReduceSum", b.op("Sub", [selection, selection]), [1], keepdims=True)
+    return b.op("Where", [b.op("IsNaN", [row_check]), b.scalar(0.0), selection])
 
 
 def _bool_tensor(value: bool) -> TensorProto:

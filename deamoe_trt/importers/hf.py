@@ -75,8 +75,10 @@ def from_hf(module: nn.Module, *, dtype: torch.dtype | None = None) -> DeaMoELay
 
     module: MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock or
     DeepseekV3MoE, in the transformers 5.x or 4.x weight layout, with its weights loaded.
-    dtype: the layer's dtype; default the experts' dtype. The layer lives on the device
-    of the block's expert weights and shares no storage with the block.
+    dtype: the layer's dtype; default the experts' dtype. A float32 router weight stays
+    float32 (DeepSeek-V3's), any other is cast to dtype; the selection bias is float32.
+    The layer lives on the device of the block's expert weights and shares no storage
+    with the block.
     """
     if not isinstance(module, nn.Module):
         raise UsageError(f"from_hf expects a Hugging Face MoE block (an nn.Module), got {type(module).__name__}")
@@ -151,7 +153,7 @@ def from_hf_model(
         if imported[-1].config != first.config:
             raise UsageError(
                 f"MoE layers {blocks[0][0]} and {index} have different shapes or routing "
-                f"({_config_diff(first.config, imported[-1].config)}); a DeaMoE stack needs one config, "
+                f"({', '.join(first.config.differences(imported[-1].config))}); a DeaMoE stack needs one config, "
                 "import them separately (layers=[...])"
             )
         if imported[-1].dtype != first.dtype:
@@ -420,7 +422,10 @@ def _build_layer(config: DeaMoEConfig, w: _Weights, dtype: torch.dtype | None, n
     if dtype not in SUPPORTED_DTYPES:
         raise UsageError(f"{name}: cannot make a {dtype} layer; use float32, float16 or bfloat16")
     device = w.gate_up.device
-    layer = DeaMoELayer(config, dtype=dtype, device=device)
+    # The router keeps Hugging Face's precision: DeepSeek-V3 holds gate.weight in float32
+    # even in bf16 models (spec, "Router precision"); the bias is float32 whatever it was.
+    router_dtype = torch.float32 if w.router.dtype == torch.float32 else dtype
+    layer = DeaMoELayer(config, dtype=dtype, device=device, router_dtype=router_dtype)
     with torch.no_grad():
         layer.router.weight.copy_(w.router)
         if layer.router.bias is not None:
@@ -433,11 +438,6 @@ def _build_layer(config: DeaMoEConfig, w: _Weights, dtype: torch.dtype | None, n
             if layer.shared_experts.gate is not None:
                 layer.shared_experts.gate.copy_(w.shared_gate)
     return layer.eval()
-
-
-def _config_diff(a: DeaMoEConfig, b: DeaMoEConfig) -> str:
-    da, db = a.to_dict(), b.to_dict()
-    return ", ".join(f"{k} {da[k]!r} vs {db[k]!r}" for k in da if da[k] != db[k])
 
 
 def _ranges(indices: list[int]) -> str:

@@ -9,14 +9,14 @@ for the whole model in its stored dtype; the MoE blocks are then imported with f
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..errors import MissingDependencyError, UsageError
+from .._io import read_json
+from ..errors import MissingDependencyError, UsageError, one_line
 from ..layer import DeaMoEStack
 from .hf import SUPPORTED_MODEL_TYPES, find_moe_blocks, from_hf_model
 
@@ -35,10 +35,7 @@ def read_hf_config(model_dir: str | Path) -> dict[str, Any]:
     config_path = path / "config.json"
     if not config_path.is_file():
         raise UsageError(f"{path} has no config.json; is it a Hugging Face model directory?")
-    try:
-        config = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{config_path} is not valid JSON: {exc}") from None
+    config = read_json(config_path)
     if not isinstance(config, dict):
         raise UsageError(f"{config_path} is not a JSON object")
     model_type = config.get("model_type")
@@ -93,7 +90,7 @@ def load_hf_dir(
     try:
         hf_config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"transformers cannot read {path}/config.json: {_first_line(exc)}") from None
+        raise UsageError(f"transformers cannot read {path}/config.json: {one_line(exc, first=True)}") from None
 
     # Check the layer selection on an empty (meta) model before reading any weights.
     with torch.device("meta"):
@@ -121,7 +118,7 @@ def load_hf_dir(
                 output_loading_info=True,
             )
     except (OSError, ValueError, KeyError, RuntimeError, ImportError) as exc:
-        raise UsageError(f"transformers cannot load {path}: {_first_line(exc)}") from None
+        raise UsageError(f"transformers cannot load {path}: {one_line(exc, first=True)}") from None
     # transformers fills missing tensors with random values and only warns: refuse instead.
     blocks = [name for index, name, _ in find_moe_blocks(model) if layers is None or index in layers]
     missing = sorted(k for k in info.get("missing_keys", ()) if any(k.startswith(b + ".") for b in blocks))
@@ -146,8 +143,3 @@ def _quiet(transformers) -> Iterator[None]:
         logging.set_verbosity(verbosity)
         if bars:
             logging.enable_progress_bar()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

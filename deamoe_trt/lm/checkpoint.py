@@ -13,12 +13,21 @@ model.safetensors: DeaMoELM.state_dict() (names in deamoe_trt.lm.model's docstri
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import CONFIG_FILE, DTYPES, WEIGHTS_FILE, check_tensors, dtype_name, read_tensors, write_files
+from .._io import read_json
+from ..checkpoint import (
+    CONFIG_FILE,
+    DTYPES,
+    ROUTER_BIAS,
+    WEIGHTS_FILE,
+    check_tensors,
+    dtype_name,
+    read_tensors,
+    write_files,
+)
 from ..checkpoint import FORMAT as LAYER_FORMAT
 from ..errors import CheckpointError, UsageError
 from .config import LMConfig
@@ -72,10 +81,7 @@ def read_lm_header(directory: str | Path) -> dict[str, Any]:
     path = directory / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(f"{directory} has no {CONFIG_FILE}; is it a deamoe-trt model checkpoint?")
-    try:
-        header = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    header = read_json(path, CheckpointError)
     if isinstance(header, dict) and header.get("format") == LAYER_FORMAT:
         raise CheckpointError(
             f"{directory} is a DeaMoE layer checkpoint, not a language model; "
@@ -113,8 +119,10 @@ def load_lm(directory: str | Path, *, device=None) -> LoadedLM:
     weights = directory / WEIGHTS_FILE
     tensors = read_tensors(weights)
     check_tensors(tensors, expected, header["dtype"], weights)
+    # Router biases are float32 (older checkpoints hold them in the model's dtype).
+    tensors = {name: t.float() if name.endswith(ROUTER_BIAS) else t for name, t in tensors.items()}
     model.load_state_dict(tensors, assign=True)
-    model = model._materialize_rope(device)
+    model = model.materialize_rope(device)
     return LoadedLM(
         model=model.eval(), tokenizer=header["tokenizer"], training=header.get("training") or {}, path=directory
     )

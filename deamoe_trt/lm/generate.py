@@ -106,11 +106,6 @@ class Generation:
     def tpot_s(self) -> float | None:
         return statistics.fmean(self.step_s) if self.step_s else None
 
-    @property
-    def tokens_per_s(self) -> float | None:
-        tpot = self.tpot_s
-        return 1.0 / tpot if tpot else None
-
 
 def check_prompt(prompt_ids: list[int], max_context: int) -> None:
     if not prompt_ids:

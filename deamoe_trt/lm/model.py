@@ -145,6 +145,8 @@ class DeaMoELM(nn.Module):
     def random(cls, config: LMConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32, device=None) -> DeaMoELM:
         model = cls(config, dtype=torch.float32, device=device)
         model.reset_parameters(seed)
+        for block in model.layers:
+            block.mlp.router.cast_weight(dtype)  # a float32 router would otherwise stay float32
         return model.to(dtype)
 
     @torch.no_grad()
@@ -247,10 +249,10 @@ class DeaMoELM(nn.Module):
         for i, mlp in enumerate(mlps):
             state.update({f"layers.{i}.mlp.{k}": v for k, v in mlp.state_dict().items()})
         twin.load_state_dict(state, assign=True)
-        twin._materialize_rope()
+        twin.materialize_rope()
         return twin.train(self.training)
 
-    def _materialize_rope(self, device=None) -> DeaMoELM:
+    def materialize_rope(self, device=None) -> DeaMoELM:
         """After load_state_dict(assign=True) into a meta model: compute the rotary tables
         (not saved, derived from the config) and move to device."""
         self.rope_cos, self.rope_sin = rope_tables(self.config, device=self.embed_tokens.weight.device)

@@ -7,40 +7,23 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ..dtypes import BY_NAME
 from ..errors import UsageError
 from ..export.metadata import load_model
 from .model import DeaMoELM
 from .onnx_export import INPUT_IDS, LOGITS, LMExportInfo, build_lm_model, lm_export_info, past_names, present_names
 from .tokenizer import ByteTokenizer
 
-NUMPY_DTYPES = {"fp32": np.float32, "fp16": np.float16}
+NUMPY_DTYPES = {name: BY_NAME[name].numpy for name in ("fp32", "fp16")}
 
 
 def make_lm_session(model: onnx.ModelProto | str | Path, *, threads: int | None = None):
-    """An ONNX Runtime CPU session for an exported language model.
+    """An ONNX Runtime CPU session for an exported language model, with intra_op_num_threads =
+    threads when given (plugin form: each DeaMoE node runs the PyTorch reference, for
+    checking, not speed)."""
+    from ..validation.session import make_session, session_options
 
-    ort/onnx forms: opened directly, with intra_op_num_threads = threads when given.
-    plugin form: through deamoe_trt.validation.session.make_session, which runs each DeaMoE
-    node with the PyTorch reference (an onnxruntime-extensions Python op: for checking, not speed).
-    """
-    import onnxruntime as ort
-
-    from ..validation.plugin_op import has_plugin_nodes
-    from ..validation.session import make_session
-
-    proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
-    if has_plugin_nodes(proto):
-        return make_session(model)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if threads:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
-    try:
-        return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        raise UsageError(f"ONNX Runtime cannot load the language model: {' '.join(str(exc).split())[:300]}") from None
+    return make_session(model, options=session_options(threads))
 
 
 class OrtDecoder:

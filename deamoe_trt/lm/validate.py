@@ -29,19 +29,14 @@ from ..errors import UsageError
 from ..export.dtypes import DTYPES, to_numpy
 from ..export.metadata import load_model
 from ..inputs import input_generator
-from ..validation import DEFAULT_TOLERANCES, ValidationReport
 from ..validation.compare import compare
+from ..validation.report import ValidationReport, tolerances
 from .checkpoint import load_lm
 from .model import DeaMoELM
-from .onnx_export import FORMAT, INPUT_IDS, LOGITS, PREFIX, lm_export_info, past_names, present_names
+from .onnx_export import INPUT_IDS, LOGITS, lm_export_info, past_names, present_names
 from .ort import make_lm_session
 
 DEFAULT_TOKENS = (1, 5, 16)
-
-
-def is_lm_export(model: onnx.ModelProto) -> bool:
-    """Whether model is a language-model export (deamoe_trt.lm.onnx_export) rather than a layer or stack."""
-    return any(p.key == PREFIX + "format" and p.value == FORMAT for p in model.metadata_props)
 
 
 class LMReferenceRunner(BaseRunner):
@@ -102,11 +97,12 @@ def validate_lm(
             f"checkpoint {checkpoint} does not match the model: its {info.twin} config differs from the exported one"
         )
     _check_head(proto, reference, dtype, checkpoint)
-    np_dtype = np.float16 if dtype.name == "fp16" else np.float32
+    np_dtype = dtype.numpy
     runner = OnnxrtRunner(make_lm_session(model), name=f"onnxruntime-{provider}")
     ref_runner = LMReferenceRunner(reference, np_dtype)
     feeds, labels = _feeds(reference, np_dtype, tokens, seed)
-    rows = compare(runner, ref_runner, feeds, atol=_tol(atol, dtype, 0), rtol=_tol(rtol, dtype, 1))
+    atol, rtol = tolerances(dtype.name, atol, rtol)
+    rows = compare(runner, ref_runner, feeds, atol=atol, rtol=rtol)
     # compare() labels rows by the first feed's leading dim (the batch here): relabel per feed.
     per_feed = len(rows) // len(feeds)
     rows = [
@@ -121,13 +117,7 @@ def validate_lm(
         "prefill then one decode step per token count"
     )
     notes = ["note: plugin-form DeaMoE nodes ran through the PyTorch reference op"] if info.form == "plugin" else []
-    return ValidationReport(
-        str(model), str(checkpoint), description, provider, _tol(atol, dtype, 0), _tol(rtol, dtype, 1), rows, notes
-    )
-
-
-def _tol(value: float | None, dtype, index: int) -> float:
-    return DEFAULT_TOLERANCES[dtype.name][index] if value is None else value
+    return ValidationReport(str(model), str(checkpoint), description, provider, atol, rtol, rows, notes)
 
 
 def _check_head(proto: onnx.ModelProto, reference: DeaMoELM, dtype, checkpoint) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from types import ModuleType
 
-from ..errors import MissingDependencyError
+from ..errors import MissingDependencyError, one_line
 
 INSTALL_HINT = (
     "pip install tensorrt (x86_64/SBSA; TensorRT 10.3+) or, on Jetson, the TensorRT of JetPack 6 "
@@ -23,7 +23,7 @@ def import_tensorrt() -> ModuleType:
     try:
         import tensorrt as trt
     except ImportError as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = one_line(exc, first=True)
         if isinstance(exc, ModuleNotFoundError) and exc.name == "tensorrt":
             reason = "no module named tensorrt"
         raise MissingDependencyError(f"TensorRT is not installed: {reason} ({INSTALL_HINT})") from None

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import TextIO
 
 from .._io import atomic_path
+from ..dtypes import DTYPES
 from ..errors import DeaMoEError, MissingDependencyError, UsageError
 from ..report import format_bytes
 from . import targets as tg
-from .onnx_info import ModelFacts, model_facts
+from .onnx_info import ModelFacts, model_facts, read_metadata
 from .plugin import BUILD_HINT, PLUGIN_NAME, PluginChoice, load_plugin, resolve_plugin
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -80,7 +81,7 @@ def precision_plan(
     return PrecisionPlan(False, flags, note)
 
 
-DTYPE_BY_TRT = {"FLOAT": "fp32", "HALF": "fp16", "BF16": "bf16"}
+DTYPE_BY_TRT = {d.trt: d.name for d in DTYPES}
 
 
 # ---------------------------------------------------------------------------------------
@@ -235,18 +236,71 @@ def check_request(options: BuildOptions) -> ModelFacts:
     return facts
 
 
+@dataclass
+class _Plan:
+    """What a build will do, decided before TensorRT sees the model."""
+
+    facts: ModelFacts
+    version: tuple[int, ...]
+    gpu: tg.GpuInfo
+    profile: tg.TargetProfile
+    tokens: tuple[int, int, int]
+    precision: PrecisionPlan
+    plugin: PluginChoice
+    plugin_text: str
+
+
 def build_engine(options: BuildOptions, *, progress: TextIO | None = None) -> BuildResult:
-    """Build options.model into options.output (atomically) on this machine's GPU."""
-    from ._tensorrt import import_tensorrt, make_logger, tensorrt_version
+    """Build options.model into options.output (atomically) on this machine's GPU: plan the
+    build, parse the model, configure the builder, build, then write the engine and, beside
+    it, the export's metadata (deamoe_trt.export.metadata.engine_info reads it back)."""
+    from ._tensorrt import import_tensorrt, make_logger
 
     progress = progress or sys.stderr
     started = time.perf_counter()
     facts = check_request(options)
     trt = import_tensorrt()
-    version = tensorrt_version(trt)
+    plan = _plan(trt, options, facts)
+    progress.write(
+        f"[build] {options.model} -> {options.output}: target {plan.profile.name} on {plan.gpu.name} "
+        f"({plan.gpu.sm}), TensorRT {trt.__version__}, tokens {plan.tokens[0]}/{plan.tokens[1]}/{plan.tokens[2]}, "
+        f"plugin {plan.plugin_text}\n"
+    )
+    logger = make_logger(trt, options.verbose)
+    builder = trt.Builder(logger)
+    network = _network(trt, builder, logger, options, plan)
+    config, cache_path = _configure(trt, builder, network, options, plan, progress)
+    serialized = _build(trt, builder, network, config, plan, progress)
+    output = _write(options, serialized)
+    if cache_path is not None:
+        _save_timing_cache(config, cache_path, progress)
 
+    inputs = network.num_inputs
+    input_dtype = DTYPE_BY_TRT.get(getattr(network.get_input(0).dtype, "name", "")) if inputs else None
+    precision = ", ".join([facts.dtype or input_dtype or "model dtype", *(f.lower() for f in plan.precision.flags)])
+    return BuildResult(
+        engine=output,
+        target=plan.profile.name,
+        gpu=plan.gpu.name,
+        compute_capability=plan.gpu.cc,
+        tensorrt=trt.__version__,
+        plugin=plan.plugin_text,
+        tokens=plan.tokens,
+        precision=precision,
+        strongly_typed=plan.precision.strongly_typed,
+        engine_bytes=output.stat().st_size,
+        seconds=time.perf_counter() - started,
+        timing_cache=str(cache_path) if cache_path else None,
+        notes=[plan.precision.note] if plan.precision.note else [],
+    )
+
+
+def _plan(trt, options: BuildOptions, facts: ModelFacts) -> _Plan:
+    """The target, token range, precision and plugin of the build; the plugin is loaded."""
+    from ._tensorrt import tensorrt_version
     from .device import query_gpu
 
+    version = tensorrt_version(trt)
     gpu = options.gpu or query_gpu()
     profile = tg.resolve_target(options.target, gpu)
     if version < profile.min_tensorrt:
@@ -256,8 +310,7 @@ def build_engine(options: BuildOptions, *, progress: TextIO | None = None) -> Bu
         )
     max_tokens = tg.check_max_tokens(profile, options.max_tokens or facts.max_tokens)
     tokens = tg.token_range(profile, max_tokens)
-    plan = precision_plan(version, facts.dtype, profile, options.strongly_typed)
-    notes = [plan.note] if plan.note else []
+    precision = precision_plan(version, facts.dtype, profile, options.strongly_typed)
 
     choice = resolve_plugin(options.plugin)
     plugin_text = "none (model without DeaMoE nodes)"
@@ -265,30 +318,32 @@ def build_engine(options: BuildOptions, *, progress: TextIO | None = None) -> Bu
         plugin_text = load_plugin(choice, trt)
     elif facts.form == "plugin":
         raise MissingDependencyError(f"{options.model} has DeaMoE plugin nodes but no plugin was found ({BUILD_HINT})")
-    progress.write(
-        f"[build] {options.model} -> {options.output}: target {profile.name} on {gpu.name} ({gpu.sm}), "
-        f"TensorRT {trt.__version__}, tokens {tokens[0]}/{tokens[1]}/{tokens[2]}, plugin {plugin_text}\n"
-    )
+    return _Plan(facts, version, gpu, profile, tokens, precision, choice, plugin_text)
 
-    logger = make_logger(trt, options.verbose)
-    builder = trt.Builder(logger)
+
+def _network(trt, builder, logger, options: BuildOptions, plan: _Plan):
+    """The model parsed into a network (strongly typed where the plan says so)."""
     flags = 0
-    if plan.strongly_typed and version < (11, 0):
+    if plan.precision.strongly_typed and plan.version < (11, 0):
         # 11.x: always strongly typed, the flag is deprecated and ignored, so it is not set.
         flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
-    _parse(trt, parser, options, choice)
+    _parse(trt, parser, options, plan.plugin)
+    return network
 
+
+def _configure(trt, builder, network, options: BuildOptions, plan: _Plan, progress: TextIO):
+    """The builder config: workspace, optimisation level, precision flags, the token profile
+    and the timing cache (returned with its path, None when disabled)."""
     inputs = [(network.get_input(i).name, tuple(network.get_input(i).shape)) for i in range(network.num_inputs)]
-    shapes = tg.profile_shapes(inputs, tokens)
-    input_dtype = DTYPE_BY_TRT.get(getattr(network.get_input(0).dtype, "name", "")) if inputs else None
+    shapes = tg.profile_shapes(inputs, plan.tokens)
 
     config = builder.create_builder_config()
-    workspace = options.workspace_mib * tg.MiB if options.workspace_mib else profile.workspace_bytes
+    workspace = options.workspace_mib * tg.MiB if options.workspace_mib else plan.profile.workspace_bytes
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace)
-    config.builder_optimization_level = profile.optimization_level
-    for name in plan.flags:
+    config.builder_optimization_level = plan.profile.optimization_level
+    for name in plan.precision.flags:
         flag = getattr(trt.BuilderFlag, name, None)
         if flag is None:  # pragma: no cover - precision_plan only asks for flags on 10.x
             raise DeaMoEError(f"this TensorRT ({trt.__version__}) has no BuilderFlag.{name}")
@@ -299,10 +354,14 @@ def build_engine(options: BuildOptions, *, progress: TextIO | None = None) -> Bu
             opt_profile.set_shape(name, mn, opt, mx)
         config.add_optimization_profile(opt_profile)
 
-    cache_path = _timing_cache_path(options, profile, gpu, version)
+    cache_path = _timing_cache_path(options, plan.profile, plan.gpu, plan.version)
     if cache_path is not None:
         _load_timing_cache(config, cache_path, progress)
+    return config, cache_path
 
+
+def _build(trt, builder, network, config, plan: _Plan, progress: TextIO):
+    """The serialized engine, with progress while TensorRT works."""
     monitor = _progress_monitor(trt, progress)
     if monitor is not None:
         config.progress_monitor = monitor
@@ -315,30 +374,20 @@ def build_engine(options: BuildOptions, *, progress: TextIO | None = None) -> Bu
             raise DeaMoEError("the build was cancelled")
         raise DeaMoEError(
             "TensorRT could not build the engine (its errors are above); for a DeaMoE layer, check that the "
-            f"plugin library matches this TensorRT and GPU ({gpu.sm}), or raise --workspace"
+            f"plugin library matches this TensorRT and GPU ({plan.gpu.sm}), or raise --workspace"
         )
+    return serialized
+
+
+def _write(options: BuildOptions, serialized) -> Path:
+    """The engine, then the model's export metadata beside it (both atomically)."""
+    from ..export.metadata import write_engine_metadata
+
     output = Path(options.output)
     with atomic_path(output) as tmp, open(tmp, "wb") as f:
         f.write(memoryview(serialized))
-    if cache_path is not None:
-        _save_timing_cache(config, cache_path, progress)
-
-    precision = ", ".join([facts.dtype or input_dtype or "model dtype", *(f.lower() for f in plan.flags)])
-    return BuildResult(
-        engine=output,
-        target=profile.name,
-        gpu=gpu.name,
-        compute_capability=gpu.cc,
-        tensorrt=trt.__version__,
-        plugin=plugin_text,
-        tokens=tokens,
-        precision=precision,
-        strongly_typed=plan.strongly_typed,
-        engine_bytes=output.stat().st_size,
-        seconds=time.perf_counter() - started,
-        timing_cache=str(cache_path) if cache_path else None,
-        notes=notes,
-    )
+    write_engine_metadata(output, read_metadata(options.model))
+    return output
 
 
 def _parse(trt, parser, options: BuildOptions, choice: PluginChoice) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import DeaMoEError, MissingDependencyError
+from ..errors import DeaMoEError, MissingDependencyError, one_line
 from ..report import format_table
 from . import targets as tg
 
@@ -72,13 +72,9 @@ def _guard(name: str, needed: bool, fn: Callable[[], Check]) -> Check:
     try:
         return fn()
     except DeaMoEError as exc:
-        return Check(name, FAILED, _one_line(exc), needed=needed)
+        return Check(name, FAILED, one_line(exc), needed=needed)
     except Exception as exc:
-        return Check(name, FAILED, f"{type(exc).__name__}: {_one_line(exc)}", needed=needed)
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+        return Check(name, FAILED, f"{type(exc).__name__}: {one_line(exc)}", needed=needed)
 
 
 # ---------------------------------------------------------------------------------------
@@ -92,7 +88,7 @@ def check_gpu(query: Callable[[], tg.GpuInfo]) -> tuple[Check, tg.GpuInfo | None
     try:
         gpu = query()
     except MissingDependencyError as exc:
-        detail = _one_line(exc).replace(f" ({DRIVER_HINT})", "")
+        detail = one_line(exc).replace(f" ({DRIVER_HINT})", "")
         return Check("GPU", MISSING, detail, DRIVER_HINT), None
     kind = ", integrated (Jetson)" if gpu.integrated else ""
     detail = (
@@ -108,9 +104,7 @@ def check_target(gpu: tg.GpuInfo | None) -> Check:
     try:
         profile = tg.target_for_gpu(gpu)
     except DeaMoEError as exc:
-        return Check(
-            "build target", MISSING, _one_line(exc), "deamoe-trt has no target profile for this GPU (see docs)"
-        )
+        return Check("build target", MISSING, one_line(exc), "deamoe-trt has no target profile for this GPU (see docs)")
     return Check(
         "build target",
         OK,
@@ -125,7 +119,7 @@ def check_tensorrt() -> tuple[Check, object | None]:
     try:
         trt = import_tensorrt()
     except MissingDependencyError as exc:
-        return Check("TensorRT", MISSING, _one_line(exc).replace(f" ({INSTALL_HINT})", ""), INSTALL_HINT), None
+        return Check("TensorRT", MISSING, one_line(exc).replace(f" ({INSTALL_HINT})", ""), INSTALL_HINT), None
     where = Path(getattr(trt, "__file__", "?")).parent
     return Check("TensorRT", OK, f"{trt.__version__} (Python bindings at {where})"), trt
 
@@ -184,12 +178,12 @@ def check_kernels(run_self_test: Callable[[], str] | None = None) -> Check:
     try:
         cuda = importlib.import_module("deamoe_trt.cuda")
     except ImportError as exc:
-        return Check(name, SKIPPED, f"deamoe_trt.cuda is not importable ({_one_line(exc)})", needed=False)
+        return Check(name, SKIPPED, f"deamoe_trt.cuda is not importable ({one_line(exc)})", needed=False)
     test = run_self_test or getattr(cuda, "self_test", None) or kernel_self_test
     try:
         detail = test()
     except MissingDependencyError as exc:  # no GPU, or the kernel library is not built: nothing to test
-        return Check(name, SKIPPED, _one_line(exc), needed=False)
+        return Check(name, SKIPPED, one_line(exc), needed=False)
     return Check(name, OK, str(detail))
 
 

@@ -17,11 +17,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import contract
 from ..errors import MissingDependencyError, UsageError
 
-PLUGIN_NAME = "DeaMoE"
-PLUGIN_VERSION = "1"
-PLUGIN_NAMESPACE = ""
+PLUGIN_NAME = contract.OP_TYPE
+PLUGIN_VERSION = contract.PLUGIN_VERSION
+PLUGIN_NAMESPACE = contract.PLUGIN_NAMESPACE
 PYTHON = "python"
 ENV_VAR = "DEAMOE_TRT_PLUGIN"
 
@@ -150,13 +151,3 @@ def load_plugin(choice: PluginChoice, trt=None) -> str:
         )
     _loaded[path] = (library, handle)
     return path
-
-
-def plugin_requirement_error(parser_errors: list[str], choice: PluginChoice) -> MissingDependencyError | None:
-    """A clear error when the ONNX parser failed because no DeaMoE plugin was available."""
-    text = " ".join(parser_errors)
-    if PLUGIN_NAME not in text or "lugin" not in text:
-        return None
-    if choice.kind == "none":
-        return MissingDependencyError(f"the model has DeaMoE nodes but no plugin was loaded ({BUILD_HINT})")
-    return None

@@ -26,53 +26,53 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 from onnx import TensorProto, helper
 
+from .. import contract, dtypes
 from ..config import DeaMoEConfig
 from ..errors import MissingDependencyError, UsageError
 from ..export import plugin_node
 
 QDP_NAMESPACE = "deamoe_trt"
-QDP_NAME = plugin_node.OP_TYPE  # the ONNX parser requires op_type == plugin name
+QDP_NAME = contract.OP_TYPE  # the ONNX parser requires op_type == plugin name
 QDP_ID = f"{QDP_NAMESPACE}::{QDP_NAME}"
 MIN_TENSORRT = (10, 6)
 PLACEHOLDER_PREFIX = "deamoe_trt.qdp.absent."
 
 # The QDP's inputs: hidden_states, then every weight input of the contract in its order.
-# (Names differ from the attributes': the node has both an input and an attribute "router_bias".)
-TENSOR_ARGS = (
-    "hidden_states",
-    "router_w",
-    "router_b",
-    "dept_gate_up",
-    "dept_down",
-    "expert_gate_up",
-    "expert_down",
-    "shared_gate_up",
-    "shared_down",
-    "shared_gate",
-)
-CANONICAL_INPUTS = ("hidden_states", *(name for name, _ in plugin_node.WEIGHT_INPUTS))
-assert len(TENSOR_ARGS) == len(CANONICAL_INPUTS) == plugin_node.MAX_INPUTS
+# (Argument names differ from the inputs': the node has both an input and an attribute
+# "router_bias".) The three functions of _define spell these out, because tensorrt.plugin
+# reads their signatures; tests/test_contract.py checks them against the contract.
+TENSOR_ARGS = tuple(item.qdp_arg for item in contract.INPUTS)
+CANONICAL_INPUTS = tuple(item.name for item in contract.INPUTS)
 
 # Attribute -> Python type the QDP declares. Bools travel as ONNX INT, so they are ints here.
-ATTRS: dict[str, type] = {
-    "hidden_size": int,
-    "num_departments": int,
-    "experts_per_department": int,
-    "shared_intermediate_size": int,
-    "private_intermediate_size": int,
-    "top_k": int,
-    "top_departments": int,
-    "score_func": str,
-    "department_score": str,
-    "norm_topk_prob": int,
-    "routed_scaling_factor": float,
-    "router_bias": int,
-    "shared_expert_intermediate_size": int,
-    "shared_expert_gate": int,
-}
+# Numeric attributes are declared as 1-D numpy arrays, not int/float: tensorrt.plugin's
+# create_plugin turns each PluginField into an attribute with annotation(field.data), and
+# field.data is a one-element array, which int()/float() refuse from NumPy 2.4 on ("only
+# 0-dimensional arrays can be converted to Python scalars"). An NDArray annotation makes it
+# call field.data.astype(dtype) instead (TensorRT 10.6-11.x, plugin/_lib.py), on any NumPy.
+INT_ATTR = npt.NDArray[np.int32]
+FLOAT_ATTR = npt.NDArray[np.float32]
+_PYTHON_TYPES: dict[str, Any] = {"int": INT_ATTR, "bool": INT_ATTR, "float": FLOAT_ATTR, "str": str}
+ATTRS: dict[str, Any] = {a.name: _PYTHON_TYPES[a.kind] for a in contract.ATTRIBUTES}
+
+# tensorrt.plugin's names for the contract's dtypes: an activation-dtype input may be any of
+# the three, tied by '|' position to the others; a fixed-dtype input is that type only.
+_ACTIVATION_TYPES = "FP32|FP16|BF16"
+_QDP_TYPES = {contract.ACTIVATION: _ACTIVATION_TYPES, contract.FLOAT32: "FP32"}
+
+
+def autotune_combinations() -> list[str]:
+    """The QDP's type combinations, each input in contract order then the output: one with
+    every either-dtype input in the activation dtype, and one with them float32 (if any)."""
+    combinations = []
+    for either in (contract.ACTIVATION, contract.FLOAT32):
+        types = [_QDP_TYPES[either if i.dtype == contract.FLOAT32_OR_ACTIVATION else i.dtype] for i in contract.INPUTS]
+        combinations.append(", ".join([*types, _ACTIVATION_TYPES]))
+    return list(dict.fromkeys(combinations))  # the same twice when no input has either dtype
 
 
 # ---------------------------------------------------------------------------------------
@@ -88,6 +88,10 @@ def _elem_type_of(model: onnx.ModelProto, name: str) -> int | None:
         if value.name == name and value.type.HasField("tensor_type"):
             return value.type.tensor_type.elem_type
     return None
+
+
+# ONNX element types of the contract's fixed input dtypes (activation inputs take the node's).
+_FIXED_ELEM_TYPES = {contract.FLOAT32: TensorProto.FLOAT}
 
 
 def _placeholder(model: onnx.ModelProto, elem_type: int, cache: dict[int, str]) -> str:
@@ -118,10 +122,15 @@ def prepare_model(model: onnx.ModelProto) -> int:
         config = plugin_node.config_from_node(node)
         present = ["hidden_states", *plugin_node.weight_inputs(config)]
         given = dict(zip(present, node.input, strict=True))
-        elem_type = _elem_type_of(model, given["router.weight"]) or _elem_type_of(model, given["hidden_states"])
+        # The FFN weights carry the node's dtype (the router may be float32 in any node).
+        ffn = given.get("experts.gate_up") or given["departments.gate_up"]
+        elem_type = _elem_type_of(model, ffn) or _elem_type_of(model, given["hidden_states"])
         if elem_type is None:
-            raise UsageError(f"DeaMoE node {node.name!r}: cannot tell its dtype (router.weight has no type)")
-        inputs = [given.get(name) or _placeholder(model, elem_type, cache) for name in CANONICAL_INPUTS]
+            raise UsageError(f"DeaMoE node {node.name!r}: cannot tell its dtype ({ffn} has no type)")
+        inputs = [
+            given.get(item.name) or _placeholder(model, _FIXED_ELEM_TYPES.get(item.dtype, elem_type), cache)
+            for item in contract.INPUTS
+        ]
         del node.input[:]
         node.input.extend(inputs)
         for attr in node.attribute:
@@ -155,15 +164,22 @@ def _text(value: str) -> str:
     return value.rstrip("\x00")
 
 
+def _scalar(name: str, value: Any) -> int | float:
+    """A numeric attribute as a Python number: tensorrt.plugin gives one-element arrays."""
+    array = np.asarray(value)
+    if array.size != 1:
+        raise UsageError(f"DeaMoE attribute {name} must hold one number, got {array.size}")
+    return array.reshape(()).item()
+
+
 def config_from_attrs(values: dict[str, Any]) -> DeaMoEConfig:
     fields = {}
     for name, kind in ATTRS.items():
         value = values[name]
-        if kind is str:
-            value = _text(value)
-        fields[name] = value
-    for flag in ("norm_topk_prob", "router_bias", "shared_expert_gate"):
-        fields[flag] = bool(fields[flag])
+        fields[name] = _text(value) if kind is str else _scalar(name, value)
+    for attribute in contract.ATTRIBUTES:
+        if attribute.kind == "bool":
+            fields[attribute.name] = bool(fields[attribute.name])
     return DeaMoEConfig(**fields)
 
 
@@ -226,20 +242,20 @@ def _define(trtp) -> None:
         shared_gate_up: TensorDesc,
         shared_down: TensorDesc,
         shared_gate: TensorDesc,
-        hidden_size: int,
-        num_departments: int,
-        experts_per_department: int,
-        shared_intermediate_size: int,
-        private_intermediate_size: int,
-        top_k: int,
-        top_departments: int,
+        hidden_size: INT_ATTR,
+        num_departments: INT_ATTR,
+        experts_per_department: INT_ATTR,
+        shared_intermediate_size: INT_ATTR,
+        private_intermediate_size: INT_ATTR,
+        top_k: INT_ATTR,
+        top_departments: INT_ATTR,
         score_func: str,
         department_score: str,
-        norm_topk_prob: int,
-        routed_scaling_factor: float,
-        router_bias: int,
-        shared_expert_intermediate_size: int,
-        shared_expert_gate: int,
+        norm_topk_prob: INT_ATTR,
+        routed_scaling_factor: FLOAT_ATTR,
+        router_bias: INT_ATTR,
+        shared_expert_intermediate_size: INT_ATTR,
+        shared_expert_gate: INT_ATTR,
     ) -> TensorDesc:
         return hidden_states.like()
 
@@ -257,8 +273,8 @@ def _define(trtp) -> None:
         shared_gate: TensorDesc,
         outputs: tuple[TensorDesc],
     ) -> list[trtp.AutoTuneCombination]:
-        # Ten inputs and the output, all one float type ('|' ties the positions together).
-        return [trtp.AutoTuneCombination(", ".join(["FP32|FP16|BF16"] * (len(TENSOR_ARGS) + 1)))]
+        # The inputs and the output in one float type ('|' ties the positions together).
+        return [trtp.AutoTuneCombination(types) for types in autotune_combinations()]
 
     @trtp.impl(QDP_ID)
     def deamoe_impl(
@@ -272,20 +288,20 @@ def _define(trtp) -> None:
         shared_gate_up: Tensor,
         shared_down: Tensor,
         shared_gate: Tensor,
-        hidden_size: int,
-        num_departments: int,
-        experts_per_department: int,
-        shared_intermediate_size: int,
-        private_intermediate_size: int,
-        top_k: int,
-        top_departments: int,
+        hidden_size: INT_ATTR,
+        num_departments: INT_ATTR,
+        experts_per_department: INT_ATTR,
+        shared_intermediate_size: INT_ATTR,
+        private_intermediate_size: INT_ATTR,
+        top_k: INT_ATTR,
+        top_departments: INT_ATTR,
         score_func: str,
         department_score: str,
-        norm_topk_prob: int,
-        routed_scaling_factor: float,
-        router_bias: int,
-        shared_expert_intermediate_size: int,
-        shared_expert_gate: int,
+        norm_topk_prob: INT_ATTR,
+        routed_scaling_factor: FLOAT_ATTR,
+        router_bias: INT_ATTR,
+        shared_expert_intermediate_size: INT_ATTR,
+        shared_expert_gate: INT_ATTR,
         outputs: tuple[Tensor],
         stream: int,
     ) -> None:
@@ -301,11 +317,11 @@ def _define(trtp) -> None:
 # trt.DataType name -> (__cuda_array_interface__ typestr, torch dtype). bfloat16 has no
 # typestr, so it is wrapped as uint16 and viewed as bfloat16 (tensorrt.plugin.Tensor's own
 # __cuda_array_interface__ refuses BF16 for that reason).
-_TYPES = {"FLOAT": ("<f4", "float32"), "HALF": ("<f2", "float16"), "BF16": ("<u2", "bfloat16")}
+_TYPES = {d.trt: (np.dtype(d.numpy).str, d.long_name) for d in dtypes.DTYPES}
 
 # Weight tensors by the canonical name DeaMoELayer's state_dict uses, with the QDP argument
 # that carries each.
-_STATE_NAMES = dict(zip(TENSOR_ARGS[1:], (name for name, _ in plugin_node.WEIGHT_INPUTS), strict=True))
+_STATE_NAMES = {item.qdp_arg: item.name for item in contract.WEIGHT_INPUTS}
 
 
 class _DeviceArray:

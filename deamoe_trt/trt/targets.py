@@ -12,7 +12,6 @@ unit-tested on any machine; `builder.py` applies them on the device.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,6 +245,8 @@ def profile_shapes(
 
 def default_timing_cache(profile: TargetProfile, gpu: GpuInfo, trt_version: tuple[int, int]) -> Path:
     """Per target, architecture and TensorRT version: a timing cache is valid for no other."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "deamoe-trt" / "timing"
+    from ..native import cache_dir
+
+    base = cache_dir() / "timing"
     major, minor = trt_version
     return base / f"{profile.name}-{gpu.sm}-trt{major}.{minor}.cache"

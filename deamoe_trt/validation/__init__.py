@@ -7,8 +7,8 @@ random inputs per token count. Its report holds one row per output and token cou
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -18,59 +18,31 @@ from onnx import external_data_helper, numpy_helper
 
 from ..checkpoint import load_checkpoint, read_header
 from ..errors import UsageError
-from ..export.dtypes import DTYPES, ExportDtype, to_numpy
-from ..export.metadata import INPUT_NAME, OUTPUT_NAME, ExportInfo, export_info, load_model, quantization_tag
-from ..export.plugin_node import config_differences
+from ..export.dtypes import DTYPES, ExportDtype, dtype_of_onnx, to_numpy
+from ..export.metadata import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    ExportInfo,
+    engine_info,
+    export_format,
+    export_info,
+    load_model,
+    quantization_tag,
+)
+from ..export.plugin_node import as_float32
 from ..inputs import random_hidden
 from ..layer import DeaMoELayer, DeaMoEStack
-from .compare import Comparison, compare, comparison_table
+from .compare import compare
+from .report import DEFAULT_TOKENS, DEFAULT_TOLERANCES, ORT_CPU_INT8_TOLERANCE, ValidationReport, tolerances
 from .runners import ReferenceRunner, engine_runner, is_engine, onnx_runner
 from .session import make_session
 
-# (atol, rtol) per dtype; an element fails only when it exceeds both. Measured errors on the
-# tiny and DeepSeek-style test configs are 10-100x below these (export/README.md).
-DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
-    "fp32": (1e-4, 1e-3),
-    "fp16": (1e-2, 1e-2),
-    "bf16": (5e-2, 5e-2),
+# The validator of each kind of export other than layers and stacks, by the deamoe_trt.format
+# its metadata carries: (module, function), imported when used, so that validation does not
+# import the packages built on it (deamoe_trt.lm.validate uses this package's report).
+VALIDATORS: dict[str, tuple[str, str]] = {
+    "deamoe-trt-lm-onnx": ("deamoe_trt.lm.validate", "validate_lm"),
 }
-DEFAULT_TOKENS = (1, 4, 16)
-# ONNX Runtime's CPU QMoE quantizes activations to int8 for int8 weights: measured errors are
-# 0.7-1.7% of the output's scale (tests/export), against the exactly dequantized reference.
-ORT_CPU_INT8_TOLERANCE = (5e-2, 5e-2)
-
-
-@dataclass
-class ValidationReport:
-    model: str
-    checkpoint: str
-    description: str  # e.g. "plugin form, fp16, stack of 2 layers"
-    provider: str
-    atol: float
-    rtol: float
-    rows: list[Comparison]
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return all(r.passed for r in self.rows)
-
-    def table(self) -> str:
-        title = (
-            f"{self.model} ({self.description}) on {self.provider} vs the PyTorch reference of {self.checkpoint}; "
-            f"atol {self.atol:g}, rtol {self.rtol:g}"
-        )
-        return "\n".join([comparison_table(self.rows, title=title), *self.notes])
-
-    def failure(self) -> str:
-        """One line on what exceeded tolerance (for DeaMoEError)."""
-        failed = [r for r in self.rows if not r.passed]
-        worst = max(failed, key=lambda r: r.max_abs)
-        return (
-            f"{len(failed)} of {len(self.rows)} comparison(s) exceed tolerance "
-            f"(atol {self.atol:g}, rtol {self.rtol:g}); "
-            f"worst: {worst.output} at {worst.tokens} token(s), max abs error {worst.max_abs:.3e}"
-        )
 
 
 def validate(
@@ -91,19 +63,17 @@ def validate(
         runner, reference, dtype, description = _engine_side(model, checkpoint, plugin)
     else:
         proto = load_model(model)
-        from ..lm.validate import is_lm_export, validate_lm  # a whole language model: its own feeds
-
-        if is_lm_export(proto):
+        other = VALIDATORS.get(export_format(proto))
+        if other is not None:  # e.g. a whole language model: its own feeds
             if inputs is not None:
                 raise UsageError("--inputs is for layer and stack models; a language model is fed token ids")
-            return validate_lm(model, checkpoint, tokens=tokens, atol=atol, rtol=rtol, seed=seed, provider=provider)
+            validator = getattr(importlib.import_module(other[0]), other[1])
+            return validator(model, checkpoint, tokens=tokens, atol=atol, rtol=rtol, seed=seed, provider=provider)
         info = export_info(proto, str(model))
         reference = reference_module(info, checkpoint)
         check_weights(proto, Path(model), info, reference, checkpoint)
         runner, dtype = onnx_runner(model, provider), DTYPES[info.dtype]
-        description = f"{info.form} form, {info.dtype}, " + (
-            "one layer" if info.module == "layer" else f"stack of {info.num_layers} layers"
-        )
+        description = _describe(info)
         if info.form == "ort" and info.quantization and info.quantization.startswith("int8") and provider == "cpu":
             atol, rtol = _looser(atol, rtol, ORT_CPU_INT8_TOLERANCE)
             notes.append(
@@ -118,9 +88,7 @@ def validate(
         if info.max_tokens is not None and max(tokens) > info.max_tokens:
             notes.append(f"note: token counts above the model's max_tokens ({info.max_tokens}) were checked too")
     feeds = _feeds(reference.config.hidden_size, dtype, tokens, seed, inputs)
-    default_atol, default_rtol = DEFAULT_TOLERANCES[dtype.name]
-    atol = default_atol if atol is None else atol
-    rtol = default_rtol if rtol is None else rtol
+    atol, rtol = tolerances(dtype.name, atol, rtol)
     reference_runner = ReferenceRunner(
         reference, input_name=INPUT_NAME, output_name=OUTPUT_NAME, input_dtype=next(iter(feeds[0].values())).dtype
     )
@@ -138,7 +106,8 @@ def reference_module(info: ExportInfo, checkpoint: str | Path) -> DeaMoELayer | 
 
     Checks first that the checkpoint can be the model's: same config, and the layers exist."""
     header = read_header(checkpoint)
-    differences = config_differences(info.config, header["config"])
+    # As a node can say it: the plugin form carries routed_scaling_factor as float32.
+    differences = as_float32(info.config).differences(as_float32(header["config"]))
     if differences:
         more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
         raise UsageError(
@@ -177,7 +146,9 @@ def check_weights(
             continue
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             tensor = _loaded(tensor, path.parent)
-        expected = to_numpy(layer.router.weight, DTYPES[info.dtype]).tobytes()
+        # The router is stored in its own precision (float32, or the model's dtype).
+        stored = dtype_of_onnx(tensor.data_type) or DTYPES[info.dtype]
+        expected = to_numpy(layer.router.weight, stored).tobytes()
         if numpy_helper.to_array(tensor).tobytes() != expected:  # raw_data or typed fields alike
             raise UsageError(
                 f"checkpoint {checkpoint} does not match the model: its layer {index} router weights differ "
@@ -195,9 +166,23 @@ def _loaded(tensor: onnx.TensorProto, base_dir: Path) -> onnx.TensorProto:
     return copy
 
 
+def _describe(info: ExportInfo) -> str:
+    layers = "one layer" if info.module == "layer" else f"stack of {info.num_layers} layers"
+    return f"{info.form} form, {info.dtype}, {layers}"
+
+
 def _engine_side(model, checkpoint, plugin):
-    """Runner, reference, dtype and description for a TensorRT engine (no metadata: the whole checkpoint)."""
+    """Runner, reference, dtype and description for a TensorRT engine.
+
+    `deamoe-trt build` writes the export's metadata beside the engine: the reference is then
+    the layers the engine holds, in its dtype. An engine built elsewhere has none: the whole
+    checkpoint, in a dtype read off the engine's input."""
+    info = engine_info(model)
     runner = engine_runner(model, plugin)
+    if info is not None:
+        reference = reference_module(info, checkpoint)
+        description = f"TensorRT engine of the {_describe(info)}"
+        return runner, reference, DTYPES[info.dtype], description
     stack = load_checkpoint(checkpoint)
     with runner:
         meta = runner.get_input_metadata()

@@ -26,6 +26,8 @@ class Comparison:
     mean_abs: float
     max_abs_scaled: float  # max_abs / max |reference|: the error relative to the output's scale
     passed: bool
+    nonfinite: int = 0  # NaN/Inf values in the model's output
+    reference_nonfinite: int = 0  # ... and in the reference's (normally 0: inputs are finite)
 
 
 def compare(
@@ -45,10 +47,15 @@ def compare(
         accuracy = accuracy[0]
     iterations = accuracy[(model.name, reference.name)]
     rows = []
-    for feed, outputs, expected in zip(feeds, iterations, results[reference.name], strict=True):
+    for feed, outputs, got, expected in zip(
+        feeds, iterations, results[model.name], results[reference.name], strict=True
+    ):
         tokens = next(iter(feed.values())).shape[0]
         for name, result in outputs.items():
-            scale = float(np.abs(np.asarray(expected[name], dtype=np.float32)).max())
+            want = np.asarray(expected[name], dtype=np.float32)
+            finite = np.isfinite(want)
+            scale = float(np.abs(want[finite]).max()) if finite.any() else 0.0
+            nonfinite = int((~np.isfinite(np.asarray(got[name], dtype=np.float32))).sum())
             rows.append(
                 Comparison(
                     output=name,
@@ -57,10 +64,30 @@ def compare(
                     max_rel=result.max_reldiff,
                     mean_abs=result.mean_absdiff,
                     max_abs_scaled=_scaled(result.max_absdiff, scale),
-                    passed=bool(result),
+                    # A NaN compares as nothing: an output holding one never passes.
+                    passed=bool(result) and nonfinite == 0 and bool(finite.all()),
+                    nonfinite=nonfinite,
+                    reference_nonfinite=int((~finite).sum()),
                 )
             )
     return rows
+
+
+def nonfinite_summary(rows: Sequence[Comparison]) -> str | None:
+    """One plain line when any output holds NaN or Inf, else None."""
+    bad = [r for r in rows if r.nonfinite or r.reference_nonfinite]
+    if not bad:
+        return None
+    worst = max(bad, key=lambda r: (r.nonfinite, r.reference_nonfinite))
+    if worst.nonfinite and not worst.reference_nonfinite:
+        return (
+            f"the model's output is NaN/Inf in {worst.nonfinite} value(s) ({worst.output} at {worst.tokens} "
+            "token(s)) where the reference's is finite: the model overflows or is broken, errors are meaningless"
+        )
+    return (
+        f"{worst.output} at {worst.tokens} token(s): NaN/Inf in {worst.nonfinite} value(s) of the model's output "
+        f"and {worst.reference_nonfinite} of the reference's"
+    )
 
 
 def _scaled(error: float, scale: float) -> float:
@@ -89,9 +116,19 @@ def comparison_table(rows: Sequence[Comparison], *, title: str) -> str:
             f"{r.max_rel:.3e}",
             f"{r.max_abs_scaled:.3e}",
             f"{r.mean_abs:.3e}",
+            str(r.nonfinite),
             "ok" if r.passed else "FAIL",
         )
         for r in rows
     ]
-    headers = ("output", "tokens", "max abs err", "max rel err", "max abs / max|ref|", "mean abs err", "within tol")
+    headers = (
+        "output",
+        "tokens",
+        "max abs err",
+        "max rel err",
+        "max abs / max|ref|",
+        "mean abs err",
+        "NaN/Inf",
+        "within tol",
+    )
     return format_table(headers, cells, title=title)

@@ -85,7 +85,10 @@ def run_node(inputs: tuple[np.ndarray, ...], attrs: dict, dtype: ExportDtype) ->
     names = plugin_node.weight_inputs(config)
     if len(inputs) != 1 + len(names):
         raise UsageError(f"DeaMoE node got {len(inputs)} inputs, its attributes call for {1 + len(names)}")
-    layer = DeaMoELayer(config, dtype=dtype.torch, device="meta")
+    # The router arrives in float32 whatever the node holds (float32, or the node's dtype
+    # widened losslessly by the Casts around it); routing computes in float32 from the same
+    # values either way, so the reference keeps it float32.
+    layer = DeaMoELayer(config, dtype=dtype.torch, device="meta", router_dtype=torch.float32)
     expected = layer.state_dict()
     state = {}
     for name, array in zip(names, inputs[1:], strict=True):
@@ -93,11 +96,14 @@ def run_node(inputs: tuple[np.ndarray, ...], attrs: dict, dtype: ExportDtype) ->
             raise UsageError(
                 f"DeaMoE input {name} has shape {list(array.shape)}, config needs {list(expected[name].shape)}"
             )
-        state[name] = torch.from_numpy(np.asarray(array)).to(dtype.torch)
+        state[name] = torch.from_numpy(np.asarray(array)).to(expected[name].dtype)
     layer.load_state_dict(state, assign=True)
+    x = torch.from_numpy(np.asarray(inputs[0])).to(dtype.torch)
     with torch.no_grad():
-        out = layer(torch.from_numpy(np.asarray(inputs[0])).to(dtype.torch))
-    return out.float().numpy()
+        # As the plugin does: no refusal of non-finite tokens, the reference's rule for them
+        # (routing.route_logits) and what the math gives.
+        out = layer.forward_routed(x, layer.route(x))
+    return out.to(dtype.torch).float().numpy()
 
 
 def has_plugin_nodes(model: onnx.ModelProto) -> bool:
@@ -168,9 +174,11 @@ def _in_float32(node: onnx.NodeProto, elem_type: int, names: _UniqueNames) -> li
 
 
 def _check_inputs(node: onnx.NodeProto, config, initializers: dict[str, TensorProto]) -> ExportDtype:
-    """The node's one dtype, with every weight initializer's shape and type checked against config."""
+    """The node's dtype (its FFN weights'), with every weight initializer's shape and type
+    checked against config: one type for the FFN weights, router.bias float32, router.weight
+    float32 or the FFN weights' type (plugins/deamoe/README.md)."""
     expected = DeaMoELayer(config, device="meta").state_dict()
-    dtypes = set()
+    dtypes, router_type = set(), None
     for name, value in zip(plugin_node.weight_inputs(config), node.input[1:], strict=True):
         tensor = initializers.get(value)
         if tensor is None:
@@ -180,12 +188,22 @@ def _check_inputs(node: onnx.NodeProto, config, initializers: dict[str, TensorPr
                 f"DeaMoE node {node.name!r}: input {name} ({value}) has shape {list(tensor.dims)}, "
                 f"its attributes call for {list(expected[name].shape)}"
             )
-        dtypes.add(tensor.data_type)
+        if name == "router.bias":
+            if tensor.data_type != F32:
+                raise UsageError(f"DeaMoE node {node.name!r}: router.bias must be float32 (the contract)")
+        elif name == "router.weight":
+            router_type = tensor.data_type
+        else:
+            dtypes.add(tensor.data_type)
     if len(dtypes) > 1:
         raise UsageError(f"DeaMoE node {node.name!r}: weight inputs mix element types; the contract wants one")
     dtype = dtype_of_onnx(dtypes.pop()) if dtypes else DTYPES["fp32"]
     if dtype is None:
         raise UsageError(f"DeaMoE node {node.name!r}: weights must be float32, float16 or bfloat16")
+    if router_type not in (None, F32, dtype.onnx):
+        raise UsageError(
+            f"DeaMoE node {node.name!r}: router.weight must be float32 or {dtype.name} like the other weights"
+        )
     return dtype
 
 

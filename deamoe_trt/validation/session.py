@@ -9,25 +9,44 @@ from pathlib import Path
 
 import onnx
 
-from ..errors import MissingDependencyError, UsageError
+from ..errors import MissingDependencyError, UsageError, one_line
 from ..export.metadata import load_model
 from .plugin_op import for_reference, has_plugin_nodes, register_reference_ops
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
 
-def make_session(model: str | Path | onnx.ModelProto, provider: str = "cpu"):
+def session_options(threads: int | None = None, *, spinning: bool | None = None):
+    """onnxruntime.SessionOptions as deamoe-trt uses them.
+
+    threads: that many intra-op threads and one inter-op thread (default: ONNX Runtime's
+    choice); spinning: whether idle intra-op threads spin (default: ONNX Runtime's).
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: ORT's warnings about folded initializers are noise here
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    if spinning is not None:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    return options
+
+
+def make_session(model: str | Path | onnx.ModelProto, provider: str = "cpu", *, options=None):
     """An onnxruntime.InferenceSession for model (a path or a ModelProto) on provider.
 
+    The one way deamoe-trt opens a model on ONNX Runtime (validation, the LM, the bench).
     Plugin-form models run their DeaMoE nodes through the PyTorch reference op
     (plugin_op.for_reference); other forms run as written. A model whose weights sit in
     external data is opened from beside its file, so the data resolves as it does for users.
+    options: from session_options() (default: session_options()).
     """
     import onnxruntime as ort
 
     providers = _providers(provider, ort.get_available_providers())
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # errors only: ORT's warnings about folded initializers are noise here
+    options = options if options is not None else session_options()
     where = str(model) if not isinstance(model, onnx.ModelProto) else "the model"
     proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
     try:
@@ -43,7 +62,7 @@ def make_session(model: str | Path | onnx.ModelProto, provider: str = "cpu"):
     except (UsageError, MissingDependencyError):
         raise
     except Exception as exc:
-        raise UsageError(f"ONNX Runtime cannot load {where}: {_first_line(exc)}") from None
+        raise UsageError(f"ONNX Runtime cannot load {where}: {one_line(exc, limit=500)}") from None
 
 
 def _providers(provider: str, available: list[str]) -> list[str]:
@@ -72,8 +91,3 @@ def _beside(original: Path, model: onnx.ModelProto):
         yield Path(tmp)
     finally:
         Path(tmp).unlink(missing_ok=True)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:500] if text else type(exc).__name__

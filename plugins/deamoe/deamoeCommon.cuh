@@ -74,6 +74,13 @@ DEAMOE_HD bool beats(float va, int ia, float vb, int ib)
     return va > vb || (va == vb && ia < ib);
 }
 
+// v is neither NaN nor infinite: v - v is 0 exactly for finite v, NaN otherwise (IEEE; the
+// same expression on host and device, with no <cmath> overload to pick).
+DEAMOE_HD bool isFiniteFloat(float v)
+{
+    return v - v == 0.0f;
+}
+
 // One serial lane: the host build, or a single device thread.
 struct SerialLanes
 {

@@ -35,7 +35,8 @@
 #include "deamoeInternal.h"
 
 #if defined(__CUDACC__)
-// Kernel launch (see launchKernel below); the SIMT emulator (tests) defines its own.
+// Kernel launch (see launchKernel below), an expression giving the launch's cudaError_t;
+// the SIMT emulator (tests) defines its own.
 #define DEAMOE_LAUNCH(kernel, grid, block, smem, stream, args)                                                         \
     ::deamoe::detail::launchKernel((kernel), (grid), (block), (smem), (stream), (args))
 #elif !defined(DEAMOE_LAUNCH)
@@ -566,7 +567,7 @@ struct RoutePlanArgs
     PlanConfig planConfig;
     float const* logits; // [tile][logitsStride]
     int32_t logitsStride;
-    T const* routerBias; // [N] or nullptr
+    float const* routerBias; // [N] float32 or nullptr
     int32_t numTokens;
     int32_t routingWarps; // warps of block 0 that route (each owns one scratch area)
     PlanView plan;
@@ -608,7 +609,7 @@ __global__ void __launch_bounds__(kRoutePlanThreads, 1) routePlanKernel(RoutePla
             float* scratch = routingScratch + warp * scratchFloats;
             for (int t = warp; t < args.numTokens; t += args.routingWarps)
             {
-                routeToken(WarpLanes{}, cfg, args.logits + t * args.logitsStride, DeviceBias<T>{args.routerBias},
+                routeToken(WarpLanes{}, cfg, args.logits + t * args.logitsStride, DeviceBias<float>{args.routerBias},
                     scratch, expertIds + t * k, weights + t * k, departmentIds + t * k, kept + t * g);
             }
         }
@@ -784,7 +785,7 @@ struct RouteArgs
     RoutingConfig routing;
     float const* logits; // [numTokens][logitsStride]
     int32_t logitsStride;
-    T const* routerBias;
+    float const* routerBias; // [N] float32 or nullptr
     int32_t numTokens;
     RoutingOutputs out; // rows already offset to this launch's first token
 };
@@ -800,8 +801,58 @@ __global__ void __launch_bounds__(kRouteThreads) routeKernel(RouteArgs<T> const 
     RoutingConfig const& cfg = args.routing;
     float* scratch = dynamicSmem() + warp * routingScratchFloats(cfg);
     routeToken(WarpLanes{}, cfg, args.logits + static_cast<size_t>(t) * args.logitsStride,
-        DeviceBias<T>{args.routerBias}, scratch, args.out.expertIds + t * cfg.topK, args.out.weights + t * cfg.topK,
+        DeviceBias<float>{args.routerBias}, scratch, args.out.expertIds + t * cfg.topK, args.out.weights + t * cfg.topK,
         args.out.departmentIds + t * cfg.topK, args.out.keptDepartments + t * cfg.topDepartments);
+}
+
+// ---------------------------------------------------------------------------------------
+// Router logits from a float32 router weight in a half-precision layer (spec, "Router
+// precision"): one warp per router row, each lane a strided share of d, then a warp sum.
+// The fused K1 reads rows in the activation dtype's 16-byte chunks; this keeps it that way
+// and handles the small float32 router (N*d*4 bytes) on its own.
+
+template <class T>
+struct RouterRowsArgs
+{
+    T const* x;                // [tile][d]
+    float const* routerWeight; // [N][d] float32
+    int32_t hidden;
+    int32_t numExperts;
+    int32_t numTokens;
+    float* logits; // [tile][logitsStride]
+    int32_t logitsStride;
+};
+
+template <class T, int TT>
+__global__ void __launch_bounds__(kGemvThreads) routerRowsFloatKernel(RouterRowsArgs<T> const args)
+{
+    beginDependentKernel();
+    int const lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
+    int const row = static_cast<int>(blockIdx.x) * kGemvWarps + static_cast<int>(threadIdx.x) / kWarpSize;
+    if (row >= args.numExperts)
+        return;
+    float const* w = args.routerWeight + static_cast<size_t>(row) * args.hidden;
+    float acc[TT];
+#pragma unroll
+    for (int t = 0; t < TT; ++t)
+        acc[t] = 0.0f;
+    for (int i = lane; i < args.hidden; i += kWarpSize)
+    {
+        float const wi = w[i];
+#pragma unroll
+        for (int t = 0; t < TT; ++t)
+        {
+            if (t < args.numTokens)
+                acc[t] = fmaf(wi, toFloat(args.x[static_cast<size_t>(t) * args.hidden + i]), acc[t]);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TT; ++t)
+    {
+        float const sum = warpSum(acc[t]);
+        if (lane == 0 && t < args.numTokens)
+            args.logits[static_cast<size_t>(t) * args.logitsStride + row] = sum;
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -814,8 +865,8 @@ inline int ceilDiv(int a, int b)
 
 #if defined(__CUDACC__)
 // Launches kernel<<<grid, block, smem, stream>>>(args), as a programmatic dependent of the
-// stream's previous kernel when that is enabled and the GPU is sm_90 or newer. Errors are
-// left for checkLaunch() (cudaPeekAtLastError).
+// stream's previous kernel when that is enabled and the GPU is sm_90 or newer. Returns the
+// launch's result, for checkLaunch().
 template <class Args>
 cudaError_t launchKernel(void (*kernel)(Args), unsigned grid, unsigned block, size_t smem, cudaStream_t stream,
     Args const& args)
@@ -857,9 +908,12 @@ struct Geometry
     }
 };
 
+// K1: router rows in the activation dtype (numExperts of them, 0 for none) and the shared
+// experts' gate row (logit column numExperts) and gate/up.
 template <class T, int TT>
-Status launchRouterLogits(LayerParams const& p, T const* hidden, T const* routerWeight, T const* sharedGate,
-    int numTokens, float* logits, int logitsStride, T const* sharedGateUp, float* hShared, cudaStream_t stream)
+Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeight, int numExperts,
+    T const* sharedGate, int numTokens, float* logits, int logitsStride, T const* sharedGateUp, float* hShared,
+    cudaStream_t stream)
 {
     Geometry<T> const geo(p.hidden);
     GateUpArgs<T> args{};
@@ -870,7 +924,7 @@ Status launchRouterLogits(LayerParams const& p, T const* hidden, T const* router
     args.chunksPerSlice = geo.chunksPerSlice;
     args.routedMode = 0;
     args.routerWeight = routerWeight;
-    args.numExperts = p.numDepartments * p.expertsPerDepartment;
+    args.numExperts = numExperts;
     args.sharedGateRow = sharedGate;
     args.routerRows = args.numExperts + (sharedGate ? 1 : 0);
     args.logits = logits;
@@ -880,18 +934,31 @@ Status launchRouterLogits(LayerParams const& p, T const* hidden, T const* router
     args.sharedWidth = sharedGateUp ? p.sharedExpertWidth : 0;
     args.hShared = hShared;
     int const sharedBlocks = sharedGateUp ? ceilDiv(p.sharedExpertWidth, geo.neuronsPerBlock) : 0;
-    DEAMOE_LAUNCH((gateUpKernel<T, TT>), args.routerBlocks + sharedBlocks, kGemvThreads, 0, stream, args);
-    return checkLaunch("router/shared gate-up kernel");
+    return checkLaunch("router/shared gate-up kernel",
+        DEAMOE_LAUNCH((gateUpKernel<T, TT>), args.routerBlocks + sharedBlocks, kGemvThreads, 0, stream, args));
 }
 
-template <class T>
-size_t routePlanSmemBytes(LayerParams const& p, int routingWarps)
+template <class T, int TT>
+Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* routerWeight, T const* sharedGate,
+    int numTokens, float* logits, int logitsStride, T const* sharedGateUp, float* hShared, cudaStream_t stream)
 {
-    RoutingConfig const rc = routingConfig(p);
-    PlanConfig const pc = planConfig(p);
-    size_t const fixed = sizeof(float) * kMaxTileTokens * (3 * static_cast<size_t>(rc.topK) + rc.topDepartments)
-        + sizeof(uint32_t) * planScratchWords(pc);
-    return fixed + sizeof(float) * static_cast<size_t>(routingScratchFloats(rc)) * routingWarps;
+    int const numExperts = p.numDepartments * p.expertsPerDepartment;
+    if (p.routerWeightFloat32 && !std::is_same<T, float>::value)
+    {
+        // Float32 router rows on their own; K1 below then does only the shared experts'
+        // gate row (as logit column N) and gate/up.
+        RouterRowsArgs<T> rows{hidden, static_cast<float const*>(routerWeight), p.hidden, numExperts, numTokens,
+            logits, logitsStride};
+        Status const status = checkLaunch("float32 router kernel",
+            DEAMOE_LAUNCH((routerRowsFloatKernel<T, TT>), ceilDiv(numExperts, kGemvWarps), kGemvThreads, 0,
+                stream, rows));
+        if (status != Status::kSUCCESS || (sharedGate == nullptr && sharedGateUp == nullptr))
+            return status;
+        return launchGateUpK1<T, TT>(p, hidden, nullptr, 0, sharedGate, numTokens, logits + numExperts, logitsStride,
+            sharedGateUp, hShared, stream);
+    }
+    return launchGateUpK1<T, TT>(p, hidden, static_cast<T const*>(routerWeight), numExperts, sharedGate, numTokens,
+        logits, logitsStride, sharedGateUp, hShared, stream);
 }
 
 template <class T, int TT>
@@ -913,7 +980,7 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
     T const* sharedGate = p.sharedExpertGate ? static_cast<T const*>(w.sharedGate) : nullptr;
 
     // K1
-    Status status = launchRouterLogits<T, TT>(p, hidden, static_cast<T const*>(w.routerWeight), sharedGate, numTokens,
+    Status status = launchRouterLogits<T, TT>(p, hidden, w.routerWeight, sharedGate, numTokens,
         logits, L.logitsStride, sharedGateUp, hShared, stream);
     if (status != Status::kSUCCESS)
         return status;
@@ -925,13 +992,13 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         args.planConfig = planConfig(p);
         args.logits = logits;
         args.logitsStride = L.logitsStride;
-        args.routerBias = p.hasRouterBias ? static_cast<T const*>(w.routerBias) : nullptr;
+        args.routerBias = p.hasRouterBias ? static_cast<float const*>(w.routerBias) : nullptr;
         args.numTokens = numTokens;
         size_t const perWarp = sizeof(float) * routingScratchFloats(args.routing);
-        size_t const fixed = routePlanSmemBytes<T>(p, 0);
+        size_t const fixed = routePlanSmemBytes(p, 0);
         args.routingWarps = static_cast<int>(std::min<size_t>(
             std::min(numTokens, kRoutePlanWarps), (kSmemBudget - std::min(fixed, kSmemBudget)) / perWarp));
-        if (args.routingWarps < 1)
+        if (args.routingWarps < 1) // checkSupported() refuses such layers before anything launches
             return fail(Status::kUNSUPPORTED, "num_experts %d needs more shared memory for routing than %zu bytes",
                 args.routing.numExperts, kSmemBudget);
         args.plan = plan;
@@ -946,9 +1013,9 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         args.partialSlots = L.partialSlots;
         args.sharedSlot = L.partialSlots - 1;
         int const blocks = 1 + (p.sharedExpertWidth ? ceilDiv(d, kSharedDownRowsPerBlock) : 0);
-        DEAMOE_LAUNCH((routePlanKernel<T, TT>), blocks, kRoutePlanThreads, routePlanSmemBytes<T>(p, args.routingWarps),
-            stream, args);
-        status = checkLaunch("routing/plan kernel");
+        status = checkLaunch("routing/plan kernel",
+            DEAMOE_LAUNCH((routePlanKernel<T, TT>), blocks, kRoutePlanThreads,
+                routePlanSmemBytes(p, args.routingWarps), stream, args));
         if (status != Status::kSUCCESS)
             return status;
     }
@@ -975,8 +1042,8 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         args.expertBlocksPerPart = p.privateWidth ? ceilDiv(p.privateWidth, geo.neuronsPerBlock) : 0;
         long long const blocks = static_cast<long long>(L.maxDepartmentParts) * args.departmentBlocksPerPart
             + static_cast<long long>(L.maxExpertParts) * args.expertBlocksPerPart;
-        DEAMOE_LAUNCH((gateUpKernel<T, TT>), static_cast<unsigned>(blocks), kGemvThreads, 0, stream, args);
-        status = checkLaunch("routed gate-up kernel");
+        status = checkLaunch("routed gate-up kernel",
+            DEAMOE_LAUNCH((gateUpKernel<T, TT>), static_cast<unsigned>(blocks), kGemvThreads, 0, stream, args));
         if (status != Status::kSUCCESS)
             return status;
     }
@@ -1002,8 +1069,9 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         args.counters = counters;
         args.output = output;
         long long const parts = (p.sharedWidth ? L.maxDepartmentParts : 0) + (p.privateWidth ? L.maxExpertParts : 0);
-        DEAMOE_LAUNCH((downKernel<T, TT>), static_cast<unsigned>(parts * L.downTiles), kGemvThreads, 0, stream, args);
-        status = checkLaunch("down kernel");
+        status = checkLaunch("down kernel",
+            DEAMOE_LAUNCH((downKernel<T, TT>), static_cast<unsigned>(parts * L.downTiles), kGemvThreads, 0,
+                stream, args));
     }
     return status;
 }
@@ -1051,7 +1119,7 @@ Status launchRoute(LayerParams const& p, float const* logits, int logitsStride, 
     args.routing = routingConfig(p);
     args.logits = logits;
     args.logitsStride = logitsStride;
-    args.routerBias = p.hasRouterBias ? static_cast<T const*>(routerBias) : nullptr;
+    args.routerBias = p.hasRouterBias ? static_cast<float const*>(routerBias) : nullptr;
     args.numTokens = numTokens;
     args.out = out;
     int const warpsPerBlock = kRouteThreads / kWarpSize;
@@ -1059,8 +1127,8 @@ Status launchRoute(LayerParams const& p, float const* logits, int logitsStride, 
     if (smem > kSmemBudget)
         return fail(Status::kUNSUPPORTED, "num_experts %d needs more shared memory for routing than %zu bytes",
             args.routing.numExperts, kSmemBudget);
-    DEAMOE_LAUNCH((routeKernel<T>), ceilDiv(numTokens, warpsPerBlock), kRouteThreads, smem, stream, args);
-    return checkLaunch("routing kernel");
+    return checkLaunch("routing kernel",
+        DEAMOE_LAUNCH((routeKernel<T>), ceilDiv(numTokens, warpsPerBlock), kRouteThreads, smem, stream, args));
 }
 
 inline RoutingOutputs offsetOutputs(RoutingOutputs const& out, LayerParams const& p, int first)
@@ -1081,7 +1149,7 @@ Status routeTyped(LayerParams const& p, void const* hidden, void const* routerWe
         T const* x = static_cast<T const*>(hidden) + static_cast<size_t>(first) * p.hidden;
         Status status = dispatchTileTokens(n, [&](auto tt) {
             return launchRouterLogits<T, decltype(tt)::value>(
-                p, x, static_cast<T const*>(routerWeight), nullptr, n, logits, N, nullptr, nullptr, stream);
+                p, x, routerWeight, nullptr, n, logits, N, nullptr, nullptr, stream);
         });
         if (status == Status::kSUCCESS)
             status = launchRoute<T>(p, logits, N, routerBias, n, offsetOutputs(out, p, first), stream);
@@ -1101,7 +1169,7 @@ Status routerLogitsTyped(
         int const n = std::min(kMaxTileTokens, numTokens - first);
         T const* x = static_cast<T const*>(hidden) + static_cast<size_t>(first) * p.hidden;
         Status const status = dispatchTileTokens(n, [&](auto tt) {
-            return launchRouterLogits<T, decltype(tt)::value>(p, x, static_cast<T const*>(routerWeight), nullptr, n,
+            return launchRouterLogits<T, decltype(tt)::value>(p, x, routerWeight, nullptr, n,
                 logits + static_cast<size_t>(first) * N, N, nullptr, nullptr, stream);
         });
         if (status != Status::kSUCCESS)

@@ -66,8 +66,15 @@ WorkspaceLayout workspaceLayout(LayerParams const& p, int32_t tileTokens);
 // Records the reason for a failure (deamoe_last_error()) and returns status.
 Status fail(Status status, char const* format, ...) noexcept;
 
-// Checks the launches just made; kCUDA_ERROR (with the reason recorded) if one failed.
-Status checkLaunch(char const* what) noexcept;
+// The result of one launch (DEAMOE_LAUNCH's value): kCUDA_ERROR with the reason recorded
+// if it failed. A failed launch's error is also cleared from the runtime's last-error
+// state (cudaGetLastError), so that a non-sticky failure (too many resources, a bad
+// configuration) fails this call only, not every later one; a sticky one (a broken
+// context) keeps failing every launch anyway.
+Status checkLaunch(char const* what, cudaError_t launched) noexcept;
+
+// Dynamic shared memory of the routing/plan kernel with routingWarps routing warps.
+size_t routePlanSmemBytes(LayerParams const& p, int routingWarps);
 
 // Whether to launch the forward kernels as programmatic dependents: enabled
 // (setProgrammaticLaunch, or DEAMOE_PROGRAMMATIC_LAUNCH=1 in the environment) and the

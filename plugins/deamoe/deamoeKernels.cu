@@ -161,13 +161,24 @@ bool programmaticLaunchUsable() noexcept
     return major >= 9;
 }
 
-Status checkLaunch(char const* what) noexcept
+Status checkLaunch(char const* what, cudaError_t launched) noexcept
 {
-    // Peek, not get: the header promises the error stays for the caller to read.
-    cudaError_t const error = cudaPeekAtLastError();
-    if (error != cudaSuccess)
-        return fail(Status::kCUDA_ERROR, "%s: %s (%s)", what, cudaGetErrorName(error), cudaGetErrorString(error));
-    return Status::kSUCCESS;
+    if (launched == cudaSuccess)
+        return Status::kSUCCESS;
+    // The launch's error is ours: clear it. An error some earlier, unrelated call left
+    // pending is not ours to report or clear, so a successful launch touches nothing.
+    (void) cudaGetLastError();
+    return fail(
+        Status::kCUDA_ERROR, "%s: %s (%s)", what, cudaGetErrorName(launched), cudaGetErrorString(launched));
+}
+
+size_t routePlanSmemBytes(LayerParams const& p, int routingWarps)
+{
+    RoutingConfig const rc = routingConfig(p);
+    PlanConfig const pc = planConfig(p);
+    size_t const fixed = sizeof(float) * kMaxTileTokens * (3 * static_cast<size_t>(rc.topK) + rc.topDepartments)
+        + sizeof(uint32_t) * planScratchWords(pc);
+    return fixed + sizeof(float) * static_cast<size_t>(routingScratchFloats(rc)) * routingWarps;
 }
 
 RoutingConfig routingConfig(LayerParams const& p)
@@ -279,7 +290,7 @@ Status validate(LayerParams const& p) noexcept
         int32_t value;
     };
     Flag const flags[] = {{"norm_topk_prob", p.normTopkProb}, {"router_bias", p.hasRouterBias},
-        {"shared_expert_gate", p.sharedExpertGate}};
+        {"shared_expert_gate", p.sharedExpertGate}, {"router_weight_float32", p.routerWeightFloat32}};
     for (auto const& f : flags)
     {
         if (f.value != 0 && f.value != 1)
@@ -380,16 +391,28 @@ Status route(LayerParams const& params, DataType dtype, void const* hidden, void
     return detail::opsFor(dtype)->route(params, hidden, routerWeight, routerBias, numTokens, out, workspace, stream);
 }
 
-Status forward(LayerParams const& params, LayerWeights const& weights, DataType dtype, void const* hidden,
-    void* output, int32_t numTokens, void* workspace, size_t workspaceBytes, cudaStream_t stream) noexcept
+Status checkSupported(LayerParams const& params, DataType dtype) noexcept
 {
     DEAMOE_RETURN_IF_FAILED(validate(params));
     DEAMOE_RETURN_IF_FAILED(detail::checkDtype(static_cast<int32_t>(dtype)));
+    DEAMOE_RETURN_IF_FAILED(detail::checkVectorizable(params, dtype));
+    size_t const oneToken = detail::routePlanSmemBytes(params, 1);
+    if (oneToken > detail::kSmemBudget)
+        return fail(Status::kUNSUPPORTED,
+            "num_experts %d, top_k %d: the routing/plan block needs %zu bytes of shared memory for one token, over "
+            "its %zu-byte budget",
+            params.numDepartments * params.expertsPerDepartment, params.topK, oneToken, detail::kSmemBudget);
+    return Status::kSUCCESS;
+}
+
+Status forward(LayerParams const& params, LayerWeights const& weights, DataType dtype, void const* hidden,
+    void* output, int32_t numTokens, void* workspace, size_t workspaceBytes, cudaStream_t stream) noexcept
+{
+    DEAMOE_RETURN_IF_FAILED(checkSupported(params, dtype));
     if (numTokens < 0)
         return fail(Status::kINVALID_ARGUMENT, "num_tokens must be >= 0, got %d", numTokens);
     if (numTokens == 0)
         return Status::kSUCCESS;
-    DEAMOE_RETURN_IF_FAILED(detail::checkVectorizable(params, dtype));
     DEAMOE_RETURN_IF_FAILED(detail::checkPointer(hidden, "hidden"));
     DEAMOE_RETURN_IF_FAILED(detail::checkPointer(output, "output", false));
     DEAMOE_RETURN_IF_FAILED(detail::checkPointer(weights.routerWeight, "router.weight"));
@@ -506,6 +529,13 @@ int32_t deamoe_max_tile_tokens(void)
 char const* deamoe_last_error(void)
 {
     return deamoe::lastErrorMessage();
+}
+
+int32_t deamoe_check_supported(deamoe::LayerParams const* params, int32_t dtype)
+{
+    if (!orInvalid(params))
+        return code(deamoe::Status::kINVALID_ARGUMENT);
+    return code(deamoe::checkSupported(*params, static_cast<deamoe::DataType>(dtype)));
 }
 
 int32_t deamoe_router_logits(deamoe::LayerParams const* params, int32_t dtype, void const* hidden,

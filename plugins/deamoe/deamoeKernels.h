@@ -53,14 +53,17 @@ struct LayerParams
     int32_t hasRouterBias;          // bool
     int32_t sharedExpertWidth;      // f_sh (0: none)
     int32_t sharedExpertGate;       // bool
+    int32_t routerWeightFloat32;    // bool: router.weight is float32 (else the activation dtype)
 };
 
 // Device pointers in the canonical layouts of the spec ([out, in], gate rows then up
-// rows). All share the activation dtype. Absent parts are nullptr.
+// rows). All share the activation dtype, except the router's (spec, "Router precision"):
+// routerBias is float32, routerWeight float32 when params.routerWeightFloat32. Absent parts
+// are nullptr.
 struct LayerWeights
 {
     void const* routerWeight;       // [N, d]
-    void const* routerBias;         // [N] or nullptr
+    void const* routerBias;         // [N] float32 or nullptr
     void const* departmentGateUp;   // [D, 2*f_s, d] or nullptr
     void const* departmentDown;     // [D, d, f_s] or nullptr
     void const* expertGateUp;       // [N, 2*f_p, d] or nullptr
@@ -85,7 +88,7 @@ enum class Status : int32_t
     kINVALID_PARAMS = 1,     // a LayerParams that DeaMoEConfig would reject
     kINVALID_ARGUMENT = 2,   // null pointer, tokens < 0, workspace too small
     kUNSUPPORTED = 3,        // dtype or size this build cannot run
-    kCUDA_ERROR = 4,         // a launch failed; cudaGetLastError() has the reason
+    kCUDA_ERROR = 4,         // a launch failed; lastErrorMessage() names it and the CUDA error
 };
 
 char const* statusString(Status status) noexcept;
@@ -118,13 +121,19 @@ constexpr int32_t kMaxTileTokens = 16;
 // after a success). For kCUDA_ERROR it names the failed launch and the CUDA error.
 char const* lastErrorMessage() noexcept;
 
+// Whether forward() can run a layer of params in dtype: the config (validate), the dtype,
+// every row a whole number of 16-byte vectors, the routing block's shared memory. forward()
+// checks the same before it launches anything; the TensorRT plugin calls this when it is
+// configured (build and runtime), so a layer it cannot run fails there, the limit named.
+Status checkSupported(LayerParams const& params, DataType dtype) noexcept;
+
 // Router logits z = x Wr^T accumulated in float32: logits is [numTokens, N] float32
 // (device memory). The exact logits route() and forward() route from. No workspace.
 Status routerLogits(LayerParams const& params, DataType dtype, void const* hidden, void const* routerWeight,
     int32_t numTokens, float* logits, cudaStream_t stream) noexcept;
 
 // Spec steps 1-5 from given float32 logits [numTokens, N] (device memory); routerBias is
-// [N] in dtype or nullptr. route() == routerLogits() then routeLogits(). No workspace.
+// [N] float32 or nullptr. route() == routerLogits() then routeLogits(). No workspace.
 Status routeLogits(LayerParams const& params, DataType dtype, float const* logits, void const* routerBias,
     int32_t numTokens, RoutingOutputs const& out, cudaStream_t stream) noexcept;
 
@@ -155,6 +164,7 @@ extern "C"
     // Additions (see above).
     int32_t deamoe_max_tile_tokens(void);
     char const* deamoe_last_error(void);
+    int32_t deamoe_check_supported(deamoe::LayerParams const* params, int32_t dtype);
     int32_t deamoe_router_logits(deamoe::LayerParams const* params, int32_t dtype, void const* hidden,
         void const* router_weight, int32_t num_tokens, float* logits, cudaStream_t stream);
     int32_t deamoe_route_logits(deamoe::LayerParams const* params, int32_t dtype, float const* logits,

@@ -91,20 +91,28 @@ void logMessage(ILogger::Severity severity, std::string const& message) noexcept
     }
 }
 
-void reportError(char const* where, char const* what) noexcept
+// Logs the error and, when the plugin is attached to an execution context that has an
+// error recorder, records it there too (TensorRT's error path for enqueue failures).
+void reportError(char const* where, char const* what, nvinfer1::IErrorRecorder* recorder = nullptr) noexcept
 {
     try
     {
-        logMessage(ILogger::Severity::kERROR, std::string(where) + ": " + what);
+        std::string const message = std::string(where) + ": " + what;
+        logMessage(ILogger::Severity::kERROR, message);
+        if (recorder != nullptr)
+        {
+            std::string const recorded = "[DeaMoE plugin] " + message;
+            (void) recorder->reportError(nvinfer1::ErrorCode::kFAILED_EXECUTION, recorded.c_str());
+        }
     }
     catch (...)
     {
     }
 }
 
-// Wraps the body of a noexcept method: an exception becomes a logged error and `onError`.
+// Wraps the body of a noexcept method: an exception becomes a reported error and `onError`.
 template <typename Result, typename Body>
-Result guarded(char const* where, Result onError, Body&& body) noexcept
+Result guarded(char const* where, Result onError, Body&& body, nvinfer1::IErrorRecorder* recorder = nullptr) noexcept
 {
     try
     {
@@ -112,11 +120,11 @@ Result guarded(char const* where, Result onError, Body&& body) noexcept
     }
     catch (std::exception const& e)
     {
-        reportError(where, e.what());
+        reportError(where, e.what(), recorder);
     }
     catch (...)
     {
-        reportError(where, "unknown exception");
+        reportError(where, "unknown exception", recorder);
     }
     return onError;
 }
@@ -590,6 +598,7 @@ DeaMoEPlugin::DeaMoEPlugin(DeaMoEPlugin const& other)
     , mParams(other.mParams)
     , mInputs(other.mInputs)
     , mMetadata(other.mMetadata)
+    , mErrorRecorder(other.mErrorRecorder)
 {
     // mSerialFields point into their owner; a copy rebuilds its own in getFieldsToSerialize().
 }
@@ -690,10 +699,22 @@ bool DeaMoEPlugin::supportsFormatCombination(
             return false;
         }
         // TensorRT asks position by position with the earlier positions already chosen: the
-        // first input picks a float type, every other input and the output must match it.
+        // first input picks a float type, every other input and the output must match it,
+        // except the router's (spec, "Router precision"): router.bias is always float32,
+        // router.weight float32 or the activation type.
         if (pos == 0)
         {
             return isSupportedType(desc.type);
+        }
+        InputRole const role = pos < nbInputs && pos < static_cast<int32_t>(mInputs.size()) ? mInputs[pos]
+                                                                                           : InputRole::kHIDDEN;
+        if (role == InputRole::kROUTER_BIAS)
+        {
+            return desc.type == TrtType::kFLOAT;
+        }
+        if (role == InputRole::kROUTER_WEIGHT)
+        {
+            return desc.type == inOut[0].desc.type || desc.type == TrtType::kFLOAT;
         }
         return desc.type == inOut[0].desc.type;
     });
@@ -727,10 +748,17 @@ void DeaMoEPlugin::checkTensors(
             fail("input " + std::to_string(i) + " (" + inputRoleName(role) + ") has shape " + dimsString(got)
                 + " but the layer's attributes (" + mMetadata + ") need " + shapeString(want));
         }
-        if (in[i].type != in[0].type)
+        // The router keeps its own precision (spec, "Router precision").
+        if (role == InputRole::kROUTER_BIAS && in[i].type != TrtType::kFLOAT)
+        {
+            fail("input " + std::to_string(i) + " (router.bias) is " + typeName(in[i].type) + "; it must be float32");
+        }
+        bool const routerFloat32 = role == InputRole::kROUTER_WEIGHT && in[i].type == TrtType::kFLOAT;
+        if (role != InputRole::kROUTER_BIAS && !routerFloat32 && in[i].type != in[0].type)
         {
             fail("input " + std::to_string(i) + " (" + inputRoleName(role) + ") is " + typeName(in[i].type)
-                + " but hidden_states is " + typeName(in[0].type) + "; all inputs must share one dtype");
+                + " but hidden_states is " + typeName(in[0].type)
+                + "; the weights share hidden_states' dtype (router.weight may also be float32)");
         }
     }
     if (!isSupportedType(in[0].type))
@@ -740,6 +768,13 @@ void DeaMoEPlugin::checkTensors(
     if (out[0].type != in[0].type || out[0].dims.nbDims != 2)
     {
         fail("the output must be [T, d] in hidden_states' dtype");
+    }
+    // The kernels' own limits (16-byte rows in this dtype, the routing block's shared
+    // memory): fail here, while TensorRT builds or sets up the engine, not at enqueue.
+    Status const supported = deamoe::checkSupported(mParams, toKernelType(in[0].type));
+    if (supported != Status::kSUCCESS)
+    {
+        fail("layer '" + mLayerName + "' cannot run in " + typeName(in[0].type) + ": " + kernelError(supported));
     }
 }
 
@@ -816,13 +851,17 @@ int32_t DeaMoEPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDes
         }
         deamoe::DataType const dtype = toKernelType(inputDesc[0].type);
 
+        LayerParams params = mParams;
         LayerWeights weights{};
         for (size_t i = 1; i < mInputs.size(); ++i)
         {
             void const* ptr = inputs[i];
             switch (mInputs[i])
             {
-            case InputRole::kROUTER_WEIGHT: weights.routerWeight = ptr; break;
+            case InputRole::kROUTER_WEIGHT:
+                weights.routerWeight = ptr;
+                params.routerWeightFloat32 = inputDesc[i].type == TrtType::kFLOAT ? 1 : 0;
+                break;
             case InputRole::kROUTER_BIAS: weights.routerBias = ptr; break;
             case InputRole::kDEPARTMENT_GATE_UP: weights.departmentGateUp = ptr; break;
             case InputRole::kDEPARTMENT_DOWN: weights.departmentDown = ptr; break;
@@ -838,22 +877,28 @@ int32_t DeaMoEPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDes
         // getWorkspaceSize() for the profile's max tokens, which covers this step's tokens,
         // so the bytes forward() may use are exactly what it asks for at this size.
         int32_t const numTokens = static_cast<int32_t>(tokens);
-        size_t const workspaceBytes = deamoe::workspaceSize(mParams, numTokens, dtype);
+        size_t const workspaceBytes = deamoe::workspaceSize(params, numTokens, dtype);
         Status const status = deamoe::forward(
-            mParams, weights, dtype, inputs[0], outputs[0], numTokens, workspace, workspaceBytes, stream);
+            params, weights, dtype, inputs[0], outputs[0], numTokens, workspace, workspaceBytes, stream);
         if (status != Status::kSUCCESS)
         {
             fail("layer '" + mLayerName + "': deamoe::forward failed for " + std::to_string(tokens)
                 + " token(s): " + kernelError(status));
         }
         return 0;
-    });
+    },
+        mErrorRecorder);
 }
 
-nvinfer1::IPluginV3* DeaMoEPlugin::attachToContext(nvinfer1::IPluginResourceContext* /*context*/) noexcept
+nvinfer1::IPluginV3* DeaMoEPlugin::attachToContext(nvinfer1::IPluginResourceContext* context) noexcept
 {
-    // No per-context resources: the workspace comes from TensorRT on every enqueue.
-    return clone();
+    // No per-context resources (the workspace comes from TensorRT on every enqueue) except
+    // the context's error recorder, where enqueue failures are reported.
+    return guarded<nvinfer1::IPluginV3*>("attachToContext", nullptr, [&]() -> nvinfer1::IPluginV3* {
+        auto attached = std::make_unique<DeaMoEPlugin>(*this);
+        attached->mErrorRecorder = context != nullptr ? context->getErrorRecorder() : nullptr;
+        return attached.release();
+    });
 }
 
 PluginFieldCollection const* DeaMoEPlugin::getFieldsToSerialize() noexcept

@@ -123,6 +123,9 @@ private:
     LayerParams mParams;
     std::vector<InputRole> mInputs;
     std::string mMetadata;
+    // The execution context's error recorder (attachToContext), or nullptr: enqueue
+    // failures are reported there as well as to the logger. Not owned.
+    nvinfer1::IErrorRecorder* mErrorRecorder{nullptr};
 
     // Backing storage of getFieldsToSerialize(): the collection points into these members,
     // so it stays valid for the plugin's lifetime and is rebuilt on every call.

@@ -16,6 +16,9 @@
  * - The reference masks non-kept departments with -inf and sorts all N experts. Only
  *   experts of kept departments can be among the first k of that sort (there are
  *   g*m >= k of them and their c is finite), so stage 2 scans just those g*m candidates.
+ * - Every c is finite when selection starts (a token with a non-finite one has them all
+ *   set to 0, as the reference does), so each round has a winner: every id written is in
+ *   range, which the plan (deamoePlan.cuh) relies on to index its token bit sets.
  * - Ties survive: equal logits give bit-equal scores (same function of the same input),
  *   and a department score is a fixed-order function of its experts' c values.
  * Float rounding (exp, the softmax denominator, the `sum` department score, the
@@ -103,8 +106,23 @@ DEAMOE_HD void routeToken(Lanes const& lanes, RoutingConfig const& cfg, float co
         score.denominator = lanes.reduceSum(localSum);
     }
     // Step 2: selection scores c = s + b.
+    float localNonFinite = 0.0f;
     for (int i = lane; i < N; i += width)
-        selection[i] = score(logits[i]) + bias(i);
+    {
+        float const c = score(logits[i]) + bias(i);
+        selection[i] = c;
+        localNonFinite = fmaxf(localNonFinite, isFiniteFloat(c) ? 0.0f : 1.0f);
+    }
+    // A token with any NaN or infinite c (a NaN in its hidden state, a +inf logit under
+    // softmax, arbitrary data while TensorRT times the plugin) chooses as if all its c tied:
+    // the lowest-index g departments, then experts 0..k-1 of them (deamoe_trt/routing.py's
+    // rule). Without this the selection loops below never find a winner and write INT_MAX
+    // ids. Its weights stay what the math gives (NaN under softmax).
+    if (lanes.reduceMax(localNonFinite) != 0.0f)
+    {
+        for (int i = lane; i < N; i += width)
+            selection[i] = 0.0f;
+    }
     lanes.sync();
 
     // Step 3a: department scores, each a fixed-order pass over its m experts.

@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from deamoe_trt import PRESETS, DeaMoELayer, MissingDependencyError
-from deamoe_trt.bench import harness as bench_harness
+from deamoe_trt.bench import loop as bench_loop
+from deamoe_trt.bench import machine as bench_machine
 from deamoe_trt.bench import step_seed
 from deamoe_trt.bench.contenders import PRIORITY, MemoryPlan
 from deamoe_trt.cli.main import main
 from deamoe_trt.inputs import random_hidden
-from deamoe_trt.routing import Routing
+from deamoe_trt.routing import Routing, route_logits
 from deamoe_trt.traffic import weights_loaded
 
 try:
@@ -33,6 +34,7 @@ def quick_run(tmp_path_factory):
     return code, json.loads(json_path.read_text()), png_path
 
 
+@pytest.mark.slow
 def test_quick_run_writes_json_and_png(quick_run):
     code, result, png = quick_run
     assert code == 0
@@ -46,6 +48,7 @@ def test_quick_run_writes_json_and_png(quick_run):
     assert result["bandwidth"]["numpy"]["bytes_per_s"] > 0
 
 
+@pytest.mark.slow  # the module\'s quick benchmark run
 def test_every_contender_is_reported(quick_run):
     _, result, _ = quick_run
     layer = result["layer"]
@@ -72,6 +75,7 @@ def test_every_contender_is_reported(quick_run):
             assert "speedup_vs_expanded" in row and "speedup_vs_vanilla_ort" in row
 
 
+@pytest.mark.slow  # the module\'s quick benchmark run
 def test_bytes_match_traffic_recomputed_from_the_seed(quick_run):
     _, result, _ = quick_run
     layer_section = result["layer"]
@@ -88,11 +92,12 @@ def test_bytes_match_traffic_recomputed_from_the_seed(quick_run):
             assert recorded["deamoe"]["bytes"][i] == weights_loaded(config, routing, 4).total
             assert recorded["expanded"]["bytes"][i] == weights_loaded(config.expanded(), routing, 4).total
             vanilla = DeaMoELayer(config.vanilla(), device="meta")
-            vanilla_routing = bench_harness.route_logits(x @ layer.router.weight.t(), None, vanilla.config)
+            vanilla_routing = route_logits(x @ layer.router.weight.t(), None, vanilla.config)
             assert recorded["vanilla"]["bytes"][i] == weights_loaded(config.vanilla(), vanilla_routing, 4).total
             assert recorded["deamoe"]["expert_ids"][i] == routing.expert_ids.tolist()
 
 
+@pytest.mark.slow  # the module\'s quick benchmark run
 def test_bytes_match_traffic_of_the_recorded_routing(quick_run):
     _, result, _ = quick_run
     config = PRESETS["tiny"]
@@ -111,6 +116,7 @@ def test_bytes_match_traffic_of_the_recorded_routing(quick_run):
                 assert row["bytes_per_step_mean"] == pytest.approx(sum(step_bytes) / len(step_bytes))
 
 
+@pytest.mark.slow  # the module\'s quick benchmark run
 def test_stack_section(quick_run):
     _, result, _ = quick_run
     stack = result["stack"]
@@ -150,8 +156,8 @@ def test_memory_plan_counts_an_onnx_runtime_session_at_twice_its_weights():
 
 
 def test_gpu_sized_preset_is_skipped_not_crashed(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(bench_harness.machine, "available_memory", lambda: 24 * 2**30)
-    monkeypatch.setattr(bench_harness, "_random_layer", _no_allocation)
+    monkeypatch.setattr(bench_machine, "available_memory", lambda: 24 * 2**30)
+    monkeypatch.setattr(bench_loop, "random_layer", _no_allocation)
     out = tmp_path / "skip.json"
     code = main(["bench", "--quick", "--preset", "deepseek-v3-layer", "--json", str(out)])
     assert code == 0

@@ -53,6 +53,7 @@ def exported(checkpoints, tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_export_then_validate_passes_and_prints_a_table_per_token_count(checkpoints, tmp_path, capsys):
     model = tmp_path / "m.onnx"
     code, out, err = cli(capsys, "export", checkpoints / "tiny2", "-o", model, "--form", "plugin", "--dtype", "fp16")
@@ -109,6 +110,21 @@ def test_validate_reports_an_expert_weight_changed_after_export(checkpoints, exp
     onnx.save(model, str(tmp_path / "changed.onnx"))
     code, _, err = cli(capsys, "validate", tmp_path / "changed.onnx", "--against", checkpoints / "tiny2")
     assert code == 1 and len(err) == 1 and "worst: output" in err[0]
+
+
+def test_validate_says_plainly_when_the_model_outputs_nan(checkpoints, exported, tmp_path, capsys):
+    """A model whose output is NaN (here: one expert weight made NaN after export) fails with
+    a line that says so, and the table counts the NaN/Inf values."""
+    model = onnx.load(str(exported))
+    (down,) = [t for t in model.graph.initializer if t.name == "layers.1.experts.down"]
+    values = onnx.numpy_helper.to_array(down).copy()
+    values[:] = np.nan
+    down.CopyFrom(onnx.numpy_helper.from_array(values, down.name))
+    onnx.save(model, str(tmp_path / "nan.onnx"))
+    code, out, err = cli(capsys, "validate", tmp_path / "nan.onnx", "--against", checkpoints / "tiny2")
+    assert code == 1 and len(err) == 1
+    assert "the model's output is NaN/Inf in" in err[0] and "where the reference's is finite" in err[0], err
+    assert "NaN/Inf" in out and "FAIL" in out
 
 
 def _write_not_deamoe(path: Path) -> Path:
@@ -181,6 +197,7 @@ def test_validate_rejects_nan_inputs(checkpoints, exported, tmp_path, capsys):
     assert code == 2 and len(err) == 1 and "inputs contain NaN or Inf (1 element(s))" in err[0]
 
 
+@pytest.mark.slow
 def test_validate_accepts_given_inputs(checkpoints, exported, tmp_path, capsys):
     np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((5, 64)).astype(np.float32))
     code, out, _ = cli(capsys, "validate", exported, "--against", checkpoints / "tiny2", "--inputs", tmp_path / "x.npy")
@@ -245,6 +262,7 @@ def test_export_interrupted_while_writing_leaves_no_file(checkpoints, tmp_path, 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_real_console_entry_prints_one_stderr_line(checkpoints, tmp_path):
     result = subprocess.run(
         [

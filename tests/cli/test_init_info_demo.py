@@ -43,6 +43,7 @@ def test_info_prints_config_parameters_and_bytes_table(tmp_path, capsys):
         (["frobnicate"], "invalid choice"),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_gets_one_line_and_exit_code_2(args, message):
     result = run_cli(*args)
     assert result.returncode == 2
@@ -51,6 +52,7 @@ def test_bad_input_gets_one_line_and_exit_code_2(args, message):
     assert message in lines[0]
 
 
+@pytest.mark.slow
 def test_demo_runs_the_main_job(tmp_path):
     result = run_cli("demo", "-o", str(tmp_path))
     assert result.returncode == 0, result.stderr

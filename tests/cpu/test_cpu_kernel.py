@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from configs import QWEN2_STYLE_GATED_SHARED, TINY_SHARED_ONLY
-from deamoe_trt import PRESETS, DeaMoEConfig, DeaMoELayer, DeaMoEStack, MissingDependencyError, UsageError
+from configs import QWEN2_STYLE_GATED_SHARED, TINY_SHARED_ONLY, deepseek_style
+from deamoe_trt import PRESETS, DeaMoELayer, DeaMoEStack, MissingDependencyError, UsageError
 from deamoe_trt.inputs import random_hidden
 from deamoe_trt.routing import route_logits
 
@@ -20,19 +20,8 @@ CONFIGS = {
     # DeepSeek-V3 style: sigmoid scores, selection bias, sum_top2 departments, scaling, an
     # ungated shared expert; widths that are not multiples of the kernel's neuron group and
     # a hidden size that is not a multiple of its row padding.
-    "deepseek-style": DeaMoEConfig(
-        hidden_size=40,
-        num_departments=4,
-        experts_per_department=4,
-        shared_intermediate_size=22,
-        private_intermediate_size=9,
-        top_k=4,
-        top_departments=2,
-        score_func="sigmoid",
-        department_score="sum_top2",
-        routed_scaling_factor=2.5,
-        router_bias=True,
-        shared_expert_intermediate_size=13,
+    "deepseek-style": deepseek_style(
+        hidden_size=40, shared_intermediate_size=22, private_intermediate_size=9, shared_expert_intermediate_size=13
     ),
     "qwen2-style-gated-shared": QWEN2_STYLE_GATED_SHARED,
     "shared-only": TINY_SHARED_ONLY,
@@ -46,6 +35,7 @@ def pair(request):
     return layer, cpu.CpuDeaMoE(layer)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_forward_matches_reference(pair, tokens):
     layer, fast = pair
@@ -200,11 +190,12 @@ def test_stream_read_measures_a_rate():
 
 
 def test_missing_compiler_is_one_clear_line(monkeypatch, tmp_path):
+    from deamoe_trt import native
     from deamoe_trt.cpu import _build
 
     monkeypatch.setenv("DEAMOE_TRT_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", "no-such-compiler")
-    monkeypatch.setattr(_build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
     with pytest.raises(MissingDependencyError, match="needs a C\\+\\+ compiler") as info:
         _build.build(force=True)
     assert "\n" not in str(info.value)
@@ -221,6 +212,7 @@ def test_build_is_cached_by_source_and_flags(monkeypatch, tmp_path):
     assert _build.library_path(cxx) != path
 
 
+@pytest.mark.slow
 def test_new_pools_never_miss_their_first_job():
     """A job issued before a worker thread has started must still run (it once hung)."""
     import subprocess
@@ -236,3 +228,57 @@ def test_new_pools_never_miss_their_first_job():
         "    del p\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("variant", list(ROUTING_VARIANTS))
+def test_native_routing_of_nonfinite_tokens(variant):
+    """Logit rows with NaN and +-Inf route as deamoe_trt.routing says (lowest-index
+    departments and experts when a selection score is not finite); finite rows are untouched."""
+    config = PRESETS["tiny"].replace(**ROUTING_VARIANTS[variant])
+    layer = DeaMoELayer.random(config, seed=8)
+    fast = cpu.CpuDeaMoE(layer)
+    logits = torch.randn(8, config.num_experts, generator=torch.Generator().manual_seed(3))
+    logits[1] = NAN
+    logits[2, 5] = NAN
+    logits[3, 0] = INF
+    logits[4, -1] = -INF
+    logits[5] = -INF
+    logits[6, 2], logits[6, 7] = INF, -INF
+    bias = layer.router.bias.detach() if layer.router.bias is not None else None
+    got, want = fast.native_route(logits), route_logits(logits, bias, config)
+    assert torch.equal(got.expert_ids, want.expert_ids)
+    assert torch.equal(got.kept_departments, want.kept_departments)
+    torch.testing.assert_close(got.weights, want.weights, rtol=1e-6, atol=1e-7, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_nonfinite_tokens_keep_to_themselves(name):
+    """A token with NaN/Inf hidden values: non-finite output where the reference's math is,
+    every other token's output as without it."""
+    layer = DeaMoELayer.random(CONFIGS[name], seed=4)
+    fast = cpu.CpuDeaMoE(layer)
+    x = random_hidden(5, layer.config.hidden_size, seed=6)
+    good = [0, 2, 4]
+    alone = fast(x[good])
+    for bad in (NAN, INF, -INF):
+        x[1, 3], x[3] = bad, bad
+        with torch.no_grad():
+            reference = layer.forward_routed(x, layer.route(x))
+        y = fast(x)
+        assert torch.equal(torch.isfinite(y).all(dim=1), torch.isfinite(reference).all(dim=1))
+        assert torch.equal(y[good], alone)
+        torch.testing.assert_close(y[good], reference[good], rtol=1e-5, atol=1e-5)
+
+
+def test_float32_router_in_fp16_layer():
+    """Spec "Router precision": the router weight stays float32 in an fp16 layer; the kernel
+    reads it as float32 (its logits are the float32 ones) and routes as the reference."""
+    layer = DeaMoELayer.random(CONFIGS["deepseek-style"], seed=4).to(torch.float16)
+    assert layer.router_dtype == torch.float32 and layer.dtype == torch.float16
+    fast = cpu.CpuDeaMoE(layer)
+    x = random_hidden(9, layer.config.hidden_size, seed=5)
+    torch.testing.assert_close(fast.logits(x), x @ layer.router.weight.t(), rtol=1e-5, atol=1e-5)
+    _assert_same_routing(fast.route(x), layer.route(x))

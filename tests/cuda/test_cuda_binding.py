@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from configs import deepseek_style
 from deamoe_trt import cuda
-from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.cuda import _library
 from deamoe_trt.errors import MissingDependencyError, UsageError
 from deamoe_trt.layer import DeaMoELayer
@@ -81,18 +81,13 @@ def test_build_cache_key_follows_sources_and_architectures(tmp_path):
 
 # ---- On a GPU -------------------------------------------------------------------------
 
-SMALL_DEEPSEEK = DeaMoEConfig(
+SMALL_DEEPSEEK = deepseek_style(
     hidden_size=256,
     num_departments=8,
     experts_per_department=8,
     shared_intermediate_size=64,
     private_intermediate_size=32,
     top_k=8,
-    top_departments=2,
-    score_func="sigmoid",
-    department_score="sum_top2",
-    router_bias=True,
-    routed_scaling_factor=2.5,
     shared_expert_intermediate_size=128,
 )
 

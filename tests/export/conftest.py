@@ -6,27 +6,14 @@ import numpy as np
 import pytest
 import torch
 
+from configs import deepseek_style
 from deamoe_trt import DeaMoEConfig, DeaMoELayer, get_preset
 from deamoe_trt.inputs import random_hidden
 
 # DeepSeek-V3-style: sigmoid scores, selection bias, sum_top2 department score, routed
 # scaling, an ungated shared expert; f_s == d (the width ONNX Runtime's MoE could mistake
 # for its legacy weight layout).
-DEEPSEEK_STYLE = DeaMoEConfig(
-    hidden_size=32,
-    num_departments=4,
-    experts_per_department=4,
-    shared_intermediate_size=32,
-    private_intermediate_size=16,
-    top_k=4,
-    top_departments=2,
-    score_func="sigmoid",
-    department_score="sum_top2",
-    norm_topk_prob=True,
-    routed_scaling_factor=2.5,
-    router_bias=True,
-    shared_expert_intermediate_size=48,
-)
+DEEPSEEK_STYLE = deepseek_style()
 
 # Qwen2-MoE-style: softmax without renormalisation, a sigmoid-gated shared expert.
 QWEN2_STYLE = DeaMoEConfig(

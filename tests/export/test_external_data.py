@@ -11,6 +11,7 @@ from deamoe_trt.validation import make_session
 from .conftest import CONFIGS, TOLERANCE, layer_of, max_error
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["plugin", "ort", "onnx"])
 def test_weights_past_the_threshold_go_to_a_data_file_beside_the_model(tmp_path, form):
     layer = layer_of(CONFIGS["tiny"], seed=6)

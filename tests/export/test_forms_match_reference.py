@@ -19,6 +19,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config_name", list(CONFIGS))
 @pytest.mark.parametrize(("form", "dtype"), CASES)
 def test_layer_matches_reference_for_1_4_and_17_tokens(form, dtype, config_name):
@@ -28,6 +29,7 @@ def test_layer_matches_reference_for_1_4_and_17_tokens(form, dtype, config_name)
     assert max(errors.values()) <= TOLERANCE[dtype], errors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["plugin", "ort", "onnx"])
 def test_stack_applies_each_layer_with_a_residual(form):
     stack = DeaMoEStack.random(CONFIGS["deepseek-style"], 3, seed=2)
@@ -75,6 +77,7 @@ EDGE_CONFIGS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config_name", list(EDGE_CONFIGS))
 @pytest.mark.parametrize("form", ["ort", "onnx"])
 def test_edge_configs_match_reference(form, config_name):

@@ -17,6 +17,7 @@ from deamoe_trt.validation import make_session
 from .conftest import CONFIGS, layer_of
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["plugin", "ort", "onnx"])
 def test_emit_layer_puts_layers_inside_a_larger_graph(form):
     """A decoder-like graph: [B, S, d] in, scale, flatten, two DeaMoE layers with residuals, unflatten."""

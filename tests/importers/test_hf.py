@@ -27,6 +27,7 @@ VANILLA = ("mixtral", "qwen2_moe", "qwen3_moe")
 # transformers 5.x blocks ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_imported_block_has_the_same_outputs_and_routing_as_hf(family):
     block = hf_block(family)
@@ -167,6 +168,7 @@ def _hf4_blocks():
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_transformers4_layout_blocks_have_the_same_outputs(family):
     block = randomize_(_hf4_blocks()[family], seed=16)
@@ -202,7 +204,7 @@ REAL_HF4 = os.environ.get("DEAMOE_TRT_TRANSFORMERS4")
 @pytest.mark.skipif(not REAL_HF4, reason="set DEAMOE_TRT_TRANSFORMERS4 to a transformers 4.x install (pip --target)")
 def test_real_transformers4_blocks_match():
     """Real 4.x blocks (and the hf4_layout stand-ins against them), in a subprocess."""
-    script = Path(__file__).with_name("hf4_real_check.py")
+    script = Path(__file__).parents[2] / "scripts" / "hf4_real_check.py"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([REAL_HF4, str(Path(__file__).parents[2])])}
     result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -78,6 +78,7 @@ def test_missing_and_wrong_model_files(tmp_path, capsys):
     assert "has no config.json" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bad_input_through_the_real_console_has_no_traceback(micro_checkpoint):
     result = run_cli("generate", str(micro_checkpoint), "--prompt", "it\u2019s")
     assert result.returncode == 2
@@ -85,6 +86,7 @@ def test_bad_input_through_the_real_console_has_no_traceback(micro_checkpoint):
     assert '(write "\'" instead)' in result.stderr
 
 
+@pytest.mark.slow
 def test_train_tiny_quick(tmp_path, capsys):
     out = tmp_path / "tiny"
     assert main(["train-tiny", "--quick", "--steps", "12", "-o", str(out)]) == 0

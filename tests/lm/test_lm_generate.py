@@ -21,6 +21,7 @@ def test_twins_decode_the_same_greedy_tokens(micro_model):
     assert generate(TorchDecoder(micro_model.expanded()), prompt, 12).new_ids == ref
 
 
+@pytest.mark.slow
 def test_sampling_is_reproducible_with_a_seed(micro_model):
     s = Sampling(temperature=1.0, top_k=5, seed=7)
     a = generate(TorchDecoder(micro_model), [65], 15, sampling=s).new_ids

@@ -14,6 +14,7 @@ from deamoe_trt.lm.validate import validate_lm
 PROMPT = list(b"Anne was ")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["ort", "onnx", "plugin"])
 def test_onnx_greedy_decoding_matches_pytorch_token_for_token(micro_model, form):
     steps = 24 if form != "plugin" else 8  # the plugin form runs each FFN through a Python op: slower
@@ -22,6 +23,7 @@ def test_onnx_greedy_decoding_matches_pytorch_token_for_token(micro_model, form)
     assert got == ref
 
 
+@pytest.mark.slow
 def test_expanded_twin_export_decodes_the_same_tokens(micro_model):
     ref = generate(TorchDecoder(micro_model), PROMPT, 16).new_ids
     assert generate(OrtDecoder.from_model(micro_model.expanded()), PROMPT, 16).new_ids == ref
@@ -80,6 +82,7 @@ def test_validate_command_takes_language_models(tmp_path, micro_model, micro_che
     assert "present.1.value @past=2" in out and "FAIL" not in out
 
 
+@pytest.mark.slow
 def test_export_lm_command(tmp_path, micro_checkpoint, capsys):
     out = tmp_path / "lm.onnx"
     assert main(["export-lm", str(micro_checkpoint), "-o", str(out), "--twin", "expanded", "--validate"]) == 0

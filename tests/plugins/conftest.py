@@ -18,16 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from deamoe_trt.native import find_cxx
+
 REPO = Path(__file__).resolve().parents[2]
 KERNEL_DIR = REPO / "plugins" / "deamoe"
 EMULATOR_DIR = Path(__file__).resolve().parent / "deamoe"
-
-
-def find_cxx() -> str | None:
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
 
 
 def find_cuda_include() -> Path | None:

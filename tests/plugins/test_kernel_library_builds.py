@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs nvcc/CMake
+
 PLUGINS = Path(__file__).resolve().parents[2] / "plugins"
 
 

@@ -9,6 +9,8 @@ import pytest
 from deamoe_trt.lm import load_lm
 from deamoe_trt.trt._tensorrt import has_tensorrt
 
+pytestmark = pytest.mark.slow  # runs the samples in subprocesses and compiles the C++ one
+
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 SHIPPED = SAMPLES / "models" / "tiny-lm"

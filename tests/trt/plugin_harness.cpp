@@ -32,6 +32,7 @@ namespace
 struct ForwardCall
 {
     int calls = 0;
+    deamoe::LayerParams params{};
     deamoe::LayerWeights weights{};
     void const* hidden = nullptr;
     void* output = nullptr;
@@ -42,6 +43,7 @@ struct ForwardCall
 };
 ForwardCall gForward;
 deamoe::Status gForwardResult = deamoe::Status::kSUCCESS;
+deamoe::Status gSupportedResult = deamoe::Status::kSUCCESS;
 char const* gLastError = "";
 
 size_t dtypeBytes(deamoe::DataType dtype)
@@ -91,10 +93,21 @@ size_t workspaceSize(LayerParams const& p, int32_t maxTokens, DataType dtype) no
     return 1000 + static_cast<size_t>(maxTokens) * static_cast<size_t>(p.hidden) * dtypeBytes(dtype);
 }
 
-Status forward(LayerParams const&, LayerWeights const& weights, DataType dtype, void const* hidden, void* output,
+Status checkSupported(LayerParams const& p, DataType dtype) noexcept
+{
+    Status const valid = validate(p);
+    if (valid != Status::kSUCCESS)
+        return valid;
+    (void) dtype;
+    gLastError = gSupportedResult == Status::kSUCCESS ? "" : "stub: hidden_size 64 must be a multiple of 99";
+    return gSupportedResult;
+}
+
+Status forward(LayerParams const& params, LayerWeights const& weights, DataType dtype, void const* hidden, void* output,
     int32_t numTokens, void* workspace, size_t workspaceBytes, cudaStream_t) noexcept
 {
     gForward.calls++;
+    gForward.params = params;
     gForward.weights = weights;
     gForward.hidden = hidden;
     gForward.output = output;
@@ -160,6 +173,62 @@ bool lastErrorHas(std::string const& needle)
 {
     return gFinder.logger.last.find(needle) != std::string::npos;
 }
+
+// An execution context's error recorder, keeping what is reported.
+class FakeErrorRecorder : public IErrorRecorder
+{
+public:
+    int32_t getNbErrors() const noexcept override
+    {
+        return static_cast<int32_t>(mErrors.size());
+    }
+    ErrorCode getErrorCode(int32_t i) const noexcept override
+    {
+        return mErrors.at(i).first;
+    }
+    ErrorDesc getErrorDesc(int32_t i) const noexcept override
+    {
+        return mErrors.at(i).second.c_str();
+    }
+    bool hasOverflowed() const noexcept override
+    {
+        return false;
+    }
+    void clear() noexcept override
+    {
+        mErrors.clear();
+    }
+    bool reportError(ErrorCode code, ErrorDesc desc) noexcept override
+    {
+        mErrors.emplace_back(code, desc);
+        return false;
+    }
+    RefCount incRefCount() noexcept override
+    {
+        return 1;
+    }
+    RefCount decRefCount() noexcept override
+    {
+        return 0;
+    }
+
+private:
+    std::vector<std::pair<ErrorCode, std::string>> mErrors;
+};
+
+class FakeResourceContext : public IPluginResourceContext
+{
+public:
+    IGpuAllocator* getGpuAllocator() const noexcept override
+    {
+        return nullptr;
+    }
+    IErrorRecorder* getErrorRecorder() const noexcept override
+    {
+        return recorder;
+    }
+    IErrorRecorder* recorder = nullptr;
+};
 
 // Node attributes as TensorRT's ONNX parser turns them into PluginFields: INT -> one int32
 // (kINT32), FLOAT -> one float (kFLOAT32), STRING -> chars plus a NUL (kCHAR, length incl. NUL).
@@ -560,6 +629,31 @@ void testTypesAndFormats()
     io[2].desc.format = TensorFormat::kCHW2;
     check(!build->supportsFormatCombination(2, io.data(), 6, 1), "non-linear format rejected");
     check(!build->supportsFormatCombination(7, io.data(), 6, 1), "position out of range rejected");
+
+    // The router keeps its own precision: router.bias float32, router.weight float32 or the
+    // activation type, whatever the activations (full config: input 2 is router.bias).
+    auto ff = fullFields();
+    PluginPtr full = create(ff);
+    auto* fb = static_cast<IPluginV3OneBuild*>(full->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    for (DataType type : {DataType::kHALF, DataType::kBF16})
+    {
+        std::vector<DynamicPluginTensorDesc> io2;
+        for (auto const& s : fullShapes(-1))
+        {
+            io2.push_back(dyn(s, type));
+        }
+        io2.push_back(dyn({-1, 32}, type));
+        io2[2].desc.type = DataType::kFLOAT;
+        check(fb->supportsFormatCombination(2, io2.data(), 10, 1), "router.bias float32 in a half-precision node");
+        io2[2].desc.type = type;
+        check(!fb->supportsFormatCombination(2, io2.data(), 10, 1), "router.bias in the activation type rejected");
+        io2[1].desc.type = DataType::kFLOAT;
+        check(fb->supportsFormatCombination(1, io2.data(), 10, 1), "router.weight float32 accepted");
+        io2[1].desc.type = type;
+        check(fb->supportsFormatCombination(1, io2.data(), 10, 1), "router.weight in the activation type accepted");
+        io2[3].desc.type = DataType::kFLOAT;
+        check(!fb->supportsFormatCombination(3, io2.data(), 10, 1), "an FFN weight in float32 rejected");
+    }
 }
 
 void testShapes()
@@ -606,6 +700,13 @@ void testShapes()
     in[4] = dyn({16, 32, 64});
     in[0] = dyn({-1, 48});
     check(build->configurePlugin(in.data(), 6, &out, 1) != 0, "wrong hidden size rejected");
+    in[0] = dyn({-1, 64});
+    gSupportedResult = deamoe::Status::kUNSUPPORTED;
+    gFinder.logger.last.clear();
+    check(build->configurePlugin(in.data(), 6, &out, 1) != 0 && lastErrorHas("cannot run in")
+            && lastErrorHas("must be a multiple of 99"),
+        "configurePlugin reports the kernels' limit (deamoe::checkSupported): " + gFinder.logger.last);
+    gSupportedResult = deamoe::Status::kSUCCESS;
 
     std::vector<PluginTensorDesc> rin;
     for (auto const& s : tinyShapes(3))
@@ -689,11 +790,36 @@ void testWorkspaceAndEnqueue()
         "zero tokens: nothing launched");
 
     rin[0] = desc({5, 32}, DataType::kHALF);
+    gForward = ForwardCall{};
+    check(runtime->enqueue(rin.data(), &rout, inputs, outputs, workspace, nullptr) == 0
+            && gForward.params.routerWeightFloat32 == 0,
+        "a half-precision router.weight: params.routerWeightFloat32 = 0");
+    rin[1].type = DataType::kFLOAT;
+    rin[2].type = DataType::kFLOAT;
+    check(runtime->enqueue(rin.data(), &rout, inputs, outputs, workspace, nullptr) == 0
+            && gForward.params.routerWeightFloat32 == 1 && gForward.dtype == deamoe::DataType::kHALF,
+        "a float32 router.weight in a float16 node: params.routerWeightFloat32 = 1");
+    rin[1].type = DataType::kHALF;
+    rin[2].type = DataType::kHALF;
+
     gForwardResult = deamoe::Status::kCUDA_ERROR;
     gFinder.logger.last.clear();
     check(runtime->enqueue(rin.data(), &rout, inputs, outputs, workspace, nullptr) != 0
             && lastErrorHas("CUDA error") && lastErrorHas("stub launch failure"),
         "a failing kernel is reported with the CUDA error: " + gFinder.logger.last);
+
+    // Attached to an execution context, enqueue failures also reach its error recorder.
+    FakeErrorRecorder recorder;
+    FakeResourceContext context;
+    context.recorder = &recorder;
+    PluginPtr attached(runtime->attachToContext(&context));
+    auto* arun
+        = static_cast<IPluginV3OneRuntime*>(attached->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    check(arun->enqueue(rin.data(), &rout, inputs, outputs, workspace, nullptr) != 0 && recorder.getNbErrors() == 1
+            && recorder.getErrorCode(0) == ErrorCode::kFAILED_EXECUTION
+            && std::string(recorder.getErrorDesc(0)).find("stub launch failure") != std::string::npos,
+        "the error recorder of the attached context gets the failure");
+    PluginPtr detached(runtime->attachToContext(nullptr));
     gForwardResult = deamoe::Status::kSUCCESS;
 }
 

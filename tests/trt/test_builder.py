@@ -255,3 +255,20 @@ def test_output_checks(tiny_fp16, tmp_path):
     not_onnx.write_text('{"a": 1}')
     with pytest.raises(UsageError):
         build_engine(options(not_onnx, tmp_path))
+
+
+def test_the_export_metadata_lands_beside_the_engine(fake_trt, tiny_fp16, tmp_path, plugin_loaded, plugin_file):
+    import onnx
+
+    from deamoe_trt.export.metadata import engine_info, engine_metadata_path, export_info
+
+    fake_trt("10.8.0")
+    result = build_engine(options(tiny_fp16, tmp_path, plugin=str(plugin_file), gpu=A40), progress=io.StringIO())
+    assert engine_info(result.engine) == export_info(onnx.load(str(tiny_fp16), load_external_data=False))
+    # A later build of a model from elsewhere leaves no stale metadata behind.
+    plain = tmp_path / "plain.onnx"
+    model = onnx.load(str(tiny_fp16), load_external_data=False)
+    del model.metadata_props[:]
+    onnx.save(model, str(plain))
+    build_engine(options(plain, tmp_path, plugin=str(plugin_file), gpu=A40), progress=io.StringIO())
+    assert not engine_metadata_path(result.engine).exists() and engine_info(result.engine) is None

@@ -8,12 +8,12 @@ github.com/NVIDIA/TensorRT at the release tag). Skipped without them, as in CI.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from deamoe_trt.native import find_cxx
 from deamoe_trt.trt.doctor import tensorrt_header_dirs
 
 pytestmark = pytest.mark.trt
@@ -35,13 +35,9 @@ def _cuda_include() -> Path | None:
     )
 
 
-def _compiler() -> str | None:
-    return shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++")
-
-
 @pytest.fixture(scope="module")
 def toolchain():
-    headers, cuda, cxx = _headers(), _cuda_include(), _compiler()
+    headers, cuda, cxx = _headers(), _cuda_include(), find_cxx()
     if headers is None:
         pytest.skip("TensorRT headers not found (set TENSORRT_ROOT or DEAMOE_TRT_HEADERS to compile the plugin)")
     if cuda is None:

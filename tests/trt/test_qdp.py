@@ -8,7 +8,9 @@ python/packaging/bindings_wheel/tensorrt/plugin/_validate.py) so drift shows up 
 from __future__ import annotations
 
 import inspect
+import typing
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto
@@ -54,20 +56,13 @@ def test_prepare_model_pads_inputs_and_sets_the_namespace(tmp_path, dtype):
     assert len(node.input) == len(qdp.CANONICAL_INPUTS) == 10
     elem = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}[dtype]
     placeholder = qdp.PLACEHOLDER_PREFIX + TensorProto.DataType.Name(elem).lower()
-    assert [node.input[i] == placeholder for i in range(10)] == [
-        False,
-        False,
-        True,
-        False,
-        False,
-        False,
-        False,
-        True,
-        True,
-        True,
-    ]
-    tensor = next(t for t in model.graph.initializer if t.name == placeholder)
-    assert tensor.data_type == elem and list(tensor.dims) == [1]
+    float_placeholder = qdp.PLACEHOLDER_PREFIX + "float"
+    # router.bias (input 2) is float32 in every node; the other absent inputs take the node's dtype.
+    assert node.input[2] == float_placeholder
+    assert [node.input[i] == placeholder for i in range(3, 10)] == [False, False, False, False, True, True, True]
+    for name, want in ((placeholder, elem), (float_placeholder, TensorProto.FLOAT)):
+        tensor = next(t for t in model.graph.initializer if t.name == name)
+        assert tensor.data_type == want and list(tensor.dims) == [1]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     assert attrs["plugin_namespace"] == b"deamoe_trt" and attrs["plugin_version"] == b"1"
     onnx.checker.check_model(model)
@@ -188,5 +183,72 @@ def test_impl_and_autotune_signatures(recorded):
     assert tuple(inspect.signature(impl).parameters) == (*qdp.TENSOR_ARGS, *qdp.ATTRS, "outputs", "stream")
     _, autotune = recorded.functions["autotune"]
     assert tuple(inspect.signature(autotune).parameters) == (*qdp.TENSOR_ARGS, "outputs")
-    (combination,) = autotune(*[None] * 11)
-    assert combination.io_types.split(", ") == ["FP32|FP16|BF16"] * 11
+    tied, router_float32 = (c.io_types.split(", ") for c in autotune(*[None] * 11))
+    bias, weight = qdp.TENSOR_ARGS.index("router_b"), qdp.TENSOR_ARGS.index("router_w")
+    assert tied[bias] == router_float32[bias] == "FP32"
+    assert tied[weight] == "FP32|FP16|BF16" and router_float32[weight] == "FP32"
+    rest = [i for i in range(11) if i not in (bias, weight)]
+    assert {tied[i] for i in rest} == {router_float32[i] for i in rest} == {"FP32|FP16|BF16"}
+
+
+# --- tensorrt.plugin's attribute conversion, restated (TensorRT 10.6-11.1,
+# python/packaging/bindings_wheel/tensorrt/plugin/_lib.py, create_plugin, and _utils.py) ---
+
+
+def _is_numpy_array(annotation):
+    origin = typing.get_origin(annotation)
+    return annotation is np.ndarray or origin is np.ndarray
+
+
+def _infer_numpy_type(annotation):
+    return typing.get_args(typing.get_args(annotation)[1])[0]
+
+
+def trt_create_plugin_attrs(annotations: dict, fields: dict) -> dict:
+    """What create_plugin hands the plugin for each PluginField (name -> field.data)."""
+    attrs = {}
+    for name, data in fields.items():
+        annotation = annotations[name]
+        if _is_numpy_array(annotation):
+            np_type = _infer_numpy_type(annotation)
+            attrs[name] = (
+                np.frombuffer(data.tobytes(), dtype=np.float16) if np_type == np.float16 else data.astype(np_type)
+            )
+        elif issubclass(annotation, str):
+            attrs[name] = data.tobytes().decode("utf-8")
+        else:
+            attrs[name] = annotation(data)
+    return attrs
+
+
+def parser_fields(config: DeaMoEConfig) -> dict:
+    """The node's attributes as TensorRT's ONNX parser makes PluginFields: one-element int32 or
+    float32 arrays for INT/FLOAT, the characters plus a NUL for STRING."""
+    fields = {}
+    for name, value in plugin_node.config_to_attributes(config).items():
+        if name in ("plugin_version", "plugin_namespace"):
+            continue
+        if isinstance(value, str):
+            fields[name] = np.frombuffer((value + "\x00").encode(), dtype=np.int8)
+        else:
+            fields[name] = np.array([value], dtype=np.float32 if isinstance(value, float) else np.int32)
+    return fields
+
+
+def test_attributes_convert_under_the_installed_numpy(recorded):
+    """Every attribute survives tensorrt.plugin's conversion under this NumPy (2.4 refuses
+    int()/float() of a one-element array, which the previous int/float annotations relied on)."""
+    for name in ("register", "impl"):
+        _, fn = recorded.functions[name]
+        annotations = {n: p.annotation for n, p in inspect.signature(fn).parameters.items() if n in qdp.ATTRS}
+        for config in (FULL, EXPERTS_ONLY):
+            attrs = trt_create_plugin_attrs(annotations, parser_fields(config))
+            assert qdp.config_from_attrs(attrs) == plugin_node.as_float32(config)
+
+
+def test_the_old_scalar_annotations_fail_on_this_numpy():
+    """Why the annotations are arrays: the conversion of a one-element int32 field to int."""
+    if tuple(int(p) for p in np.__version__.split(".")[:2]) < (2, 4):
+        pytest.skip(f"NumPy {np.__version__} still converts one-element arrays to scalars")
+    with pytest.raises(TypeError, match="0-dimensional"):
+        trt_create_plugin_attrs({"top_k": int}, {"top_k": np.array([4], dtype=np.int32)})

@@ -13,6 +13,7 @@ from deamoe_trt.trt import _tensorrt
 pytestmark = pytest.mark.skipif(_tensorrt.has_tensorrt(), reason="TensorRT is installed here")
 
 
+@pytest.mark.slow
 def test_importing_the_package_does_not_import_tensorrt():
     code = (
         "import sys; import deamoe_trt.trt.builder, deamoe_trt.trt.runner, deamoe_trt.trt.doctor, "

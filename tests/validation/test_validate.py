@@ -23,6 +23,7 @@ def checkpoint(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("form", "dtype"), [("plugin", "bf16"), ("onnx", "fp16"), ("ort", "fp32")])
 def test_report_has_a_passing_row_per_token_count_with_dtype_tolerances(checkpoint, tmp_path, form, dtype):
     stack = DeaMoEStack.from_pretrained(checkpoint)
@@ -88,6 +89,38 @@ def test_bf16_plugin_model_is_fed_and_read_as_float32_holding_bf16_values():
     (y,) = session.run(None, {"hidden_states": x.float().numpy()})
     with torch.no_grad():
         np.testing.assert_array_equal(y, layer(x).float().numpy())
+
+
+def test_every_registered_validator_exists_for_its_format():
+    import importlib
+
+    from deamoe_trt.lm.onnx_export import FORMAT as LM_FORMAT
+    from deamoe_trt.validation import VALIDATORS
+
+    assert LM_FORMAT in VALIDATORS
+    for module, function in VALIDATORS.values():
+        assert callable(getattr(importlib.import_module(module), function))
+
+
+def test_an_engine_is_validated_against_the_layers_and_dtype_its_metadata_names(tmp_path, monkeypatch):
+    """No guessing from the engine's input: layer 1 of a 2-layer checkpoint, in bf16."""
+    import deamoe_trt.validation as validation
+    from deamoe_trt.export.metadata import ExportInfo, engine_metadata_path, write_engine_metadata
+
+    stack = DeaMoEStack.random(get_preset("tiny"), 2, seed=3)
+    stack.save_pretrained(tmp_path / "ckpt")
+    engine = tmp_path / "layer1.engine"
+    info = ExportInfo(form="plugin", dtype="bf16", module="layer", layers=(1,), config=get_preset("tiny"))
+    write_engine_metadata(engine, info.to_metadata())
+    monkeypatch.setattr(validation, "engine_runner", lambda model, plugin: "runner")
+    runner, reference, dtype, description = validation._engine_side(engine, tmp_path / "ckpt", None)
+    assert runner == "runner" and dtype.name == "bf16" and reference.dtype == torch.bfloat16
+    # A float32 router stays float32 in the bf16 reference (spec, "Router precision").
+    assert torch.equal(reference.router.weight, stack.layers[1].router.weight)
+    assert description == "TensorRT engine of the plugin form, bf16, one layer"
+    engine_metadata_path(engine).write_text("{not json")
+    with pytest.raises(UsageError, match="is not valid JSON"):
+        validation._engine_side(engine, tmp_path / "ckpt", None)
 
 
 def test_quantized_model_needs_its_quantized_checkpoint(checkpoint, tmp_path):

@@ -15,11 +15,31 @@ extern "C"
 {
 cudaError_t cudaPeekAtLastError(void)
 {
-    return cudaSuccess;
+    return simt::lastError;
 }
-char const* cudaGetErrorName(cudaError_t)
+cudaError_t cudaGetLastError(void)
 {
-    return "cudaErrorEmulated";
+    cudaError_t const error = simt::lastError;
+    simt::lastError = cudaSuccess;
+    return error;
+}
+char const* cudaGetErrorName(cudaError_t error)
+{
+    switch (error)
+    {
+    case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    default: return "cudaErrorEmulated";
+    }
+}
+
+// Tests: the next `count` launches fail with CUDA error `error` (not running the kernel);
+// returns the runtime's pending last error (cudaPeekAtLastError).
+int32_t deamoe_emulator_fail_launches(int32_t count, int32_t error)
+{
+    simt::launchesToFail = count;
+    simt::launchFailure = static_cast<cudaError_t>(error);
+    return static_cast<int32_t>(simt::lastError);
 }
 char const* cudaGetErrorString(cudaError_t)
 {

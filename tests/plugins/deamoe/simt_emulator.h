@@ -153,15 +153,42 @@ void launch(unsigned grid, unsigned threads, size_t smemBytes, Body const& body)
         w.join();
 }
 
+// The CUDA runtime's per-thread last-error state, as far as launches touch it: a failed
+// launch records its error (cudaGetLastError returns and clears it, cudaPeekAtLastError
+// only returns it; emulated_kernels.cpp), and tests can make launches fail.
+inline cudaError_t lastError = cudaSuccess;
+inline int launchesToFail = 0;
+inline cudaError_t launchFailure = cudaErrorLaunchOutOfResources;
+
+// launch() with cudaLaunchKernelEx's result: an empty grid is an invalid configuration, as
+// on the GPU, and the next launchesToFail launches fail with launchFailure without running.
+template <class Body>
+cudaError_t launchChecked(unsigned grid, unsigned threads, size_t smemBytes, Body const& body)
+{
+    cudaError_t error = cudaSuccess;
+    if (grid == 0)
+        error = cudaErrorInvalidConfiguration;
+    else if (launchesToFail > 0)
+    {
+        --launchesToFail;
+        error = launchFailure;
+    }
+    if (error != cudaSuccess)
+    {
+        lastError = error;
+        return error;
+    }
+    launch(grid, threads, smemBytes, body);
+    return cudaSuccess;
+}
+
 } // namespace simt
 
+// An expression, as the CUDA one: the launch's cudaError_t.
 #define DEAMOE_LAUNCH(kernel, grid, block, smem, stream, args)                                                         \
-    do                                                                                                                 \
-    {                                                                                                                  \
-        (void) (stream);                                                                                               \
-        ::simt::launch(static_cast<unsigned>(grid), static_cast<unsigned>(block), static_cast<size_t>(smem),          \
-            [&] { kernel(args); });                                                                                    \
-    } while (0)
+    ((void) (stream),                                                                                                  \
+        ::simt::launchChecked(static_cast<unsigned>(grid), static_cast<unsigned>(block), static_cast<size_t>(smem),   \
+            [&] { kernel(args); }))
 
 // ---- CUDA device functions the kernels use ----
 

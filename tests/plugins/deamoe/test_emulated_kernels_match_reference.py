@@ -15,7 +15,7 @@ import ctypes
 import pytest
 import torch
 
-from configs import QWEN2_STYLE_GATED_SHARED
+from configs import QWEN2_STYLE_GATED_SHARED, deepseek_style
 from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.cuda import _abi, _ops
 from deamoe_trt.cuda._ops import KernelError
@@ -23,23 +23,12 @@ from deamoe_trt.layer import DeaMoELayer
 from deamoe_trt.presets import PRESETS
 from deamoe_trt.routing import route_logits
 
+pytestmark = pytest.mark.slow  # compiles the kernel library for the SIMT emulator, then emulates it
+
 CONFIGS = {
     "tiny": PRESETS["tiny"],
     # DeepSeek-V3's routing and shared expert at toy size.
-    "deepseek-like": DeaMoEConfig(
-        hidden_size=64,
-        num_departments=4,
-        experts_per_department=8,
-        shared_intermediate_size=32,
-        private_intermediate_size=16,
-        top_k=4,
-        top_departments=2,
-        score_func="sigmoid",
-        department_score="sum_top2",
-        router_bias=True,
-        routed_scaling_factor=2.5,
-        shared_expert_intermediate_size=32,
-    ),
+    "deepseek-like": deepseek_style(hidden_size=64, experts_per_department=8, shared_expert_intermediate_size=32),
     "qwen2-moe-like": QWEN2_STYLE_GATED_SHARED,
     # Departments only (f_p = 0), `sum` department scores, k > g.
     "shared-only": DeaMoEConfig(
@@ -227,3 +216,96 @@ def test_workspace_size_grows_with_tokens_up_to_one_tile(emulated_lib):
     assert 0 < sizes[0] < sizes[1] < sizes[2]
     assert sizes[2] == sizes[3] == sizes[4]  # the batch runs in tiles of 16 tokens
     assert sizes[2] < 16 * 2**20  # a few MiB: partials of 16 tokens x 11 slots x 7168 floats
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [
+        ("deepseek-like", torch.bfloat16),
+        pytest.param("deepseek-like", torch.float16, marks=pytest.mark.slow),
+        pytest.param("qwen2-moe-like", torch.float16, marks=pytest.mark.slow),
+        pytest.param("qwen2-moe-like", torch.bfloat16, marks=pytest.mark.slow),
+    ],
+)
+def test_float32_router_in_a_half_precision_layer(emulated_lib, name, dtype):
+    """Spec "Router precision": router weight kept in float32 (and bias float32) inside a
+    half-precision layer; the kernels' logits are the float32 matmul of those weights and
+    their routing the reference's (the router rows a bf16 router would round away count)."""
+    c = CONFIGS[name]
+    layer = DeaMoELayer.random(c, seed=8).to(dtype)  # a float32 router stays float32
+    assert layer.router_dtype == torch.float32 and layer.dtype == dtype
+    x = hidden(c, 3, seed=9, dtype=dtype)
+    logits = _ops.router_logits_with(emulated_lib, layer, x)
+    torch.testing.assert_close(logits, x.float() @ layer.router.weight.t(), rtol=1e-5, atol=1e-5)
+    routing = _ops.route_with(emulated_lib, layer, x)
+    assert torch.equal(routing.expert_ids, layer.route(x).expert_ids)
+    y = _ops.forward_with(emulated_lib, layer, x)
+    assert relative_error(y, reference_fp32(layer, x)) < (2e-3 if dtype == torch.float16 else 1e-2)
+
+
+NONFINITE_CASES = [
+    (name, bad) for name in ("tiny", "deepseek-like", "qwen2-moe-like") for bad in ("nan", "inf", "-inf")
+]
+FAST_NONFINITE_CASES = {("tiny", "nan"), ("deepseek-like", "inf")}  # softmax all-NaN; sigmoid +-inf
+
+
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [case if case in FAST_NONFINITE_CASES else pytest.param(*case, marks=pytest.mark.slow) for case in NONFINITE_CASES],
+)
+def test_nonfinite_tokens_follow_the_reference_and_leave_others_alone(emulated_lib, name, bad):
+    """A token with a NaN or infinite hidden value routes as the reference says (lowest-index
+    departments and experts when its scores are not finite), its output is non-finite where
+    the reference's is, and every other token's output is what it is without it."""
+    c = CONFIGS[name]
+    layer = DeaMoELayer.random(c, seed=10)
+    x = hidden(c, 5, seed=11)
+    x[1, 3] = float(bad)
+    x[3] = float(bad)
+    with torch.no_grad():
+        ref_routing = layer.route(x)
+        ref = layer.forward_routed(x, ref_routing)
+    routing = _ops.route_with(emulated_lib, layer, x)
+    assert torch.equal(routing.expert_ids, ref_routing.expert_ids)
+    assert torch.equal(routing.kept_departments, ref_routing.kept_departments)
+    y = _ops.forward_with(emulated_lib, layer, x)
+    assert torch.equal(torch.isfinite(y), torch.isfinite(ref))
+    good = [0, 2, 4]
+    torch.testing.assert_close(y[good], _ops.forward_with(emulated_lib, layer, x[good]), rtol=0, atol=0)
+    torch.testing.assert_close(y[good], ref[good], rtol=1e-5, atol=1e-5)
+
+
+def test_a_failed_launch_fails_one_call_and_leaves_the_next_clean(emulated_lib):
+    """A non-sticky launch failure is reported with the kernel and the CUDA error, and cleared:
+    the next call runs (with cudaPeekAtLastError, one failure failed every later call)."""
+    c = CONFIGS["tiny"]
+    layer = DeaMoELayer.random(c, seed=12)
+    x = hidden(c, 2, seed=13)
+    emulated_lib.deamoe_emulator_fail_launches.restype = ctypes.c_int32
+    out_of_resources = 701  # cudaErrorLaunchOutOfResources
+    emulated_lib.deamoe_emulator_fail_launches(1, out_of_resources)
+    with pytest.raises(KernelError, match=r"router/shared gate-up kernel: cudaErrorLaunchOutOfResources"):
+        _ops.forward_with(emulated_lib, layer, x)
+    assert emulated_lib.deamoe_emulator_fail_launches(0, 0) == 0  # nothing left pending
+    torch.testing.assert_close(_ops.forward_with(emulated_lib, layer, x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("changes", "dtype", "limit"),
+    [
+        (dict(hidden_size=36), torch.float16, "hidden_size 36 must be a multiple of 8"),
+        (dict(private_intermediate_size=18), torch.float32, "private_intermediate_size 18 must be a multiple of 4"),
+        (
+            dict(num_departments=64, experts_per_department=128, top_k=8, top_departments=2),
+            torch.float32,
+            "shared memory",
+        ),
+    ],
+)
+def test_check_supported_names_the_limit(emulated_lib, changes, dtype, limit):
+    params = _abi.layer_params(PRESETS["tiny"].replace(**changes))
+    status = emulated_lib.deamoe_check_supported(ctypes.byref(params), _abi.DTYPES[dtype])
+    assert _abi.STATUS_NAMES[status] == "unsupported by this build"
+    assert limit in emulated_lib.deamoe_last_error().decode()
+    ok = _abi.layer_params(PRESETS["tiny"])
+    assert emulated_lib.deamoe_check_supported(ctypes.byref(ok), _abi.DTYPES[dtype]) == 0

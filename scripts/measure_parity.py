@@ -1,6 +1,6 @@
 """Measure from_hf's fp32 parity errors per family against the installed transformers.
 
-    python tests/importers/measure_parity.py [--seeds 20]
+    python scripts/measure_parity.py [--seeds 20]
 
 For each family: the largest max|ours - hf| over the seeds, the same relative to max|hf|,
 and how many of the tokens got exactly the same set of experts. Inputs are [2, 5, d]
@@ -15,12 +15,14 @@ from pathlib import Path
 
 import torch
 
+# The test suite's helpers (tests/importers/hf_util.py, hf4_layout.py) and the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import transformers
+from importers.hf_util import errors, hf_block, hf_routing, id_sets, inputs
 
 from deamoe_trt.importers.hf import from_hf
-from importers.hf_util import errors, hf_block, hf_routing, id_sets, inputs
 
 FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 

@@ -2,7 +2,7 @@
 
     pip install --target /tmp/tf4 --no-deps "transformers==4.57.6" "huggingface_hub<1.0" \
         requests urllib3 idna certifi charset_normalizer "tokenizers>=0.22,<0.23"
-    PYTHONPATH=/tmp/tf4:. python tests/importers/hf4_real_check.py
+    PYTHONPATH=/tmp/tf4:. python scripts/hf4_real_check.py
 
 For each family: the imported layer's outputs and expert choices against the real 4.x
 block, and the hf4_layout stand-ins (used by the test suite) against the real block.
@@ -17,13 +17,15 @@ from pathlib import Path
 
 import torch
 
+# The test suite's helpers (tests/importers/hf_util.py, hf4_layout.py) and the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import transformers
-
-import deamoe_trt
 from importers import hf4_layout
 from importers.hf_util import TOLERANCE, errors, id_sets, inputs, randomize_
+
+import deamoe_trt
 
 
 def main() -> int:

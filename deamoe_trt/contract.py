@@ -1,0 +1,251 @@
+"""The DeaMoE plugin node's contract, declared once: identity, attributes, inputs, enum codes.
+
+Every other statement of the contract is generated from these tables or checked against
+them by tests/test_contract.py (no TensorRT needed):
+- generated: export/plugin_node.py (attribute types, input presence), trt/qdp.py (the
+  QDP's tables and input dtypes), cuda/_abi.py (LayerParams, LayerWeights, enum codes) and
+  the tables of plugins/deamoe/README.md (`python -m deamoe_trt.contract --write-readme`);
+- checked textually: deamoePlugin.h/.cpp (identity, field table, parsing, serialisation,
+  input roles, presence, shapes, weight pointers), deamoeKernels.h (enums, LayerParams,
+  LayerWeights, the C ABI), deamoeRouting.cuh/deamoePlan.cuh against the host-test
+  bindings, tests/trt/plugin_harness.cpp, and the QDP's hand-written signatures.
+
+A leaf module: plain data, no torch or onnx, so anything may import it.
+"""
+
+# ruff: noqa: E501  (the INPUTS table reads best one row per input)
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+OP_TYPE = "DeaMoE"  # ONNX op_type = TensorRT plugin name
+DOMAIN = "deamoe_trt"
+PLUGIN_VERSION = "1"
+PLUGIN_NAMESPACE = ""
+OUTPUT_NAME = "output"
+
+# Node attributes that select the plugin rather than configure it (not plugin fields).
+SELECTOR_ATTRIBUTES = {"plugin_version": PLUGIN_VERSION, "plugin_namespace": PLUGIN_NAMESPACE}
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """One node attribute = one DeaMoEConfig field = one plugin field = one LayerParams member."""
+
+    name: str
+    kind: str  # "int", "bool" (travels as INT 0/1), "float" or "str"
+    required: bool  # the plugin refuses a node without it; optional ones default as DeaMoEConfig
+    param: str  # deamoe::LayerParams member
+    symbol: str  # the spec's symbol, used in shapes ("" when it has none)
+    meaning: str  # README's description
+
+
+ATTRIBUTES: tuple[Attribute, ...] = (
+    Attribute("hidden_size", "int", True, "hidden", "d", "d"),
+    Attribute("num_departments", "int", True, "numDepartments", "D", "D"),
+    Attribute("experts_per_department", "int", True, "expertsPerDepartment", "m", "m"),
+    Attribute("shared_intermediate_size", "int", True, "sharedWidth", "f_s", "f_s"),
+    Attribute("private_intermediate_size", "int", True, "privateWidth", "f_p", "f_p"),
+    Attribute("top_k", "int", True, "topK", "k", "k"),
+    Attribute("top_departments", "int", True, "topDepartments", "g", "g"),
+    Attribute("score_func", "str", False, "scoreFunc", "", "`softmax` or `sigmoid`"),
+    Attribute("department_score", "str", False, "departmentScore", "", "`max`, `sum_top2` or `sum`"),
+    Attribute("norm_topk_prob", "bool", False, "normTopkProb", "", "0 or 1"),
+    Attribute("routed_scaling_factor", "float", False, "routedScalingFactor", "", "scale on the routing weights"),
+    Attribute("router_bias", "bool", False, "hasRouterBias", "", "0 or 1: input 2 present"),
+    Attribute("shared_expert_intermediate_size", "int", False, "sharedExpertWidth", "f_sh", "f_sh, 0 = none"),
+    Attribute("shared_expert_gate", "bool", False, "sharedExpertGate", "", "0 or 1: input 9 present"),
+)
+ATTRIBUTE_NAMES = tuple(a.name for a in ATTRIBUTES)
+
+# The values of the string attributes; each one's position is its code in deamoeKernels.h
+# (enum ScoreFunc / DepartmentScore, C enumerator "k" + NAME.upper()).
+ENUMS: dict[str, tuple[str, ...]] = {
+    "score_func": ("softmax", "sigmoid"),
+    "department_score": ("max", "sum_top2", "sum"),
+}
+ENUM_TYPES = {"score_func": "ScoreFunc", "department_score": "DepartmentScore"}
+
+# An input's dtype: the node's activation dtype (float32/float16/bfloat16, chosen by
+# hidden_states); always float32 whatever the activation dtype; or either of the two, the
+# kernels told which by the input's dtype_param (a LayerParams member, 1 for float32).
+ACTIVATION = "activation"
+FLOAT32 = "float32"
+FLOAT32_OR_ACTIVATION = "float32 or activation"
+
+
+@dataclass(frozen=True)
+class Input:
+    """One node input, in contract order; absent optional inputs are dropped, not left empty."""
+
+    name: str  # ONNX input role = DeaMoELayer state_dict key
+    qdp_arg: str  # parameter name in the QDP's signatures (trt/qdp.py)
+    role: str  # deamoe::plugin::InputRole enumerator
+    weights_field: str  # deamoe::LayerWeights member ("" for hidden_states)
+    shape: tuple[str, ...]  # symbols of ATTRIBUTES, N = D*m, T = tokens, 2*x
+    present_when: str  # attribute that must be non-zero for the input to be present ("" = always)
+    dtype: str = ACTIVATION
+    dtype_param: str = ""  # FLOAT32_OR_ACTIVATION: the LayerParams member saying which
+
+
+# One row per input, aligned as a table (wider than the line limit on purpose).
+# fmt: off
+INPUTS: tuple[Input, ...] = (
+    #     name                      QDP argument      InputRole              LayerWeights        shape                present when
+    Input("hidden_states",          "hidden_states",  "kHIDDEN",             "",                 ("T", "d"),          ""),
+    Input("router.weight",          "router_w",       "kROUTER_WEIGHT",      "routerWeight",     ("N", "d"),          "",            FLOAT32_OR_ACTIVATION, "routerWeightFloat32"),
+    Input("router.bias",            "router_b",       "kROUTER_BIAS",        "routerBias",       ("N",),              "router_bias", FLOAT32),
+    Input("departments.gate_up",    "dept_gate_up",   "kDEPARTMENT_GATE_UP", "departmentGateUp", ("D", "2*f_s", "d"), "shared_intermediate_size"),
+    Input("departments.down",       "dept_down",      "kDEPARTMENT_DOWN",    "departmentDown",   ("D", "d", "f_s"),   "shared_intermediate_size"),
+    Input("experts.gate_up",        "expert_gate_up", "kEXPERT_GATE_UP",     "expertGateUp",     ("N", "2*f_p", "d"), "private_intermediate_size"),
+    Input("experts.down",           "expert_down",    "kEXPERT_DOWN",        "expertDown",       ("N", "d", "f_p"),   "private_intermediate_size"),
+    Input("shared_experts.gate_up", "shared_gate_up", "kSHARED_GATE_UP",     "sharedGateUp",     ("2*f_sh", "d"),     "shared_expert_intermediate_size"),
+    Input("shared_experts.down",    "shared_down",    "kSHARED_DOWN",        "sharedDown",       ("d", "f_sh"),       "shared_expert_intermediate_size"),
+    Input("shared_experts.gate",    "shared_gate",    "kSHARED_GATE",        "sharedGate",       ("1", "d"),          "shared_expert_gate"),
+)
+# fmt: on
+WEIGHT_INPUTS = INPUTS[1:]
+MAX_INPUTS = len(INPUTS)
+# LayerParams = one member per attribute, then these (set from the inputs' dtypes, not from
+# attributes), in input order.
+DTYPE_PARAMS = tuple(i.dtype_param for i in INPUTS if i.dtype_param)
+assert all((i.dtype == FLOAT32_OR_ACTIVATION) == bool(i.dtype_param) for i in INPUTS), "dtype_param iff either dtype"
+
+
+def present(item: Input, config: Any) -> bool:
+    """Whether a node of config carries item (a flag set, or a width above zero)."""
+    return not item.present_when or bool(getattr(config, item.present_when))
+
+
+def present_inputs(config: Any) -> list[Input]:
+    return [i for i in INPUTS if present(i, config)]
+
+
+def shape_of(item: Input, config: Any, tokens: int) -> tuple[int, ...]:
+    """item's shape for config, with T = tokens."""
+    sizes = {a.symbol: getattr(config, a.name) for a in ATTRIBUTES if a.symbol}
+    sizes["N"] = config.num_departments * config.experts_per_department
+    sizes["T"] = tokens
+
+    def size(symbol: str) -> int:
+        factor, _, name = symbol.rpartition("*")
+        return int(factor or 1) * (int(name) if name.isdigit() else sizes[name])
+
+    return tuple(size(s) for s in item.shape)
+
+
+def enum_code(attribute: str, value: str) -> int:
+    return ENUMS[attribute].index(value)
+
+
+# ---------------------------------------------------------------------------------------
+# The README's tables, rendered from the contract
+# ---------------------------------------------------------------------------------------
+
+README = Path(__file__).resolve().parents[1] / "plugins" / "deamoe" / "README.md"
+_ONNX_TYPE_NAMES = {"int": "INT", "bool": "INT", "float": "FLOAT", "str": "STRING"}
+
+
+def _shape_text(item: Input) -> str:
+    shape = ", ".join(item.shape)
+    return f"[{shape}] (T dynamic)" if "T" in item.shape else f"[{shape}]"
+
+
+def _presence_text(item: Input) -> str:
+    if not item.present_when:
+        return "always"
+    kind = next(a.kind for a in ATTRIBUTES if a.name == item.present_when)
+    return f"`{item.present_when} = 1`" if kind == "bool" else f"`{item.present_when} > 0`"
+
+
+def readme_tables() -> dict[str, list[str]]:
+    """The README's inputs and attributes tables (header and rows), by table name."""
+    inputs = ["| # | name | shape | dtype | present when |", "| --- | --- | --- | --- | --- |"]
+    texts = {ACTIVATION: "the node's dtype", FLOAT32: "float32", FLOAT32_OR_ACTIVATION: "float32 or the node's dtype"}
+    for position, item in enumerate(INPUTS):
+        dtype = texts[item.dtype]
+        inputs.append(f"| {position} | {item.name} | {_shape_text(item)} | {dtype} | {_presence_text(item)} |")
+    attributes = ["| attribute | ONNX type | meaning |", "| --- | --- | --- |"]
+    for a in ATTRIBUTES:
+        attributes.append(f"| {a.name} | {_ONNX_TYPE_NAMES[a.kind]} | {a.meaning} |")
+    for name, value in SELECTOR_ATTRIBUTES.items():
+        attributes.append(f"| {name} | STRING | {f'`{value}`' if value else 'empty'} |")
+    return {"inputs": inputs, "attributes": attributes}
+
+
+def _replace_table(text: str, header: str, rows: list[str]) -> str:
+    lines = text.split("\n")
+    start = lines.index(header)
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return "\n".join([*lines[:start], *rows, *lines[end:]])
+
+
+def render_readme(text: str) -> str:
+    """text with its contract tables replaced by the ones the contract renders."""
+    headers = {
+        "inputs": ("| # | name | shape | dtype | present when |", "| # | name | shape | present when |"),
+        "attributes": ("| attribute | ONNX type | meaning |",),
+    }
+    for table, rows in readme_tables().items():
+        lines = text.split("\n")
+        header = next((h for h in headers[table] if h in lines), None)
+        if header is None:
+            raise ValueError(f"{README}: no {table} table (a line {headers[table][0]!r})")
+        text = _replace_table(text, header, rows)
+    return text
+
+
+def tables_in(text: str) -> Iterable[list[str]]:
+    """Every markdown table of text, as its lines."""
+    table: list[str] = []
+    for line in [*text.split("\n"), ""]:
+        if line.startswith("|"):
+            table.append(line)
+        elif table:
+            yield table
+            table = []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deamoe_trt.contract", description=__doc__.split("\n")[0])
+    parser.add_argument("--write-readme", action="store_true", help=f"rewrite the contract tables of {README}")
+    args = parser.parse_args(argv)
+    if args.write_readme:
+        from ._io import atomic_write_text
+
+        atomic_write_text(README, render_readme(README.read_text()))
+        print(f"wrote {README}")
+    else:
+        print("\n\n".join("\n".join(rows) for rows in readme_tables().values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = [
+    "ACTIVATION",
+    "ATTRIBUTES",
+    "ATTRIBUTE_NAMES",
+    "DOMAIN",
+    "ENUMS",
+    "FLOAT32",
+    "INPUTS",
+    "MAX_INPUTS",
+    "OP_TYPE",
+    "PLUGIN_NAMESPACE",
+    "PLUGIN_VERSION",
+    "WEIGHT_INPUTS",
+    "Attribute",
+    "Input",
+    "present_inputs",
+    "shape_of",
+]

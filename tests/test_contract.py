@@ -1,0 +1,321 @@
+"""Every copy of the plugin contract agrees with deamoe_trt/contract.py, C++ included.
+
+The C++ files are read as text (no compiler, no TensorRT), so this runs everywhere; the
+compiled checks of the same code are tests/trt/test_plugin_cpp.py (needs TensorRT headers).
+Each test names the file and the construct it reads, so a drift fails with where to look.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from deamoe_trt import DeaMoEConfig, DeaMoELayer, contract
+from deamoe_trt.cuda import _abi
+from deamoe_trt.dtypes import DTYPES
+from deamoe_trt.export import plugin_node
+from deamoe_trt.trt import qdp
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = ROOT / "plugins" / "deamoe"
+HOST_BINDINGS = ROOT / "tests" / "plugins" / "deamoe" / "host_bindings.py"
+HARNESS = ROOT / "tests" / "trt" / "plugin_harness.cpp"
+
+ATTRIBUTES = {a.name: a for a in contract.ATTRIBUTES}
+SYMBOL_OF_PARAM = {a.param: a.symbol for a in contract.ATTRIBUTES if a.symbol}
+# deamoePlugin.cpp's readers and the PluginFieldType it serialises, per attribute kind.
+READERS = {"int": "readInt32", "bool": "readBool", "float": "readFloat", "str": "readString"}
+FIELD_KINDS = {"int": "kINT", "bool": "kBOOL", "float": "kFLOAT", "str": "kSTRING"}
+PLUGIN_FIELD_TYPES = {"int": "kINT32", "bool": "kINT32", "float": "kFLOAT32", "str": "kCHAR"}
+C_TYPES = {"int": "int32_t", "bool": "int32_t", "float": "float"}
+
+
+def source(path: Path) -> str:
+    """The file without comments, so commented-out code cannot satisfy a check."""
+    text = path.read_text()
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    return re.sub(r"//[^\n]*", "", text)
+
+
+def block(text: str, start: str, where: str) -> str:
+    """The brace-delimited body that follows the first occurrence of start."""
+    at = text.find(start)
+    assert at >= 0, f"{where}: {start!r} not found"
+    open_at = text.index("{", at + len(start) - 1 if start.endswith("{") else at)
+    depth = 0
+    for i in range(open_at, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[open_at + 1 : i]
+    raise AssertionError(f"{where}: unbalanced braces after {start!r}")
+
+
+def enum_values(text: str, name: str, where: str) -> dict[str, int]:
+    """enumerator -> value of `enum class name`, counting as C++ does."""
+    values, next_value = {}, 0
+    for item in block(text, f"enum class {name}", where).split(","):
+        item = item.strip()
+        if not item:
+            continue
+        enumerator, _, value = (part.strip() for part in item.partition("="))
+        next_value = int(value) if value else next_value
+        values[enumerator] = next_value
+        next_value += 1
+    return values
+
+
+def struct_members(text: str, name: str, where: str) -> list[tuple[str, str]]:
+    """(type, member) of `struct name`, in order."""
+    body = block(text, f"struct {name}\n", where)
+    return [(m.group(1).strip(), m.group(2)) for m in re.finditer(r"([\w:* ]+?)\s*(\w+);", body)]
+
+
+# ---------------------------------------------------------------------------------------
+# Python: the contract against DeaMoEConfig and the layer, and what is generated from it
+# ---------------------------------------------------------------------------------------
+
+
+def test_attributes_are_the_config_fields():
+    fields = dataclasses.fields(DeaMoEConfig)
+    assert [f.name for f in fields] == list(ATTRIBUTES), "contract.ATTRIBUTES must list DeaMoEConfig's fields in order"
+    for f in fields:
+        attribute = ATTRIBUTES[f.name]
+        assert attribute.kind == f.type, f"{f.name}: DeaMoEConfig says {f.type}, the contract {attribute.kind}"
+        has_default = f.default is not dataclasses.MISSING
+        assert attribute.required is not has_default, f"{f.name}: required iff DeaMoEConfig has no default"
+    for name, values in contract.ENUMS.items():
+        from deamoe_trt import config as config_module
+
+        assert values == getattr(config_module, name.upper() + "S"), f"config.{name.upper()}S vs contract.ENUMS"
+
+
+def test_inputs_are_the_layer_state_dict():
+    # Every part present, so every input appears; shapes from the contract's symbols.
+    config = DeaMoEConfig(hidden_size=8, num_departments=3, experts_per_department=2, shared_intermediate_size=6,
+                          private_intermediate_size=4, top_k=2, top_departments=2, router_bias=True,
+                          shared_expert_intermediate_size=5, shared_expert_gate=True)  # fmt: skip
+    state = DeaMoELayer.random(config, seed=0).state_dict()
+    assert [i.name for i in contract.WEIGHT_INPUTS] == list(state), "weight inputs vs DeaMoELayer.state_dict() order"
+    for item in contract.WEIGHT_INPUTS:
+        assert tuple(state[item.name].shape) == contract.shape_of(item, config, tokens=3), item.name
+    assert contract.shape_of(contract.INPUTS[0], config, tokens=3) == (3, 8)
+    bare = config.replace(router_bias=False, shared_expert_intermediate_size=0, shared_expert_gate=False)
+    assert plugin_node.weight_inputs(bare) == list(DeaMoELayer.random(bare, seed=0).state_dict())
+
+
+def test_python_copies_are_generated_from_the_contract():
+    assert plugin_node.ATTRIBUTE_TYPES.keys() == {*ATTRIBUTES, *contract.SELECTOR_ATTRIBUTES}
+    assert tuple(i.qdp_arg for i in contract.INPUTS) == qdp.TENSOR_ARGS
+    assert tuple(qdp.ATTRS) == tuple(ATTRIBUTES)
+    params = [a.param for a in contract.ATTRIBUTES] + list(contract.DTYPE_PARAMS)
+    assert [f for f, _ in _abi.LayerParams._fields_] == params
+    assert [f for f, _ in _abi.LayerWeights._fields_] == [i.weights_field for i in contract.WEIGHT_INPUTS]
+
+
+def test_qdp_signatures_spell_out_the_contract():
+    # tensorrt.plugin reads these signatures, so they are written out; read them as written.
+    tree = ast.parse((ROOT / "deamoe_trt" / "trt" / "qdp.py").read_text())
+    functions = {n.name: [a.arg for a in n.args.args] for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    tensors, attributes = [i.qdp_arg for i in contract.INPUTS], list(ATTRIBUTES)
+    assert functions["deamoe_desc"] == [*tensors, *attributes], "qdp.py deamoe_desc's parameters"
+    assert functions["deamoe_autotune"] == [*tensors, "outputs"], "qdp.py deamoe_autotune's parameters"
+    assert functions["deamoe_impl"] == [*tensors, *attributes, "outputs", "stream"], "qdp.py deamoe_impl's parameters"
+
+
+def test_readme_tables_are_the_contract():
+    text = (PLUGIN / "README.md").read_text()
+    tables = list(contract.tables_in(text))
+    for name, rows in contract.readme_tables().items():
+        assert rows in tables, (
+            f"plugins/deamoe/README.md: the {name} table differs from deamoe_trt/contract.py; "
+            "run `python -m deamoe_trt.contract --write-readme`"
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# C++: deamoeKernels.h (the kernels' ABI) against the contract and cuda/_abi.py
+# ---------------------------------------------------------------------------------------
+
+
+def test_kernel_enums():
+    text = source(PLUGIN / "deamoeKernels.h")
+    for attribute, type_name in contract.ENUM_TYPES.items():
+        want = {"k" + value.upper(): code for code, value in enumerate(contract.ENUMS[attribute])}
+        assert enum_values(text, type_name, "deamoeKernels.h") == want, f"deamoeKernels.h enum {type_name}"
+    # deamoe::DataType's enumerators are TensorRT's names with a k: kFLOAT, kHALF, kBF16.
+    kernel_types = enum_values(text, "DataType", "deamoeKernels.h")
+    assert kernel_types == {f"k{d.trt}": d.kernel for d in DTYPES}, "deamoeKernels.h DataType vs deamoe_trt/dtypes.py"
+    status = enum_values(text, "Status", "deamoeKernels.h")
+    assert sorted(status.values()) == sorted(_abi.STATUS_NAMES), "deamoeKernels.h Status vs cuda/_abi.STATUS_NAMES"
+    assert status["kSUCCESS"] == _abi.SUCCESS
+
+
+def test_kernel_structs():
+    text = source(PLUGIN / "deamoeKernels.h")
+    want = [(contract.ENUM_TYPES[a.name] if a.kind == "str" else C_TYPES[a.kind], a.param) for a in contract.ATTRIBUTES]
+    want += [("int32_t", name) for name in contract.DTYPE_PARAMS]  # after the attributes' members
+    assert struct_members(text, "LayerParams", "deamoeKernels.h") == want, "deamoeKernels.h struct LayerParams"
+    weights = [("void const*", i.weights_field) for i in contract.WEIGHT_INPUTS]
+    assert struct_members(text, "LayerWeights", "deamoeKernels.h") == weights, "deamoeKernels.h struct LayerWeights"
+
+
+# C parameter/return type -> the ctypes type cuda/_abi.py declares for it.
+def _ctype_of(c_type: str):
+    import ctypes
+
+    c_type = " ".join(c_type.replace("*", " * ").split())
+    if c_type in ("deamoe::LayerParams const *",):
+        return ctypes.POINTER(_abi.LayerParams)
+    if c_type in ("deamoe::LayerWeights const *",):
+        return ctypes.POINTER(_abi.LayerWeights)
+    if c_type.endswith("*") and c_type.startswith("char const"):
+        return ctypes.c_char_p
+    if c_type.endswith("*") or c_type == "cudaStream_t":
+        return ctypes.c_void_p
+    return {"int32_t": ctypes.c_int32, "size_t": ctypes.c_size_t, "void": None}[c_type]
+
+
+def test_c_abi_prototypes():
+    text = source(PLUGIN / "deamoeKernels.h")
+    body = block(text, 'extern "C"', "deamoeKernels.h")
+    declared = {}
+    for m in re.finditer(r"([\w:]+(?:\s+const)?\s*\**)\s*(deamoe_\w+)\(([^)]*)\);", body):
+        params = [p.strip() for p in m.group(3).split(",") if p.strip() and p.strip() != "void"]
+        # Drop each parameter's name: the type is everything before the last word.
+        types = [re.sub(r"\s*\b\w+$", "", p) for p in params]
+        declared[m.group(2)] = (_ctype_of(m.group(1)), [_ctype_of(t) for t in types])
+    assert set(declared) == set(_abi.PROTOTYPES), 'deamoeKernels.h extern "C" functions vs cuda/_abi.PROTOTYPES'
+    for name, (restype, argtypes) in _abi.PROTOTYPES.items():
+        assert declared[name] == (restype, argtypes), f"deamoeKernels.h {name} vs cuda/_abi.PROTOTYPES"
+
+
+def test_host_test_structs_match_bindings():
+    # tests/plugins/deamoe/host_bindings.py mirrors the host-compiled routing and plan configs.
+    from plugins.deamoe import host_bindings
+
+    for header, struct, binding in (
+        ("deamoeRouting.cuh", "RoutingConfig", host_bindings.RoutingConfigC),
+        ("deamoePlan.cuh", "PlanConfig", host_bindings.PlanConfigC),
+    ):
+        members = struct_members(source(PLUGIN / header), struct, header)
+        names = {"int32_t": "c_int", "float": "c_float"}
+        assert [(names[t], m) for t, m in members] == [(t.__name__, m) for m, t in binding._fields_], (
+            f"{header} struct {struct} vs host_bindings.{binding.__name__}"
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# C++: the TensorRT plugin (deamoePlugin.h/.cpp) and its harness
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plugin_cpp() -> str:
+    return source(PLUGIN / "deamoePlugin.cpp")
+
+
+def test_plugin_identity_and_roles():
+    text = source(PLUGIN / "deamoePlugin.h")
+    identity = dict(re.findall(r'constexpr char const\* (kPLUGIN_\w+)\{"([^"]*)"\};', text))
+    assert identity == {
+        "kPLUGIN_NAME": contract.OP_TYPE,
+        "kPLUGIN_VERSION": contract.PLUGIN_VERSION,
+        "kPLUGIN_NAMESPACE": contract.PLUGIN_NAMESPACE,
+    }, "deamoePlugin.h kPLUGIN_NAME/VERSION/NAMESPACE"
+    roles = enum_values(text, "InputRole", "deamoePlugin.h")
+    assert roles == {i.role: n for n, i in enumerate(contract.INPUTS)}, "deamoePlugin.h enum InputRole"
+
+
+def test_plugin_field_table(plugin_cpp):
+    rows = re.findall(r'\{"(\w+)", FieldKind::(k\w+), (true|false)\}', block(plugin_cpp, "kFIELDS[] =", "kFIELDS"))
+    want = [(a.name, FIELD_KINDS[a.kind], "true" if a.required else "false") for a in contract.ATTRIBUTES]
+    assert rows == want, "deamoePlugin.cpp kFIELDS"
+    ignored = re.search(r"kIGNORED_FIELDS\[\] = \{([^}]*)\}", plugin_cpp)
+    assert ignored and re.findall(r'"(\w+)"', ignored.group(1)) == list(contract.SELECTOR_ATTRIBUTES)
+
+
+def test_plugin_parses_every_field(plugin_cpp):
+    body = block(plugin_cpp, "LayerParams paramsFromFields(", "paramsFromFields")
+    parsed = re.findall(r'name == "(\w+)"\)\s*p\.(\w+) = (\w+)\((?:(read\w+)\()?', body)
+    want = []
+    for a in contract.ATTRIBUTES:
+        if a.kind == "str":
+            parser = "parse" + contract.ENUM_TYPES[a.name]
+            want.append((a.name, a.param, parser, "readString"))
+        else:
+            want.append((a.name, a.param, READERS[a.kind], ""))
+    assert parsed == want, "deamoePlugin.cpp paramsFromFields: name -> member and reader"
+    for attribute, type_name in contract.ENUM_TYPES.items():
+        parse = block(plugin_cpp, f"{type_name} parse{type_name}(", f"parse{type_name}")
+        pairs = re.findall(r'text == "(\w+)"\)\s*\{\s*return ' + type_name + r"::(k\w+);", parse)
+        assert pairs == [(v, "k" + v.upper()) for v in contract.ENUMS[attribute]], f"deamoePlugin.cpp parse{type_name}"
+
+
+def test_plugin_serialises_every_field(plugin_cpp):
+    body = block(plugin_cpp, "mSerialFields = {", "getFieldsToSerialize")
+    fields = re.findall(r'PluginField\("(\w+)",\s*[&]?m(\w+)[.\w]*(?:\.c_str\(\))?,\s*PluginFieldType::(k\w+)', body)
+    members = re.findall(r'PluginField\("\w+",\s*&mParams\.(\w+)', body)
+    assert [(n, t) for n, _, t in fields] == [(a.name, PLUGIN_FIELD_TYPES[a.kind]) for a in contract.ATTRIBUTES], (
+        "deamoePlugin.cpp getFieldsToSerialize: names and PluginFieldTypes"
+    )
+    assert members == [a.param for a in contract.ATTRIBUTES if a.kind != "str"], (
+        "deamoePlugin.cpp getFieldsToSerialize: LayerParams members"
+    )
+
+
+def test_plugin_inputs(plugin_cpp):
+    names = dict(re.findall(r'case InputRole::(k\w+): return "([\w.]+)";', block(plugin_cpp, "inputRoleName(", "")))
+    assert names == {i.role: i.name for i in contract.INPUTS}, "deamoePlugin.cpp inputRoleName"
+
+    # presentInputs: the roles always there, then `if (p.member ...)` blocks of push_backs.
+    body = block(plugin_cpp, "std::vector<InputRole> presentInputs(", "presentInputs")
+    always = re.findall(r"InputRole::(k\w+)", body[: body.index("if")])
+    conditional = {
+        role: param
+        for param, pushes in re.findall(r"if \(p\.(\w+)[^)]*\)\s*\{([^}]*)\}", body)
+        for role in re.findall(r"InputRole::(k\w+)", pushes)
+    }
+    param_of = {a.name: a.param for a in contract.ATTRIBUTES}
+    assert always == [i.role for i in contract.INPUTS if not i.present_when], "deamoePlugin.cpp presentInputs"
+    assert conditional == {i.role: param_of[i.present_when] for i in contract.INPUTS if i.present_when}, (
+        "deamoePlugin.cpp presentInputs: which flag or width makes each input present"
+    )
+
+    # expectedShape: C++ expressions back to the contract's symbols.
+    body = block(plugin_cpp, "std::vector<int64_t> expectedShape(", "expectedShape")
+    shapes = {}
+    for role, dims in re.findall(r"case InputRole::(k\w+): return \{([^;]*)\};", body):
+        symbols = []
+        for dim in re.split(r",\s*(?![^{]*\})", dims):
+            dim = re.sub(r"int64_t\{p\.(\w+)\}|p\.(\w+)", lambda m: SYMBOL_OF_PARAM[m.group(1) or m.group(2)], dim)
+            symbols.append("T" if dim.strip() == "-1" else dim.replace(" ", ""))
+        shapes[role] = tuple(symbols)
+    assert shapes == {i.role: i.shape for i in contract.INPUTS}, "deamoePlugin.cpp expectedShape"
+
+    # enqueue: each role's pointer lands on its LayerWeights member, and an input of either
+    # dtype sets its LayerParams flag there.
+    body = block(plugin_cpp, "DeaMoEPlugin::enqueue(", "enqueue")
+    cases = dict(re.findall(r"case InputRole::(k\w+):(.*?)(?=case InputRole::|\}\s*$)", body, flags=re.S))
+    landed = {role: m.group(1) for role, text in cases.items() if (m := re.search(r"weights\.(\w+) = ptr;", text))}
+    assert landed == {i.role: i.weights_field for i in contract.WEIGHT_INPUTS}, "deamoePlugin.cpp enqueue's weights"
+    for item in contract.INPUTS:
+        if item.dtype_param:
+            where = f"deamoePlugin.cpp enqueue sets {item.dtype_param}"
+            assert f"params.{item.dtype_param} =" in cases[item.role], where
+
+
+def test_plugin_harness_expects_the_contract():
+    text = source(HARNESS)
+    expected = re.search(r"char const\* expected\[\] = \{([^}]*)\}", text)
+    assert expected and re.findall(r'"(\w+)"', expected.group(1)) == list(ATTRIBUTES), "plugin_harness.cpp expected[]"
+    for count in re.findall(r"nbFields == (\d+)", text):
+        assert int(count) == len(contract.ATTRIBUTES), "plugin_harness.cpp field counts"
+    positions = re.findall(r"fields\[(\d+)\]\.type == PluginFieldType::(k\w+), \"(\w+) is", text)
+    assert positions, "plugin_harness.cpp checks field types by position"
+    for index, field_type, name in positions:
+        attribute = contract.ATTRIBUTES[int(index)]
+        assert (attribute.name, PLUGIN_FIELD_TYPES[attribute.kind]) == (name, field_type), f"plugin_harness.cpp {name}"
