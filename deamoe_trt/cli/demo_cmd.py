@@ -14,6 +14,8 @@ from . import args as common
 
 # The trained tiny language model ships with the source tree (samples/models/tiny-lm).
 TINY_LM = Path(__file__).resolve().parents[2] / "samples" / "models" / "tiny-lm"
+# A vanilla MoE language model converted by `deamoe-trt convert` (docs/convert.md).
+CONVERTED_LM = TINY_LM.parent / "tiny-lm-converted"
 
 
 def register(subparsers) -> None:
@@ -59,6 +61,8 @@ def _demo(workdir: Path, seed: int) -> int:
         )
     else:
         print(f"\n(skipped text generation: {TINY_LM} is in the source tree, not in an installed wheel)")
+    if CONVERTED_LM.is_dir():
+        _converted(CONVERTED_LM)
     print(f"\ndemo finished; files in {workdir}")
     return 0
 
@@ -96,3 +100,20 @@ def _routing(checkpoint: Path, seed: int) -> None:
     print("\n=== route 4 random tokens: departments first, then experts inside them")
     print(routing_table(layer, routing))
     print(f"expanded twin (no sharing) max |difference| from DeaMoE: {difference:.2e}")
+
+
+def _converted(path: Path) -> None:
+    from ..convert.report import lm_bytes_table, recorded_table
+    from ..lm import load_lm
+    from ..lm.train import shipped_text
+
+    loaded = load_lm(path)
+    print(f"\n=== a trained vanilla MoE converted to DeaMoE ({path.name}): loads fewer bytes per step")
+    print(recorded_table(loaded.training["conversion"]))
+    print()
+    text = shipped_text()[-1000:]  # from the held-out end of the text
+    print(lm_bytes_table(loaded.model, loaded.tokenizer.encode(text[: loaded.model.config.max_position_embeddings])))
+    _step(
+        "generate with the converted model, DeaMoE vs its vanilla twin (shared neurons copied into every expert)",
+        [*("generate", path, "--prompt", "Anne Elliot was", "--max-new-tokens", 40, "--twin", "deamoe,vanilla")],
+    )

@@ -137,10 +137,13 @@ def train(
     text: str | None = None,
     tokenizer: ByteTokenizer | None = None,
     progress: bool = True,
+    model: DeaMoELM | None = None,
+    label: str = "train-tiny",
 ) -> TrainResult:
     """Train config (default tiny-lm) on text (default the shipped one); deterministic given
-    settings.seed and settings.threads."""
-    config = config or get_lm_preset("tiny-lm")
+    settings.seed and settings.threads. `model`: start from these weights (trained in place,
+    its config replaces `config`) instead of a random init, e.g. an upcycled model."""
+    config = model.config if model is not None else config or get_lm_preset("tiny-lm")
     settings = settings or TrainSettings()
     tokenizer = tokenizer or ByteTokenizer(vocab_size=config.vocab_size)
     if settings.seq_len > config.max_position_embeddings:
@@ -152,15 +155,16 @@ def train(
     torch.use_deterministic_algorithms(True)
     try:
         torch.manual_seed(settings.seed)
-        model = DeaMoELM.random(config, seed=settings.seed)
-        result = _train(model, tokenizer, train_ids, val_ids, settings, progress)
+        if model is None:
+            model = DeaMoELM.random(config, seed=settings.seed)
+        result = _train(model, tokenizer, train_ids, val_ids, settings, progress, label)
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
     return result
 
 
-def _train(model, tokenizer, train_ids, val_ids, settings: TrainSettings, progress: bool) -> TrainResult:
+def _train(model, tokenizer, train_ids, val_ids, settings: TrainSettings, progress: bool, label: str) -> TrainResult:
     start = time.perf_counter()
     initial_val = evaluate(model, val_ids, settings)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -171,7 +175,7 @@ def _train(model, tokenizer, train_ids, val_ids, settings: TrainSettings, progre
         betas=(0.9, 0.95),
     )
     gen = torch.Generator().manual_seed(settings.seed)
-    bar = Progress(settings.steps, "train-tiny", enabled=progress)
+    bar = Progress(settings.steps, label, enabled=progress)
     losses: list[float] = []
     num_experts = model.config.moe.num_experts
     model.train()

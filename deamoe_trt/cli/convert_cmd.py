@@ -1,0 +1,164 @@
+"""`deamoe-trt convert`: turn a trained vanilla MoE (layer, stack or language model) into a
+DeaMoE with departments and shared parts, and report what it costs in quality.
+
+Experts are clustered into departments, their neurons aligned, each department's shared
+part fitted on calibration data, and (with --heal-steps) the result distilled from the
+source. The report compares, at equal bytes per decoding step, the converted model before
+and after healing, a naive conversion and a merged-experts alternative with the source."""
+
+from __future__ import annotations
+
+import json
+
+from . import args as common
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "convert", help="convert a trained vanilla MoE into a DeaMoE (departments + shared parts)", description=__doc__
+    )
+    common.add_checkpoint(parser, name="source", help="layer/stack or language-model checkpoint of a vanilla MoE")
+    common.add_output(parser, help="checkpoint directory to write (same kind as the source)")
+    parser.add_argument(
+        "--departments", type=common.positive_int, required=True, metavar="D", help="D (divides the experts)"
+    )
+    size = parser.add_mutually_exclusive_group(required=True)
+    size.add_argument("--shared-size", type=common.non_negative_int, metavar="F_S", help="shared neurons/department")
+    size.add_argument("--shared-fraction", type=common.unit_fraction, metavar="X", help="f_s / the expert width f")
+    parser.add_argument(
+        "--private-size", type=common.non_negative_int, metavar="F_P", help="private neurons per expert (default f-f_s)"
+    )
+    parser.add_argument(
+        "--top-departments", type=common.positive_int, required=True, metavar="G", help="departments per token"
+    )
+    parser.add_argument(
+        "--grouping", choices=("cluster", "keep"), default="cluster", help="cluster experts (default) or keep order"
+    )
+    parser.add_argument(
+        "--department-score",
+        choices=("max", "sum_top2", "sum"),
+        help="default: the one that best keeps the source's expert choices",
+    )
+    parser.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="language models: a UTF-8 text (default: the shipped text) or a safetensors file with input_ids; "
+        "layers: a safetensors file with hidden_states [T, d] (default: random hidden states)",
+    )
+    parser.add_argument(
+        "--calibration-tokens",
+        type=common.positive_int,
+        metavar="N",
+        default=4096,
+        help="layers without --calibration: random calibration hidden states (default 4096, plus 1/4 held out)",
+    )
+    parser.add_argument(
+        "--heal-steps", type=common.non_negative_int, default=0, metavar="N", help="distillation steps (default 0)"
+    )
+    parser.add_argument("--heal-lr", type=float, default=1e-3, help="healing learning rate (default 1e-3)")
+    parser.add_argument("--report", metavar="R.json", help="write the comparison report as JSON")
+    parser.add_argument(
+        "--plot", metavar="R.png", help="also convert at shared fractions 0.25/0.5/0.75 and plot quality against it"
+    )
+    parser.add_argument("--no-compare", action="store_true", help="skip the naive and merged baselines")
+    parser.add_argument("--threads", type=common.positive_int, default=1, help="torch CPU threads (default 1)")
+    common.add_seed(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import torch
+
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def _run(args) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from .._io import atomic_write_text
+    from ..checkpoint import CONFIG_FILE
+    from ..convert.core import ConvertSettings
+    from ..convert.report import report_table, write_plot
+    from ..convert.run import SWEEP, convert_model
+    from ..convert.sources import lm_source, read_calibration_tensor, read_text, stack_source
+    from ..errors import CheckpointError
+    from ..lm.checkpoint import FORMAT as LM_FORMAT
+
+    torch.manual_seed(args.seed)
+    settings = ConvertSettings(
+        departments=args.departments,
+        top_departments=args.top_departments,
+        shared_size=args.shared_size,
+        shared_fraction=args.shared_fraction,
+        private_size=args.private_size,
+        grouping=args.grouping,
+        department_score=args.department_score,
+        heal_steps=args.heal_steps,
+        heal_lr=args.heal_lr,
+        seed=args.seed,
+    )
+    header = Path(args.source) / CONFIG_FILE
+    try:
+        is_lm = header.is_file() and json.loads(header.read_text()).get("format") == LM_FORMAT
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise CheckpointError(f"{header} is not valid JSON: {exc}") from None
+    if is_lm:
+        from ..lm.checkpoint import load_lm
+        from ..lm.train import shipped_text
+
+        loaded = load_lm(args.source)
+        if not args.calibration:
+            text = shipped_text()
+        elif args.calibration.endswith(".safetensors"):
+            text = read_calibration_tensor(args.calibration, "input_ids")
+        else:
+            text = read_text(args.calibration)
+        for layer in loaded.model.layers:
+            settings.check(layer.mlp.config)
+        source = lm_source(loaded.model, loaded.tokenizer, text)
+    else:
+        from ..checkpoint import load_checkpoint
+
+        stack = load_checkpoint(args.source)
+        settings.check(stack.config)
+        hidden = read_calibration_tensor(args.calibration, "hidden_states") if args.calibration else None
+        source = stack_source(stack, hidden, seed=args.seed, tokens=args.calibration_tokens)
+
+    sweep = SWEEP if args.plot else ()
+    result, report = convert_model(source, settings, compare=not args.no_compare, sweep=sweep)
+    report["source"]["path"] = str(args.source)
+    kept = [r for r in report["rows"] if r["method"] == "source" or r["shared_fraction"] == result.fraction]
+    summary = {
+        "converted_from": str(args.source),
+        "source": report["source"],
+        "expert_order": [order.tolist() for order in result.orders],
+        "report": [r for r in kept if r["method"] in ("source", result.name)],
+    }
+    if is_lm:
+        out = result.lm.save_pretrained(args.output, tokenizer=loaded.tokenizer, training={"conversion": summary})
+    else:
+        from ..layer import DeaMoEStack
+
+        converted = DeaMoEStack.from_layers(result.layers)
+        converted.source = summary
+        out = converted.save_pretrained(args.output)
+    print(report_table(report, fraction=result.fraction))
+    if args.report:
+        atomic_write_text(args.report, json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.report}")
+    if args.plot:
+        print()
+        print(report_table(report))
+        write_plot(report, args.plot)
+        print(f"wrote {args.plot}")
+    print(f"wrote {out} ({result.name}, department score {result.layers[0].config.department_score})")
+    return 0

@@ -1,0 +1,283 @@
+"""The whole conversion of a layer stack or a language model, and its comparison report.
+
+For the requested shared size (and, for the plot, shared fractions 0.25 / 0.5 / 0.75) it
+builds, from the same calibration data:
+- converted: departments by clustering, aligned neurons, least-squares fit (deamoe-trt's);
+- converted + healed: the same after layer-wise (and, for LMs, end-to-end) distillation;
+- naive: experts in source order, no alignment, plain mean of the first f_s neurons;
+- merged: each department's experts merged into one expert (f_p = 0) as wide as makes its
+  bytes per step equal to the converted layer's (M-SMoE / Sub-MoE style cluster merging);
+and measures each against the source on held-out data: per-layer relative output error
+and expert-set agreement on the source's own held-out hidden states, bytes per one-token
+decoding step (deamoe_trt.traffic, routing on those hidden states), and for language
+models held-out perplexity and greedy next-token agreement.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from ..layer import DeaMoELayer, DeaMoEStack
+from ..report import Progress
+from ..traffic import BYTES_PER_WEIGHT
+from .core import ConvertSettings, LayerConversion, convert_layer, expert_agreement, plan_order, score_agreement
+from .heal import heal_layer, heal_lm
+from .metrics import departments_per_token, lm_quality, relative_error, step_bytes
+
+SWEEP = (0.25, 0.5, 0.75)
+
+
+@dataclass
+class Source:
+    """A model to convert: its MoE layers and, per layer, calibration and held-out inputs."""
+
+    layers: list[DeaMoELayer]
+    calibration: list[torch.Tensor]  # [T, d] per layer
+    heldout: list[torch.Tensor]
+    lm: object | None = None  # DeaMoELM
+    calibration_windows: torch.Tensor | None = None  # [W, L] token ids
+    heldout_windows: torch.Tensor | None = None
+
+
+@dataclass
+class Variant:
+    name: str
+    fraction: float
+    layers: list[DeaMoELayer]
+    orders: list[torch.Tensor]
+    lm: object | None = None
+    heal_losses: dict[str, list[float]] = field(default_factory=dict)
+
+
+def source_lm_hidden(lm, windows: torch.Tensor) -> list[torch.Tensor]:
+    """Each block's FFN input (post-attention RMSNorm output) on windows, [W*L, d] per block."""
+    captured: list[torch.Tensor] = []
+    hooks = [
+        block.post_attention_layernorm.register_forward_hook(
+            lambda _m, _i, out: captured.append(out.detach().reshape(-1, out.shape[-1]))
+        )
+        for block in lm.layers
+    ]
+    try:
+        with torch.no_grad():
+            lm(windows)
+    finally:
+        for h in hooks:
+            h.remove()
+    return captured
+
+
+def stack_hidden(stack: DeaMoEStack, x: torch.Tensor) -> list[torch.Tensor]:
+    """Each layer's input in a stack (x <- x + layer(x)) starting from x."""
+    out = []
+    with torch.no_grad():
+        for layer in stack.layers:
+            out.append(x)
+            x = x + layer(x)
+    return out
+
+
+def _with_fraction(settings: ConvertSettings, fraction: float | None, width: int) -> ConvertSettings:
+    if fraction is None:
+        return settings
+    return dataclasses.replace(settings, shared_size=round(fraction * width), shared_fraction=None, private_size=None)
+
+
+def convert_model(
+    source: Source,
+    settings: ConvertSettings,
+    *,
+    compare: bool = True,
+    sweep: tuple[float, ...] = (),
+    progress: bool = True,
+) -> tuple[Variant, dict]:
+    """The converted (and healed, if settings.heal_steps) model at the requested size, and the
+    report dict (rows of every variant at every size measured)."""
+    for layer in source.layers:
+        settings.check(layer.config)
+    width = source.layers[0].config.expert_intermediate_size
+    requested = settings.sizes(width)[0] / width
+    fractions = [None, *(f for f in sweep if abs(round(f * width) / width - requested) > 1e-9)]
+    bar = Progress(len(source.layers), "convert: grouping experts", enabled=progress)
+    bar.update("", step=0)
+    orders = []
+    for i, (layer, x) in enumerate(zip(source.layers, source.calibration, strict=True)):
+        orders.append(plan_order(layer, x, settings))
+        bar.update(f"layer {i + 1}")
+    rows = [_measure(source, _source_variant(source), source)]
+    result = None
+    for fraction in fractions:
+        s = _with_fraction(settings, fraction, width)
+        variants = _convert_all(source, s, orders, compare=compare, progress=progress)
+        if fraction is None:
+            result = variants[-1]
+        rows += [_measure(source, v, source, settings=s) for v in variants]
+    report = {
+        "source": _describe(source),
+        "settings": {k: v for k, v in dataclasses.asdict(settings).items() if v is not None},
+        "rows": rows,
+    }
+    return result, report
+
+
+def _source_variant(source: Source) -> Variant:
+    n = source.layers[0].config.num_experts
+    return Variant("source", 0.0, source.layers, [torch.arange(n)] * len(source.layers), lm=source.lm)
+
+
+def _convert_all(source: Source, settings: ConvertSettings, orders, *, compare: bool, progress: bool) -> list[Variant]:
+    width = source.layers[0].config.expert_intermediate_size
+    fraction = round(settings.sizes(width)[0] / width, 4)
+    n_layers = len(source.layers)
+    if settings.department_score is None:
+        settings = dataclasses.replace(settings, department_score=_common_score(source, settings, orders))
+    methods = ["naive", "aligned", "merged"] if compare else ["aligned"]
+    bar = Progress(n_layers * settings.departments * len(methods), f"convert f_s={fraction:.2f}", enabled=progress)
+    done: dict[str, list[LayerConversion]] = {}
+    for method in methods:
+        merged_width = _merged_width(source, done["aligned"], settings, width) if method == "merged" else None
+        done[method] = [
+            convert_layer(
+                layer,
+                x,
+                settings,
+                method=method,
+                order=None if method == "naive" else order,
+                merged_width=merged_width,
+                progress=bar,
+            )
+            for layer, x, order in zip(source.layers, source.calibration, orders, strict=True)
+        ]
+    variants = [
+        Variant(m, fraction, [c.layer for c in done[m]], [c.order for c in done[m]]) for m in methods if m != "aligned"
+    ]
+    aligned = Variant("converted", fraction, [c.layer for c in done["aligned"]], [c.order for c in done["aligned"]])
+    variants.append(aligned)
+    for v in variants:
+        v.lm = _lm_with(source.lm, v.layers) if source.lm is not None else None
+    if settings.heal_steps:
+        variants.append(_heal(source, aligned, settings, progress))
+    return variants
+
+
+def _common_score(source: Source, settings: ConvertSettings, orders) -> str:
+    """One department score for every layer (a model has one config): the best mean agreement."""
+    totals: dict[str, float] = {}
+    width = source.layers[0].config.expert_intermediate_size
+    for layer, x, order in zip(source.layers, source.calibration, orders, strict=True):
+        config = settings.target_config(layer.config, width, "max")
+        bias = layer.router.bias.detach()[order] if layer.router.bias is not None else None
+        agreement = score_agreement(layer.route(x), x, layer.router.weight.detach()[order], bias, config, order)
+        for score, value in agreement.items():
+            totals[score] = totals.get(score, 0.0) + value
+    return max(totals, key=lambda s: totals[s])
+
+
+def _merged_width(source: Source, aligned: list[LayerConversion], settings, width) -> int:
+    """Neurons per merged expert for the same expected bytes per step as the aligned layers:
+    mean U_d x W = mean U_d x f_s + k x f_p (a one-token step loads k private parts)."""
+    f_s, f_p = settings.sizes(width)
+    k = source.layers[0].config.top_k
+    per_token = [departments_per_token(c.layer.route(x)) for c, x in zip(aligned, source.calibration, strict=True)]
+    u_d = sum(per_token) / len(per_token)
+    return max(1, int(f_s + k * f_p / u_d))
+
+
+def _heal(source: Source, aligned: Variant, settings: ConvertSettings, progress: bool) -> Variant:
+    layers = [copy.deepcopy(layer) for layer in aligned.layers]
+    healed = Variant("converted + healed", aligned.fraction, layers, aligned.orders)
+    bar = Progress(settings.heal_steps * len(layers), "heal layer-wise", enabled=progress)
+    healed.heal_losses["layer"] = []
+    for i, (layer, src, x) in enumerate(zip(layers, source.layers, source.calibration, strict=True)):
+        losses = heal_layer(
+            layer, src, x, settings.heal_steps, lr=settings.heal_lr, seed=settings.seed + i, progress=bar
+        )
+        healed.heal_losses["layer"].append(losses)
+    if source.lm is not None:
+        healed.lm = _lm_with(source.lm, layers)
+        bar = Progress(settings.heal_steps, "heal end-to-end", enabled=progress)
+        healed.heal_losses["lm"] = heal_lm(
+            healed.lm,
+            source.lm,
+            source.calibration_windows,
+            settings.heal_steps,
+            lr=settings.heal_lr,
+            seed=settings.seed,
+            progress=bar,
+        )
+        healed.layers = [block.mlp for block in healed.lm.layers]
+    return healed
+
+
+def _lm_with(lm, layers: list[DeaMoELayer]):
+    """A copy of the language model lm with its FFNs replaced by layers (all of one config)."""
+    from ..lm import DeaMoELM
+
+    config = lm.config.replace(moe=layers[0].config)
+    model = DeaMoELM(config, dtype=lm.dtype)
+    state = {k: v for k, v in lm.state_dict().items() if ".mlp." not in k}
+    for i, layer in enumerate(layers):
+        state.update({f"layers.{i}.mlp.{k}": v for k, v in layer.state_dict().items()})
+    model.load_state_dict(state)
+    return model.eval()
+
+
+@torch.no_grad()
+def _measure(source: Source, variant: Variant, reference: Source, *, settings: ConvertSettings | None = None) -> dict:
+    errors, agreements, bytes_per_step, source_bytes = [], [], 0.0, 0.0
+    for layer, src, x in zip(variant.layers, reference.layers, reference.heldout, strict=True):
+        x = x.to(src.dtype)
+        y, y_src = layer(x), src(x)
+        errors.append(relative_error(y, y_src))
+        order = variant.orders[len(errors) - 1]
+        routing = layer.route(x)
+        agreements.append(expert_agreement(src.route(x), routing, order))
+        bytes_per_step += step_bytes(layer.config, routing, BYTES_PER_WEIGHT[layer.dtype])
+        source_bytes += step_bytes(src.config, src.route(x), BYTES_PER_WEIGHT[src.dtype])
+    c = variant.layers[0].config
+    row = {
+        "method": variant.name,
+        "shared_fraction": variant.fraction,
+        "f_s": c.shared_intermediate_size,
+        "f_p": c.private_intermediate_size,
+        "departments": c.num_departments,
+        "top_departments": c.top_departments,
+        "department_score": c.department_score,
+        "bytes_per_step": round(bytes_per_step),
+        "bytes_vs_source": round(bytes_per_step / source_bytes, 4),
+        "relative_error": [round(e, 5) for e in errors],
+        "expert_agreement": [round(a, 4) for a in agreements],
+    }
+    if reference.lm is not None and variant.lm is not None:
+        windows = reference.heldout_windows
+        source_logits = reference.lm(windows[:, :-1]).logits
+        row.update({k: round(v, 4) for k, v in lm_quality(variant.lm, source_logits, windows).items()})
+    if variant.heal_losses:
+        row["heal_loss"] = {k: _first_last(v) for k, v in variant.heal_losses.items()}
+    return row
+
+
+def _first_last(losses):
+    if losses and isinstance(losses[0], list):
+        return [_first_last(layer) for layer in losses]
+    return [round(losses[0], 5), round(losses[-1], 5)] if losses else []
+
+
+def _describe(source: Source) -> dict:
+    c = source.layers[0].config
+    out = {
+        "layers": len(source.layers),
+        "num_experts": c.num_experts,
+        "expert_width": c.expert_intermediate_size,
+        "top_k": c.top_k,
+        "hidden_size": c.hidden_size,
+        "calibration_tokens": int(source.calibration[0].shape[0]),
+        "heldout_tokens": int(source.heldout[0].shape[0]),
+    }
+    if source.lm is not None:
+        out["kind"] = "language model"
+    return out

@@ -1,0 +1,69 @@
+"""Vanilla MoE language models made here to test the conversion on, from the shipped text.
+
+(a) upcycled: a dense model (one expert, top-1: its FFN) trained first, then every expert
+    starts as a copy of that FFN with a fresh router, and the MoE trains on (how Mixtral-
+    and Qwen-MoE-style models were made);
+(b) scratch: the same MoE trained from a random init for the same total steps (unlike
+    experts: the hard case).
+Both are deamoe-trt language models whose FFNs are vanilla MoEs (one department, f_s = 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..config import DeaMoEConfig
+from ..lm import DeaMoELM, LMConfig
+from ..lm.train import TrainResult, TrainSettings, train
+
+EXPERTS, TOP_K, WIDTH = 16, 4, 64
+
+MOE = LMConfig(
+    vocab_size=256,
+    hidden_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    moe=DeaMoEConfig(
+        hidden_size=128,
+        num_departments=1,
+        experts_per_department=EXPERTS,
+        shared_intermediate_size=0,
+        private_intermediate_size=WIDTH,
+        top_k=TOP_K,
+        top_departments=1,
+        norm_topk_prob=True,
+    ),
+)
+DENSE = MOE.replace(moe=MOE.moe.replace(experts_per_department=1, top_k=1))
+SETTINGS = TrainSettings(steps=300, batch_size=16, seq_len=128, lr=3e-3, warmup=20, eval_batches=4, log_every=25)
+
+
+def settings_for(steps: int, seed: int = 0) -> TrainSettings:
+    return dataclasses.replace(SETTINGS, steps=steps, seed=seed)
+
+
+@torch.no_grad()
+def upcycle(dense: DeaMoELM, config: LMConfig = MOE, *, seed: int = 0) -> DeaMoELM:
+    """config's MoE with every expert a copy of dense's FFN and a random router."""
+    moe = DeaMoELM.random(config, seed=seed)
+    state = dense.state_dict()
+    for name, tensor in moe.state_dict().items():
+        if ".mlp.experts." in name:
+            tensor.copy_(state[name].expand_as(tensor))
+        elif ".mlp.router." not in name:
+            tensor.copy_(state[name])
+    return moe
+
+
+def make_upcycled(dense_steps: int, moe_steps: int, *, seed: int = 0, progress: bool = True) -> TrainResult:
+    dense = train(DENSE, settings_for(dense_steps, seed), progress=progress, label="train dense")
+    moe = upcycle(dense.model, seed=seed)
+    return train(settings=settings_for(moe_steps, seed), model=moe, progress=progress, label="train upcycled MoE")
+
+
+def make_scratch(steps: int, *, seed: int = 0, progress: bool = True) -> TrainResult:
+    return train(MOE, settings_for(steps, seed), progress=progress, label="train MoE from scratch")
