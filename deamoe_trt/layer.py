@@ -189,9 +189,17 @@ class DeaMoELayer(nn.Module):
         float32 copy of a whole tensor).
         """
         gen = torch.Generator(device="cpu").manual_seed(seed)
+        device_gens: dict[torch.device, torch.Generator] = {}
         c = self.config
 
         def normal_(param: torch.Tensor, fan_in: int) -> None:
+            if param.device.type != "cpu":
+                # Drawn in place on the accelerator: a multi-GB layer (deepseek-v3-layer) would
+                # take minutes through the CPU. Same distribution, other values.
+                if param.device not in device_gens:
+                    device_gens[param.device] = torch.Generator(device=param.device).manual_seed(seed)
+                param.normal_(0.0, 1.0 / math.sqrt(fan_in), generator=device_gens[param.device])
+                return
             parts = param.view(-1, *param.shape[-2:]) if sliced and param.dim() >= 2 else [param]
             for part in parts:
                 part.copy_(torch.randn(part.shape, generator=gen) / math.sqrt(fan_in))

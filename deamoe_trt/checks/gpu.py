@@ -193,32 +193,11 @@ def layer_bytes(config: DeaMoEConfig, bytes_per_weight: int) -> int:
 
 @torch.no_grad()
 def random_layer(config: DeaMoEConfig, dtype: torch.dtype, device: torch.device, seed: int) -> DeaMoELayer:
-    """DeaMoELayer.random's distribution; generated on the GPU for big layers (the 6.3 GB
+    """DeaMoELayer.random's distribution; big layers are drawn in place on the GPU (the 6.3 GB
     deepseek preset would take minutes through random()'s CPU float32 path)."""
     if device.type == "cpu" or layer_bytes(config, 4) < 2 * 2**30:
         return DeaMoELayer.random(config, seed=seed, dtype=dtype).to(device)
-    c = config
-    layer = DeaMoELayer(c, dtype=dtype, device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-
-    def normal_(param: torch.Tensor, fan_in: int) -> None:
-        param.normal_(0.0, 1.0 / math.sqrt(fan_in), generator=gen)
-
-    normal_(layer.router.weight, c.hidden_size)
-    if layer.router.bias is not None:
-        layer.router.bias.normal_(0.0, 0.02, generator=gen)
-    for part, width in (
-        (layer.departments, c.expert_intermediate_size),
-        (layer.experts, c.expert_intermediate_size),
-        (layer.shared_experts, c.shared_expert_intermediate_size),
-    ):
-        if part is None:
-            continue
-        normal_(part.gate_up, c.hidden_size)
-        normal_(part.down, width)
-        if getattr(part, "gate", None) is not None:
-            normal_(part.gate, c.hidden_size)
-    return layer
+    return DeaMoELayer.random(config, seed=seed, dtype=dtype, device=device, low_memory=True)
 
 
 def free(*objects) -> None:
