@@ -8,6 +8,9 @@ model.safetensors: for each layer i, the spec's canonical tensors as "layers.{i}
 in a quantized checkpoint each FFN weight <name> is "<name>.qweight" (uint8 codes) and
 "<name>.scales" (deamoe_trt.quant, docs/quantization.md).
 
+This module is the file format only (tensors, headers, checks): it never imports the layer.
+DeaMoELayer/DeaMoEStack.save_pretrained and from_pretrained (layer.py) build on it.
+
 "dtype" is the FFN weights' dtype; "router_dtype" the router weight's, written only when it
 differs (absent: the same as "dtype"). router.bias is float32; checkpoints written before
 the router kept its own precision hold it in "dtype", and load upcast (losslessly).
@@ -27,7 +30,6 @@ from . import dtypes
 from ._io import atomic_path, atomic_write_text, read_json
 from .config import DeaMoEConfig
 from .errors import CheckpointError, UsageError, one_line
-from .layer import DeaMoELayer, DeaMoEStack
 from .quant import QuantConfig
 
 FORMAT = "deamoe-trt"
@@ -41,30 +43,39 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")  # any dtype: a corrupt file may hold int64
 
 
-def save_checkpoint(stack: DeaMoEStack, directory: str | Path, *, source: dict[str, Any] | None = None) -> Path:
-    """Write stack to directory; each file appears whole or not at all."""
-    tensors = {
-        f"layers.{i}.{name}": tensor.detach().to("cpu").contiguous()
-        for i, layer in enumerate(stack.layers)
-        for name, tensor in layer.state_dict().items()
-    }
-    header = {
+def stack_header(
+    config: DeaMoEConfig,
+    num_layers: int,
+    dtype: torch.dtype,
+    router_dtype: torch.dtype,
+    quant: QuantConfig | None,
+    source: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """config.json of a layer checkpoint (router_dtype written only when it differs)."""
+    header: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "num_layers": len(stack.layers),
-        "dtype": dtype_name(stack.dtype),
-        "config": stack.config.to_dict(),
+        "num_layers": num_layers,
+        "dtype": dtype_name(dtype),
+        "config": config.to_dict(),
     }
-    router_dtypes = {layer.router_dtype for layer in stack.layers}
-    if len(router_dtypes) != 1:
-        raise UsageError("all layers of a stack must keep their router weights in one dtype")
-    if (router_dtype := router_dtypes.pop()) != stack.dtype:
+    if router_dtype != dtype:
         header["router_dtype"] = dtype_name(router_dtype)
     if source:
         header["source"] = source
-    if stack.quant is not None:
-        header["quantization"] = stack.quant.to_dict()
-    return write_files(directory, tensors, header)
+    if quant is not None:
+        header["quantization"] = quant.to_dict()
+    return header
+
+
+def layer_tensors(tensors: dict[str, torch.Tensor], index: int) -> dict[str, torch.Tensor]:
+    """Layer index's tensors under their state_dict names; a legacy router.bias upcast to float32."""
+    prefix = f"layers.{index}."
+    return {
+        name[len(prefix) :]: t.float() if name.endswith(ROUTER_BIAS) else t
+        for name, t in tensors.items()
+        if name.startswith(prefix)
+    }
 
 
 def write_files(directory: str | Path, tensors: dict[str, torch.Tensor], header: dict[str, Any]) -> Path:
@@ -118,41 +129,6 @@ def read_header(directory: str | Path) -> dict[str, Any]:
     else:
         header["quantization"] = None
     return header
-
-
-def load_checkpoint(directory: str | Path, *, device=None) -> DeaMoEStack:
-    """Read a checkpoint written by save_checkpoint, checking every tensor against its config."""
-    directory = Path(directory)
-    header = read_header(directory)
-    config: DeaMoEConfig = header["config"]
-    dtype, router_dtype = DTYPES[header["dtype"]], DTYPES[header["router_dtype"]]
-    quant = header["quantization"]
-    try:
-        stack = DeaMoEStack(
-            config, header["num_layers"], dtype=dtype, device="meta", router_dtype=router_dtype, quant=quant
-        )
-    except UsageError as exc:
-        raise CheckpointError(f"{directory / CONFIG_FILE}: {exc}") from None
-    expected = {
-        f"layers.{i}.{name}": tensor
-        for i, layer in enumerate(stack.layers)
-        for name, tensor in layer.state_dict().items()
-    }
-    tensors = read_tensors(directory / WEIGHTS_FILE)
-    check_tensors(tensors, expected, header["dtype"], directory / WEIGHTS_FILE)
-
-    layers = []
-    for i in range(header["num_layers"]):
-        layer = DeaMoELayer(config, dtype=dtype, device="meta", router_dtype=router_dtype, quant=quant)
-        prefix = f"layers.{i}."
-        state = {
-            name[len(prefix) :]: t.float() if name.endswith(ROUTER_BIAS) else t
-            for name, t in tensors.items()
-            if name.startswith(prefix)
-        }
-        layer.load_state_dict(state, assign=True)
-        layers.append(layer.to(device) if device is not None else layer)
-    return DeaMoEStack.from_layers(layers)
 
 
 ROUTER_BIAS = "router.bias"

@@ -9,9 +9,20 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .checkpoint import (
+    CONFIG_FILE,
+    DTYPES,
+    WEIGHTS_FILE,
+    check_tensors,
+    layer_tensors,
+    read_header,
+    read_tensors,
+    stack_header,
+    write_files,
+)
 from .config import DeaMoEConfig
 from .dtypes import TORCH_DTYPES
-from .errors import UsageError
+from .errors import CheckpointError, UsageError
 from .quant import QuantConfig, QuantizedWeight, dense
 from .routing import Routing, route
 
@@ -368,15 +379,11 @@ class DeaMoELayer(nn.Module):
     # Checkpoints --------------------------------------------------------------------------
 
     def save_pretrained(self, directory: str | Path) -> Path:
-        from .checkpoint import save_checkpoint
-
-        return save_checkpoint(DeaMoEStack.from_layers([self]), directory)
+        return DeaMoEStack.from_layers([self]).save_pretrained(directory)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, *, layer: int | None = None, device=None) -> DeaMoELayer:
-        from .checkpoint import load_checkpoint
-
-        stack = load_checkpoint(directory, device=device)
+        stack = DeaMoEStack.from_pretrained(directory, device=device)
         if layer is None:
             if len(stack.layers) != 1:
                 raise UsageError(
@@ -453,14 +460,47 @@ class DeaMoEStack(nn.Module):
     def vanilla(self) -> DeaMoEStack:
         return DeaMoEStack.from_layers([layer.vanilla() for layer in self.layers])
 
-    def save_pretrained(self, directory: str | Path) -> Path:
-        from .checkpoint import save_checkpoint
+    def save_pretrained(self, directory: str | Path, *, source: dict | None = None) -> Path:
+        """Write the checkpoint (checkpoint.py's format); each file appears whole or not at all.
 
-        # Imported stacks carry where they came from (importers.hf sets .source).
-        return save_checkpoint(self, directory, source=getattr(self, "source", None))
+        source defaults to where the stack came from (importers.hf sets .source)."""
+        tensors = {
+            f"layers.{i}.{name}": tensor.detach().to("cpu").contiguous()
+            for i, layer in enumerate(self.layers)
+            for name, tensor in layer.state_dict().items()
+        }
+        router_dtypes = {layer.router_dtype for layer in self.layers}
+        if len(router_dtypes) != 1:
+            raise UsageError("all layers of a stack must keep their router weights in one dtype")
+        if source is None:
+            source = getattr(self, "source", None)
+        header = stack_header(self.config, len(self.layers), self.dtype, router_dtypes.pop(), self.quant, source)
+        return write_files(directory, tensors, header)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, *, device=None) -> DeaMoEStack:
-        from .checkpoint import load_checkpoint
-
-        return load_checkpoint(directory, device=device)
+        """Read a checkpoint written by save_pretrained, checking every tensor against its config."""
+        directory = Path(directory)
+        header = read_header(directory)
+        config: DeaMoEConfig = header["config"]
+        dtype, router_dtype = DTYPES[header["dtype"]], DTYPES[header["router_dtype"]]
+        quant = header["quantization"]
+        try:
+            stack = cls(
+                config, header["num_layers"], dtype=dtype, device="meta", router_dtype=router_dtype, quant=quant
+            )
+        except UsageError as exc:
+            raise CheckpointError(f"{directory / CONFIG_FILE}: {exc}") from None
+        expected = {
+            f"layers.{i}.{name}": tensor
+            for i, layer in enumerate(stack.layers)
+            for name, tensor in layer.state_dict().items()
+        }
+        tensors = read_tensors(directory / WEIGHTS_FILE)
+        check_tensors(tensors, expected, header["dtype"], directory / WEIGHTS_FILE)
+        layers = []
+        for i in range(header["num_layers"]):
+            layer = DeaMoELayer(config, dtype=dtype, device="meta", router_dtype=router_dtype, quant=quant)
+            layer.load_state_dict(layer_tensors(tensors, i), assign=True)
+            layers.append(layer.to(device) if device is not None else layer)
+        return cls.from_layers(layers)

@@ -6,7 +6,7 @@ from safetensors.torch import load_file, save_file
 
 from configs import deepseek_style
 from deamoe_trt import PRESETS, CheckpointError, DeaMoELayer, DeaMoEStack, UsageError
-from deamoe_trt.checkpoint import load_checkpoint, read_header
+from deamoe_trt.checkpoint import read_header
 from deamoe_trt.inputs import random_hidden
 
 DEEPSEEK_STYLE = deepseek_style(hidden_size=64, routed_scaling_factor=1.0, shared_expert_intermediate_size=16)
@@ -72,7 +72,7 @@ def _rewrite_config(path, **changes):
 def test_broken_checkpoints_get_one_clear_error(checkpoint, corrupt, message):
     corrupt(checkpoint)
     with pytest.raises(CheckpointError, match=message) as info:
-        load_checkpoint(checkpoint)
+        DeaMoEStack.from_pretrained(checkpoint)
     assert "\n" not in str(info.value)
 
 
@@ -81,7 +81,7 @@ def test_nan_weights_are_rejected(checkpoint):
     tensors["layers.0.experts.down"][0, 0, 0] = float("nan")
     save_file(tensors, checkpoint / "model.safetensors")
     with pytest.raises(CheckpointError, match=r"layers\.0\.experts\.down contains NaN"):
-        load_checkpoint(checkpoint)
+        DeaMoEStack.from_pretrained(checkpoint)
 
 
 def test_extra_tensors_are_rejected(checkpoint):
@@ -89,12 +89,12 @@ def test_extra_tensors_are_rejected(checkpoint):
     tensors["layers.0.router.bias"] = torch.zeros(16)
     save_file(tensors, checkpoint / "model.safetensors")
     with pytest.raises(CheckpointError, match=r"does not describe, first layers\.0\.router\.bias"):
-        load_checkpoint(checkpoint)
+        DeaMoEStack.from_pretrained(checkpoint)
 
 
 def test_missing_directory_is_a_clear_error(tmp_path):
     with pytest.raises(CheckpointError, match="not a directory"):
-        load_checkpoint(tmp_path / "nope")
+        DeaMoEStack.from_pretrained(tmp_path / "nope")
 
 
 def test_failed_save_leaves_no_partial_files(tmp_path, monkeypatch):

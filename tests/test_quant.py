@@ -6,7 +6,6 @@ import torch
 
 from configs import DEEPSEEK_STYLE_GROUPED, QWEN2_STYLE_GROUPED
 from deamoe_trt import PRESETS, DeaMoELayer, DeaMoEStack, UsageError
-from deamoe_trt.checkpoint import load_checkpoint
 from deamoe_trt.inputs import random_hidden
 from deamoe_trt.quant import QuantConfig, dequantize, pack, quantize_rtn, unpack
 from spec_reference import spec_dequantize, spec_forward
@@ -87,7 +86,7 @@ def test_expanded_twin_of_a_quantized_layer_has_the_same_outputs(bits):
 def test_checkpoint_round_trip_keeps_codes_and_scales(tmp_path):
     stack = DeaMoEStack.random(DEEPSEEK_STYLE_GROUPED, 2, seed=0).quantized(QuantConfig(4, 32))
     stack.save_pretrained(tmp_path / "q")
-    loaded = load_checkpoint(tmp_path / "q")
+    loaded = DeaMoEStack.from_pretrained(tmp_path / "q")
     assert loaded.quant == QuantConfig(4, 32)
     for a, b in zip(stack.layers, loaded.layers, strict=True):
         for (name, t), (name2, u) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):

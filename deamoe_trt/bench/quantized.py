@@ -21,14 +21,14 @@ from ..inputs import random_hidden
 from ..layer import DeaMoELayer
 from ..presets import get_preset
 from ..quant import BITS, GROUP_SIZES, QuantConfig
-from ..report import Progress, format_bytes, format_table
+from ..report import Progress, format_table
 from ..routing import route_logits, router_logits
 from ..traffic import weights_loaded
 from . import bandwidth as bw
 from . import machine
 from .contenders import Contender
 from .options import step_seed
-from .tables import _x
+from .tables import TIMING_HEADERS, _x, timing_cells
 from .timing import interleaved, summary
 
 # Issue 15's targets for int4, qwen3-30b-a3b-layer, 1 token per step, on a CPU.
@@ -232,41 +232,23 @@ def _traffic(layer: DeaMoELayer, quant: QuantConfig, inputs: dict, warmup: int) 
 
 def format_quant_result(result: dict) -> str:
     s = result["settings"]
-    rows = []
-    for r in result["results"]:
-        rows.append(
-            (
-                r["contender"],
-                r["tokens"],
-                format_bytes(r["bytes_per_step_mean"]),
-                f"{r['median_s'] * 1e3:.3f}",
-                f"{r['p10_s'] * 1e3:.3f}",
-                f"{r['p90_s'] * 1e3:.3f}",
-                f"{r['roof_fraction']:.0%}",
-                _x(r.get("speedup_vs_expanded")),
-                _x(r.get("speedup_vs_anchor")),
-                _x(r.get("speedup_vs_fp32")),
-                _x(r.get("speedup_vs_fp16")),
-            )
+    rows = [
+        (
+            *timing_cells(r),
+            f"{r['roof_fraction']:.0%}",
+            _x(r.get("speedup_vs_expanded")),
+            _x(r.get("speedup_vs_anchor")),
+            _x(r.get("speedup_vs_fp32")),
+            _x(r.get("speedup_vs_fp16")),
         )
+        for r in result["results"]
+    ]
     title = (
         f"{s['preset']}, int{s['bits']} group size {s['group_size']} ({s['scales']} scales, from the fp32 layer), "
         f"{s['steps']} interleaved steps, {s['threads']} thread(s); roof {result['roof']['bytes_per_s'] / 1e9:.1f} GB/s"
     )
     table = format_table(
-        (
-            "contender",
-            "tokens",
-            "weights/step",
-            "median ms",
-            "p10 ms",
-            "p90 ms",
-            "of roof",
-            "vs expanded",
-            "vs QMoE vanilla",
-            "vs fp32",
-            "vs fp16",
-        ),
+        (*TIMING_HEADERS, "of roof", "vs expanded", "vs QMoE vanilla", "vs fp32", "vs fp16"),
         rows,
         title=title,
     )

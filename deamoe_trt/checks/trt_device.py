@@ -381,11 +381,11 @@ def _time_engine(path: Path, plugin: str, args) -> dict[int, dict]:
 
 def _traffic(checkpoint: Path, args) -> dict[int, dict]:
     """Bytes of weights each timed batch reads, DeaMoE vs the expanded twin (routing of the fp32 reference)."""
-    from deamoe_trt.checkpoint import load_checkpoint
+    from deamoe_trt import DeaMoEStack
     from deamoe_trt.inputs import random_hidden
     from deamoe_trt.traffic import compare_traffic
 
-    layer = load_checkpoint(checkpoint).layers[0]
+    layer = DeaMoEStack.from_pretrained(checkpoint).layers[0]
     config = layer.config
     width = {"fp32": 4, "fp16": 2, "bf16": 2}[args.dtype]
     out = {}

@@ -126,9 +126,9 @@ def _run(args) -> int:
             settings.check(layer.mlp.config)
         source = lm_source(loaded.model, loaded.tokenizer, text)
     else:
-        from ..checkpoint import load_checkpoint
+        from ..layer import DeaMoEStack
 
-        stack = load_checkpoint(args.source)
+        stack = DeaMoEStack.from_pretrained(args.source)
         settings.check(stack.config)
         hidden = read_calibration_tensor(args.calibration, "hidden_states") if args.calibration else None
         source = stack_source(stack, hidden, seed=args.seed, tokens=args.calibration_tokens)

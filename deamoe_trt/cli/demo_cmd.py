@@ -88,11 +88,11 @@ def _step(title: str, argv: list) -> None:
 def _routing(checkpoint: Path, seed: int) -> None:
     import torch
 
-    from ..checkpoint import load_checkpoint
     from ..inputs import random_hidden
+    from ..layer import DeaMoEStack
     from ..summary import routing_table
 
-    layer = load_checkpoint(checkpoint).layers[0]
+    layer = DeaMoEStack.from_pretrained(checkpoint).layers[0]
     x = random_hidden(4, layer.config.hidden_size, seed=seed)
     with torch.no_grad():
         routing = layer.route(x)

@@ -50,15 +50,15 @@ def _bytes(text: str) -> int:
 def run(args) -> int:
     import sys
 
-    from ..checkpoint import load_checkpoint
     from ..errors import UsageError
     from ..export import EXTERNAL_DATA_THRESHOLD, build_model, data_path, save_model
+    from ..layer import DeaMoEStack
     from ..report import Progress, format_bytes
 
     settings = _settings(args)
     # Big layers take a while: a progress line on a terminal; nothing in logs, so errors stay one line.
     progress = Progress(3, "export", enabled=sys.stderr.isatty())
-    stack = load_checkpoint(args.checkpoint)
+    stack = DeaMoEStack.from_pretrained(args.checkpoint)
     progress.update("checkpoint read")
     indices = list(settings.layers) if settings.layers is not None else list(range(len(stack.layers)))
     out_of_range = [i for i in indices if i >= len(stack.layers)]

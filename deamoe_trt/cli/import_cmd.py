@@ -111,7 +111,7 @@ def _refuse_foreign(existing: Path, fmt: str) -> None:
 
 
 def _run_layers(args) -> int:
-    from ..checkpoint import CONFIG_FILE, FORMAT, save_checkpoint
+    from ..checkpoint import CONFIG_FILE, FORMAT
     from ..errors import UsageError
     from ..importers.hf_dir import load_hf_dir, read_hf_config
 
@@ -123,7 +123,7 @@ def _run_layers(args) -> int:
 
     dtype = None if args.dtype == "auto" else common.DTYPE_NAMES[args.dtype]
     stack = load_hf_dir(model_dir, layers=args.layers, dtype=dtype)
-    save_checkpoint(stack, output, source=stack.source)
+    stack.save_pretrained(output)
     c = stack.config
     layers = stack.source["layers"]
     print(

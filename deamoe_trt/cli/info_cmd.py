@@ -31,10 +31,10 @@ def run(args) -> int:
     if args.checkpoint is None and not args.fit:
         raise UsageError("give a checkpoint directory, or --fit for the device memory-fit table")
     if args.checkpoint is not None:
-        from ..checkpoint import load_checkpoint
+        from ..layer import DeaMoEStack
         from ..summary import bit_width_table, config_table, parameter_table, traffic_table
 
-        stack = load_checkpoint(args.checkpoint)
+        stack = DeaMoEStack.from_pretrained(args.checkpoint)
         print(config_table(stack.config), end="\n\n")
         print(parameter_table(stack), end="\n\n")
         print(traffic_table(stack, args.tokens, samples=args.samples, seed=args.seed), end="\n\n")

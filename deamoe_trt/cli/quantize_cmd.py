@@ -35,8 +35,8 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from ..checkpoint import load_checkpoint
     from ..errors import UsageError
+    from ..layer import DeaMoEStack
     from ..quant import QuantConfig
     from ..report import format_bytes, format_table
     from ..summary import quantization_error
@@ -44,7 +44,7 @@ def run(args) -> int:
     if Path(args.output).resolve() == Path(args.checkpoint).resolve():
         raise UsageError("--output must differ from the input checkpoint (it is read while the output is written)")
     quant = QuantConfig(args.bits, args.group_size, args.method)
-    stack = load_checkpoint(args.checkpoint)
+    stack = DeaMoEStack.from_pretrained(args.checkpoint)
     quantized = stack.quantized(quant)
     path = quantized.save_pretrained(args.output)
     rows = quantization_error(stack, quantized, tokens=args.tokens, seed=args.seed)

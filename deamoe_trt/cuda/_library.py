@@ -15,12 +15,10 @@ from pathlib import Path
 from ..errors import MissingDependencyError
 from ..native import cache_dir
 from ._abi import bind
+from ._sources import PACKAGED_DIR, kernel_sources
 
 ENV_LIBRARY = "DEAMOE_TRT_KERNELS_LIB"
 LIBRARY_NAME = "libdeamoe_kernels.so"
-
-# The files the kernel library is built from (the TensorRT plugin's files are not).
-_SOURCE_PATTERNS = ("CMakeLists.txt", "deamoe/deamoe*.h", "deamoe/deamoe*.cuh", "deamoe/deamoe*.cu")
 
 _loaded: dict[str, ctypes.CDLL] = {}
 
@@ -32,6 +30,15 @@ class KernelBuildError(MissingDependencyError):
 def plugins_dir() -> Path:
     """plugins/ of the source tree this package runs from."""
     return Path(__file__).resolve().parents[2] / "plugins"
+
+
+def kernel_source_dir(package_dir: Path | None = None) -> Path:
+    """Where the kernel sources are: the copy a wheel carries (deamoe_trt/cuda/_src/, see
+    setup.py) if there is one, else the source tree's plugins/ (editable installs)."""
+    packaged = (package_dir or Path(__file__).resolve().parent) / PACKAGED_DIR
+    if (packaged / "CMakeLists.txt").is_file():
+        return packaged
+    return plugins_dir()
 
 
 def cache_root() -> Path:
@@ -67,7 +74,7 @@ def load_library(path: str | os.PathLike | None = None, *, cuda_architectures: s
 
 
 def _cached_or_built(cuda_architectures: str | None) -> Path:
-    source = plugins_dir()
+    source = kernel_source_dir()
     if not (source / "CMakeLists.txt").is_file():
         raise KernelBuildError(
             f"the DeaMoE kernel sources are not at {source}; build libdeamoe_kernels.so "
@@ -121,10 +128,9 @@ def _find_nvcc() -> str:
 
 def _build_key(source: Path, nvcc: str, archs: str) -> str:
     digest = hashlib.sha256()
-    for pattern in _SOURCE_PATTERNS:
-        for file in sorted(source.glob(pattern)):
-            digest.update(file.relative_to(source).as_posix().encode())
-            digest.update(file.read_bytes())
+    for file in kernel_sources(source):
+        digest.update(file.relative_to(source).as_posix().encode())
+        digest.update(file.read_bytes())
     try:
         version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):

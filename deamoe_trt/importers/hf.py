@@ -117,7 +117,7 @@ def from_hf_model(
     as a DeaMoEStack; dense layers are skipped.
 
     The stack's ``source`` attribute records where it came from, ready for
-    ``save_checkpoint(stack, dir, source=stack.source)``:
+    ``stack.save_pretrained(dir)``:
     {"hf_model_type": ..., "hf_module": ..., "layers": [HF layer indices, in stack order]}.
     """
     if not isinstance(model, nn.Module):

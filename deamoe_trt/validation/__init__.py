@@ -16,7 +16,7 @@ import onnx
 import torch
 from onnx import external_data_helper, numpy_helper
 
-from ..checkpoint import load_checkpoint, read_header
+from ..checkpoint import read_header
 from ..errors import UsageError
 from ..export.dtypes import DTYPES, ExportDtype, dtype_of_onnx, to_numpy
 from ..export.metadata import (
@@ -126,7 +126,7 @@ def reference_module(info: ExportInfo, checkpoint: str | Path) -> DeaMoELayer | 
             f"checkpoint {checkpoint} does not match the model: the model holds layer(s) "
             f"{','.join(map(str, info.layers))} but the checkpoint has {header['num_layers']} layer(s)"
         )
-    stack = load_checkpoint(checkpoint)
+    stack = DeaMoEStack.from_pretrained(checkpoint)
     dtype = DTYPES[info.dtype].torch
     layers = [stack.layers[i].to(dtype) for i in info.layers]
     return layers[0] if info.module == "layer" else DeaMoEStack.from_layers(layers)
@@ -183,7 +183,7 @@ def _engine_side(model, checkpoint, plugin):
         reference = reference_module(info, checkpoint)
         description = f"TensorRT engine of the {_describe(info)}"
         return runner, reference, DTYPES[info.dtype], description
-    stack = load_checkpoint(checkpoint)
+    stack = DeaMoEStack.from_pretrained(checkpoint)
     with runner:
         meta = runner.get_input_metadata()
     try:

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from deamoe_trt.checkpoint import load_checkpoint
+from deamoe_trt import DeaMoEStack
 from deamoe_trt.cli.main import main
 
 
@@ -16,7 +16,7 @@ def run_cli(*args):
 
 def test_init_writes_a_loadable_checkpoint(tmp_path, capsys):
     assert main(["init", "--preset", "tiny", "--layers", "2", "--dtype", "fp16", "-o", str(tmp_path / "c")]) == 0
-    stack = load_checkpoint(tmp_path / "c")
+    stack = DeaMoEStack.from_pretrained(tmp_path / "c")
     assert len(stack.layers) == 2
     assert str(stack.dtype) == "torch.float16"
     assert "wrote tiny" in capsys.readouterr().out

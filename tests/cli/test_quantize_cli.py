@@ -2,7 +2,7 @@
 
 import pytest
 
-from deamoe_trt.checkpoint import load_checkpoint
+from deamoe_trt import DeaMoEStack
 from deamoe_trt.cli.main import main
 from deamoe_trt.quant import QuantConfig
 
@@ -23,7 +23,7 @@ def test_quantize_writes_a_checkpoint_and_reports_the_error(tiny, tmp_path, caps
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["0"], ["1"])]
     assert len(rows) == 2 and all(row[-1] == "0" for row in rows)  # the router is not quantized
     assert all(0.01 < float(row[1]) < 0.3 for row in rows)
-    stack = load_checkpoint(out_dir)
+    stack = DeaMoEStack.from_pretrained(out_dir)
     assert stack.quant == QuantConfig(4, 16) and len(stack.layers) == 2
 
 

@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 
 import deamoe_trt
 from deamoe_trt import DeaMoEStack, UsageError
-from deamoe_trt.checkpoint import load_checkpoint, read_header, save_checkpoint
+from deamoe_trt.checkpoint import read_header
 from deamoe_trt.importers.hf import find_moe_blocks, from_hf_model
 
 from .hf_util import assert_parity, deepseek_v3_config, inputs, mixtral_config, qwen2_moe_config, randomize_
@@ -96,12 +96,12 @@ def test_layers_of_different_shapes_are_a_clear_error():
 def test_imported_checkpoint_round_trips(tmp_path):
     model = causal_lm(deepseek_v3_config(num_hidden_layers=3, first_k_dense_replace=1))
     stack = from_hf_model(model)
-    save_checkpoint(stack, tmp_path / "ckpt", source=stack.source)
+    stack.save_pretrained(tmp_path / "ckpt")
     header = read_header(tmp_path / "ckpt")
     assert header["source"] == {"hf_model_type": "deepseek_v3", "hf_module": "DeepseekV3MoE", "layers": [1, 2]}
     assert header["config"] == stack.config
     json.loads((tmp_path / "ckpt" / "config.json").read_text())  # plain JSON
-    loaded = load_checkpoint(tmp_path / "ckpt")
+    loaded = DeaMoEStack.from_pretrained(tmp_path / "ckpt")
     for a, b in zip(loaded.layers, stack.layers, strict=True):
         for name, tensor in b.state_dict().items():
             torch.testing.assert_close(a.state_dict()[name], tensor, rtol=0, atol=0)

@@ -11,7 +11,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from deamoe_trt.checkpoint import load_checkpoint, read_header
+from deamoe_trt import DeaMoEStack
+from deamoe_trt.checkpoint import read_header
 from deamoe_trt.cli.main import main
 from deamoe_trt.importers.hf import from_hf_model
 
@@ -47,7 +48,7 @@ def test_import_hf_writes_a_checkpoint_with_the_models_moe_layers(qwen2_dir, tmp
     source = {"hf_model_type": "qwen2_moe", "hf_module": "Qwen2MoeSparseMoeBlock", "layers": [1, 2, 3]}
     assert header["source"] == source
     assert header["dtype"] == "float32"
-    stack = load_checkpoint(tmp_path / "ckpt")
+    stack = DeaMoEStack.from_pretrained(tmp_path / "ckpt")
     direct = from_hf_model(model)
     assert stack.config == direct.config
     for a, b in zip(stack.layers, direct.layers, strict=True):

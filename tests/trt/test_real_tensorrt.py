@@ -37,13 +37,14 @@ def _checkpoint(tmp_path, config=None):
 
 
 def _build_and_validate(tmp_path, plugin, dtype):
-    from deamoe_trt.checkpoint import load_checkpoint
     from deamoe_trt.export import export
     from deamoe_trt.trt.builder import BuildOptions, build_engine
     from deamoe_trt.validation import validate
 
     ckpt = _checkpoint(tmp_path)
-    model = export(load_checkpoint(ckpt).layers[0], tmp_path / f"tiny-{dtype}.onnx", "plugin", dtype, max_tokens=16)
+    model = export(
+        DeaMoEStack.from_pretrained(ckpt).layers[0], tmp_path / f"tiny-{dtype}.onnx", "plugin", dtype, max_tokens=16
+    )
     result = build_engine(
         BuildOptions(model=model, output=tmp_path / f"tiny-{dtype}.engine", plugin=plugin, timing_cache="none"),
         progress=io.StringIO(),

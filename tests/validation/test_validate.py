@@ -124,10 +124,9 @@ def test_an_engine_is_validated_against_the_layers_and_dtype_its_metadata_names(
 
 
 def test_quantized_model_needs_its_quantized_checkpoint(checkpoint, tmp_path):
-    from deamoe_trt.checkpoint import load_checkpoint
     from deamoe_trt.quant import QuantConfig
 
-    quantized = load_checkpoint(checkpoint).quantized(QuantConfig(8, 16))
+    quantized = DeaMoEStack.from_pretrained(checkpoint).quantized(QuantConfig(8, 16))
     quantized.save_pretrained(tmp_path / "q8")
     model = export(quantized, tmp_path / "m.onnx", "ort")
     with pytest.raises(UsageError, match="the model has int8-g16, the checkpoint float weights"):

@@ -1,0 +1,40 @@
+"""A wheel carries the CUDA kernel sources, so a non-editable install can build the binding."""
+
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from deamoe_trt.cuda._library import kernel_source_dir, plugins_dir
+from deamoe_trt.cuda._sources import kernel_sources
+
+
+def test_source_finder_falls_back_to_the_repository(tmp_path):
+    assert kernel_source_dir(tmp_path) == plugins_dir()  # no _src/ here: an editable install
+
+
+@pytest.mark.slow
+def test_wheel_carries_the_kernel_sources_and_the_finder_uses_them(tmp_path):
+    repo = plugins_dir().parent
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", str(repo), "--no-deps", "--no-build-isolation", "-q"]
+    result = subprocess.run(
+        [*pip_wheel, "-w", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (wheel,) = tmp_path.glob("deamoe_trt-*.whl")
+    plugins = plugins_dir()
+    expected = {f"deamoe_trt/cuda/_src/{f.relative_to(plugins).as_posix()}": f for f in kernel_sources(plugins)}
+    assert "deamoe_trt/cuda/_src/deamoe/deamoeKernels.cu" in expected  # the pattern really matches
+    with zipfile.ZipFile(wheel) as archive:
+        packaged = {name for name in archive.namelist() if name.startswith("deamoe_trt/cuda/_src/")}
+        assert packaged == set(expected)
+        for name, source in expected.items():
+            assert archive.read(name) == source.read_bytes(), name
+        assert not any("deamoePlugin" in name or name.endswith("plugin.cmake") for name in archive.namelist())
+        archive.extractall(tmp_path / "site")
+    package_dir = tmp_path / "site" / "deamoe_trt" / "cuda"
+    assert kernel_source_dir(package_dir) == package_dir / "_src"
