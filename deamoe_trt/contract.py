@@ -5,9 +5,9 @@ them by tests/test_contract.py (no TensorRT needed):
 - generated: export/plugin_node.py (attribute types, input presence), trt/qdp.py (the
   QDP's tables and input dtypes), cuda/_abi.py (LayerParams, LayerWeights, enum codes) and
   the tables of plugins/deamoe/README.md (`python -m deamoe_trt.contract --write-readme`);
-- checked textually: deamoePlugin.h/.cpp (identity, field table, parsing, serialisation,
-  input roles, presence, shapes, weight pointers), deamoeKernels.h (enums, LayerParams,
-  LayerWeights, the C ABI), deamoeRouting.cuh/deamoePlan.cuh against the host-test
+- checked textually: deamoePlugin.h/.cpp and deamoePluginFields.h/.cpp (identity, field
+  table, parsing, serialisation, input roles, presence, shapes, weight pointers),
+  deamoeKernels.h (enums, LayerParams, LayerWeights, the C ABI), deamoeRouting.cuh/deamoePlan.cuh against the host-test
   bindings, tests/trt/plugin_harness.cpp, and the QDP's hand-written signatures.
 
 A leaf module: plain data, no torch or onnx, so anything may import it.

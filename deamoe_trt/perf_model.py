@@ -86,7 +86,7 @@ DEFAULT_REGISTERS = {
     },
 }
 KERNELS = ("routerSharedKernel", "routedKernel", "downKernel")
-# 16-byte loads each lane keeps in flight (Unroll<TT> x rows per warp, deamoeForward.cuh).
+# 16-byte loads each lane keeps in flight (Unroll<TT> x rows per warp, deamoeDevice.cuh).
 LOADS_IN_FLIGHT = {1: 8, 2: 8, 4: 8, 8: 4, 16: 4}
 
 

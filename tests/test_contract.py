@@ -27,7 +27,7 @@ HARNESS = ROOT / "tests" / "trt" / "plugin_harness.cpp"
 
 ATTRIBUTES = {a.name: a for a in contract.ATTRIBUTES}
 SYMBOL_OF_PARAM = {a.param: a.symbol for a in contract.ATTRIBUTES if a.symbol}
-# deamoePlugin.cpp's readers and the PluginFieldType it serialises, per attribute kind.
+# deamoePluginFields.cpp's readers and the PluginFieldType deamoePlugin.cpp serialises, per attribute kind.
 READERS = {"int": "readInt32", "bool": "readBool", "float": "readFloat", "str": "readString"}
 FIELD_KINDS = {"int": "kINT", "bool": "kBOOL", "float": "kFLOAT", "str": "kSTRING"}
 PLUGIN_FIELD_TYPES = {"int": "kINT32", "bool": "kINT32", "float": "kFLOAT32", "str": "kCHAR"}
@@ -209,13 +209,26 @@ def test_host_test_structs_match_bindings():
 
 
 # ---------------------------------------------------------------------------------------
-# C++: the TensorRT plugin (deamoePlugin.h/.cpp) and its harness
+# C++: the TensorRT plugin (deamoePlugin.h/.cpp, deamoePluginFields.h/.cpp) and its harness
 # ---------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def plugin_cpp() -> str:
+    """The plugin class and its creator: serialisation and enqueue."""
     return source(PLUGIN / "deamoePlugin.cpp")
+
+
+@pytest.fixture(scope="module")
+def fields_h() -> str:
+    """The field table."""
+    return source(PLUGIN / "deamoePluginFields.h")
+
+
+@pytest.fixture(scope="module")
+def fields_cpp() -> str:
+    """Fields to LayerParams, and the node's inputs."""
+    return source(PLUGIN / "deamoePluginFields.cpp")
 
 
 def test_plugin_identity_and_roles():
@@ -230,16 +243,16 @@ def test_plugin_identity_and_roles():
     assert roles == {i.role: n for n, i in enumerate(contract.INPUTS)}, "deamoePlugin.h enum InputRole"
 
 
-def test_plugin_field_table(plugin_cpp):
-    rows = re.findall(r'\{"(\w+)", FieldKind::(k\w+), (true|false)\}', block(plugin_cpp, "kFIELDS[] =", "kFIELDS"))
+def test_plugin_field_table(fields_h):
+    rows = re.findall(r'\{"(\w+)", FieldKind::(k\w+), (true|false)\}', block(fields_h, "kFIELDS[] =", "kFIELDS"))
     want = [(a.name, FIELD_KINDS[a.kind], "true" if a.required else "false") for a in contract.ATTRIBUTES]
-    assert rows == want, "deamoePlugin.cpp kFIELDS"
-    ignored = re.search(r"kIGNORED_FIELDS\[\] = \{([^}]*)\}", plugin_cpp)
+    assert rows == want, "deamoePluginFields.h kFIELDS"
+    ignored = re.search(r"kIGNORED_FIELDS\[\] = \{([^}]*)\}", fields_h)
     assert ignored and re.findall(r'"(\w+)"', ignored.group(1)) == list(contract.SELECTOR_ATTRIBUTES)
 
 
-def test_plugin_parses_every_field(plugin_cpp):
-    body = block(plugin_cpp, "LayerParams paramsFromFields(", "paramsFromFields")
+def test_plugin_parses_every_field(fields_cpp):
+    body = block(fields_cpp, "LayerParams paramsFromFields(", "paramsFromFields")
     parsed = re.findall(r'name == "(\w+)"\)\s*p\.(\w+) = (\w+)\((?:(read\w+)\()?', body)
     want = []
     for a in contract.ATTRIBUTES:
@@ -248,11 +261,13 @@ def test_plugin_parses_every_field(plugin_cpp):
             want.append((a.name, a.param, parser, "readString"))
         else:
             want.append((a.name, a.param, READERS[a.kind], ""))
-    assert parsed == want, "deamoePlugin.cpp paramsFromFields: name -> member and reader"
+    assert parsed == want, "deamoePluginFields.cpp paramsFromFields: name -> member and reader"
     for attribute, type_name in contract.ENUM_TYPES.items():
-        parse = block(plugin_cpp, f"{type_name} parse{type_name}(", f"parse{type_name}")
+        parse = block(fields_cpp, f"{type_name} parse{type_name}(", f"parse{type_name}")
         pairs = re.findall(r'text == "(\w+)"\)\s*\{\s*return ' + type_name + r"::(k\w+);", parse)
-        assert pairs == [(v, "k" + v.upper()) for v in contract.ENUMS[attribute]], f"deamoePlugin.cpp parse{type_name}"
+        assert pairs == [(v, "k" + v.upper()) for v in contract.ENUMS[attribute]], (
+            f"deamoePluginFields.cpp parse{type_name}"
+        )
 
 
 def test_plugin_serialises_every_field(plugin_cpp):
@@ -267,12 +282,12 @@ def test_plugin_serialises_every_field(plugin_cpp):
     )
 
 
-def test_plugin_inputs(plugin_cpp):
-    names = dict(re.findall(r'case InputRole::(k\w+): return "([\w.]+)";', block(plugin_cpp, "inputRoleName(", "")))
-    assert names == {i.role: i.name for i in contract.INPUTS}, "deamoePlugin.cpp inputRoleName"
+def test_plugin_inputs(plugin_cpp, fields_cpp):
+    names = dict(re.findall(r'case InputRole::(k\w+): return "([\w.]+)";', block(fields_cpp, "inputRoleName(", "")))
+    assert names == {i.role: i.name for i in contract.INPUTS}, "deamoePluginFields.cpp inputRoleName"
 
     # presentInputs: the roles always there, then `if (p.member ...)` blocks of push_backs.
-    body = block(plugin_cpp, "std::vector<InputRole> presentInputs(", "presentInputs")
+    body = block(fields_cpp, "std::vector<InputRole> presentInputs(", "presentInputs")
     always = re.findall(r"InputRole::(k\w+)", body[: body.index("if")])
     conditional = {
         role: param
@@ -280,13 +295,13 @@ def test_plugin_inputs(plugin_cpp):
         for role in re.findall(r"InputRole::(k\w+)", pushes)
     }
     param_of = {a.name: a.param for a in contract.ATTRIBUTES}
-    assert always == [i.role for i in contract.INPUTS if not i.present_when], "deamoePlugin.cpp presentInputs"
+    assert always == [i.role for i in contract.INPUTS if not i.present_when], "deamoePluginFields.cpp presentInputs"
     assert conditional == {i.role: param_of[i.present_when] for i in contract.INPUTS if i.present_when}, (
-        "deamoePlugin.cpp presentInputs: which flag or width makes each input present"
+        "deamoePluginFields.cpp presentInputs: which flag or width makes each input present"
     )
 
     # expectedShape: C++ expressions back to the contract's symbols.
-    body = block(plugin_cpp, "std::vector<int64_t> expectedShape(", "expectedShape")
+    body = block(fields_cpp, "std::vector<int64_t> expectedShape(", "expectedShape")
     shapes = {}
     for role, dims in re.findall(r"case InputRole::(k\w+): return \{([^;]*)\};", body):
         symbols = []
@@ -294,7 +309,7 @@ def test_plugin_inputs(plugin_cpp):
             dim = re.sub(r"int64_t\{p\.(\w+)\}|p\.(\w+)", lambda m: SYMBOL_OF_PARAM[m.group(1) or m.group(2)], dim)
             symbols.append("T" if dim.strip() == "-1" else dim.replace(" ", ""))
         shapes[role] = tuple(symbols)
-    assert shapes == {i.role: i.shape for i in contract.INPUTS}, "deamoePlugin.cpp expectedShape"
+    assert shapes == {i.role: i.shape for i in contract.INPUTS}, "deamoePluginFields.cpp expectedShape"
 
     # enqueue: each role's pointer lands on its LayerWeights member, and an input of either
     # dtype sets its LayerParams flag there.

@@ -14,7 +14,7 @@
 #                              headers only, leaving libnvinfer's symbols to be resolved when
 #                              the library is loaded into a TensorRT process (compile checks).
 #
-# Targets (both from deamoePlugin.cpp; see README.md, "Which library to load")
+# Targets (both from deamoePlugin*.cpp; see README.md, "Which library to load")
 #   deamoe_plugin          libdeamoe_plugin.so: registers its creator when loaded
 #                          (REGISTER_TENSORRT_PLUGIN). For dlopen/ctypes, trtexec
 #                          --staticPlugins, polygraphy --plugins, deamoe-trt --plugin.
@@ -87,9 +87,14 @@ message(STATUS "DeaMoE plugin: TensorRT ${DEAMOE_TENSORRT_VERSION} (${TENSORRT_I
                "libnvinfer: ${TENSORRT_NVINFER_LIBRARY}, kernels: ${DEAMOE_KERNELS_TARGET}")
 
 set(_deamoe_plugin_dir "${CMAKE_CURRENT_LIST_DIR}")
+# The plugin's sources (tests/trt/test_plugin_cpp.py compiles the same .cpp files).
+set(_deamoe_plugin_sources
+  "${_deamoe_plugin_dir}/deamoePlugin.cpp" "${_deamoe_plugin_dir}/deamoePlugin.h"
+  "${_deamoe_plugin_dir}/deamoePluginFields.cpp" "${_deamoe_plugin_dir}/deamoePluginFields.h"
+  "${_deamoe_plugin_dir}/deamoePluginUtils.cpp" "${_deamoe_plugin_dir}/deamoePluginUtils.h")
 
 function(_deamoe_add_plugin_library name dynamic)
-  add_library(${name} SHARED "${_deamoe_plugin_dir}/deamoePlugin.cpp" "${_deamoe_plugin_dir}/deamoePlugin.h")
+  add_library(${name} SHARED ${_deamoe_plugin_sources})
   target_compile_features(${name} PRIVATE cxx_std_17)
   target_compile_definitions(${name} PRIVATE DEAMOE_PLUGIN_DYNAMIC=${dynamic})
   target_include_directories(${name} PRIVATE "${_deamoe_plugin_dir}")

@@ -1,5 +1,5 @@
 /*
- * Host-only harness for the DeaMoE plugin's TensorRT glue (plugins/deamoe/deamoePlugin.cpp).
+ * Host-only harness for the DeaMoE plugin's TensorRT glue (plugins/deamoe/deamoePlugin*.cpp).
  *
  * Compiled by tests/trt/test_plugin_cpp.py against TensorRT *headers* only: the kernels are
  * stubbed below, and the plugin is built as

@@ -20,6 +20,8 @@ pytestmark = pytest.mark.trt
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_DIR = ROOT / "plugins" / "deamoe"
+# The plugin's translation units, as plugins/deamoe/plugin.cmake lists them.
+PLUGIN_SOURCES = [PLUGIN_DIR / name for name in ("deamoePlugin.cpp", "deamoePluginFields.cpp", "deamoePluginUtils.cpp")]
 
 
 def _headers() -> Path | None:
@@ -56,14 +58,15 @@ def _compile(toolchain, out: Path, sources: list[Path], *extra: str) -> None:
 
 
 @pytest.mark.parametrize("dynamic", [0, 1])
-def test_plugin_compiles_cleanly(toolchain, tmp_path, dynamic):
-    _compile(toolchain, tmp_path / "plugin.o", [PLUGIN_DIR / "deamoePlugin.cpp"], "-c", "-fPIC",
+@pytest.mark.parametrize("plugin_source", PLUGIN_SOURCES, ids=lambda p: p.name)
+def test_plugin_compiles_cleanly(toolchain, tmp_path, dynamic, plugin_source):
+    _compile(toolchain, tmp_path / "plugin.o", [plugin_source], "-c", "-fPIC",
              f"-DDEAMOE_PLUGIN_DYNAMIC={dynamic}")  # fmt: skip
 
 
 def test_plugin_harness(toolchain, tmp_path):
     exe = tmp_path / "harness"
-    _compile(toolchain, exe, [PLUGIN_DIR / "deamoePlugin.cpp", Path(__file__).with_name("plugin_harness.cpp")],
+    _compile(toolchain, exe, [*PLUGIN_SOURCES, Path(__file__).with_name("plugin_harness.cpp")],
              "-O1", "-DDEAMOE_PLUGIN_DYNAMIC=1")  # fmt: skip
     result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,134 @@
+/*
+ * K3 of the DeaMoE forward (deamoeForward.cuh): the down projection of every used part,
+ * owned by output row tile.
+ */
+#pragma once
+
+#include "deamoeGemv.cuh"
+
+namespace deamoe
+{
+namespace detail
+{
+
+// ---------------------------------------------------------------------------------------
+// K3: down of every used part, owned by output row tile
+
+template <class T>
+struct DownArgs
+{
+    PlanView plan;
+    int32_t hidden;
+    int32_t numTokens;
+    T const* departmentDown; // [D][d][f_s] or nullptr
+    int32_t departmentWidth;
+    float const* hDepartment; // [tile][min(g,k)][f_s]
+    int32_t departmentSlots;  // min(g, k)
+    T const* expertDown;      // [N][d][f_p] or nullptr
+    int32_t expertWidth;
+    float const* hExpert; // [tile][k][f_p]
+    int32_t topK;
+    float const* sharedOut; // [tile][d] or nullptr
+    T* output;              // [tile][d]
+};
+
+// Blocks per SM the down kernel asks ptxas to fit. Every down block streams the same
+// bytes, so a grid that does not fit in one wave leaves a tail at a fraction of the
+// bandwidth: 7 blocks of <= 73 registers for 1 token put deepseek-v3-layer's 896 row
+// tiles in one wave on an H100/H200 (132 SMs; 8 blocks of 64 registers spill, as do 7
+// for 2 tokens in fp16). Wider tiles need the registers: 3 keeps the 16-token variant
+// from spilling on sm_110.
+template <int TT>
+struct DownMinBlocks
+{
+    static constexpr int value = TT == 1 ? 7 : (TT == 2 ? 6 : (TT >= 16 ? 3 : 4));
+};
+
+// Each block owns kDownRowsPerTile output rows and streams those rows of every used part
+// (experts in plan order, then departments), adding each part's dot products into the
+// tokens' accumulators (W_j and w_e are already folded into h), then the shared experts'
+// output. The parts' metadata is staged in shared memory kDownPartsPerGroup at a time.
+template <class T, int TT>
+__global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT>::value) downKernel(DownArgs<T> const args)
+{
+    beginDependentKernel();
+    constexpr int E = Elems16<T>::value;
+    constexpr int G = kDownPartsPerGroup;
+    constexpr int R = kDownRowsPerWarp;
+    __shared__ T const* partDown[G]; // the part's down matrix [d][width]
+    __shared__ float const* partH[G];
+    __shared__ int partWidth[G];
+    __shared__ int partOffset[G][TT]; // h offset of each token in the part, -1: not used
+
+    int const tid = static_cast<int>(threadIdx.x);
+    int const warp = tid / kWarpSize;
+    int const d = args.hidden;
+    int const firstRow = static_cast<int>(blockIdx.x) * kDownRowsPerTile + warp * R;
+    int const usedExperts = args.expertWidth ? args.plan.counts[1] : 0;
+    int const usedDepartments = args.departmentWidth ? args.plan.counts[0] : 0;
+    int const parts = usedExperts + usedDepartments;
+
+    float acc[R][TT] = {};
+    for (int first = 0; first < parts; first += G)
+    {
+        int const n = min(G, parts - first);
+        __syncthreads(); // the previous group is consumed
+        for (int i = tid; i < G * TT; i += kGemvThreads)
+            (&partOffset[0][0])[i] = -1;
+        for (int q = tid; q < n; q += kGemvThreads)
+        {
+            int const p = first + q;
+            bool const expert = p < usedExperts;
+            int const width = expert ? args.expertWidth : args.departmentWidth;
+            int const id = expert ? args.plan.experts[p] : args.plan.departments[p - usedExperts];
+            partDown[q] = (expert ? args.expertDown : args.departmentDown) + static_cast<size_t>(id) * d * width;
+            partH[q] = expert ? args.hExpert : args.hDepartment;
+            partWidth[q] = width;
+        }
+        __syncthreads();
+        for (int i = tid; i < n * kMaxTileTokens; i += kGemvThreads)
+        {
+            int const p = first + i / kMaxTileTokens;
+            int const e = i % kMaxTileTokens;
+            bool const expert = p < usedExperts;
+            int const part = expert ? p : p - usedExperts;
+            int const count = expert ? args.plan.expertEntryCounts[part] : args.plan.departmentEntryCounts[part];
+            if (e < count)
+            {
+                PlanEntry const entry
+                    = (expert ? args.plan.expertEntries : args.plan.departmentEntries)[part * kMaxTileTokens + e];
+                int const slots = expert ? args.topK : args.departmentSlots;
+                partOffset[i / kMaxTileTokens][entry.token]
+                    = (entry.token * slots + entry.slot) * (expert ? args.expertWidth : args.departmentWidth);
+            }
+        }
+        __syncthreads();
+        if (firstRow < d)
+        {
+            for (int q = 0; q < n; ++q)
+            {
+                int const width = partWidth[q];
+                uint32_t tokens = 0u;
+#pragma unroll
+                for (int t = 0; t < TT; ++t)
+                    tokens |= partOffset[q][t] >= 0 ? 1u << t : 0u;
+                T const* rows[R];
+                downRowPointers(partDown[q], width, d, firstRow, rows);
+                // The offsets stay in shared memory (a broadcast read per use), not in 16
+                // registers of the widest tile.
+                accumulateRows<T, float, R, TT>(rows, 0, width / E, partH[q], partOffset[q], tokens, acc);
+            }
+        }
+    }
+    if (firstRow >= d)
+        return;
+    storeRows<TT>(acc, firstRow, d, args.numTokens, [&args, d](int t, int row, float value) {
+        size_t const at = static_cast<size_t>(t) * d + row;
+        if (args.sharedOut)
+            value += args.sharedOut[at];
+        args.output[at] = fromFloat<T>(value);
+    });
+}
+
+} // namespace detail
+} // namespace deamoe

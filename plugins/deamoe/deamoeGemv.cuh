@@ -1,0 +1,273 @@
+/*
+ * The GEMV blocks the DeaMoE kernels share (deamoeForward.cuh): gate/up blocks of K1
+ * (and the router logits) and of K2, and the warp down rows of K2 and K3.
+ */
+#pragma once
+
+#include "deamoeDevice.cuh"
+
+namespace deamoe
+{
+namespace detail
+{
+
+// ---------------------------------------------------------------------------------------
+// Gate/up GEMV blocks of K1 (and the router logits, which are the same kind of x-only
+// GEMV) and of K2 (the plan's parts)
+
+enum GateUpKind : int32_t
+{
+    kKindRouter = 0,
+    kKindShared = 1,
+    kKindDepartment = 2,
+    kKindExpert = 3,
+};
+
+template <class T>
+struct GateUpArgs
+{
+    T const* x;             // [tile][d]
+    int32_t hidden;         // d
+    int32_t numTokens;      // tokens of this tile
+    int32_t slices;         // warps per neuron (split of d); kGemvWarps / slices neurons per block
+    int32_t chunksPerSlice; // 16-byte chunks of one row per slice
+    int32_t routedMode;     // 0: K1 (router + shared experts), 1: K2 (plan parts)
+    // K1
+    T const* routerWeight;  // [N][d]
+    int32_t routerRows;     // N (+1 when sharedGateRow)
+    int32_t numExperts;     // N
+    T const* sharedGateRow; // [d] or nullptr: routed as logit column N
+    float* logits;          // [tile][logitsStride]
+    int32_t logitsStride;
+    int32_t routerBlocks;
+    T const* sharedGateUp; // [2 f_sh][d] or nullptr
+    int32_t sharedWidth;   // f_sh
+    float* hShared;        // [tile][f_sh]
+    int32_t* counters;     // [kNumCounters] zeroed for K2, or nullptr (route())
+    // K2
+    PlanView plan;
+    T const* departmentGateUp; // [D][2 f_s][d] or nullptr
+    int32_t departmentWidth;   // f_s
+    float* hDepartment;        // [tile][min(g,k)][f_s]
+    int32_t departmentSlots;   // min(g, k)
+    int32_t departmentBlocksPerPart;
+    T const* expertGateUp; // [N][2 f_p][d] or nullptr
+    int32_t expertWidth;   // f_p
+    float* hExpert;        // [tile][k][f_p]
+    int32_t topK;
+    int32_t expertBlocksPerPart;
+};
+
+// One gate/up block: block index `block` of the K1 or K2 gate/up grid.
+template <class T, int TT>
+DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
+{
+    constexpr int E = Elems16<T>::value;
+    __shared__ float partial[kGemvWarps][2][TT];
+
+    int const warp = static_cast<int>(threadIdx.x) / kWarpSize;
+    int const lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
+    int const d = args.hidden;
+    int const neuronsPerBlock = kGemvWarps / args.slices;
+
+    // Resolve this block's work item (block-uniform).
+    int kind;
+    int firstUnit; // first neuron (or router row pair) of the block
+    int width;     // neurons (or router row pairs) in the part
+    T const* base = nullptr;
+    PlanEntry const* entries = nullptr;
+    int numTokens = args.numTokens;
+    if (!args.routedMode)
+    {
+        if (block < args.routerBlocks)
+        {
+            kind = kKindRouter;
+            firstUnit = block * neuronsPerBlock;
+            width = (args.routerRows + 1) / 2;
+        }
+        else
+        {
+            kind = kKindShared;
+            firstUnit = (block - args.routerBlocks) * neuronsPerBlock;
+            width = args.sharedWidth;
+            base = args.sharedGateUp;
+        }
+    }
+    else
+    {
+        int const departmentBlocks = args.plan.counts[0] * args.departmentBlocksPerPart;
+        int const expertBlocks = args.plan.counts[1] * args.expertBlocksPerPart;
+        if (block < departmentBlocks)
+        {
+            int const part = block / args.departmentBlocksPerPart;
+            kind = kKindDepartment;
+            firstUnit = (block - part * args.departmentBlocksPerPart) * neuronsPerBlock;
+            width = args.departmentWidth;
+            base = args.departmentGateUp + static_cast<size_t>(args.plan.departments[part]) * 2 * width * d;
+            entries = args.plan.departmentEntries + part * kMaxTileTokens;
+            numTokens = args.plan.departmentEntryCounts[part];
+        }
+        else if (block - departmentBlocks < expertBlocks)
+        {
+            block -= departmentBlocks;
+            int const part = block / args.expertBlocksPerPart;
+            kind = kKindExpert;
+            firstUnit = (block - part * args.expertBlocksPerPart) * neuronsPerBlock;
+            width = args.expertWidth;
+            base = args.expertGateUp + static_cast<size_t>(args.plan.experts[part]) * 2 * width * d;
+            entries = args.plan.expertEntries + part * kMaxTileTokens;
+            numTokens = args.plan.expertEntryCounts[part];
+        }
+        else
+        {
+            return; // beyond this tile's plan
+        }
+    }
+    if (numTokens <= 0)
+        return;
+
+    int const unit = firstUnit + warp / args.slices;
+    int const slice = warp % args.slices;
+    bool const active = unit < width;
+
+    int offset[TT];
+#pragma unroll
+    for (int t = 0; t < TT; ++t)
+    {
+        int const token = entries ? (t < numTokens ? entries[t].token : 0) : t;
+        offset[t] = token * d;
+    }
+
+    float acc[2][TT];
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+    {
+#pragma unroll
+        for (int t = 0; t < TT; ++t)
+            acc[r][t] = 0.0f;
+    }
+
+    if (active)
+    {
+        T const* rows[2];
+        if (kind == kKindRouter)
+        {
+            int const row0 = 2 * unit;
+            int const row1 = row0 + 1 < args.routerRows ? row0 + 1 : row0; // odd count: recompute row0, unused
+            rows[0] = row0 < args.numExperts ? args.routerWeight + static_cast<size_t>(row0) * d : args.sharedGateRow;
+            rows[1] = row1 < args.numExperts ? args.routerWeight + static_cast<size_t>(row1) * d : args.sharedGateRow;
+        }
+        else
+        {
+            rows[0] = base + static_cast<size_t>(unit) * d;         // gate row
+            rows[1] = base + static_cast<size_t>(width + unit) * d; // up row
+        }
+        int const chunksPerRow = d / E;
+        int const begin = slice * args.chunksPerSlice;
+        int const end = min(begin + args.chunksPerSlice, chunksPerRow);
+        accumulateRows<T, T, 2, TT>(rows, begin, end, args.x, offset, firstTokens(numTokens), acc);
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+        {
+#pragma unroll
+            for (int t = 0; t < TT; ++t)
+            {
+                if (t < numTokens)
+                    acc[r][t] = warpSum(acc[r][t]);
+            }
+        }
+        if (lane == 0)
+        {
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+            {
+#pragma unroll
+                for (int t = 0; t < TT; ++t)
+                    partial[warp][r][t] = acc[r][t];
+            }
+        }
+    }
+    __syncthreads();
+
+    // Epilogue: one thread per (neuron, token); slices summed in slice order.
+    int const tid = static_cast<int>(threadIdx.x);
+    if (tid >= neuronsPerBlock * numTokens)
+        return;
+    int const local = tid / numTokens;
+    int const t = tid - local * numTokens;
+    int const neuron = firstUnit + local;
+    if (neuron >= width)
+        return;
+    float g = 0.0f;
+    float u = 0.0f;
+    for (int s = 0; s < args.slices; ++s)
+    {
+        g += partial[local * args.slices + s][0][t];
+        u += partial[local * args.slices + s][1][t];
+    }
+    switch (kind)
+    {
+    case kKindRouter:
+    {
+        int const row0 = 2 * neuron;
+        args.logits[t * args.logitsStride + row0] = g;
+        if (row0 + 1 < args.routerRows)
+            args.logits[t * args.logitsStride + row0 + 1] = u;
+        break;
+    }
+    case kKindShared: args.hShared[t * args.sharedWidth + neuron] = silu(g) * u; break;
+    case kKindDepartment:
+    {
+        PlanEntry const entry = entries[t];
+        args.hDepartment[(entry.token * args.departmentSlots + entry.slot) * width + neuron]
+            = entry.weight * (silu(g) * u);
+        break;
+    }
+    default:
+    {
+        PlanEntry const entry = entries[t];
+        args.hExpert[(entry.token * args.topK + entry.slot) * width + neuron] = entry.weight * (silu(g) * u);
+        break;
+    }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Down rows: a warp's kDownRowsPerWarp rows (firstRow, firstRow + 1, ...) of a down
+// projection [d][f], accumulated per token, then reduced across the warp.
+
+template <class T>
+DEAMOE_DEVICE void downRowPointers(T const* down, int width, int hidden, int firstRow, T const* (&rows)[kDownRowsPerWarp])
+{
+#pragma unroll
+    for (int r = 0; r < kDownRowsPerWarp; ++r)
+        rows[r] = down + static_cast<size_t>(min(firstRow + r, hidden - 1)) * width;
+}
+
+// Reduces acc over the warp (fixed butterfly) and hands each (token t < numTokens, row)
+// value to store(t, row, value), called by one lane per value.
+template <int TT, class Store>
+DEAMOE_DEVICE void storeRows(float (&acc)[kDownRowsPerWarp][TT], int firstRow, int hidden, int numTokens,
+    Store const& store)
+{
+    constexpr int R = kDownRowsPerWarp;
+    static_assert(R * TT <= kWarpSize, "one lane per stored value");
+    int const lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+    {
+#pragma unroll
+        for (int t = 0; t < TT; ++t)
+        {
+            if (t < numTokens)
+            {
+                float const value = warpSum(acc[r][t]);
+                if (lane == r * TT + t && firstRow + r < hidden)
+                    store(t, firstRow + r, value);
+            }
+        }
+    }
+}
+
+} // namespace detail
+} // namespace deamoe

@@ -1,0 +1,348 @@
+/*
+ * Host side of the DeaMoE kernels (deamoeForward.cuh): launch geometry and the typed entry
+ * points (forwardTyped, routeTyped, ...) that deamoeKernels.cu dispatches to per dtype.
+ */
+#pragma once
+
+#include "deamoeDownKernel.cuh"
+#include "deamoeRouteKernel.cuh"
+#include "deamoeRoutedKernel.cuh"
+#include "deamoeRouterRowsFloatKernel.cuh"
+#include "deamoeRouterSharedKernel.cuh"
+
+namespace deamoe
+{
+namespace detail
+{
+
+// ---------------------------------------------------------------------------------------
+// Host side: launch geometry and the typed entry points.
+
+inline int ceilDiv(int a, int b)
+{
+    return (a + b - 1) / b;
+}
+
+#if defined(__CUDACC__)
+// Launches kernel<<<grid, block, smem, stream>>>(args), as a programmatic dependent of the
+// stream's previous kernel when that is enabled and the GPU is sm_90 or newer. Returns the
+// launch's result, for checkLaunch().
+template <class Args>
+cudaError_t launchKernel(void (*kernel)(Args), unsigned grid, unsigned block, size_t smem, cudaStream_t stream,
+    Args const& args)
+{
+    cudaLaunchAttribute attribute[1];
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(grid);
+    config.blockDim = dim3(block);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    if (programmaticLaunchUsable())
+    {
+        attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attribute[0].val.programmaticStreamSerializationAllowed = 1;
+        config.attrs = attribute;
+        config.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&config, kernel, args);
+}
+#endif
+
+template <class T>
+struct Geometry
+{
+    int slices;
+    int chunksPerSlice;
+    int neuronsPerBlock;
+
+    explicit Geometry(int hidden)
+    {
+        int const chunksPerRow = hidden / Elems16<T>::value;
+        // Split a row over more warps when one warp's share would exceed 256 chunks
+        // (4 KiB): short per-warp streams keep the tail of each launch short.
+        slices = 1;
+        while (slices < kGemvWarps && chunksPerRow > 256 * slices)
+            slices *= 2;
+        chunksPerSlice = ceilDiv(chunksPerRow, slices);
+        neuronsPerBlock = kGemvWarps / slices;
+    }
+};
+
+// K1: router rows in the activation dtype (numExperts of them, 0 for none) and the shared
+// experts' gate row (logit column numExperts) and gate/up.
+template <class T, int TT>
+Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeight, int numExperts,
+    T const* sharedGate, int numTokens, float* logits, int logitsStride, T const* sharedGateUp, float* hShared,
+    int32_t* counters,
+    cudaStream_t stream)
+{
+    Geometry<T> const geo(p.hidden);
+    GateUpArgs<T> args{};
+    args.x = hidden;
+    args.hidden = p.hidden;
+    args.numTokens = numTokens;
+    args.slices = geo.slices;
+    args.chunksPerSlice = geo.chunksPerSlice;
+    args.routedMode = 0;
+    args.routerWeight = routerWeight;
+    args.numExperts = numExperts;
+    args.sharedGateRow = sharedGate;
+    args.routerRows = args.numExperts + (sharedGate ? 1 : 0);
+    args.logits = logits;
+    args.logitsStride = logitsStride;
+    args.routerBlocks = ceilDiv(ceilDiv(args.routerRows, 2), geo.neuronsPerBlock);
+    args.sharedGateUp = sharedGateUp;
+    args.sharedWidth = sharedGateUp ? p.sharedExpertWidth : 0;
+    args.hShared = hShared;
+    args.counters = counters;
+    int const sharedBlocks = sharedGateUp ? ceilDiv(p.sharedExpertWidth, geo.neuronsPerBlock) : 0;
+    return checkLaunch("router/shared gate-up kernel",
+        DEAMOE_LAUNCH((routerSharedKernel<T, TT>), args.routerBlocks + sharedBlocks, kGemvThreads, 0, stream, args));
+}
+
+// K1 (counters: zeroed for K2, or nullptr for route()). A float32 router weight in a
+// half-precision layer (spec, "Router precision") has its own kernel first; both zero the
+// counters, so they are zero whichever of them runs.
+template <class T, int TT>
+Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* routerWeight, T const* sharedGate,
+    int numTokens, float* logits, int logitsStride, T const* sharedGateUp, float* hShared, int32_t* counters,
+    cudaStream_t stream)
+{
+    int const numExperts = p.numDepartments * p.expertsPerDepartment;
+    if (p.routerWeightFloat32 && !std::is_same<T, float>::value)
+    {
+        // Float32 router rows on their own; K1 below then does only the shared experts'
+        // gate row (as logit column N) and gate/up.
+        RouterRowsArgs<T> rows{hidden, static_cast<float const*>(routerWeight), p.hidden, numExperts, numTokens,
+            logits, logitsStride, counters};
+        Status const status = checkLaunch("float32 router kernel",
+            DEAMOE_LAUNCH((routerRowsFloatKernel<T, TT>), ceilDiv(numExperts, kGemvWarps), kGemvThreads, 0,
+                stream, rows));
+        if (status != Status::kSUCCESS || (sharedGate == nullptr && sharedGateUp == nullptr))
+            return status;
+        return launchGateUpK1<T, TT>(p, hidden, nullptr, 0, sharedGate, numTokens, logits + numExperts, logitsStride,
+            sharedGateUp, hShared, counters, stream);
+    }
+    return launchGateUpK1<T, TT>(p, hidden, static_cast<T const*>(routerWeight), numExperts, sharedGate, numTokens,
+        logits, logitsStride, sharedGateUp, hShared, counters, stream);
+}
+
+template <class T, int TT>
+Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden, T* output, int numTokens,
+    WorkspaceLayout const& L, char* ws, cudaStream_t stream)
+{
+    int const d = p.hidden;
+    int const k = p.topK;
+    Geometry<T> const geo(d);
+    float* logits = reinterpret_cast<float*>(ws + L.logits);
+    float* hShared = reinterpret_cast<float*>(ws + L.hShared);
+    float* sharedOut = p.sharedExpertWidth ? reinterpret_cast<float*>(ws + L.sharedOut) : nullptr;
+    int32_t* counters = reinterpret_cast<int32_t*>(ws + L.counters);
+    PlanView const plan{reinterpret_cast<int32_t*>(ws + L.counts), reinterpret_cast<int32_t*>(ws + L.departments),
+        reinterpret_cast<int32_t*>(ws + L.experts), reinterpret_cast<int32_t*>(ws + L.departmentEntryCounts),
+        reinterpret_cast<int32_t*>(ws + L.expertEntryCounts), reinterpret_cast<PlanEntry*>(ws + L.departmentEntries),
+        reinterpret_cast<PlanEntry*>(ws + L.expertEntries), reinterpret_cast<int32_t*>(ws + L.departmentSlots)};
+    T const* sharedGateUp = p.sharedExpertWidth ? static_cast<T const*>(w.sharedGateUp) : nullptr;
+    T const* sharedGate = p.sharedExpertGate ? static_cast<T const*>(w.sharedGate) : nullptr;
+
+    // K1
+    Status status = launchRouterLogits<T, TT>(p, hidden, w.routerWeight, sharedGate, numTokens,
+        logits, L.logitsStride, sharedGateUp, hShared, counters, stream);
+    if (status != Status::kSUCCESS)
+        return status;
+
+    // K2
+    {
+        size_t const smem = routedSmemBytes(p);
+        if (smem > kSmemBudget)
+            return fail(Status::kUNSUPPORTED, "num_experts %d needs more shared memory for routing than %zu bytes",
+                p.numDepartments * p.expertsPerDepartment, kSmemBudget);
+        RoutedArgs<T> args{};
+        args.counters = counters;
+        args.routingBlocks = ceilDiv(numTokens, kTokensPerRoutingBlock);
+        args.routing = routingConfig(p);
+        args.planConfig = planConfig(p);
+        args.logits = logits;
+        args.logitsStride = L.logitsStride;
+        args.routerBias = p.hasRouterBias ? static_cast<float const*>(w.routerBias) : nullptr;
+        args.numTokens = numTokens;
+        args.expertIds = reinterpret_cast<int32_t*>(ws + L.expertIds);
+        args.weights = reinterpret_cast<float*>(ws + L.routingWeights);
+        args.departmentIds = reinterpret_cast<int32_t*>(ws + L.departmentIds);
+        args.keptDepartments = reinterpret_cast<int32_t*>(ws + L.keptDepartments);
+        args.sharedDownBlocks = p.sharedExpertWidth ? L.downTiles : 0;
+        args.sharedDown = p.sharedExpertWidth ? static_cast<T const*>(w.sharedDown) : nullptr;
+        args.hidden = d;
+        args.sharedWidth = p.sharedExpertWidth;
+        args.hShared = hShared;
+        args.sharedGate = p.sharedExpertGate;
+        args.sharedOut = sharedOut;
+
+        GateUpArgs<T>& gu = args.gateUp;
+        gu.x = hidden;
+        gu.hidden = d;
+        gu.numTokens = numTokens;
+        gu.slices = geo.slices;
+        gu.chunksPerSlice = geo.chunksPerSlice;
+        gu.routedMode = 1;
+        gu.plan = plan;
+        gu.departmentGateUp = static_cast<T const*>(w.departmentGateUp);
+        gu.departmentWidth = p.sharedWidth;
+        gu.hDepartment = reinterpret_cast<float*>(ws + L.hDepartment);
+        gu.departmentSlots = L.departmentSlotsPerToken;
+        gu.departmentBlocksPerPart = p.sharedWidth ? ceilDiv(p.sharedWidth, geo.neuronsPerBlock) : 0;
+        gu.expertGateUp = static_cast<T const*>(w.expertGateUp);
+        gu.expertWidth = p.privateWidth;
+        gu.hExpert = reinterpret_cast<float*>(ws + L.hExpert);
+        gu.topK = k;
+        gu.expertBlocksPerPart = p.privateWidth ? ceilDiv(p.privateWidth, geo.neuronsPerBlock) : 0;
+        long long const blocks = args.routingBlocks + args.sharedDownBlocks
+            + static_cast<long long>(L.maxDepartmentParts) * gu.departmentBlocksPerPart
+            + static_cast<long long>(L.maxExpertParts) * gu.expertBlocksPerPart;
+        status = checkLaunch("routing/routed gate-up kernel",
+            DEAMOE_LAUNCH((routedKernel<T, TT>), static_cast<unsigned>(blocks), kGemvThreads, smem, stream, args));
+        if (status != Status::kSUCCESS)
+            return status;
+    }
+
+    // K3
+    {
+        DownArgs<T> args{};
+        args.plan = plan;
+        args.hidden = d;
+        args.numTokens = numTokens;
+        args.departmentDown = static_cast<T const*>(w.departmentDown);
+        args.departmentWidth = p.sharedWidth;
+        args.hDepartment = reinterpret_cast<float const*>(ws + L.hDepartment);
+        args.departmentSlots = L.departmentSlotsPerToken;
+        args.expertDown = static_cast<T const*>(w.expertDown);
+        args.expertWidth = p.privateWidth;
+        args.hExpert = reinterpret_cast<float const*>(ws + L.hExpert);
+        args.topK = k;
+        args.sharedOut = sharedOut;
+        args.output = output;
+        status = checkLaunch("down kernel",
+            DEAMOE_LAUNCH((downKernel<T, TT>), static_cast<unsigned>(L.downTiles), kGemvThreads, 0, stream, args));
+    }
+    return status;
+}
+
+// Token capacity of the kernels for a tile of n tokens: the next power of two.
+template <class F>
+Status dispatchTileTokens(int n, F&& f)
+{
+    if (n <= 1)
+        return f(std::integral_constant<int, 1>{});
+    if (n <= 2)
+        return f(std::integral_constant<int, 2>{});
+    if (n <= 4)
+        return f(std::integral_constant<int, 4>{});
+    if (n <= 8)
+        return f(std::integral_constant<int, 8>{});
+    return f(std::integral_constant<int, 16>{});
+}
+
+template <class T>
+Status forwardTyped(LayerParams const& p, LayerWeights const& w, void const* hidden, void* output, int32_t numTokens,
+    void* workspace, cudaStream_t stream)
+{
+    WorkspaceLayout const L = workspaceLayout(p, std::min(numTokens, kMaxTileTokens));
+    char* ws = static_cast<char*>(workspace);
+    for (int first = 0; first < numTokens; first += kMaxTileTokens)
+    {
+        int const n = std::min(kMaxTileTokens, numTokens - first);
+        T const* x = static_cast<T const*>(hidden) + static_cast<size_t>(first) * p.hidden;
+        T* y = static_cast<T*>(output) + static_cast<size_t>(first) * p.hidden;
+        Status const status = dispatchTileTokens(n, [&](auto tt) {
+            return forwardTile<T, decltype(tt)::value>(p, w, x, y, n, L, ws, stream);
+        });
+        if (status != Status::kSUCCESS)
+            return status;
+    }
+    return Status::kSUCCESS;
+}
+
+template <class T>
+Status launchRoute(LayerParams const& p, float const* logits, int logitsStride, void const* routerBias, int numTokens,
+    RoutingOutputs const& out, cudaStream_t stream)
+{
+    RouteArgs<T> args{};
+    args.routing = routingConfig(p);
+    args.logits = logits;
+    args.logitsStride = logitsStride;
+    args.routerBias = p.hasRouterBias ? static_cast<float const*>(routerBias) : nullptr;
+    args.numTokens = numTokens;
+    args.out = out;
+    int const warpsPerBlock = kRouteThreads / kWarpSize;
+    size_t const smem = sizeof(float) * routingScratchFloats(args.routing) * warpsPerBlock;
+    if (smem > kSmemBudget)
+        return fail(Status::kUNSUPPORTED, "num_experts %d needs more shared memory for routing than %zu bytes",
+            args.routing.numExperts, kSmemBudget);
+    return checkLaunch("routing kernel",
+        DEAMOE_LAUNCH((routeKernel<T>), ceilDiv(numTokens, warpsPerBlock), kRouteThreads, smem, stream, args));
+}
+
+inline RoutingOutputs offsetOutputs(RoutingOutputs const& out, LayerParams const& p, int first)
+{
+    return RoutingOutputs{out.expertIds + first * p.topK, out.weights + first * p.topK,
+        out.departmentIds + first * p.topK, out.keptDepartments + first * p.topDepartments};
+}
+
+template <class T>
+Status routeTyped(LayerParams const& p, void const* hidden, void const* routerWeight, void const* routerBias,
+    int32_t numTokens, RoutingOutputs const& out, void* workspace, cudaStream_t stream)
+{
+    int const N = p.numDepartments * p.expertsPerDepartment;
+    float* logits = static_cast<float*>(workspace);
+    for (int first = 0; first < numTokens; first += kMaxTileTokens)
+    {
+        int const n = std::min(kMaxTileTokens, numTokens - first);
+        T const* x = static_cast<T const*>(hidden) + static_cast<size_t>(first) * p.hidden;
+        Status status = dispatchTileTokens(n, [&](auto tt) {
+            return launchRouterLogits<T, decltype(tt)::value>(
+                p, x, routerWeight, nullptr, n, logits, N, nullptr, nullptr, nullptr, stream);
+        });
+        if (status == Status::kSUCCESS)
+            status = launchRoute<T>(p, logits, N, routerBias, n, offsetOutputs(out, p, first), stream);
+        if (status != Status::kSUCCESS)
+            return status;
+    }
+    return Status::kSUCCESS;
+}
+
+template <class T>
+Status routerLogitsTyped(
+    LayerParams const& p, void const* hidden, void const* routerWeight, int32_t numTokens, float* logits, cudaStream_t stream)
+{
+    int const N = p.numDepartments * p.expertsPerDepartment;
+    for (int first = 0; first < numTokens; first += kMaxTileTokens)
+    {
+        int const n = std::min(kMaxTileTokens, numTokens - first);
+        T const* x = static_cast<T const*>(hidden) + static_cast<size_t>(first) * p.hidden;
+        Status const status = dispatchTileTokens(n, [&](auto tt) {
+            return launchRouterLogits<T, decltype(tt)::value>(p, x, routerWeight, nullptr, n,
+                logits + static_cast<size_t>(first) * N, N, nullptr, nullptr, nullptr, stream);
+        });
+        if (status != Status::kSUCCESS)
+            return status;
+    }
+    return Status::kSUCCESS;
+}
+
+template <class T>
+Status routeLogitsTyped(LayerParams const& p, float const* logits, void const* routerBias, int32_t numTokens,
+    RoutingOutputs const& out, cudaStream_t stream)
+{
+    int const N = p.numDepartments * p.expertsPerDepartment;
+    return launchRoute<T>(p, logits, N, routerBias, numTokens, out, stream);
+}
+
+template <class T>
+TypedOps const& typedOps()
+{
+    static TypedOps const ops{&forwardTyped<T>, &routeTyped<T>, &routerLogitsTyped<T>, &routeLogitsTyped<T>};
+    return ops;
+}
+
+} // namespace detail
+} // namespace deamoe

@@ -1,0 +1,247 @@
+/*
+ * DeaMoE node attributes (PluginFields) to LayerParams and the node's inputs: the field
+ * table's readers and the free functions of deamoePlugin.h.
+ */
+#include "deamoePluginFields.h"
+#include "deamoePluginUtils.h"
+
+#include <set>
+#include <sstream>
+
+using nvinfer1::PluginField;
+using nvinfer1::PluginFieldCollection;
+using nvinfer1::PluginFieldType;
+
+namespace deamoe
+{
+namespace plugin
+{
+
+PluginFieldType pluginFieldType(FieldKind kind)
+{
+    switch (kind)
+    {
+    case FieldKind::kINT:
+    case FieldKind::kBOOL: return PluginFieldType::kINT32;
+    case FieldKind::kFLOAT: return PluginFieldType::kFLOAT32;
+    case FieldKind::kSTRING: return PluginFieldType::kCHAR;
+    }
+    return PluginFieldType::kUNKNOWN;
+}
+
+char const* scoreFuncName(ScoreFunc value)
+{
+    return value == ScoreFunc::kSIGMOID ? "sigmoid" : "softmax";
+}
+
+char const* departmentScoreName(DepartmentScore value)
+{
+    switch (value)
+    {
+    case DepartmentScore::kSUM_TOP2: return "sum_top2";
+    case DepartmentScore::kSUM: return "sum";
+    case DepartmentScore::kMAX: break;
+    }
+    return "max";
+}
+
+ScoreFunc parseScoreFunc(std::string const& text)
+{
+    if (text == "softmax")
+    {
+        return ScoreFunc::kSOFTMAX;
+    }
+    if (text == "sigmoid")
+    {
+        return ScoreFunc::kSIGMOID;
+    }
+    fail("field 'score_func' must be 'softmax' or 'sigmoid', got '" + text + "'");
+}
+
+DepartmentScore parseDepartmentScore(std::string const& text)
+{
+    if (text == "max")
+    {
+        return DepartmentScore::kMAX;
+    }
+    if (text == "sum_top2")
+    {
+        return DepartmentScore::kSUM_TOP2;
+    }
+    if (text == "sum")
+    {
+        return DepartmentScore::kSUM;
+    }
+    fail("field 'department_score' must be 'max', 'sum_top2' or 'sum', got '" + text + "'");
+}
+
+// ---------------------------------------------------------------------------------------
+// Free functions of deamoePlugin.h
+// ---------------------------------------------------------------------------------------
+
+char const* inputRoleName(InputRole role) noexcept
+{
+    switch (role)
+    {
+    case InputRole::kHIDDEN: return "hidden_states";
+    case InputRole::kROUTER_WEIGHT: return "router.weight";
+    case InputRole::kROUTER_BIAS: return "router.bias";
+    case InputRole::kDEPARTMENT_GATE_UP: return "departments.gate_up";
+    case InputRole::kDEPARTMENT_DOWN: return "departments.down";
+    case InputRole::kEXPERT_GATE_UP: return "experts.gate_up";
+    case InputRole::kEXPERT_DOWN: return "experts.down";
+    case InputRole::kSHARED_GATE_UP: return "shared_experts.gate_up";
+    case InputRole::kSHARED_DOWN: return "shared_experts.down";
+    case InputRole::kSHARED_GATE: return "shared_experts.gate";
+    }
+    return "unknown";
+}
+
+std::vector<InputRole> presentInputs(LayerParams const& p)
+{
+    std::vector<InputRole> roles{InputRole::kHIDDEN, InputRole::kROUTER_WEIGHT};
+    if (p.hasRouterBias)
+    {
+        roles.push_back(InputRole::kROUTER_BIAS);
+    }
+    if (p.sharedWidth > 0)
+    {
+        roles.push_back(InputRole::kDEPARTMENT_GATE_UP);
+        roles.push_back(InputRole::kDEPARTMENT_DOWN);
+    }
+    if (p.privateWidth > 0)
+    {
+        roles.push_back(InputRole::kEXPERT_GATE_UP);
+        roles.push_back(InputRole::kEXPERT_DOWN);
+    }
+    if (p.sharedExpertWidth > 0)
+    {
+        roles.push_back(InputRole::kSHARED_GATE_UP);
+        roles.push_back(InputRole::kSHARED_DOWN);
+    }
+    if (p.sharedExpertGate)
+    {
+        roles.push_back(InputRole::kSHARED_GATE);
+    }
+    return roles;
+}
+
+std::vector<int64_t> expectedShape(LayerParams const& p, InputRole role)
+{
+    int64_t const d = p.hidden;
+    int64_t const D = p.numDepartments;
+    int64_t const N = static_cast<int64_t>(p.numDepartments) * p.expertsPerDepartment;
+    switch (role)
+    {
+    case InputRole::kHIDDEN: return {-1, d};
+    case InputRole::kROUTER_WEIGHT: return {N, d};
+    case InputRole::kROUTER_BIAS: return {N};
+    case InputRole::kDEPARTMENT_GATE_UP: return {D, 2 * int64_t{p.sharedWidth}, d};
+    case InputRole::kDEPARTMENT_DOWN: return {D, d, p.sharedWidth};
+    case InputRole::kEXPERT_GATE_UP: return {N, 2 * int64_t{p.privateWidth}, d};
+    case InputRole::kEXPERT_DOWN: return {N, d, p.privateWidth};
+    case InputRole::kSHARED_GATE_UP: return {2 * int64_t{p.sharedExpertWidth}, d};
+    case InputRole::kSHARED_DOWN: return {d, p.sharedExpertWidth};
+    case InputRole::kSHARED_GATE: return {1, d};
+    }
+    return {};
+}
+
+LayerParams paramsFromFields(PluginFieldCollection const& fc)
+{
+    if (fc.nbFields > 0 && fc.fields == nullptr)
+    {
+        fail("the field collection has no fields array");
+    }
+    LayerParams p{};
+    // DeaMoEConfig's defaults for the optional fields.
+    p.scoreFunc = ScoreFunc::kSOFTMAX;
+    p.departmentScore = DepartmentScore::kMAX;
+    p.normTopkProb = 1;
+    p.routedScalingFactor = 1.0F;
+    p.hasRouterBias = 0;
+    p.sharedExpertWidth = 0;
+    p.sharedExpertGate = 0;
+
+    std::set<std::string> seen;
+    for (int32_t i = 0; i < fc.nbFields; ++i)
+    {
+        PluginField const& field = fc.fields[i];
+        std::string const name = field.name ? field.name : "";
+        bool ignored = false;
+        for (char const* skip : kIGNORED_FIELDS)
+        {
+            ignored = ignored || name == skip;
+        }
+        if (ignored)
+        {
+            continue;
+        }
+        if (!seen.insert(name).second)
+        {
+            fail("field '" + name + "' is given twice");
+        }
+        if (name == "hidden_size")
+            p.hidden = readInt32(field);
+        else if (name == "num_departments")
+            p.numDepartments = readInt32(field);
+        else if (name == "experts_per_department")
+            p.expertsPerDepartment = readInt32(field);
+        else if (name == "shared_intermediate_size")
+            p.sharedWidth = readInt32(field);
+        else if (name == "private_intermediate_size")
+            p.privateWidth = readInt32(field);
+        else if (name == "top_k")
+            p.topK = readInt32(field);
+        else if (name == "top_departments")
+            p.topDepartments = readInt32(field);
+        else if (name == "score_func")
+            p.scoreFunc = parseScoreFunc(readString(field));
+        else if (name == "department_score")
+            p.departmentScore = parseDepartmentScore(readString(field));
+        else if (name == "norm_topk_prob")
+            p.normTopkProb = readBool(field);
+        else if (name == "routed_scaling_factor")
+            p.routedScalingFactor = readFloat(field);
+        else if (name == "router_bias")
+            p.hasRouterBias = readBool(field);
+        else if (name == "shared_expert_intermediate_size")
+            p.sharedExpertWidth = readInt32(field);
+        else if (name == "shared_expert_gate")
+            p.sharedExpertGate = readBool(field);
+        else
+        {
+            // Strict on purpose: a misspelt optional field would otherwise silently take its default.
+            std::string known;
+            for (FieldSpec const& spec : kFIELDS)
+            {
+                known += (known.empty() ? "" : ", ") + std::string(spec.name);
+            }
+            fail("unknown field '" + name + "'; known: " + known);
+        }
+    }
+    for (FieldSpec const& spec : kFIELDS)
+    {
+        if (spec.required && seen.count(spec.name) == 0)
+        {
+            fail(std::string("missing field '") + spec.name
+                + "' (a DeaMoE node needs every required DeaMoEConfig attribute)");
+        }
+    }
+    return p;
+}
+
+std::string describe(LayerParams const& p)
+{
+    std::ostringstream out;
+    out << "d=" << p.hidden << " D=" << p.numDepartments << " m=" << p.expertsPerDepartment
+        << " f_s=" << p.sharedWidth << " f_p=" << p.privateWidth << " k=" << p.topK << " g=" << p.topDepartments
+        << " score_func=" << scoreFuncName(p.scoreFunc)
+        << " department_score=" << departmentScoreName(p.departmentScore) << " norm_topk_prob=" << p.normTopkProb
+        << " routed_scaling_factor=" << p.routedScalingFactor << " router_bias=" << p.hasRouterBias
+        << " f_sh=" << p.sharedExpertWidth << " shared_expert_gate=" << p.sharedExpertGate;
+    return out.str();
+}
+
+} // namespace plugin
+} // namespace deamoe
