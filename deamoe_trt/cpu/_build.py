@@ -70,6 +70,11 @@ def _headers() -> list[Path]:
     return [file for file in kernel_sources(kernel_source_dir()) if file.suffix in (".h", ".cuh")]
 
 
+def compile_command(cxx: str, output: str | os.PathLike, flags: tuple[str, ...] | list[str] = FLAGS) -> list[str]:
+    """The command that compiles the kernel into `output` (tests pass other flags)."""
+    return [cxx, *flags, f"-I{include_dir()}", str(SOURCE), "-o", str(output)]
+
+
 def library_path(cxx: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
     key = hashlib.sha256()
@@ -102,9 +107,7 @@ def build(force: bool = False) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        result = subprocess.run(
-            [cxx, *FLAGS, f"-I{include_dir()}", str(SOURCE), "-o", tmp], capture_output=True, text=True, check=False
-        )
+        result = subprocess.run(compile_command(cxx, tmp), capture_output=True, text=True, check=False)
         if result.returncode != 0:
             errors = [line for line in result.stderr.splitlines() if "error" in line] or result.stderr.splitlines()
             first = errors[0].strip() if errors else f"exit code {result.returncode}"
