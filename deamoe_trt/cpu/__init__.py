@@ -4,8 +4,8 @@
     fast = CpuDeaMoE(layer)          # repacks the weights (fp32 or fp16) once
     y = fast(x)                      # same outputs as layer(x), x: [..., d]
 
-One call per step computes the router logits, routes (the spec's routing, restated in C++
-and held by tests/cpu to deamoe_trt.routing's decisions; routing="torch" calls
+One call per step computes the router logits, routes (the CUDA kernels' routing, deamoeRouting.cuh,
+held by tests/cpu to deamoe_trt.routing's decisions; routing="torch" calls
 deamoe_trt.routing itself) and runs every used department's shared part once for all its
 tokens and every used expert's private part once for its tokens. See deamoe_cpu.cpp for
 the design and _build.py for how it is built (at first use, with the system C++ compiler).
@@ -204,8 +204,8 @@ class CpuDeaMoE:
     dequantizes them in registers; its scales are held as fp32 (fp16 scales are widened,
     exactly), its router in the layer's dtype.
 
-    routing="native" (default) routes in the kernel, one call per step: a restatement of
-    deamoe_trt.routing that tests/cpu holds to the same decisions. routing="torch" calls
+    routing="native" (default) routes in the kernel, one call per step, with the CUDA
+    kernels' routing (deamoeRouting.cuh) that tests/cpu holds to deamoe_trt.routing's decisions. routing="torch" calls
     deamoe_trt.routing.route_logits itself on the kernel's logits (a few hundred
     microseconds of PyTorch dispatch per step when caches are cold)."""
 

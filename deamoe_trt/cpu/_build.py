@@ -18,10 +18,14 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from ..cuda._library import kernel_source_dir
+from ..cuda._sources import kernel_sources
 from ..errors import DeaMoEError, MissingDependencyError
 from ..native import cache_dir, find_cxx
 
 SOURCE = Path(__file__).with_name("deamoe_cpu.cpp")
+# The routing is the CUDA kernels' (deamoe/deamoeRouting.cuh under the kernel sources).
+ROUTING_HEADER = "deamoe/deamoeRouting.cuh"
 FLAGS = ("-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-pthread", "-DNDEBUG")
 ABI_VERSION = 3
 LIBRARY_NAME = "libdeamoe_cpu.so"
@@ -50,11 +54,33 @@ def _cpu_signature() -> str:
     return "\n".join(sorted(set(wanted)))
 
 
+def include_dir() -> Path:
+    """The folder holding deamoeRouting.cuh and the headers it includes: plugins/deamoe/ of a
+    checkout, or the copy a wheel carries (deamoe_trt.cuda._library.kernel_source_dir)."""
+    header = kernel_source_dir() / ROUTING_HEADER
+    if not header.is_file():
+        raise MissingDependencyError(
+            f"the CPU kernel includes the routing of the CUDA kernels and cannot find it at {header}"
+        )
+    return header.parent
+
+
+def _headers() -> list[Path]:
+    """The kernel headers the build may include (all of them: a change to any rebuilds)."""
+    return [file for file in kernel_sources(kernel_source_dir()) if file.suffix in (".h", ".cuh")]
+
+
+def compile_command(cxx: str, output: str | os.PathLike, flags: tuple[str, ...] | list[str] = FLAGS) -> list[str]:
+    """The command that compiles the kernel into `output` (tests pass other flags)."""
+    return [cxx, *flags, f"-I{include_dir()}", str(SOURCE), "-o", str(output)]
+
+
 def library_path(cxx: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
     key = hashlib.sha256()
     for part in (
         SOURCE.read_bytes(),
+        *(header.read_bytes() for header in _headers()),
         " ".join(FLAGS).encode(),
         cxx.encode(),
         version.encode(),
@@ -81,7 +107,7 @@ def build(force: bool = False) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        result = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, check=False)
+        result = subprocess.run(compile_command(cxx, tmp), capture_output=True, text=True, check=False)
         if result.returncode != 0:
             errors = [line for line in result.stderr.splitlines() if "error" in line] or result.stderr.splitlines()
             first = errors[0].strip() if errors else f"exit code {result.returncode}"

@@ -17,10 +17,10 @@
 //   - neurons never materialise as a [T, f] intermediate: for each group, gate and up
 //     dot products (fp32 accumulation), silu(g) * u * w, then the group's down columns
 //     are added into the outputs while still in L1/L2.
-// Routing: dm_layer_forward computes the router logits and the routing itself (a
-// restatement of deamoe_trt/routing.py, the reference, that tests/cpu holds to the same
-// decisions), so a layer step is one call; dm_moe_forward instead executes a routing the
-// caller computed with deamoe_trt.routing.
+// Routing: dm_layer_forward computes the router logits and the routing itself (the CUDA
+// kernels' routeToken from deamoeRouting.cuh, held to deamoe_trt/routing.py's decisions by
+// tests/cpu and tests/plugins), so a layer step is one call; dm_moe_forward instead
+// executes a routing the caller computed with deamoe_trt.routing.
 //
 // Plain C ABI (loaded with ctypes), no Python headers: built at first use with the system
 // compiler and -march=native (see _build.py).
@@ -42,6 +42,8 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
+
+#include "deamoeRouting.cuh"  // plugins/deamoe/ (or the wheel's copy): the routing, shared with CUDA
 
 namespace {
 
@@ -893,98 +895,39 @@ struct dm_layer {
 
 namespace {
 
-// The spec's routing (steps 1-5) for one token, restated from deamoe_trt/routing.py, which
-// is the reference: tests/cpu checks that both make the same decisions (same experts, same
-// order, weights equal to float rounding) for every option, ties included. Ties go to the
-// lower index: every selection below scans indices in ascending order and only replaces
-// its pick on a strictly greater value.
-void route_token(const dm_layer& L, const float* z, float* s, float* c, float* dept, char* taken, int64_t* ids,
-                 float* w, int64_t* kept) {
-  const int64_t D = L.num_departments, m = L.experts_per_department, N = D * m;
-  if (L.score_func == 0) {
-    float mx = z[0];
-    for (int64_t i = 1; i < N; ++i) mx = std::max(mx, z[i]);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < N; ++i) sum += (s[i] = std::exp(z[i] - mx));
-    for (int64_t i = 0; i < N; ++i) s[i] /= sum;
-  } else {
-    for (int64_t i = 0; i < N; ++i) s[i] = 1.0f / (1.0f + std::exp(-z[i]));
-  }
-  bool finite = true;
-  for (int64_t i = 0; i < N; ++i) {
-    c[i] = s[i] + (L.router_bias ? L.router_bias[i] : 0.0f);
-    finite = finite && std::isfinite(c[i]);
-  }
-  // A token with a non-finite selection score chooses as if all its scores tied: the
-  // lowest-index departments and experts (deamoe_trt/routing.py's rule); its weights stay
-  // what the math gives.
-  if (!finite) std::fill(c, c + N, 0.0f);
-
-  // Stage 1: department scores, keep the top g.
-  for (int64_t j = 0; j < D; ++j) {
-    const float* v = c + j * m;
-    float score;
-    if (L.department_score == 0) {
-      score = v[0];
-      for (int64_t i = 1; i < m; ++i) score = std::max(score, v[i]);
-    } else if (L.department_score == 1) {
-      float a = -INFINITY, b = -INFINITY;  // the two largest
-      for (int64_t i = 0; i < m; ++i) {
-        if (v[i] > a) {
-          b = a;
-          a = v[i];
-        } else if (v[i] > b) {
-          b = v[i];
-        }
-      }
-      score = a + b;
-    } else {
-      score = 0.0f;
-      for (int64_t i = 0; i < m; ++i) score += v[i];
-    }
-    dept[j] = score;
-  }
-  std::memset(taken, 0, static_cast<size_t>(D));
-  for (int64_t pick = 0; pick < L.top_departments; ++pick) {
-    int64_t best = -1;
-    for (int64_t j = 0; j < D; ++j)
-      if (!taken[j] && (best < 0 || dept[j] > dept[best])) best = j;
-    if (best < 0) break;  // only if top_departments > D, which valid() rules out
-    taken[best] = 1;
-    if (kept) kept[pick] = best;
-  }
-
-  // Stage 2: the top k experts of the kept departments, best first.
-  std::vector<char> chosen(static_cast<size_t>(N), 0);
-  for (int64_t pick = 0; pick < L.top_k; ++pick) {
-    int64_t best = -1;
-    for (int64_t e = 0; e < N; ++e)
-      if (taken[e / m] && !chosen[e] && (best < 0 || c[e] > c[best])) best = e;
-    if (best < 0) break;  // only if top_k > g * m, which valid() rules out
-    chosen[best] = 1;
-    ids[pick] = best;
-  }
-
-  // Step 5: weights from the scores (not the selection scores).
-  float sum = 0.0f;
-  for (int64_t i = 0; i < L.top_k; ++i) sum += (w[i] = s[ids[i]]);
-  for (int64_t i = 0; i < L.top_k; ++i) {
-    if (L.norm_topk_prob) w[i] /= sum + 1e-20f;
-    w[i] *= L.routed_scaling_factor;
-  }
-}
-
+// The spec's routing (steps 1-5) is plugins/deamoe/deamoeRouting.cuh's routeToken, the code
+// the CUDA kernels run, here on one serial lane; it makes deamoe_trt/routing.py's decisions
+// (tests/cpu and tests/plugins hold both to them, ties and non-finite tokens included).
 // Route every token; kept [tokens, g] (stage-1 departments, best first) and scores
 // [tokens, N] (s) are written when not null.
 void route_all(const dm_layer& L, const float* logits, int64_t tokens, int64_t* ids, float* w, int64_t* kept,
                float* scores) {
-  const int64_t N = L.num_departments * L.experts_per_department;
-  std::vector<float> s(static_cast<size_t>(N)), c(static_cast<size_t>(N)), dept(static_cast<size_t>(L.num_departments));
-  std::vector<char> taken(static_cast<size_t>(L.num_departments));
+  using namespace deamoe::detail;
+  const RoutingConfig cfg{static_cast<int32_t>(L.num_departments * L.experts_per_department),
+                          static_cast<int32_t>(L.num_departments),
+                          static_cast<int32_t>(L.experts_per_department),
+                          static_cast<int32_t>(L.top_k),
+                          static_cast<int32_t>(L.top_departments),
+                          L.score_func,
+                          L.department_score,
+                          L.norm_topk_prob,
+                          L.routed_scaling_factor};
+  const int64_t N = cfg.numExperts, k = cfg.topK, g = cfg.topDepartments;
+  const SerialLanes lane;
+  const FloatBias bias{L.router_bias};
+  std::vector<float> scratch(static_cast<size_t>(routingScratchFloats(cfg)));
+  // routeToken writes int32 ids; the ABI's are int64.
+  std::vector<int32_t> ids32(static_cast<size_t>(k)), departments32(static_cast<size_t>(k)),
+      kept32(static_cast<size_t>(g));
   for (int64_t t = 0; t < tokens; ++t) {
-    float* st = scores ? scores + t * N : s.data();
-    route_token(L, logits + t * N, st, c.data(), dept.data(), taken.data(), ids + t * L.top_k, w + t * L.top_k,
-                kept ? kept + t * L.top_departments : nullptr);
+    const float* z = logits + t * N;
+    routeToken(lane, cfg, z, bias, scratch.data(), ids32.data(), w + t * k, departments32.data(), kept32.data());
+    std::copy(ids32.begin(), ids32.end(), ids + t * k);
+    if (kept) std::copy(kept32.begin(), kept32.end(), kept + t * g);
+    if (scores) {
+      const ScoreFn score = scoreFunction(lane, cfg, z);
+      for (int64_t i = 0; i < N; ++i) scores[t * N + i] = score(z[i]);
+    }
   }
 }
 

@@ -72,6 +72,26 @@ struct ScoreFn
     }
 };
 
+// The score function of one token's logits[N] (step 1): for softmax, the row maximum and the
+// denominator, reduced over all lanes (every lane must call this and gets the same result).
+template <class Lanes>
+DEAMOE_HD ScoreFn scoreFunction(Lanes const& lanes, RoutingConfig const& cfg, float const* logits)
+{
+    ScoreFn score{cfg.scoreFunc, 0.0f, 1.0f};
+    if (!cfg.scoreFunc)
+    {
+        float localMax = -INFINITY;
+        for (int i = lanes.lane(); i < cfg.numExperts; i += lanes.width())
+            localMax = fmaxf(localMax, logits[i]);
+        score.rowMax = lanes.reduceMax(localMax);
+        float localSum = 0.0f;
+        for (int i = lanes.lane(); i < cfg.numExperts; i += lanes.width())
+            localSum += expf(logits[i] - score.rowMax);
+        score.denominator = lanes.reduceSum(localSum);
+    }
+    return score;
+}
+
 // Routes one token. `lanes` cooperate (a warp on the device, one serial lane on the host);
 // every lane must call this. logits[N] float32; bias(i) returns the selection bias of
 // expert i as float (0 when there is none). Outputs are written by the leader lane:
@@ -93,18 +113,7 @@ DEAMOE_HD void routeToken(Lanes const& lanes, RoutingConfig const& cfg, float co
     int32_t* kept = reinterpret_cast<int32_t*>(scratch + N + D); // [g]
 
     // Step 1: scores.
-    ScoreFn score{cfg.scoreFunc, 0.0f, 1.0f};
-    if (!cfg.scoreFunc)
-    {
-        float localMax = -INFINITY;
-        for (int i = lane; i < N; i += width)
-            localMax = fmaxf(localMax, logits[i]);
-        score.rowMax = lanes.reduceMax(localMax);
-        float localSum = 0.0f;
-        for (int i = lane; i < N; i += width)
-            localSum += expf(logits[i] - score.rowMax);
-        score.denominator = lanes.reduceSum(localSum);
-    }
+    ScoreFn const score = scoreFunction(lanes, cfg, logits);
     // Step 2: selection scores c = s + b.
     float localNonFinite = 0.0f;
     for (int i = lane; i < N; i += width)

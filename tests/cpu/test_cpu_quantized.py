@@ -102,7 +102,7 @@ def test_avx2_build_matches_reference(tmp_path, monkeypatch):
     cxx = _build.compiler()
     flags = [f for f in _build.FLAGS if f != "-march=native"] + ["-march=haswell"]
     lib_path = tmp_path / "libdeamoe_cpu_avx2.so"
-    subprocess.run([cxx, *flags, str(_build.SOURCE), "-o", str(lib_path)], check=True, capture_output=True)
+    subprocess.run(_build.compile_command(cxx, lib_path, flags), check=True, capture_output=True)
     lib = ctypes.CDLL(str(lib_path))
     _build._declare(lib)
     assert lib.dm_simd().decode() == "avx2"
