@@ -313,8 +313,12 @@ constexpr int kSubnormalXShift = 64;
 alignas(32) constexpr float kInt4RowFactor[2][R] = {
     {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f},
     {0x1p85f, 0x1p81f, 0x1p77f, 0x1p73f, 0x1p85f, 0x1p81f, 0x1p77f, 0x1p73f}};  // 2^(149-64-4r')
-// The down codes of neuron n are q * 2^(4n) (kConvert): its activation is multiplied by this instead.
-constexpr float kInt4NeuronFactor[NB] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f};
+// Down codes (NB per 16-bit lane) the same way, all from the lanes as they are: neuron n's
+// code is q * 2^(4n) (kConvert) or q * 2^(4n-149) (kSubnormal); h_n is multiplied by
+// kInt4NeuronFactor[mode][n], which leaves h_n * q * kInt4DownUnit[mode]. The threads'
+// partial outputs are kept in that unit and divided by it (exactly) when they are summed.
+constexpr float kInt4NeuronFactor[2][NB] = {{1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f}, {0x1p96f, 0x1p92f, 0x1p88f, 0x1p84f}};
+constexpr float kInt4DownUnit[2] = {1.0f, 0x1p-53f};
 
 template <int r, int MODE>
 inline V int4_row_value(VI lanes, VI high) {
@@ -349,6 +353,50 @@ inline void chunk_dot(const uint8_t* w, VI lanes, VI high, const V (&x)[TT], V (
       wr = to_float(load_s8(w + r * W));
     for (int t = 0; t < TT; ++t) acc[r][t] = vfma(wr, x[t], acc[r][t]);
     chunk_dot<TT, BITS, MODE, r + 1>(w, lanes, high, x, acc);
+  }
+}
+
+// y += scale_o * sum_n h_n * (q_on - zero) for one neuron group's down part w: h [NB * TT]
+// (neuron n, token t at n * TT + t), each multiplied by factors[n]; zero_term: the zero
+// point in the unit of y.
+constexpr float kUnitFactors[NB] = {1.0f, 1.0f, 1.0f, 1.0f};
+
+template <int TT, int BITS, int MODE>
+inline void down_pass_q(const uint8_t* w, int64_t dp, const float* dscale, const float* h, const float* factors,
+                        float zero_term, float* const* ys) {
+  float hs[NB][TT], offset[TT];
+  for (int t = 0; t < TT; ++t) {
+    float sum = 0.0f;
+    for (int n = 0; n < NB; ++n) {
+      hs[n][t] = h[n * TT + t] * factors[n];
+      sum += h[n * TT + t];
+    }
+    offset[t] = -zero_term * sum;
+  }
+  for (int64_t c = 0; c < dp; c += W) {
+    V d[NB];
+    prefetch_ahead(w, BITS == 4 ? 2 * W : NB * W);
+    if constexpr (BITS == 4) {
+      const VI lanes = load_u16(w);
+      for (int n = 0; n < NB; ++n) {
+        const VI bits = iand(lanes, 0xFu << (4 * n));
+        d[n] = MODE == kSubnormal ? as_float(bits) : to_float(bits);
+      }
+      w += 2 * W;
+    } else {
+      for (int n = 0; n < NB; ++n) d[n] = to_float(load_s8(w + n * W));
+      w += NB * W;
+    }
+    const V s = vload(dscale + c);
+#pragma GCC unroll 4
+    for (int t = 0; t < TT; ++t) {
+      V y0 = vset1(offset[t]), y1 = vzero();
+      for (int n = 0; n < NB; n += 2) {
+        y0 = vfma(vset1(hs[n][t]), d[n], y0);
+        y1 = vfma(vset1(hs[n + 1][t]), d[n + 1], y1);
+      }
+      vstore(ys[t] + c, vfma(vadd(y0, y1), s, vload(ys[t] + c)));
+    }
   }
 }
 
@@ -406,38 +454,21 @@ inline void group_pass_q(const uint8_t* group, int64_t dp, int64_t gs, const flo
   vstore(h, vmul(vsilu(vload(gate)), vload(up)));
 
   // Down: y += scale_o * sum_n h_n * (q_on - zero): the NB neurons share each output's
-  // scale. int4 codes come as q * 2^(4n), so h_n is multiplied by kInt4NeuronFactor[n].
-  float hs[NB][TT], offset[TT];
-  for (int t = 0; t < TT; ++t) {
-    float sum = 0.0f;
-    for (int n = 0; n < NB; ++n) {
-      hs[n][t] = BITS == 4 ? h[n * TT + t] * kInt4NeuronFactor[n] : h[n * TT + t];
-      sum += h[n * TT + t];
-    }
-    offset[t] = -zero * sum;
-  }
-  for (int64_t c = 0; c < dp; c += W) {
-    V d[NB];
-    prefetch_ahead(w, BITS == 4 ? 2 * W : NB * W);
-    if constexpr (BITS == 4) {
-      const VI lanes = load_u16(w);
-      for (int n = 0; n < NB; ++n) d[n] = to_float(iand(lanes, 0xFu << (4 * n)));
-      w += 2 * W;
-    } else {
-      for (int n = 0; n < NB; ++n) d[n] = to_float(load_s8(w + n * W));
-      w += NB * W;
-    }
-    const V s = vload(dscale + c);
-#pragma GCC unroll 4
-    for (int t = 0; t < TT; ++t) {
-      V y0 = vset1(offset[t]), y1 = vzero();
-      for (int n = 0; n < NB; n += 2) {
-        y0 = vfma(vset1(hs[n][t]), d[n], y0);
-        y1 = vfma(vset1(hs[n + 1][t]), d[n + 1], y1);
-      }
-      vstore(ys[t] + c, vfma(vadd(y0, y1), s, vload(ys[t] + c)));
+  // scale. int4: h_n is multiplied by kInt4NeuronFactor (see there), y is in kInt4DownUnit.
+  // kSubnormal's factors (2^84..2^96) would overflow an h_n of 2^32 or more (never seen in a
+  // model, but possible): such a group takes the conversion instead, in the same unit.
+  const uint8_t* down = w;
+  if constexpr (BITS == 4 && MODE == kSubnormal) {
+    float largest = 0.0f;
+    for (int i = 0; i < NB * TT; ++i) largest = std::max(largest, std::fabs(h[i]));
+    if (!(largest < 0x1p32f)) {  // NaN included: either way it propagates
+      constexpr float unit = kInt4DownUnit[kSubnormal];
+      const float factors[NB] = {unit, unit * 0x1p-4f, unit * 0x1p-8f, unit * 0x1p-12f};
+      return down_pass_q<TT, BITS, kConvert>(down, dp, dscale, h, factors, zero * unit, ys);
     }
   }
+  const float* factors = BITS == 4 ? kInt4NeuronFactor[MODE] : kUnitFactors;
+  down_pass_q<TT, BITS, MODE>(down, dp, dscale, h, factors, zero * (BITS == 4 ? kInt4DownUnit[MODE] : 1.0f), ys);
 }
 
 template <int BITS, int MODE>
@@ -1035,9 +1066,16 @@ void run_step(Pool* pool, const dm_layer& L, const float* x, int64_t tokens, con
       }
     s.int4_mode = g_int4_mode.load(std::memory_order_relaxed);
     if (s.int4_mode == kSubnormal) {
+      // x * 2^64 would overflow from |x| = 2^64 on (never seen in a model, but possible):
+      // such a step takes the conversion instead.
       const float shift = std::ldexp(1.0f, kSubnormalXShift);
+      float largest = 0.0f;
       s.x_shifted.resize(static_cast<size_t>(tokens * dp));
-      for (int64_t i = 0; i < tokens * dp; ++i) s.x_shifted[i] = x[i] * shift;
+      for (int64_t i = 0; i < tokens * dp; ++i) {
+        s.x_shifted[i] = x[i] * shift;
+        largest = std::max(largest, std::fabs(x[i]));
+      }
+      if (!(largest < 0x1p60f)) s.int4_mode = kConvert;
     }
   }
   const int64_t esize = L.dtype == 1 ? 2 : 4;
@@ -1098,8 +1136,10 @@ void run_step(Pool* pool, const dm_layer& L, const float* x, int64_t tokens, con
 
   pool->run(step_job, &s);
 
-  // Sum the threads' partial outputs in thread order (deterministic), dropping the padding.
+  // Sum the threads' partial outputs in thread order (deterministic), dropping the padding;
+  // int4's are in kInt4DownUnit.
   const int nthreads = pool->size();
+  const float unit = L.weight_bits == 4 ? 1.0f / kInt4DownUnit[s.int4_mode] : 1.0f;
   for (int64_t t = 0; t < tokens; ++t) {
     float* out = y + t * L.d;
     std::memcpy(out, scratch + t * dp, static_cast<size_t>(L.d) * sizeof(float));
@@ -1107,6 +1147,8 @@ void run_step(Pool* pool, const dm_layer& L, const float* x, int64_t tokens, con
       const float* p = scratch + (th * tokens + t) * dp;
       for (int64_t c = 0; c < L.d; ++c) out[c] += p[c];
     }
+    if (unit != 1.0f)
+      for (int64_t c = 0; c < L.d; ++c) out[c] *= unit;
   }
 }
 

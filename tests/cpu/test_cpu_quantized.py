@@ -1,5 +1,6 @@
 """The CPU kernel on int8/int4 layers against the exactly dequantized PyTorch reference."""
 
+import copy
 import ctypes
 import subprocess
 
@@ -87,18 +88,24 @@ def test_group_sizes_and_passes(wide, mode, int4_mode):
 @pytest.mark.parametrize("mode", cpu.INT4_MODES)
 @torch.no_grad()
 def test_int4_modes_keep_precision_across_magnitudes(mode, int4_mode):
-    """Tokens from 1e-8 to 1e4: the subnormal mode scales x by 2^64 and its codes sit 2^-149
-    low; each token's output must still match the reference to fp32 rounding, relative to
-    its own scale."""
+    """Tokens from 1e-8 to 1e6: the subnormal mode scales x by 2^64, h by up to 2^96 and its
+    codes sit 2^-149 low (1e6 makes some h exceed 2^32: those groups take the conversion);
+    each token's output must still match the reference to fp32 rounding, relative to its
+    own scale. Then a token of 2e18 (over 2^60: the whole step takes the conversion), with
+    weights scaled down by 1e-12 so that the reference stays finite."""
     layer = DeaMoELayer.random(WIDE.replace(shared_expert_intermediate_size=0), seed=7).quantized(QuantConfig(4, 32))
     int4_mode(mode)
-    fast = cpu.CpuDeaMoE(layer)
-    x = random_hidden(4, WIDE.hidden_size, seed=7)
-    x = x * torch.tensor([1e-8, 1e-3, 1.0, 1e4])[:, None]
-    got, want = fast(x), layer(x)
-    # The router sees x too, so scale each token's error by that token's output.
-    scale = want.abs().amax(dim=1, keepdim=True)
-    torch.testing.assert_close(got / scale, want / scale, rtol=0, atol=2e-5)
+    small = copy.deepcopy(layer)
+    for module in small.modules():
+        if hasattr(module, "scales"):
+            module.scales.mul_(1e-12)
+    for model, magnitudes in ((layer, [1e-8, 1e-3, 1.0, 1e4, 1e6]), (small, [1.0, 1e3, 2e18])):
+        x = random_hidden(len(magnitudes), WIDE.hidden_size, seed=7) * torch.tensor(magnitudes)[:, None]
+        got, want = cpu.CpuDeaMoE(model)(x), model(x)
+        assert torch.isfinite(want).all()
+        # Scale each token's error by that token's output.
+        scale = want.abs().amax(dim=1, keepdim=True)
+        torch.testing.assert_close(got / scale, want / scale, rtol=0, atol=2e-5)
     assert int4_mode() == mode
 
 
