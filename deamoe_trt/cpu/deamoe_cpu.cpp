@@ -306,13 +306,13 @@ inline V as_float(VI v) { return _mm256_castsi256_ps(v); }
 //     is an ordinary float (the FMA computes it exactly). One instruction fewer per 16
 //     weights: 1.2x on the bare loop on AMD Zen 4, which takes subnormal inputs at full speed;
 //     other CPUs may take a microcode assist per subnormal input, so it is AMD's default only.
-// Both are exact; the scales of row r are multiplied by kInt4RowFactor[mode][r] (a power of
-// two) before use, which undoes the factor.
+// Both are exact. dm_pack_q multiplies the scales of row r by kInt4RowFactor[r] (a power of
+// two), which undoes 2^(4r'); kSubnormal's dot products then come out in 2^(64-149) and are
+// multiplied by kInt4GateUpUnit (exactly) once per neuron group.
 enum Int4Mode { kConvert = 0, kSubnormal = 1 };
 constexpr int kSubnormalXShift = 64;
-alignas(32) constexpr float kInt4RowFactor[2][R] = {
-    {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f},
-    {0x1p85f, 0x1p81f, 0x1p77f, 0x1p73f, 0x1p85f, 0x1p81f, 0x1p77f, 0x1p73f}};  // 2^(149-64-4r')
+alignas(32) constexpr float kInt4RowFactor[R] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f};
+constexpr float kInt4GateUpUnit[2] = {1.0f, 0x1p85f};
 // Down codes (NB per 16-bit lane) the same way, all from the lanes as they are: neuron n's
 // code is q * 2^(4n) (kConvert) or q * 2^(4n-149) (kSubnormal); h_n is multiplied by
 // kInt4NeuronFactor[mode][n], which leaves h_n * q * kInt4DownUnit[mode]. The threads'
@@ -390,12 +390,10 @@ inline void down_pass_q(const uint8_t* w, int64_t dp, const float* dscale, const
     const V s = vload(dscale + c);
 #pragma GCC unroll 4
     for (int t = 0; t < TT; ++t) {
-      V y0 = vset1(offset[t]), y1 = vzero();
-      for (int n = 0; n < NB; n += 2) {
-        y0 = vfma(vset1(hs[n][t]), d[n], y0);
-        y1 = vfma(vset1(hs[n + 1][t]), d[n + 1], y1);
-      }
-      vstore(ys[t] + c, vfma(vadd(y0, y1), s, vload(ys[t] + c)));
+      // One chain per output vector: the chunks are independent, so the core overlaps them.
+      V sum = vset1(offset[t]);
+      for (int n = 0; n < NB; ++n) sum = vfma(vset1(hs[n][t]), d[n], sum);
+      vstore(ys[t] + c, vfma(sum, s, vload(ys[t] + c)));
     }
   }
 }
@@ -430,26 +428,26 @@ inline void group_pass_q(const uint8_t* group, int64_t dp, int64_t gs, const flo
       }
       chunk_dot<TT, BITS, MODE>(w, lanes, high, x, acc);
     }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < TT; ++t) total[r][t] = vfma(acc[r][t], vset1(scale[r]), total[r][t]);
     if constexpr (BITS == 4) {
       const __m256 s = _mm256_loadu_ps(scale);
-      alignas(32) float factored[R];
-      _mm256_store_ps(factored, _mm256_mul_ps(s, _mm256_load_ps(kInt4RowFactor[MODE])));
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < TT; ++t) total[r][t] = vfma(acc[r][t], vset1(factored[r]), total[r][t]);
       for (int t = 0; t < TT; ++t) corr[t] = _mm256_fmadd_ps(s, _mm256_set1_ps(xsums[t][g]), corr[t]);
-    } else {
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < TT; ++t) total[r][t] = vfma(acc[r][t], vset1(scale[r]), total[r][t]);
     }
   }
-  // g and u of each (neuron, token), less the zero point's share.
+  // g and u of each (neuron, token), less the zero point's share (its scales carried the row
+  // factors: divided out, exactly).
+  const float unit = BITS == 4 ? kInt4GateUpUnit[MODE] : 1.0f;
   alignas(32) float zp[TT][R];
-  for (int t = 0; t < TT; ++t) _mm256_store_ps(zp[t], _mm256_mul_ps(corr[t], _mm256_set1_ps(zero)));
+  for (int t = 0; t < TT; ++t) {
+    const __m256 unscaled = _mm256_div_ps(corr[t], _mm256_load_ps(kInt4RowFactor));
+    _mm256_store_ps(zp[t], _mm256_mul_ps(unscaled, _mm256_set1_ps(zero)));
+  }
   alignas(64) float gate[W] = {}, up[W] = {}, h[W];
   for (int n = 0; n < NB; ++n)
     for (int t = 0; t < TT; ++t) {
-      gate[n * TT + t] = vsum(total[2 * n][t]) - zp[t][2 * n];
-      up[n * TT + t] = (vsum(total[2 * n + 1][t]) - zp[t][2 * n + 1]) * tok_w[t];
+      gate[n * TT + t] = vsum(total[2 * n][t]) * unit - zp[t][2 * n];
+      up[n * TT + t] = (vsum(total[2 * n + 1][t]) * unit - zp[t][2 * n + 1]) * tok_w[t];
     }
   vstore(h, vmul(vsilu(vload(gate)), vload(up)));
 
@@ -915,7 +913,8 @@ int dm_pack_q(const uint8_t* gu_codes, const float* gu_scales, const uint8_t* dn
         const float* scales = gu_scales + (b * 2 * f + row) * (d / gs);
         for (int64_t q = 0; q < d / gs; ++q) {
           uint8_t* qg = grp + q * (R * 4 + R * gs * bits / 8);
-          std::memcpy(qg + r * 4, &scales[q], 4);
+          const float scale = bits == 4 ? scales[q] * kInt4RowFactor[r] : scales[q];
+          std::memcpy(qg + r * 4, &scale, 4);
           for (int64_t c = 0; c < gs; ++c) {
             uint8_t* chunk = qg + R * 4 + (c / W) * (R * W * bits / 8);
             const int64_t i = c % W;
