@@ -259,9 +259,10 @@ void dot_rows_any(int tt, const WT* row, const float* const* xs, int64_t n, floa
 // codes are dotted with x as they are, and the group's scale is applied once:
 //   x . w = sum_G scale_G * (sum_{j in G} x_j q_j - zero * sum_{j in G} x_j)
 // (the sums of x per group are computed once per step and shared by every row). That turns
-// a code into a float with two cheap instructions (and, int->float convert: exact, codes
-// are small integers) instead of a table lookup, which the CPU can only issue on its
-// shuffle ports; measured on Zen 4, the bare loop runs 1.3x faster (docs/quantization.md).
+// an int4 code into a float with an and plus an int->float conversion (exact: codes are
+// small integers), or an and alone (kSubnormal, below), instead of a table lookup, which
+// the CPU can only issue on its shuffle ports: on Zen 4 the bare loop runs 1.3x (and +
+// convert) and 1.6x (and alone) faster than the lookup (docs/benchmarks.md).
 // Layout of one quantized neuron group (written by dm_pack_q; d must be a whole number of
 // quantization groups, so dp == d):
 //   gate/up part, per quantization group of GS columns: the R rows' scales (fp32, each
@@ -304,8 +305,9 @@ inline V as_float(VI v) { return _mm256_castsi256_ps(v); }
 //   kSubnormal: nothing: the bits read as a float are the subnormal q * 2^(4r'-149). x is
 //     multiplied by 2^kSubnormalXShift once per step, so the product x * 2^64 * q * 2^(4r'-149)
 //     is an ordinary float (the FMA computes it exactly). One instruction fewer per 16
-//     weights: 1.2x on the bare loop on AMD Zen 4, which takes subnormal inputs at full speed;
-//     other CPUs may take a microcode assist per subnormal input, so it is AMD's default only.
+//     weights: 1.3x over kConvert on the bare loop on AMD Zen 4, which takes subnormal
+//     inputs at full speed; other CPUs may take a microcode assist per subnormal input, so
+//     it is AMD's default only.
 // Both are exact. dm_pack_q multiplies the scales of row r by kInt4RowFactor[r] (a power of
 // two), which undoes 2^(4r'); kSubnormal's dot products then come out in 2^(64-149) and are
 // multiplied by kInt4GateUpUnit (exactly) once per neuron group.
@@ -327,12 +329,12 @@ inline V int4_row_value(VI lanes, VI high) {
   return to_float(bits);
 }
 
-#ifndef DEAMOE_PF
-#define DEAMOE_PF 2048
-#endif
+// The quantized loops read memory slower than a plain stream (they compute between loads),
+// and the hardware prefetcher alone then leaves one core at ~11 GB/s; asking for the bytes
+// 2 KiB ahead (into L1) took it to ~14 GB/s on Zen 4 (1 KiB: 13, 4 KiB: 14, 8 KiB: 13).
+constexpr int64_t kPrefetchBytes = 2048;
 inline void prefetch_ahead(const uint8_t* p, int64_t bytes) {
-  if constexpr (DEAMOE_PF > 0)
-    for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + DEAMOE_PF + i), _MM_HINT_T0);
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + i), _MM_HINT_T0);
 }
 
 template <int BITS>
@@ -356,11 +358,11 @@ inline void chunk_dot(const uint8_t* w, VI lanes, VI high, const V (&x)[TT], V (
   }
 }
 
+constexpr float kUnitFactors[NB] = {1.0f, 1.0f, 1.0f, 1.0f};
+
 // y += scale_o * sum_n h_n * (q_on - zero) for one neuron group's down part w: h [NB * TT]
 // (neuron n, token t at n * TT + t), each multiplied by factors[n]; zero_term: the zero
 // point in the unit of y.
-constexpr float kUnitFactors[NB] = {1.0f, 1.0f, 1.0f, 1.0f};
-
 template <int TT, int BITS, int MODE>
 inline void down_pass_q(const uint8_t* w, int64_t dp, const float* dscale, const float* h, const float* factors,
                         float zero_term, float* const* ys) {
