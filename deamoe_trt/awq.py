@@ -6,11 +6,12 @@ the scales they are rounded with, from calibration tokens (the layer's inputs):
 
 - Down projections: their input h = silu(x Wg^T) * (x Wu^T) is linear in the up rows, so a
   per-channel scale s on down's input columns folds exactly into the matching up rows:
-  down' = down * s, up' = up / s computes the same function. s = mean|h|^alpha (normalised,
-  rounded to a power of two so that the fold is exact in any float dtype), alpha chosen on
-  a grid by the output error of the quantized down' on the tokens the part receives. Each
-  department's shared part and each expert's private part has its own h (its own channels,
-  its own up rows), so both fold; so do the shared experts.
+  down' = down * s, up' = up / s computes the same function. s = mean|h|^alpha over the
+  tokens each group (department, expert) receives, normalised and rounded to a power of
+  two so that the fold is exact in any float dtype; one alpha per part (departments,
+  experts, shared experts), chosen on a grid by the summed output error of the quantized
+  down' weights. Each department's shared part and each expert's private part has its own
+  h (its own channels, its own up rows), so both fold; so do the shared experts.
 - Every weight (gate_up, and down' after scaling): per (row, group) clipping search, the
   scale covers clip * max|w| for the clip in CLIP_RATIOS that minimises that group's output
   error on the calibration activations. gate_up's input is the layer input x, shared by the
@@ -55,7 +56,8 @@ class AwqPlan:
         group), applied as down' = down * s, up' = up / s (fold);
     clip: weight name ("experts.down", ...) -> per-(row, group) clip ratios, shaped like the
         weight's scales (DeaMoELayer.quantized's clip);
-    uncalibrated: part name -> how many of its groups received no calibration token.
+    uncalibrated: part name -> how many of its groups received no calibration token;
+    groups: part name -> how many groups it has.
     """
 
     channel_scales: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -112,17 +114,17 @@ def search(layer, quant: QuantConfig, x: torch.Tensor, progress=None, *, alphas=
     for name, groups in receivers(layer, x).items():
         part = getattr(layer, name)
         gate_up, down = _stacked(part.gate_up), _stacked(part.down)
-        scales, clip_gate_up, clip_down = [], [], []
-        plan.uncalibrated[name], plan.groups[name] = 0, len(groups)
-        for g, (tokens, weight) in enumerate(groups):
-            if tokens.numel() == 0:
-                plan.uncalibrated[name] += 1
-            s, cg, cd = _search_group(
-                gate_up[g].float(), down[g].float(), xf[tokens], weight, quant, layer.dtype, alphas
-            )
-            scales.append(s)
-            clip_gate_up.append(cg)
-            clip_down.append(cd)
+        inputs = [(xf[tokens], weight.float()[:, None]) for tokens, weight in groups]
+        plan.uncalibrated[name], plan.groups[name] = sum(t.numel() == 0 for t, _ in groups), len(groups)
+        scales = _search_part_scales(gate_up, down, inputs, quant, layer.dtype, alphas)
+        clip_gate_up, clip_down = [], []
+        for g, ((xg, weight), s) in enumerate(zip(inputs, scales, strict=True)):
+            width = down.shape[-1]
+            folded = gate_up[g].float().clone()
+            folded[width:] /= s[:, None]
+            h = _down_input(gate_up[g].float(), xg, weight)
+            clip_gate_up.append(search_clip(folded, xg * weight, quant, layer.dtype))
+            clip_down.append(search_clip(down[g].float() * s, h / s, quant, layer.dtype))
             if progress is not None:
                 progress.update(f"{name} {g}")
         plan.channel_scales[name] = torch.stack(scales)
@@ -132,21 +134,39 @@ def search(layer, quant: QuantConfig, x: torch.Tensor, progress=None, *, alphas=
     return plan
 
 
-def _search_group(gate_up, down, x, weight, quant: QuantConfig, dtype, alphas):
-    """One department, expert or the shared experts: (channel scales [f], gate_up clip, down clip).
-
-    gate_up [2f, d], down [d, f] in float32; x [T, d] the tokens it receives, weight [T]."""
-    width = down.shape[1]
-    if x.shape[0] == 0:  # no calibration token: round to nearest
-        ones = torch.ones(width)
-        return ones, _ones_clip(gate_up, quant), _ones_clip(down, quant)
-    weight = weight.float()[:, None]
+def _down_input(gate_up: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """h = silu(x Wg^T) * (x Wu^T), each token's row times the weight of its output."""
     gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-    h = F.silu(gate) * up * weight  # down's input, each token counted with its output weight
-    s = search_channel_scales(down, h, quant, dtype, alphas)
-    folded = gate_up.clone()
-    folded[width:] /= s[:, None]
-    return s, search_clip(folded, x * weight, quant, dtype), search_clip(down * s, h / s, quant, dtype)
+    return F.silu(gate) * up * weight
+
+
+def _search_part_scales(gate_up, down, inputs, quant: QuantConfig, dtype, alphas) -> list[torch.Tensor]:
+    """Each group's channel scales s [f] = mean|h|^alpha (powers of two), for the one alpha of
+    the grid that minimises the part's summed output error ||h (Q(down * s) / s - down)^T||^2.
+
+    One alpha per part, as AWQ has one per layer: an expert sees a few hundred tokens, and an
+    alpha per expert fitted to them did worse than none on held-out text (docs/quantization.md)."""
+    candidates, errors = [], torch.zeros(len(alphas), dtype=torch.float64)
+    for g, (x, weight) in enumerate(inputs):
+        width = down.shape[-1]
+        if x.shape[0] == 0:  # no calibration token: round to nearest
+            candidates.append([torch.ones(width)] * len(alphas))
+            continue
+        h = _down_input(gate_up[g].float(), x, weight)
+        factor = _gram_factor(h)
+        mean = h.abs().mean(dim=0)
+        mean = mean.clamp_min(float(mean.max()) * 1e-4 if float(mean.max()) > 0 else 1.0)
+        group = []
+        for i, alpha in enumerate(alphas):
+            s = mean.pow(alpha)
+            s = s / (s.max() * s.min()).sqrt()  # centred on 1 in log scale, as AWQ does
+            s = torch.exp2(torch.log2(s).round().clamp(-MAX_EXPONENT, MAX_EXPONENT))
+            delta = _fake_quantize(down[g].float() * s, quant, dtype) / s - down[g].float()
+            errors[i] += float((factor @ delta.t()).square().sum())
+            group.append(s)
+        candidates.append(group)
+    best = int(torch.argmin(errors))  # ties: the first, alpha = 0 (no scaling)
+    return [group[best] for group in candidates]
 
 
 def _ones_clip(weight: torch.Tensor, quant: QuantConfig) -> torch.Tensor:
@@ -167,27 +187,6 @@ def _gram_factor(acts: torch.Tensor) -> torch.Tensor:
     if acts.shape[-2] <= acts.shape[-1]:
         return acts
     return torch.linalg.qr(acts, mode="r").R
-
-
-def search_channel_scales(
-    down: torch.Tensor, h: torch.Tensor, quant: QuantConfig, dtype, alphas=ALPHAS
-) -> torch.Tensor:
-    """Powers of two s [f] minimising ||h (Q(down * s) / s - down)^T|| over alphas.
-
-    down [d, f] float32; h [T, f] its (weighted) calibration inputs."""
-    factor = _gram_factor(h)
-    mean = h.abs().mean(dim=0)
-    mean = mean.clamp_min(float(mean.max()) * 1e-4 if float(mean.max()) > 0 else 1.0)
-    best, best_error = torch.ones_like(mean), float("inf")
-    for alpha in alphas:
-        s = mean.pow(alpha)
-        s = s / (s.max() * s.min()).sqrt()  # centred on 1 in log scale, as AWQ does
-        s = torch.exp2(torch.log2(s).round().clamp(-MAX_EXPONENT, MAX_EXPONENT))
-        delta = _fake_quantize(down * s, quant, dtype) / s - down
-        error = float((factor @ delta.t()).square().sum())
-        if error < best_error:
-            best, best_error = s, error
-    return best
 
 
 def search_clip(weight: torch.Tensor, acts: torch.Tensor, quant: QuantConfig, dtype) -> torch.Tensor:

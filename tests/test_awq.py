@@ -121,7 +121,7 @@ def test_awq_beats_round_to_nearest_on_held_out_tokens_with_outlier_channels(nam
     def error(quantized):
         return float((quantized(held_out) - y).norm() / y.norm())
 
-    assert error(awq) < 0.8 * error(rtn)  # measured 0.33-0.49 of RTN's
+    assert error(awq) < 0.8 * error(rtn)  # measured 0.33-0.50 of RTN's
     # The salient channels are what the channel scales are for: clipping alone does less.
     assert error(awq) < error(clip_only)
 
