@@ -10,7 +10,7 @@ from deamoe_trt import PRESETS, DeaMoELayer, DeaMoEStack, UsageError
 from deamoe_trt.awq import fold, quantize_awq, read_calibration, search
 from deamoe_trt.inputs import random_hidden
 from deamoe_trt.quant import QuantConfig, unpack
-from spec_reference import spec_dequantize, spec_forward
+from spec_reference import spec_dequantized_tensors, spec_forward
 
 CONFIGS = {"tiny": PRESETS["tiny"], "deepseek-style": DEEPSEEK_STYLE_GROUPED, "qwen2-style": QWEN2_STYLE_GROUPED}
 AWQ4 = QuantConfig(4, 16, "awq")
@@ -93,14 +93,7 @@ def test_rtn_and_awq_checkpoints_load_and_run_as_the_spec_on_dequantized_weights
         quantized.save_pretrained(tmp_path / method)
         loaded = DeaMoEStack.from_pretrained(tmp_path / method)
         assert loaded.quant == QuantConfig(4, 16, method)
-        state = loaded.layers[0].state_dict()
-        tensors = {}
-        for key, tensor in state.items():
-            if key.endswith(".qweight"):
-                base = key.removesuffix(".qweight")
-                tensors[base] = spec_dequantize(tensor.numpy(), state[f"{base}.scales"].numpy(), 4, 16)
-            elif not key.endswith(".scales"):
-                tensors[key] = tensor.numpy()
+        tensors = spec_dequantized_tensors(loaded.layers[0].state_dict(), 4, 16)
         want = spec_forward(x.numpy(), tensors, config)
         np.testing.assert_allclose(loaded.layers[0](x).numpy(), want, rtol=1e-4, atol=1e-5)
         assert torch.equal(loaded.layers[0](x), quantized(x))
