@@ -84,7 +84,8 @@ def receivers(layer, x: torch.Tensor) -> dict[str, list[tuple[torch.Tensor, torc
 
 
 def group_count(layer) -> int:
-    """How many (part, group) searches `search` runs on layer: its progress total."""
+    """How many (part, group) searches `search` runs on layer, each in two passes (channel
+    scales, then clipping): its progress total is twice this."""
     c = layer.config
     return (
         (c.num_departments if layer.departments is not None else 0)
@@ -116,7 +117,7 @@ def search(layer, quant: QuantConfig, x: torch.Tensor, progress=None, *, alphas=
         gate_up, down = _stacked(part.gate_up), _stacked(part.down)
         inputs = [(xf[tokens], weight.float()[:, None]) for tokens, weight in groups]
         plan.uncalibrated[name], plan.groups[name] = sum(t.numel() == 0 for t, _ in groups), len(groups)
-        scales = _search_part_scales(gate_up, down, inputs, quant, layer.dtype, alphas)
+        scales = _search_part_scales(gate_up, down, inputs, quant, layer.dtype, alphas, progress, name)
         clip_gate_up, clip_down = [], []
         for g, ((xg, weight), s) in enumerate(zip(inputs, scales, strict=True)):
             width = down.shape[-1]
@@ -126,7 +127,7 @@ def search(layer, quant: QuantConfig, x: torch.Tensor, progress=None, *, alphas=
             clip_gate_up.append(search_clip(folded, xg * weight, quant, layer.dtype))
             clip_down.append(search_clip(down[g].float() * s, h / s, quant, layer.dtype))
             if progress is not None:
-                progress.update(f"{name} {g}")
+                progress.update(f"{name} {g}: clipping")
         plan.channel_scales[name] = torch.stack(scales)
         shape = (lambda t: t) if part.gate_up.dim() == 3 else (lambda t: t[0])
         plan.clip[f"{name}.gate_up"] = shape(torch.stack(clip_gate_up))
@@ -140,7 +141,9 @@ def _down_input(gate_up: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) ->
     return F.silu(gate) * up * weight
 
 
-def _search_part_scales(gate_up, down, inputs, quant: QuantConfig, dtype, alphas) -> list[torch.Tensor]:
+def _search_part_scales(
+    gate_up, down, inputs, quant: QuantConfig, dtype, alphas, progress=None, name=""
+) -> list[torch.Tensor]:
     """Each group's channel scales s [f] = mean|h|^alpha (powers of two), for the one alpha of
     the grid that minimises the part's summed output error ||h (Q(down * s) / s - down)^T||^2.
 
@@ -148,29 +151,34 @@ def _search_part_scales(gate_up, down, inputs, quant: QuantConfig, dtype, alphas
     alpha per expert fitted to them did worse than none on held-out text (docs/quantization.md)."""
     candidates, errors = [], torch.zeros(len(alphas), dtype=torch.float64)
     for g, (x, weight) in enumerate(inputs):
-        width = down.shape[-1]
-        if x.shape[0] == 0:  # no calibration token: round to nearest
-            candidates.append([torch.ones(width)] * len(alphas))
-            continue
-        h = _down_input(gate_up[g].float(), x, weight)
-        factor = _gram_factor(h)
-        mean = h.abs().mean(dim=0)
-        mean = mean.clamp_min(float(mean.max()) * 1e-4 if float(mean.max()) > 0 else 1.0)
-        group = []
-        for i, alpha in enumerate(alphas):
-            s = mean.pow(alpha)
-            s = s / (s.max() * s.min()).sqrt()  # centred on 1 in log scale, as AWQ does
-            s = torch.exp2(torch.log2(s).round().clamp(-MAX_EXPONENT, MAX_EXPONENT))
-            delta = _fake_quantize(down[g].float() * s, quant, dtype) / s - down[g].float()
-            errors[i] += float((factor @ delta.t()).square().sum())
-            group.append(s)
-        candidates.append(group)
+        scales, group_errors = _scale_candidates(gate_up[g].float(), down[g].float(), x, weight, quant, dtype, alphas)
+        candidates.append(scales)
+        errors += group_errors
+        if progress is not None:
+            progress.update(f"{name} {g}: channel scales")
     best = int(torch.argmin(errors))  # ties: the first, alpha = 0 (no scaling)
-    return [group[best] for group in candidates]
+    return [scales[best] for scales in candidates]
 
 
-def _ones_clip(weight: torch.Tensor, quant: QuantConfig) -> torch.Tensor:
-    return torch.ones(weight.shape[0], weight.shape[1] // quant.group_size)
+def _scale_candidates(gate_up, down, x, weight, quant: QuantConfig, dtype, alphas):
+    """One group's channel scales for each alpha and the output error of its quantized down
+    with each: ([s [f]] per alpha, errors [alphas] float64). No tokens: no scaling, no error."""
+    errors = torch.zeros(len(alphas), dtype=torch.float64)
+    if x.shape[0] == 0:  # no calibration token: round to nearest
+        return [torch.ones(down.shape[-1])] * len(alphas), errors
+    h = _down_input(gate_up, x, weight)
+    factor = _gram_factor(h)
+    mean = h.abs().mean(dim=0)
+    mean = mean.clamp_min(float(mean.max()) * 1e-4 if float(mean.max()) > 0 else 1.0)
+    candidates = []
+    for i, alpha in enumerate(alphas):
+        s = mean.pow(alpha)
+        s = s / (s.max() * s.min()).sqrt()  # centred on 1 in log scale, as AWQ does
+        s = torch.exp2(torch.log2(s).round().clamp(-MAX_EXPONENT, MAX_EXPONENT))
+        delta = _fake_quantize(down * s, quant, dtype) / s - down
+        errors[i] = float((factor @ delta.t()).square().sum())
+        candidates.append(s)
+    return candidates, errors
 
 
 def _fake_quantize(weight: torch.Tensor, quant: QuantConfig, dtype, clip=None) -> torch.Tensor:
@@ -250,9 +258,9 @@ def read_calibration(source: str, stack, *, seed: int = 0, what: str = "--calibr
     - `random:N`: N Gaussian tokens as the first layer's inputs (a demo: no real
       activation statistics, so AWQ has little to find).
     One line (UsageError) naming the problem otherwise."""
-    from safetensors import SafetensorError, safe_open
+    from pathlib import Path
 
-    from .errors import one_line
+    from .checkpoint import read_tensors
     from .inputs import random_hidden
 
     d, layers = stack.config.hidden_size, len(stack.layers)
@@ -261,11 +269,12 @@ def read_calibration(source: str, stack, *, seed: int = 0, what: str = "--calibr
         if not count.isdigit() or int(count) < 1:
             raise UsageError(f"{what} random:N needs a token count N >= 1, got {source!r}")
         return stack_inputs(stack, random_hidden(int(count), d, seed=seed))
+    if not Path(source).is_file():
+        raise UsageError(f"{what} {source}: no such file")
     try:
-        with safe_open(source, framework="pt") as f:
-            tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - not a dict
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise UsageError(f"{what} {source} is not a readable safetensors file: {one_line(exc, first=True)}") from None
+        tensors = read_tensors(Path(source))
+    except UsageError as exc:  # one line: "... is not a readable safetensors file ..."
+        raise UsageError(f"{what} {exc}") from None
     per_layer = [f"layers.{i}.{HIDDEN_STATES}" for i in range(layers)]
     if set(tensors) == {HIDDEN_STATES}:
         names = [HIDDEN_STATES]
@@ -320,6 +329,6 @@ def quantize_stack_awq(stack, quant: QuantConfig, inputs: list[torch.Tensor], *,
     from .layer import DeaMoEStack
     from .report import Progress
 
-    bar = Progress(sum(group_count(layer) for layer in stack.layers), "awq search", enabled=progress)
+    bar = Progress(2 * sum(group_count(layer) for layer in stack.layers), "awq search", enabled=progress)
     pairs = [quantize_awq(layer, quant, x, bar) for layer, x in zip(stack.layers, inputs, strict=True)]
     return DeaMoEStack.from_layers([q for q, _ in pairs]), [plan for _, plan in pairs]

@@ -124,7 +124,7 @@ def bad_file(tmp_path, case):
     path = tmp_path / "bad.safetensors"
     if case == "not safetensors":
         path.write_text("hello")
-    else:
+    elif case != "missing":
         tensors = {
             "wrong width": {"hidden_states": torch.ones(16, 32)},
             "nan": {"hidden_states": torch.full((16, 64), float("nan"))},
@@ -148,6 +148,7 @@ def bad_file(tmp_path, case):
         ("one layer of two", "for each of the checkpoint's 2 layer(s)"),
         ("too few tokens", "has 4 tokens; at least 8 are needed"),
         ("random:0", "random:N needs a token count N >= 1"),
+        ("missing", "bad.safetensors: no such file"),
         (None, "--method awq needs --calibration FILE"),
         ("rtn", "--calibration is for --method awq"),
     ],
