@@ -46,7 +46,10 @@ def register(subparsers) -> None:
         "quarter of the calibration tokens",
     )
     parser.add_argument(
-        "--tokens", type=common.positive_int, default=64, help="random tokens to measure the error on (default 64)"
+        "--tokens",
+        type=common.positive_int,
+        default=64,
+        help="--method rtn without --eval: random tokens to measure the error on (default 64)",
     )
     common.add_seed(parser)
     parser.set_defaults(func=run)
