@@ -173,3 +173,12 @@ def _no_raise():
     import contextlib
 
     return contextlib.nullcontext()
+
+
+def test_an_awq_checkpoint_exports_and_validates_like_any_quantized_one(tiny, tmp_path, capsys):
+    awq = tmp_path / "awq"
+    args = ["quantize", str(tiny), "-o", str(awq), "--bits", "4", "--group-size", "16", "--method", "awq"]
+    assert main([*args, "--calibration", "random:64"]) == 0
+    assert main(["export", str(awq), "-o", str(tmp_path / "m.onnx"), "--form", "ort"]) == 0
+    capsys.readouterr()
+    assert main(["validate", str(tmp_path / "m.onnx"), "--against", str(awq)]) == 0
