@@ -139,6 +139,13 @@ def node_attributes(node: onnx.NodeProto) -> dict[str, Any]:
     return values
 
 
+def add_default_attributes(node: onnx.NodeProto) -> None:
+    """Give node the optional attributes it lacks, at their defaults (0: float weights), for
+    consumers that declare every attribute (a QDP, the ONNX Runtime reference op)."""
+    named = {attr.name for attr in node.attribute}
+    node.attribute.extend(helper.make_attribute(name, 0) for name in sorted(_OPTIONAL - named))
+
+
 def node_layer(node: onnx.NodeProto) -> tuple[DeaMoEConfig, QuantConfig | None]:
     """The config and quantization (None: float) of a DeaMoE node, with its input count
     checked against them."""

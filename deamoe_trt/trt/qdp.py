@@ -145,11 +145,7 @@ def prepare_model(model: onnx.ModelProto) -> int:
         for attr in node.attribute:
             if attr.name == "plugin_namespace":
                 attr.s = QDP_NAMESPACE.encode()
-        # A QDP takes every attribute: a float node's optional quantization ones are 0.
-        named = {attr.name for attr in node.attribute}
-        for attribute in contract.QUANT_ATTRIBUTES:
-            if attribute.name not in named:
-                node.attribute.append(helper.make_attribute(attribute.name, 0))
+        plugin_node.add_default_attributes(node)  # a QDP takes every attribute
         count += 1
     return count
 

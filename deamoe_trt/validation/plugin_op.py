@@ -134,8 +134,7 @@ def for_reference(model: onnx.ModelProto) -> onnx.ModelProto:
             continue
         config, quant = plugin_node.node_layer(node)
         dtype = _check_inputs(node, config, quant, initializers)
-        named = {attr.name for attr in node.attribute}
-        node.attribute.extend(helper.make_attribute(a.name, 0) for a in contract.QUANT_ATTRIBUTES if a.name not in named)
+        plugin_node.add_default_attributes(node)  # the op declares every attribute
         if quant is not None:
             nodes += _codes_as_float_bytes(node, config, quant, graph, initializers, names)
         node.op_type, node.domain = reference_op_type(dtype, len(node.input)), REFERENCE_DOMAIN

@@ -327,7 +327,8 @@ def test_impl_loads_a_quantized_node_as_the_checkpoint_layer(monkeypatch, bits):
         tensors.append(_FakeTrtTensor(value, {torch.int32: "INT32", torch.float32: "FLOAT"}[value.dtype]))
     monkeypatch.setattr(qdp, "_as_torch", lambda t: t.array)
     attrs = plugin_node.config_to_attributes(config, quant)
-    assert qdp.quant_from_attrs({k: np.array([v]) for k, v in attrs.items() if k.startswith("weight_")}, config) == quant
+    fields = {name: np.array([value]) for name, value in attrs.items() if name.startswith("weight_")}
+    assert qdp.quant_from_attrs(fields, config) == quant
     built = qdp._layer_for(config, quant, tensors)
     x = torch.randn(5, 32)
     with torch.no_grad():
