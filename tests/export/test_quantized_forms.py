@@ -39,7 +39,7 @@ def tolerance(form: str, bits: int, dtype: str = "fp32") -> float:
 
 @pytest.mark.parametrize("config_name", list(CONFIGS))
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("form", ["ort", "onnx", "plugin"])
+@pytest.mark.parametrize("form", ["ort", "onnx"])
 def test_quantized_layer_matches_dequantized_reference(form, bits, config_name):
     layer = layer_of(CONFIGS[config_name], seed=1).quantized(QuantConfig(bits, 16))
     session = make_session(build_model(layer, form))
@@ -95,8 +95,7 @@ def _little_endian_words(codes: np.ndarray) -> np.ndarray:
     return np.where(words >= 2**31, words - 2**32, words).astype(np.int32)
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
-@pytest.mark.parametrize(("bits", "group_size"), [(4, 16), (8, 32), (4, 64)])
+@pytest.mark.parametrize(("bits", "group_size", "dtype"), [(4, 16, "fp32"), (8, 32, "fp16"), (4, 64, "fp16")])
 def test_plugin_node_carries_the_checkpoint_bytes(bits, group_size, dtype):
     quant = QuantConfig(bits, group_size)
     layer = layer_of(EVERY_INPUT, seed=4).quantized(quant)
@@ -127,6 +126,16 @@ def test_plugin_node_carries_the_checkpoint_bytes(bits, group_size, dtype):
             np.testing.assert_array_equal(numpy_helper.to_array(tensor), want)
         else:
             assert kind in (contract.FLOAT32, contract.ACTIVATION, contract.FLOAT32_OR_ACTIVATION), item.name
+
+
+# deepseek-style: router bias and an ungated shared expert; qwen2-style: a gated one.
+@pytest.mark.parametrize(("bits", "config_name"), [(4, "deepseek-style"), (8, "qwen2-style")])
+def test_quantized_plugin_model_runs_as_its_checkpoint_on_onnx_runtime(bits, config_name):
+    # The reference op reads the node's int32 codes back as the checkpoint's bytes and
+    # dequantizes them: the model computes what the quantized checkpoint does.
+    layer = layer_of(CONFIGS[config_name], seed=1).quantized(QuantConfig(bits, 16))
+    session = make_session(build_model(layer, "plugin"))
+    assert max_error(session, layer, max(TOKENS)) <= TOLERANCE["fp32"]
 
 
 def test_float_plugin_nodes_have_no_quantization_attributes():
