@@ -484,7 +484,11 @@ void group_pass_q_any(int tt, const uint8_t* group, int64_t dp, int64_t gs, cons
 }
 
 // The int4 mode this process uses (dm_int4_mode): kSubnormal on AMD, kConvert elsewhere.
-std::atomic<int> g_int4_mode{__builtin_cpu_is("amd") ? kSubnormal : kConvert};
+// (__builtin_cpu_init: this runs as a constructor, possibly before libgcc's own.)
+std::atomic<int> g_int4_mode{[] {
+  __builtin_cpu_init();
+  return __builtin_cpu_is("amd") ? kSubnormal : kConvert;
+}()};
 
 // ----------------------------------------------------------------------------------------
 // Thread pool: the calling thread is thread 0, n-1 workers. A worker spins briefly after a
