@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from .config import DeaMoEConfig
@@ -45,18 +47,26 @@ def parameter_table(stack: DeaMoEStack) -> str:
 
 @torch.no_grad()
 def quantization_error(
-    reference: DeaMoEStack, quantized: DeaMoEStack, *, tokens: int = 64, seed: int = 0
+    reference: DeaMoEStack | Sequence[DeaMoELayer],
+    quantized: DeaMoEStack | Sequence[DeaMoELayer],
+    *,
+    tokens: int = 64,
+    seed: int = 0,
+    labels: Sequence[str] | None = None,
 ) -> list[tuple[str, str, str, int]]:
     """Per layer, on random tokens: ||y_q - y|| / ||y||, max |y_q - y| and the tokens whose
-    experts differ (0 unless the router changed: it is never quantized)."""
+    experts differ (0 unless the router changed: it is never quantized). reference and
+    quantized: stacks, or lists of layers (a language model's DeaMoE FFNs) named by labels."""
+    pairs = list(zip(getattr(reference, "layers", reference), getattr(quantized, "layers", quantized), strict=True))
+    labels = [str(i) for i in range(len(pairs))] if labels is None else list(labels)
     gen = input_generator(seed)
     rows = []
-    for i, (layer, qlayer) in enumerate(zip(reference.layers, quantized.layers, strict=True)):
-        x = torch.randn(tokens, reference.config.hidden_size, generator=gen).to(layer.dtype)
+    for label, (layer, qlayer) in zip(labels, pairs, strict=True):
+        x = torch.randn(tokens, layer.config.hidden_size, generator=gen).to(layer.dtype)
         y, yq = layer(x).float(), qlayer(x).float()
         moved = (layer.route(x).expert_ids != qlayer.route(x).expert_ids).any(dim=-1).sum()
         rel = float((yq - y).norm() / y.norm().clamp_min(1e-30))
-        rows.append((str(i), f"{rel:.2e}", f"{float((yq - y).abs().max()):.2e}", int(moved)))
+        rows.append((label, f"{rel:.2e}", f"{float((yq - y).abs().max()):.2e}", int(moved)))
     return rows
 
 
