@@ -223,3 +223,13 @@ def test_held_out_loss_needs_a_tokenizer_that_encodes_the_text(float_model):
     assert loss is not None and 4.0 < loss < 8.0  # a random model: about ln(256) = 5.5
     assert held_out_loss(float_model, ByteTokenizer(alphabet="abc\n")) is None
     assert held_out_loss(float_model, NoTokenizer(256)) is None
+
+
+def test_half_precision_quantized_model_keeps_fp16_scales_through_the_checkpoint(tmp_path):
+    model = DeaMoELM.random(QMICRO.replace(quantization=QuantConfig(4, 16)), seed=1, dtype=torch.float16)
+    assert model.layers[0].mlp.experts.gate_up.scales.dtype == torch.float16
+    loaded = load_lm(save_lm(model, tmp_path / "h")).model
+    assert loaded.dtype == torch.float16 and loaded.layers[0].mlp.experts.gate_up.scales.dtype == torch.float16
+    want = logits_of(TorchDecoder(dequantized_model(loaded)))
+    for decoder in (OrtDecoder.from_model(loaded, form="onnx", dtype="fp16", threads=1), CpuDecoder(loaded, threads=1)):
+        np.testing.assert_allclose(logits_of(decoder), want, atol=1e-2 * np.abs(want).max(), rtol=1e-2)
