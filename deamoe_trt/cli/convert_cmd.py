@@ -80,7 +80,6 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-
     import torch
 
     from .._io import atomic_write_text

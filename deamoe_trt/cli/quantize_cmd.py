@@ -62,13 +62,8 @@ def _run_layers(args, quant) -> int:
 
 
 def _run_lm(args, quant) -> int:
-    import math
-
-    from ..checkpoint import dtype_name
     from ..lm.checkpoint import load_lm, save_lm
-    from ..lm.quantize import held_out_loss, quantize_lm
-    from ..lm.train import TEXT_SOURCE
-    from ..report import format_table
+    from ..lm.quantize import quantize_lm
 
     loaded = load_lm(args.checkpoint)
     model = loaded.model
@@ -81,31 +76,40 @@ def _run_lm(args, quant) -> int:
         [quantized.layers[i].mlp for i in blocks],
         labels=[f"block {i}" for i in blocks],
     )
-    name = f"int{quant.bits}, group {quant.group_size}"
-    print(f"measuring held-out perplexity of {args.checkpoint} and its {name} model ...", flush=True)
-    losses = {"input": held_out_loss(model, loaded.tokenizer)}
     record = {"source": str(args.checkpoint), **quant.to_dict()}
-    if losses["input"] is None:
-        print(f"(no held-out perplexity: the model's {loaded.tokenizer.describe()} cannot encode the shipped text)")
-    else:
-        losses[name] = held_out_loss(quantized, loaded.tokenizer)
-        base = math.exp(losses["input"])
-        rows = [
-            (label, f"{loss:.4f}", f"{math.exp(loss):.3f}", f"{math.exp(loss) / base:.4f}x")
-            for label, loss in zip((f"input ({dtype_name(model.dtype)})", name), losses.values(), strict=True)
-        ]
-        print(
-            format_table(
-                ("model", "held-out loss", "perplexity", "vs input"),
-                rows,
-                title=f"Held-out perplexity (last 10% of {TEXT_SOURCE}; same windows for both)",
-            )
-        )
-        record["held_out_perplexity"] = {"input": round(base, 4), "quantized": round(math.exp(losses[name]), 4)}
+    perplexity = _print_perplexity(args.checkpoint, loaded.tokenizer, model, quantized)
+    if perplexity is not None:
+        record["held_out_perplexity"] = perplexity
     training = {**loaded.training, "quantization": record}
     path = save_lm(quantized, args.output, tokenizer=loaded.tokenizer, training=training)
     _print_written(args, f"{len(blocks)} DeaMoE FFN(s) of {len(model.layers)} block(s)", path)
     return 0
+
+
+def _print_perplexity(checkpoint, tokenizer, model, quantized) -> dict | None:
+    """Print both models' held-out perplexity side by side; return them (None: no tokenizer for the text)."""
+    import math
+
+    from ..checkpoint import dtype_name
+    from ..lm.quantize import held_out_loss
+    from ..lm.train import TEXT_SOURCE
+    from ..report import format_table
+
+    q = quantized.config.quantization
+    name = f"int{q.bits}, group {q.group_size}"
+    print(f"measuring the held-out perplexity of {checkpoint} and of its {name} model ...", flush=True)
+    base = held_out_loss(model, tokenizer)
+    if base is None:
+        print(f"(no held-out perplexity: the model's {tokenizer.describe()} cannot encode the shipped text)")
+        return None
+    loss = held_out_loss(quantized, tokenizer)
+    rows = [
+        (label, f"{value:.4f}", f"{math.exp(value):.3f}", f"{math.exp(value - base):.4f}x")
+        for label, value in ((f"input ({dtype_name(model.dtype)})", base), (name, loss))
+    ]
+    title = f"Held-out perplexity (last 10% of {TEXT_SOURCE}; same windows for both)"
+    print(format_table(("model", "held-out loss", "perplexity", "vs input"), rows, title=title))
+    return {"input": round(math.exp(base), 4), "quantized": round(math.exp(loss), 4)}
 
 
 def _print_error(args, reference, quantized, labels=None) -> None:

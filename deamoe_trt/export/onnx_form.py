@@ -35,7 +35,7 @@ QUANTIZED_MIN_OPSET = 21
 
 def export_opset(form: str, opset: int | None, quant: QuantConfig | None) -> int:
     """The opset of an export (checked): a quantized model in the onnx form needs opset >= 21
-    and gets it by default; everything else the default opset."""
+    and gets it by default; everything else the given opset or the default one."""
     if quant is not None and form == "onnx":
         if opset is None:
             opset = QUANTIZED_MIN_OPSET
