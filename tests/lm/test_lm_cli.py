@@ -135,9 +135,13 @@ def test_export_lm_of_quantized_checkpoints_validates(int4_checkpoint, tmp_path,
     assert "atol 0.05" in out and "int8 activations" in out
 
 
-def test_plugin_export_of_a_quantized_language_model_is_one_line(int4_checkpoint, tmp_path, capsys):
-    plugin_path = tmp_path / "p.onnx"
-    assert main(["export-lm", str(int4_checkpoint), "-o", str(plugin_path), "--form", "plugin"]) == 2
-    err = capsys.readouterr().err
-    assert "cannot be exported in the plugin form yet" in err and len(err.strip().splitlines()) == 1
-    assert not plugin_path.exists()
+def test_plugin_export_of_a_quantized_language_model_carries_the_codes(int4_checkpoint, tmp_path, capsys):
+    import onnx
+
+    path = tmp_path / "p.onnx"
+    assert main(["export-lm", str(int4_checkpoint), "-o", str(path), "--form", "plugin"]) == 0
+    nodes = [n for n in onnx.load(str(path)).graph.node if n.op_type == "DeaMoE"]
+    assert len(nodes) == 2  # blocks 0 and 2; block 1 is dense
+    for node in nodes:
+        attributes = {a.name: a.i for a in node.attribute if a.name.startswith("weight_")}
+        assert attributes == {"weight_bits": 4, "weight_group_size": 16}
