@@ -89,6 +89,7 @@ def micro_lm(tmp_path_factory):
     return DeaMoELM.random(QUANTIZABLE_MICRO_LM, seed=7).save_pretrained(tmp_path_factory.mktemp("lm") / "micro-lm")
 
 
+@pytest.mark.slow  # four held-out evaluations; the quantized model's dequantize on the fly is most of it
 def test_quantize_a_language_model_reports_error_and_perplexity_beside_the_input(micro_lm, tmp_path, capsys):
     import math
 
