@@ -239,9 +239,12 @@ class DeaMoELM(nn.Module):
         return self._twin(self.config.vanilla(), {i: self.layers[i].mlp.vanilla() for i in self.moe_layers()})
 
     @torch.no_grad()
-    def quantized(self, quant: QuantConfig) -> DeaMoELM:
-        """Same model with every DeaMoE FFN quantized (DeaMoELayer.quantized: round to nearest);
-        attention, embeddings, norms, dense MLPs and routers shared with this model."""
+    def quantized(self, quant: QuantConfig, ffns: dict[int, DeaMoELayer] | None = None) -> DeaMoELM:
+        """Same model with every DeaMoE FFN quantized; attention, embeddings, norms, dense MLPs
+        and routers shared with this model.
+
+        ffns: {block: that block's FFN already quantized with quant} (a calibrated method's,
+        e.g. deamoe_trt.awq.quantize_awq's); default: DeaMoELayer.quantized, round to nearest."""
         if self.config.quantization is not None:
             q = self.config.quantization
             raise UsageError(
@@ -249,7 +252,11 @@ class DeaMoELM(nn.Module):
                 "quantize the floating-point checkpoint instead"
             )
         config = self.config.replace(quantization=quant)  # checks every width against the group size
-        return self._twin(config, {i: self.layers[i].mlp.quantized(quant) for i in self.moe_layers()})
+        if ffns is None:
+            ffns = {i: self.layers[i].mlp.quantized(quant) for i in self.moe_layers()}
+        if sorted(ffns) != self.moe_layers() or any(ffn.quant != quant for ffn in ffns.values()):
+            raise UsageError(f"ffns must hold blocks {self.moe_layers()}, each quantized as {quant}")
+        return self._twin(config, ffns)
 
     def twin(self, name: str) -> DeaMoELM:
         """'deamoe' (this model), 'expanded' or 'vanilla'."""

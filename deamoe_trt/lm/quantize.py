@@ -23,10 +23,14 @@ def quantize_lm(model: DeaMoELM, quant: QuantConfig, calibration: torch.Tensor |
     """model with its DeaMoE FFNs quantized as quant says.
 
     calibration: token ids a calibrated method runs the model on to see each block's FFN
-    inputs; round to nearest ("rtn", the only method so far) needs none and ignores it."""
+    inputs (AWQ would run deamoe_trt.awq.quantize_awq per block on those inputs and pass the
+    results to model.quantized(quant, ffns)); round to nearest ("rtn", the only method for
+    language models so far) needs none and ignores it."""
     if quant.method == "rtn":
         return model.quantized(quant)
-    raise UsageError(f"quantization method {quant.method!r} is not implemented for language models")
+    raise UsageError(
+        f"--method {quant.method} is not implemented for language models yet (layer checkpoints only); use --method rtn"
+    )
 
 
 def held_out_loss(model: DeaMoELM, tokenizer: Tokenizer) -> float | None:

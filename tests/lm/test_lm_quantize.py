@@ -173,6 +173,25 @@ def test_quantizing_twice_or_widths_off_the_group_are_refused(float_model, micro
         quantize_lm(micro_model, QuantConfig(4, 16))
 
 
+def test_ffns_quantized_elsewhere_are_assembled_into_the_model(float_model):
+    quant = QuantConfig(4, 16)
+    clip = {"experts.down": torch.full((4, 32, 1), 0.5)}  # a calibrated method's choice (here: made up)
+    ffns = {i: float_model.layers[i].mlp.quantized(quant, clip=clip) for i in (0, 2)}
+    model = float_model.quantized(quant, ffns)
+    assert model.config.quantization == quant
+    rtn = quantize_lm(float_model, quant)
+    for i in (0, 2):
+        for name, tensor in ffns[i].state_dict().items():
+            assert torch.equal(model.layers[i].mlp.state_dict()[name], tensor), name
+        codes = "experts.down.qweight"
+        assert not torch.equal(model.layers[i].mlp.state_dict()[codes], rtn.layers[i].mlp.state_dict()[codes])
+    assert torch.equal(model.layers[1].mlp.up_proj.weight, float_model.layers[1].mlp.up_proj.weight)
+    with pytest.raises(UsageError, match=r"ffns must hold blocks \[0, 2\]"):
+        float_model.quantized(quant, {0: ffns[0]})
+    with pytest.raises(UsageError, match="each quantized as"):
+        float_model.quantized(QuantConfig(8, 16), ffns)
+
+
 def test_random_model_of_a_quantized_config_is_the_quantized_random_model(float_model):
     config = QMICRO.replace(quantization=QuantConfig(4, 16))
     random = DeaMoELM.random(config, seed=5)
