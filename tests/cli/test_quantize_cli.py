@@ -4,6 +4,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from configs import QUANTIZABLE_MICRO_LM
 from deamoe_trt import DeaMoEStack
 from deamoe_trt.cli.main import main
 from deamoe_trt.inputs import random_hidden
@@ -181,3 +182,62 @@ def test_an_awq_checkpoint_exports_and_validates_like_any_quantized_one(tiny, tm
     assert main(["export", str(awq), "-o", str(tmp_path / "m.onnx"), "--form", "ort"]) == 0
     capsys.readouterr()
     assert main(["validate", str(tmp_path / "m.onnx"), "--against", str(awq)]) == 0
+
+
+# Whole language models --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def micro_lm(tmp_path_factory):
+    from deamoe_trt.lm import DeaMoELM
+
+    return DeaMoELM.random(QUANTIZABLE_MICRO_LM, seed=7).save_pretrained(tmp_path_factory.mktemp("lm") / "micro-lm")
+
+
+@pytest.mark.slow  # four held-out evaluations; the quantized model's dequantize on the fly is most of it
+def test_quantize_a_language_model_reports_error_and_perplexity_beside_the_input(micro_lm, tmp_path, capsys):
+    import math
+
+    from deamoe_trt.lm import load_lm
+    from deamoe_trt.lm.quantize import held_out_loss
+
+    capsys.readouterr()
+    out_dir = tmp_path / "lm-int4"
+    assert main(["quantize", str(micro_lm), "-o", str(out_dir), "--bits", "4", "--group-size", "16"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[1]: line.split() for line in out.splitlines() if line.startswith("block ")}
+    assert set(rows) == {"0", "2"}  # block 1 is dense: nothing to quantize
+    assert all(row[-1] == "0" and 0.01 < float(row[2]) < 0.3 for row in rows.values())
+    source, quantized = load_lm(micro_lm), load_lm(out_dir)
+    assert quantized.model.config.quantization == QuantConfig(4, 16)
+    # Both perplexities are the held-out measurement of each checkpoint, in one table.
+    table = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("input", "int4,"))}
+    assert table["input"][3] == f"{math.exp(held_out_loss(source.model, source.tokenizer)):.3f}"
+    assert table["int4,"][4] == f"{math.exp(held_out_loss(quantized.model, quantized.tokenizer)):.3f}"
+    assert quantized.training["quantization"]["source"] == str(micro_lm)
+    assert "wrote 2 DeaMoE FFN(s) of 3 block(s), int4, group size 16" in out
+
+
+def test_language_model_bad_input_is_one_line_and_writes_nothing(micro_lm, tmp_path, capsys):
+    from deamoe_trt.lm import load_lm
+    from deamoe_trt.lm.quantize import quantize_lm
+
+    quantized = quantize_lm(load_lm(micro_lm).model, QuantConfig(8, 16)).save_pretrained(tmp_path / "q8")
+    out_dir = tmp_path / "out"
+    cases = [
+        ([str(quantized), "--bits", "4", "--group-size", "16"], "already quantized (int8, group size 16)"),
+        ([str(micro_lm), "--bits", "4", "--group-size", "32"], "the shared part (f_s) is 16, not divisible by"),
+        (
+            [str(micro_lm), "--bits", "4", "--group-size", "16", "--method", "awq", "--calibration", "random:64"],
+            "--method awq is not implemented for language models yet",
+        ),
+        ([str(micro_lm), "--bits", "4", "--group-size", "16", "--eval", "x.safetensors"], "--eval takes layer inputs"),
+    ]
+    for args, message in cases:
+        capsys.readouterr()
+        assert main(["quantize", args[0], "-o", str(out_dir), *args[1:]]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
+        assert not out_dir.exists()
+    assert main(["quantize", str(micro_lm), "-o", str(micro_lm), "--bits", "4", "--group-size", "16"]) == 2
+    assert "--output must differ from the input" in capsys.readouterr().err
