@@ -356,7 +356,7 @@ class CpuDeaMoE:
         if bufs is None:
             c = self.config
             bufs = self._buffers[tokens] = (
-                torch.empty(self.pool.threads * tokens * self.dp, dtype=torch.float32),
+                torch.empty(self.lib.dm_step_slices(self.pool.handle) * tokens * self.dp, dtype=torch.float32),
                 torch.empty(tokens, c.num_experts, dtype=torch.float32),
                 torch.empty(tokens, c.top_k, dtype=torch.int64),
                 torch.empty(tokens, c.top_k, dtype=torch.float32),

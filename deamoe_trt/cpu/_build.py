@@ -27,7 +27,7 @@ SOURCE = Path(__file__).with_name("deamoe_cpu.cpp")
 # The routing is the CUDA kernels' (deamoe/deamoeRouting.cuh under the kernel sources).
 ROUTING_HEADER = "deamoe/deamoeRouting.cuh"
 FLAGS = ("-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-pthread", "-DNDEBUG")
-ABI_VERSION = 4
+ABI_VERSION = 5
 LIBRARY_NAME = "libdeamoe_cpu.so"
 
 _lib: ctypes.CDLL | None = None
@@ -141,6 +141,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dm_pool_destroy": (None, [ptr]),
         "dm_pool_size": (i32, [ptr]),
         "dm_pool_wake": (None, [ptr]),
+        "dm_step_slices": (i32, [ptr]),
         "dm_alloc": (ptr, [i64]),
         "dm_free": (None, [ptr]),
         "dm_pack": (i32, [ptr, ptr, i64, i64, i64, i64, i32, ptr]),

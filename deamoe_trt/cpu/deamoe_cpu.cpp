@@ -10,10 +10,12 @@
 //   - the weights are repacked at load time so that one neuron group (NB neurons: their
 //     gate rows, up rows and down columns) is one contiguous run of memory; a block is a
 //     sequence of such groups, so any range of groups is one sequential stream;
-//   - each thread takes a fixed, equal range of every block's neuron groups (static and
-//     balanced: same bytes per thread whatever the routing) and accumulates its share of
-//     the down projection into a private output; the partial outputs are summed in thread
-//     order at the end. The result does not depend on timing: it is deterministic.
+//   - a step is cut into a fixed number of slices (step_slices: more than threads), each
+//     the same equal range of every block's neuron groups, accumulating its share of the
+//     down projection into its own partial output; threads claim slices from a counter
+//     (the caller starts at once, a worker still waking up joins late), and the partials
+//     are summed in slice order at the end. The result depends neither on timing nor on
+//     which thread ran which slice: it is deterministic.
 //   - neurons never materialise as a [T, f] intermediate: for each group, gate and up
 //     dot products (fp32 accumulation), silu(g) * u * w, then the group's down columns
 //     are added into the outputs while still in L1/L2.
@@ -555,7 +557,50 @@ class Pool {
     }
   }
 
+  // Run fn(ctx, k, slices) for every slice k in [0, slices), each exactly once, on whichever
+  // thread claims it first; return when all have finished. The calling thread starts at once
+  // and does not wait for a worker that is still waking up: it takes the slices that worker
+  // would have run. What a slice computes must not depend on the thread running it.
+  void run_slices(JobFn fn, void* ctx, int slices) {
+    std::lock_guard<std::mutex> lock(run_mutex_);
+    if (n_ == 1 || slices <= 1) {
+      for (int k = 0; k < slices; ++k) fn(ctx, k, slices);
+      return;
+    }
+    slice_fn_ = fn;
+    slice_ctx_ = ctx;
+    done_.store(0, std::memory_order_relaxed);
+    const uint32_t job = job_.load() + 1;  // run_mutex_ is held: the next job's number
+    // release: publishes slice_fn_/slice_ctx_/done_ to whoever claims a slice of this job
+    claim_.store(uint64_t{job} << 32 | uint64_t(slices) << 16, std::memory_order_release);
+    job_.fetch_add(1);
+    wake();
+    claim();
+    const auto spin_until = Clock::now() + std::chrono::microseconds(20);
+    while (done_.load(std::memory_order_acquire) != slices) {
+      if (Clock::now() < spin_until && !oversubscribed_)
+        cpu_relax();
+      else
+        std::this_thread::yield();
+    }
+  }
+
  private:
+  // Claim and run slices of the current sliced job until none is left. claim_ packs the job's
+  // number (bits 32-63), its slice count (16-31) and the next unclaimed slice (0-15), so a
+  // thread that arrives late, even after that job has ended and another begun, claims a
+  // slice of exactly one job and reads that job's fn and ctx, which stay put until every
+  // slice of it, its own included, is done. Returns the job number of the last word seen.
+  uint32_t claim() {
+    for (;;) {
+      const uint64_t c = claim_.fetch_add(1, std::memory_order_acq_rel);
+      const int slices = static_cast<int>((c >> 16) & 0xffff), k = static_cast<int>(c & 0xffff);
+      if (k >= slices) return static_cast<uint32_t>(c >> 32);
+      slice_fn_(slice_ctx_, k, slices);
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
+
   void worker(int tid) {
     // Jobs are counted from 0, not from what job_ holds when this thread gets going: a
     // run() may already have been issued by then, and it must not be missed.
@@ -569,8 +614,13 @@ class Pool {
         // The wake-up calls that came with this job are answered by running it: they must
         // not make this thread spin on afterwards.
         signal = signal_.load();
-        fn_(ctx_, tid, n_);
-        remaining_.fetch_sub(1, std::memory_order_release);
+        // A sliced job numbered `job` or later: claim its slices (none may be left). A job
+        // run() issued: claim_ still holds an earlier, finished sliced job, and run() waits
+        // for this thread, so `job` is still the current one.
+        if (static_cast<int32_t>(claim() - job) < 0) {
+          fn_(ctx_, tid, n_);
+          remaining_.fetch_sub(1, std::memory_order_release);
+        }
         deadline = Clock::now() + spin_after_job_;
         continue;
       }
@@ -639,7 +689,21 @@ class Pool {
   std::mutex run_mutex_;
   JobFn fn_ = nullptr;
   void* ctx_ = nullptr;
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int> done_{0};
+  JobFn slice_fn_ = nullptr;
+  void* slice_ctx_ = nullptr;
 };
+
+// Slices of a MoE step (see run_slices). Not a function of the token count: a token's output
+// must not depend on which other tokens share its step (tests/cpu holds the kernel to
+// that), and the slice boundaries set the order its sums are taken in. The same on 1 and 2
+// threads (the same bits); 2 per thread from 4 threads up, so all threads get a share.
+// More slices leave the caller less time waiting for the last one, but cut every block into
+// more streams and cost more partial outputs: on the qwen3 int4 layer, 1 token, 2 threads,
+// 4 per block beat 6 and 8 (docs/benchmarks.md). run_slices counts them in 16 bits.
+constexpr int kStepSlices = 4;
+int step_slices(int threads) { return std::max(kStepSlices, 2 * threads); }
 
 // Static, balanced split of [0, total) into n ranges: thread t gets [begin, end).
 inline void split(int64_t total, int t, int n, int64_t* begin, int64_t* end) {
@@ -672,20 +736,21 @@ struct Step {
   std::vector<float> xsum;  // int4: [tokens, dp / group_size], each group's sum of x (its zero point's share)
   int int4_mode = kConvert;
   std::vector<float> x_shifted;  // int4 kSubnormal: x * 2^kSubnormalXShift, [tokens, dp]
-  float* partial;           // [threads, tokens, dp]
+  float* partial;           // [slices, tokens, dp]
 };
 
+// Slice `slice` of `slices`: the same share of every block's groups, into its own partial.
 template <typename WT>
-void run_tasks(const Step& s, int tid, int nthreads) {
+void run_tasks(const Step& s, int slice, int slices) {
   const int64_t dp = s.dp;
-  float* mine = s.partial + tid * s.tokens * dp;
+  float* mine = s.partial + slice * s.tokens * dp;
   std::fill(mine, mine + s.tokens * dp, 0.0f);
   const int64_t group_elems = 3 * NB * dp;
   const float* xs[kMaxTokensPerPass];
   float* ys[kMaxTokensPerPass];
   for (const Task& task : s.tasks) {
     int64_t g0, g1;
-    split(task.groups, tid, nthreads, &g0, &g1);
+    split(task.groups, slice, slices, &g0, &g1);
     const WT* base = static_cast<const WT*>(task.weights);
     for (int64_t t0 = 0; t0 < task.tok_count; t0 += kMaxTokensPerPass) {
       const int tt = static_cast<int>(std::min<int64_t>(kMaxTokensPerPass, task.tok_count - t0));
@@ -701,9 +766,9 @@ void run_tasks(const Step& s, int tid, int nthreads) {
 }
 
 template <int BITS, int MODE>
-void run_tasks_q(const Step& s, int tid, int nthreads) {
+void run_tasks_q(const Step& s, int slice, int slices) {
   const int64_t dp = s.dp, gs = s.group_size;
-  float* mine = s.partial + tid * s.tokens * dp;
+  float* mine = s.partial + slice * s.tokens * dp;
   std::fill(mine, mine + s.tokens * dp, 0.0f);
   const int64_t group_bytes = q_group_bytes(BITS, gs, dp);
   const float* xs[kMaxTokensPerPassQ];
@@ -711,7 +776,7 @@ void run_tasks_q(const Step& s, int tid, int nthreads) {
   float* ys[kMaxTokensPerPassQ];
   for (const Task& task : s.tasks) {
     int64_t g0, g1;
-    split(task.groups, tid, nthreads, &g0, &g1);
+    split(task.groups, slice, slices, &g0, &g1);
     const auto* base = static_cast<const uint8_t*>(task.weights);
     const auto* dscales = reinterpret_cast<const float*>(base + task.groups * group_bytes);
     for (int64_t t0 = 0; t0 < task.tok_count; t0 += kMaxTokensPerPassQ) {
@@ -729,18 +794,18 @@ void run_tasks_q(const Step& s, int tid, int nthreads) {
   }
 }
 
-void step_job(void* ctx, int tid, int nthreads) {
+void step_job(void* ctx, int slice, int slices) {
   const Step& s = *static_cast<const Step*>(ctx);
   if (s.bits == 4 && s.int4_mode == kSubnormal)
-    run_tasks_q<4, kSubnormal>(s, tid, nthreads);
+    run_tasks_q<4, kSubnormal>(s, slice, slices);
   else if (s.bits == 4)
-    run_tasks_q<4, kConvert>(s, tid, nthreads);
+    run_tasks_q<4, kConvert>(s, slice, slices);
   else if (s.bits == 8)
-    run_tasks_q<8, kConvert>(s, tid, nthreads);
+    run_tasks_q<8, kConvert>(s, slice, slices);
   else if (s.dtype == 1)
-    run_tasks<uint16_t>(s, tid, nthreads);
+    run_tasks<uint16_t>(s, slice, slices);
   else
-    run_tasks<float>(s, tid, nthreads);
+    run_tasks<float>(s, slice, slices);
 }
 
 struct RouterJob {
@@ -816,7 +881,7 @@ void busy_job(void* ctx, int, int) {
 
 extern "C" {
 
-int dm_abi_version() { return 4; }
+int dm_abi_version() { return 5; }
 // The int4 code-to-float mode (see kConvert / kSubnormal): set it with 0 or 1 (tests run
 // both), pass -1 to only read it. Returns the mode in force.
 int dm_int4_mode(int mode) {
@@ -837,6 +902,8 @@ void* dm_pool_create(int threads, int spin_after_job_us, int spin_after_wake_us)
 void dm_pool_destroy(void* pool) { delete static_cast<Pool*>(pool); }
 int dm_pool_size(void* pool) { return static_cast<Pool*>(pool)->size(); }
 void dm_pool_wake(void* pool) { static_cast<Pool*>(pool)->wake(); }
+// Slices a MoE step is cut into on this pool: a step's scratch holds slices * tokens * dp floats.
+int dm_step_slices(void* pool) { return step_slices(static_cast<Pool*>(pool)->size()); }
 
 // Weight memory: 2 MiB aligned and advised as transparent huge pages, so streaming a
 // gigabyte of weights does not also walk a page table entry every 4 KiB.
@@ -1139,17 +1206,17 @@ void run_step(Pool* pool, const dm_layer& L, const float* x, int64_t tokens, con
     s.tasks.push_back(Task{L.shared, L.groups_sh, begin, tokens});
   }
 
-  pool->run(step_job, &s);
+  const int slices = step_slices(pool->size());
+  pool->run_slices(step_job, &s, slices);
 
-  // Sum the threads' partial outputs in thread order (deterministic), dropping the padding;
+  // Sum the slices' partial outputs in slice order (deterministic), dropping the padding;
   // int4's are in kInt4DownUnit.
-  const int nthreads = pool->size();
   const float unit = L.weight_bits == 4 ? 1.0f / kInt4DownUnit[s.int4_mode] : 1.0f;
   for (int64_t t = 0; t < tokens; ++t) {
     float* out = y + t * L.d;
     std::memcpy(out, scratch + t * dp, static_cast<size_t>(L.d) * sizeof(float));
-    for (int th = 1; th < nthreads; ++th) {
-      const float* p = scratch + (th * tokens + t) * dp;
+    for (int k = 1; k < slices; ++k) {
+      const float* p = scratch + (k * tokens + t) * dp;
       for (int64_t c = 0; c < L.d; ++c) out[c] += p[c];
     }
     if (unit != 1.0f)
@@ -1174,7 +1241,7 @@ int dm_route(const dm_layer* layer, const float* logits, int64_t tokens, int64_t
 //   x:           [tokens, dp] fp32, zero-padded activations
 //   expert_ids:  [tokens, k] int64 kept experts; weights: [tokens, k] fp32 w_e
 //   shared_w:    [tokens] fp32 weight a of the shared experts, or null (a = 1)
-//   y:           [tokens, d] fp32 output; scratch: >= threads * tokens * dp floats
+//   y:           [tokens, d] fp32 output; scratch: >= dm_step_slices(pool) * tokens * dp floats
 int dm_moe_forward(void* pool, const dm_layer* layer, const float* x, int64_t tokens, const int64_t* expert_ids,
                    const float* weights, const float* shared_w, float* y, float* scratch) {
   if (!layer || !valid(*layer) || tokens <= 0) return -1;

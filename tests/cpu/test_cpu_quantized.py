@@ -38,12 +38,16 @@ def test_forward_matches_dequantized_reference(pair, tokens):
     torch.testing.assert_close(fast(x), layer(x), rtol=1e-5, atol=1e-5)
 
 
-def test_deterministic_and_thread_counts_agree(pair):
+@pytest.mark.parametrize("tokens", (1, 5))
+def test_deterministic_and_thread_counts_agree(pair, tokens):
+    """A step's slices are the same on 1 and 2 threads, and summed in slice order, whichever
+    thread ran which: the same bits."""
     layer, fast = pair
-    x = random_hidden(5, layer.config.hidden_size, seed=0)
+    x = random_hidden(tokens, layer.config.hidden_size, seed=0)
     assert torch.equal(fast(x), fast(x))
-    one = cpu.CpuDeaMoE(layer, threads=1)(x)
-    torch.testing.assert_close(one, fast(x), rtol=1e-6, atol=1e-6)
+    one, two = cpu.CpuDeaMoE(layer, threads=1)(x), cpu.CpuDeaMoE(layer, threads=2)(x)
+    assert torch.equal(one, two)
+    torch.testing.assert_close(two, layer(x), rtol=1e-5, atol=1e-5)
 
 
 # Every bits x group size x pass shape, int4 in both code-to-float modes: 256 columns are
