@@ -53,6 +53,8 @@ struct LayerParams
     int32_t hasRouterBias;          // bool
     int32_t sharedExpertWidth;      // f_sh (0: none)
     int32_t sharedExpertGate;       // bool
+    int32_t weightBits;             // 0: float FFN weights; 4 or 8: packed codes (docs/quantization.md)
+    int32_t weightGroupSize;        // input columns per scale (0 when weightBits is 0)
     int32_t routerWeightFloat32;    // bool: router.weight is float32 (else the activation dtype)
 };
 
@@ -71,6 +73,14 @@ struct LayerWeights
     void const* sharedGateUp;       // [2*f_sh, d] or nullptr
     void const* sharedDown;         // [d, f_sh] or nullptr
     void const* sharedGate;         // [1, d] or nullptr
+    // weightBits > 0: the six FFN weights above are packed codes [..., rows, cols * bits / 8]
+    // bytes and these their scales [..., rows, cols / weightGroupSize] in the activation dtype.
+    void const* departmentGateUpScales; // [D, 2*f_s, d/G] or nullptr
+    void const* departmentDownScales;   // [D, d, f_s/G] or nullptr
+    void const* expertGateUpScales;     // [N, 2*f_p, d/G] or nullptr
+    void const* expertDownScales;       // [N, d, f_p/G] or nullptr
+    void const* sharedGateUpScales;     // [2*f_sh, d/G] or nullptr
+    void const* sharedDownScales;       // [d, f_sh/G] or nullptr
 };
 
 // Routing results for T tokens, device memory, row-major.

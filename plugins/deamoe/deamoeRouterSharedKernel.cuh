@@ -23,7 +23,7 @@ struct GateUpMinBlocks
     static constexpr int value = TT >= 16 ? 4 : 1;
 };
 
-template <class T, int TT>
+template <class T, int TT, int BITS>
 __global__ void __launch_bounds__(kGemvThreads, GateUpMinBlocks<TT>::value) routerSharedKernel(GateUpArgs<T> const args)
 {
     beginDependentKernel();
@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kGemvThreads, GateUpMinBlocks<TT>::value) rout
     // workspace's content on entry is arbitrary, and K2 starts after K1 has completed.
     if (args.counters && blockIdx.x == 0 && threadIdx.x < kNumCounters)
         args.counters[threadIdx.x] = 0;
-    gateUpBlock<T, TT>(args, static_cast<int>(blockIdx.x));
+    gateUpBlock<T, TT, BITS>(args, static_cast<int>(blockIdx.x));
 }
 
 } // namespace detail
