@@ -324,20 +324,19 @@ DEAMOE_DEVICE void dequantizeCodes(uint4 raw, int sub, float (&q)[8])
 }
 
 // The quantized twin of accumulateRows: chunks [chunkBegin, chunkEnd) of 16 bytes of codes
-// (32 int4 or 16 int8 weights each), the same lane/chunk assignment, loads in flight and
-// token loop. Every 8 weights give a float32 partial p = sum a * (q - zp), exact codes times
+// (32 int4 or 16 int8 weights each), the same lane/chunk assignment and token loop, U chunks
+// per row in flight (QuantUnroll). Every 8 weights give a float32 partial p = sum a * (q - zp), exact codes times
 // activations, then acc += s * p: the scale is applied once per 8 weights (1 FMA per 8), the
 // activations and codes are never rescaled, and no zero point is folded into a sum of
 // activations (s * (sum a q - zp sum a) cancels catastrophically for int8's zp = 128). Its
 // registers are the float path's: 8 dequantized codes per row, 8 activations, one partial.
 // int4 at group size 16 has two groups per chunk (two scales), otherwise one. The order of
 // operations per (r, t) depends only on the lane and the chunk range: bitwise reproducible.
-template <int BITS, class S, class A, int R, int TT>
+template <int BITS, int U, class S, class A, int R, int TT>
 DEAMOE_DEVICE void accumulateQuantRows(QuantRow<S> const (&rows)[R], int groupShift, int chunkBegin, int chunkEnd,
     A const* act, int const (&offset)[TT], uint32_t tokens, float (&acc)[R][TT])
 {
     using Q = QuantCodes<BITS>;
-    constexpr int U = Unroll<TT>::value;
     constexpr int H = BITS == 4 ? 2 : 1; // scales a chunk may need (int8: 16 columns, one group)
     int const lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
     bool const twoGroups = H == 2 && groupShift < 5; // int4, group size 16: 32 columns, 2 groups
@@ -397,6 +396,16 @@ DEAMOE_DEVICE void accumulateQuantRows(QuantRow<S> const (&rows)[R], int groupSh
         }
     }
 }
+
+// Chunks per row each lane keeps in flight on quantized rows: the gate/up rows (d columns,
+// 4 or 2 times fewer chunks than T rows) as the float path; the down rows (a part's width:
+// deepseek-v3's 2048 int4 columns are 64 chunks, two per lane) 2, which is what they have,
+// and the registers it saves keep K3 at its blocks per SM without spilling.
+template <int TT, bool DOWN>
+struct QuantUnroll
+{
+    static constexpr int value = DOWN ? 2 : Unroll<TT>::value;
+};
 
 // Bits 0..n-1.
 DEAMOE_DEVICE uint32_t firstTokens(int n)

@@ -45,10 +45,12 @@ struct DownArgs
 // tiles in one wave on an H100/H200 (132 SMs; 8 blocks of 64 registers spill, as do 7
 // for 2 tokens in fp16). Wider tiles need the registers: 3 keeps the 16-token variant
 // from spilling on sm_110.
+// Quantized rows (BITS > 0) need a few more registers (codes, scales, the 8-weight partial):
+// int4 at 2 tokens spills at 6 blocks (80 registers), so it asks for 5.
 template <int TT, int BITS>
 struct DownMinBlocks
 {
-    static constexpr int value = TT == 1 ? 7 : (TT == 2 ? 6 : (TT >= 16 ? 3 : 4));
+    static constexpr int value = TT == 1 ? 7 : (TT == 2 ? (BITS == 4 ? 5 : 6) : (TT >= 16 ? 3 : 4));
 };
 
 // Each block owns kDownRowsPerTile output rows and streams those rows of every used part
@@ -131,7 +133,7 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
                     QuantRow<T> rows[R];
                     downQuantRows<BITS>(
                         partQuant[q].codes, partQuant[q].scales, width, d, args.groupShift, firstRow, rows);
-                    accumulateQuantRows<BITS, T, float, R, TT>(
+                    accumulateQuantRows<BITS, QuantUnroll<TT, true>::value, T, float, R, TT>(
                         rows, args.groupShift, 0, width * BITS / 128, partH[q], partOffset[q], tokens, acc);
                 }
                 else

@@ -127,7 +127,7 @@ DEAMOE_DEVICE void sharedDownBlock(RoutedArgs<T> const& args, int block)
         QuantRow<T> rows[kDownRowsPerWarp];
         downQuantRows<BITS>(args.sharedDownCodes, args.sharedDownScales, args.sharedWidth, args.hidden,
             args.gateUp.groupShift, firstRow, rows);
-        accumulateQuantRows<BITS, T, float, kDownRowsPerWarp, TT>(rows, args.gateUp.groupShift, 0,
+        accumulateQuantRows<BITS, QuantUnroll<TT, true>::value, T, float, kDownRowsPerWarp, TT>(rows, args.gateUp.groupShift, 0,
             args.sharedWidth * BITS / 128, args.hShared, offset, firstTokens(args.numTokens), acc);
     }
     else
