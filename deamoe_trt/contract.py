@@ -33,16 +33,25 @@ OUTPUT_NAME = "output"
 SELECTOR_ATTRIBUTES = {"plugin_version": PLUGIN_VERSION, "plugin_namespace": PLUGIN_NAMESPACE}
 
 
+# Where an attribute's value comes from: the DeaMoEConfig field of the attribute's name, or
+# (QUANTIZATION + "." + name) that attribute of the checkpoint's QuantConfig
+# (deamoe_trt/quant.py, config.json's "quantization"), 0 for a float checkpoint.
+CONFIG = "config"
+QUANTIZATION = "quantization"
+
+
 @dataclass(frozen=True)
 class Attribute:
-    """One node attribute = one DeaMoEConfig field = one plugin field = one LayerParams member."""
+    """One node attribute = one plugin field = one LayerParams member, and one DeaMoEConfig
+    field or QuantConfig attribute (source)."""
 
     name: str
     kind: str  # "int", "bool" (travels as INT 0/1), "float" or "str"
-    required: bool  # the plugin refuses a node without it; optional ones default as DeaMoEConfig
+    required: bool  # the plugin refuses a node without it; optional ones default as DeaMoEConfig (0 if quantization)
     param: str  # deamoe::LayerParams member
     symbol: str  # the spec's symbol, used in shapes ("" when it has none)
     meaning: str  # README's description
+    source: str = CONFIG  # CONFIG, or "quantization.<QuantConfig attribute>"
 
 
 ATTRIBUTES: tuple[Attribute, ...] = (
@@ -60,8 +69,34 @@ ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute("router_bias", "bool", False, "hasRouterBias", "", "0 or 1: input 2 present"),
     Attribute("shared_expert_intermediate_size", "int", False, "sharedExpertWidth", "f_sh", "f_sh, 0 = none"),
     Attribute("shared_expert_gate", "bool", False, "sharedExpertGate", "", "0 or 1: input 9 present"),
+    # Quantized checkpoints (docs/quantization.md): both 0 for float weights, so nodes and
+    # engines written before these attributes existed read as float.
+    Attribute(
+        "weight_bits",
+        "int",
+        False,
+        "weightBits",
+        "bits",
+        "0: float FFN weights; 4 or 8: inputs 3-8 are packed codes",
+        f"{QUANTIZATION}.bits",
+    ),
+    Attribute(
+        "weight_group_size",
+        "int",
+        False,
+        "weightGroupSize",
+        "G",
+        "input columns per scale: 16, 32, 64 or 128; 0 when weight_bits = 0",
+        f"{QUANTIZATION}.group_size",
+    ),
 )
 ATTRIBUTE_NAMES = tuple(a.name for a in ATTRIBUTES)
+CONFIG_ATTRIBUTES = tuple(a for a in ATTRIBUTES if a.source == CONFIG)  # = DeaMoEConfig's fields, in order
+QUANT_ATTRIBUTES = tuple(a for a in ATTRIBUTES if a.source != CONFIG)
+WEIGHT_BITS = "weight_bits"
+WEIGHT_GROUP_SIZE = "weight_group_size"
+BITS = (4, 8)  # weight_bits of a quantized node (0: float)
+GROUP_SIZES = (16, 32, 64, 128)  # its weight_group_size
 
 # The values of the string attributes; each one's position is its code in deamoeKernels.h
 # (enum ScoreFunc / DepartmentScore, C enumerator "k" + NAME.upper()).
@@ -77,6 +112,16 @@ ENUM_TYPES = {"score_func": "ScoreFunc", "department_score": "DepartmentScore"}
 ACTIVATION = "activation"
 FLOAT32 = "float32"
 FLOAT32_OR_ACTIVATION = "float32 or activation"
+# A quantized node's FFN weight inputs carry the checkpoint's packed codes (uint8 bytes, int4
+# two per byte) as int32 words, 4 bytes each, little-endian: the same bytes, in a type every
+# TensorRT plugin input and ONNX-parsed constant takes (docs/design.md, "Quantized plugin
+# node"). A codes input's last dim is cols * bits / CODE_WORD_BITS.
+CODES_DTYPE = "int32"
+CODE_WORD_BITS = 32
+
+# Input.quantized: what an input is in a quantized node (weight_bits > 0).
+CODES = "codes"  # an FFN weight: its packed codes instead, dtype CODES_DTYPE, last dim packed
+SCALES = "scales"  # present only in a quantized node: one scale per (row, group of G columns)
 
 
 @dataclass(frozen=True)
@@ -91,6 +136,7 @@ class Input:
     present_when: str  # attribute that must be non-zero for the input to be present ("" = always)
     dtype: str = ACTIVATION
     dtype_param: str = ""  # FLOAT32_OR_ACTIVATION: the LayerParams member saying which
+    quantized: str = ""  # CODES or SCALES (see above); "" = the same in a quantized node
 
 
 # One row per input, aligned as a table (wider than the line limit on purpose).
@@ -100,13 +146,20 @@ INPUTS: tuple[Input, ...] = (
     Input("hidden_states",          "hidden_states",  "kHIDDEN",             "",                 ("T", "d"),          ""),
     Input("router.weight",          "router_w",       "kROUTER_WEIGHT",      "routerWeight",     ("N", "d"),          "",            FLOAT32_OR_ACTIVATION, "routerWeightFloat32"),
     Input("router.bias",            "router_b",       "kROUTER_BIAS",        "routerBias",       ("N",),              "router_bias", FLOAT32),
-    Input("departments.gate_up",    "dept_gate_up",   "kDEPARTMENT_GATE_UP", "departmentGateUp", ("D", "2*f_s", "d"), "shared_intermediate_size"),
-    Input("departments.down",       "dept_down",      "kDEPARTMENT_DOWN",    "departmentDown",   ("D", "d", "f_s"),   "shared_intermediate_size"),
-    Input("experts.gate_up",        "expert_gate_up", "kEXPERT_GATE_UP",     "expertGateUp",     ("N", "2*f_p", "d"), "private_intermediate_size"),
-    Input("experts.down",           "expert_down",    "kEXPERT_DOWN",        "expertDown",       ("N", "d", "f_p"),   "private_intermediate_size"),
-    Input("shared_experts.gate_up", "shared_gate_up", "kSHARED_GATE_UP",     "sharedGateUp",     ("2*f_sh", "d"),     "shared_expert_intermediate_size"),
-    Input("shared_experts.down",    "shared_down",    "kSHARED_DOWN",        "sharedDown",       ("d", "f_sh"),       "shared_expert_intermediate_size"),
+    Input("departments.gate_up",    "dept_gate_up",   "kDEPARTMENT_GATE_UP", "departmentGateUp", ("D", "2*f_s", "d"), "shared_intermediate_size",        quantized=CODES),
+    Input("departments.down",       "dept_down",      "kDEPARTMENT_DOWN",    "departmentDown",   ("D", "d", "f_s"),   "shared_intermediate_size",        quantized=CODES),
+    Input("experts.gate_up",        "expert_gate_up", "kEXPERT_GATE_UP",     "expertGateUp",     ("N", "2*f_p", "d"), "private_intermediate_size",       quantized=CODES),
+    Input("experts.down",           "expert_down",    "kEXPERT_DOWN",        "expertDown",       ("N", "d", "f_p"),   "private_intermediate_size",       quantized=CODES),
+    Input("shared_experts.gate_up", "shared_gate_up", "kSHARED_GATE_UP",     "sharedGateUp",     ("2*f_sh", "d"),     "shared_expert_intermediate_size", quantized=CODES),
+    Input("shared_experts.down",    "shared_down",    "kSHARED_DOWN",        "sharedDown",       ("d", "f_sh"),       "shared_expert_intermediate_size", quantized=CODES),
     Input("shared_experts.gate",    "shared_gate",    "kSHARED_GATE",        "sharedGate",       ("1", "d"),          "shared_expert_gate"),
+    # Appended so that float nodes keep their inputs; present when their part is and weight_bits > 0.
+    Input("departments.gate_up.scales",    "dept_gate_up_scales",   "kDEPARTMENT_GATE_UP_SCALES", "departmentGateUpScales", ("D", "2*f_s", "d/G"), "shared_intermediate_size",        quantized=SCALES),
+    Input("departments.down.scales",       "dept_down_scales",      "kDEPARTMENT_DOWN_SCALES",    "departmentDownScales",   ("D", "d", "f_s/G"),   "shared_intermediate_size",        quantized=SCALES),
+    Input("experts.gate_up.scales",        "expert_gate_up_scales", "kEXPERT_GATE_UP_SCALES",     "expertGateUpScales",     ("N", "2*f_p", "d/G"), "private_intermediate_size",       quantized=SCALES),
+    Input("experts.down.scales",           "expert_down_scales",    "kEXPERT_DOWN_SCALES",        "expertDownScales",       ("N", "d", "f_p/G"),   "private_intermediate_size",       quantized=SCALES),
+    Input("shared_experts.gate_up.scales", "shared_gate_up_scales", "kSHARED_GATE_UP_SCALES",     "sharedGateUpScales",     ("2*f_sh", "d/G"),     "shared_expert_intermediate_size", quantized=SCALES),
+    Input("shared_experts.down.scales",    "shared_down_scales",    "kSHARED_DOWN_SCALES",        "sharedDownScales",       ("d", "f_sh/G"),       "shared_expert_intermediate_size", quantized=SCALES),
 )
 # fmt: on
 WEIGHT_INPUTS = INPUTS[1:]
@@ -117,26 +170,70 @@ DTYPE_PARAMS = tuple(i.dtype_param for i in INPUTS if i.dtype_param)
 assert all((i.dtype == FLOAT32_OR_ACTIVATION) == bool(i.dtype_param) for i in INPUTS), "dtype_param iff either dtype"
 
 
-def present(item: Input, config: Any) -> bool:
-    """Whether a node of config carries item (a flag set, or a width above zero)."""
+# `config` below is a DeaMoEConfig and `quant` the checkpoint's QuantConfig or None (float);
+# both are read by attribute name only, so this module needs neither.
+
+
+def attribute_value(attribute: Attribute, config: Any, quant: Any = None) -> Any:
+    """The value a node of config (and quant) gives attribute."""
+    if attribute.source == CONFIG:
+        return getattr(config, attribute.name)
+    _, _, field = attribute.source.partition(".")
+    return 0 if quant is None else getattr(quant, field)
+
+
+def attribute_values(config: Any, quant: Any = None) -> dict[str, Any]:
+    """Every attribute's value for a node of config and quant, in contract order."""
+    return {a.name: attribute_value(a, config, quant) for a in ATTRIBUTES}
+
+
+def _bits(quant: Any) -> int:
+    return 0 if quant is None else quant.bits
+
+
+def present(item: Input, config: Any, quant: Any = None) -> bool:
+    """Whether a node of config carries item (a flag set, or a width above zero; scales
+    only when quantized)."""
+    if item.quantized == SCALES and not _bits(quant):
+        return False
     return not item.present_when or bool(getattr(config, item.present_when))
 
 
-def present_inputs(config: Any) -> list[Input]:
-    return [i for i in INPUTS if present(i, config)]
+def present_inputs(config: Any, quant: Any = None) -> list[Input]:
+    return [i for i in INPUTS if present(i, config, quant)]
 
 
-def shape_of(item: Input, config: Any, tokens: int) -> tuple[int, ...]:
-    """item's shape for config, with T = tokens."""
-    sizes = {a.symbol: getattr(config, a.name) for a in ATTRIBUTES if a.symbol}
+def dtype_of(item: Input, quant: Any = None) -> str:
+    """item's dtype (one of the dtype constants above) in a node of quant."""
+    return CODES_DTYPE if item.quantized == CODES and _bits(quant) else item.dtype
+
+
+def shape_symbols(item: Input, quant: Any = None) -> tuple[str, ...]:
+    """item's shape as symbols in a node of quant: a codes input's last dim packed."""
+    if item.quantized == CODES and _bits(quant):
+        return (*item.shape[:-1], f"{item.shape[-1]}*bits/{CODE_WORD_BITS}")
+    return item.shape
+
+
+def shape_of(item: Input, config: Any, tokens: int, quant: Any = None) -> tuple[int, ...]:
+    """item's shape for config and quant, with T = tokens: a symbol is a product of factors
+    (numbers, attributes' symbols, N = D*m, T), optionally divided by one (x/G)."""
+    values = attribute_values(config, quant)
+    sizes = {a.symbol: values[a.name] for a in ATTRIBUTES if a.symbol}
     sizes["N"] = config.num_departments * config.experts_per_department
     sizes["T"] = tokens
 
-    def size(symbol: str) -> int:
-        factor, _, name = symbol.rpartition("*")
-        return int(factor or 1) * (int(name) if name.isdigit() else sizes[name])
+    def factor(name: str) -> int:
+        return int(name) if name.isdigit() else sizes[name]
 
-    return tuple(size(s) for s in item.shape)
+    def size(symbol: str) -> int:
+        numerator, _, divisor = symbol.partition("/")
+        product = 1
+        for name in numerator.split("*"):
+            product *= factor(name)
+        return product // factor(divisor) if divisor else product
+
+    return tuple(size(s) for s in shape_symbols(item, quant))
 
 
 def enum_code(attribute: str, value: str) -> int:
@@ -151,16 +248,26 @@ README = Path(__file__).resolve().parents[1] / "plugins" / "deamoe" / "README.md
 _ONNX_TYPE_NAMES = {"int": "INT", "bool": "INT", "float": "FLOAT", "str": "STRING"}
 
 
+class _Quantized:
+    """Stands for any quantized node's QuantConfig in the README's texts."""
+
+    bits = 1
+
+
 def _shape_text(item: Input) -> str:
     shape = ", ".join(item.shape)
-    return f"[{shape}] (T dynamic)" if "T" in item.shape else f"[{shape}]"
+    text = f"[{shape}] (T dynamic)" if "T" in item.shape else f"[{shape}]"
+    if item.quantized == CODES:
+        text += f"; codes: [{', '.join(shape_symbols(item, _Quantized))}]"
+    return text
 
 
 def _presence_text(item: Input) -> str:
     if not item.present_when:
         return "always"
     kind = next(a.kind for a in ATTRIBUTES if a.name == item.present_when)
-    return f"`{item.present_when} = 1`" if kind == "bool" else f"`{item.present_when} > 0`"
+    text = f"`{item.present_when} = 1`" if kind == "bool" else f"`{item.present_when} > 0`"
+    return text + f" and `{WEIGHT_BITS} > 0`" if item.quantized == SCALES else text
 
 
 def readme_tables() -> dict[str, list[str]]:
@@ -169,6 +276,8 @@ def readme_tables() -> dict[str, list[str]]:
     texts = {ACTIVATION: "the node's dtype", FLOAT32: "float32", FLOAT32_OR_ACTIVATION: "float32 or the node's dtype"}
     for position, item in enumerate(INPUTS):
         dtype = texts[item.dtype]
+        if item.quantized == CODES:
+            dtype += f"; {dtype_of(item, _Quantized)} codes if `{WEIGHT_BITS} > 0`"
         inputs.append(f"| {position} | {item.name} | {_shape_text(item)} | {dtype} | {_presence_text(item)} |")
     attributes = ["| attribute | ONNX type | meaning |", "| --- | --- | --- |"]
     for a in ATTRIBUTES:
@@ -235,6 +344,9 @@ __all__ = [
     "ACTIVATION",
     "ATTRIBUTES",
     "ATTRIBUTE_NAMES",
+    "CODES",
+    "CODES_DTYPE",
+    "CONFIG_ATTRIBUTES",
     "DOMAIN",
     "ENUMS",
     "FLOAT32",
@@ -243,9 +355,14 @@ __all__ = [
     "OP_TYPE",
     "PLUGIN_NAMESPACE",
     "PLUGIN_VERSION",
+    "QUANT_ATTRIBUTES",
+    "SCALES",
     "WEIGHT_INPUTS",
     "Attribute",
     "Input",
+    "attribute_value",
+    "attribute_values",
+    "dtype_of",
     "present_inputs",
     "shape_of",
 ]

@@ -18,6 +18,7 @@ from deamoe_trt import DeaMoEConfig, DeaMoELayer, contract
 from deamoe_trt.cuda import _abi
 from deamoe_trt.dtypes import DTYPES
 from deamoe_trt.export import plugin_node
+from deamoe_trt.quant import BITS, GROUP_SIZES, QuantConfig
 from deamoe_trt.trt import qdp
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +82,10 @@ def struct_members(text: str, name: str, where: str) -> list[tuple[str, str]]:
 
 def test_attributes_are_the_config_fields():
     fields = dataclasses.fields(DeaMoEConfig)
-    assert [f.name for f in fields] == list(ATTRIBUTES), "contract.ATTRIBUTES must list DeaMoEConfig's fields in order"
+    assert [f.name for f in fields] == [a.name for a in contract.CONFIG_ATTRIBUTES], (
+        "contract.ATTRIBUTES must list DeaMoEConfig's fields in order"
+    )
+    assert contract.ATTRIBUTES[: len(fields)] == contract.CONFIG_ATTRIBUTES, "the quantization's attributes come last"
     for f in fields:
         attribute = ATTRIBUTES[f.name]
         assert attribute.kind == f.type, f"{f.name}: DeaMoEConfig says {f.type}, the contract {attribute.kind}"
@@ -93,18 +97,65 @@ def test_attributes_are_the_config_fields():
         assert values == getattr(config_module, name.upper() + "S"), f"config.{name.upper()}S vs contract.ENUMS"
 
 
+def test_quantization_attributes_are_quant_config_fields():
+    quant_fields = {f.name for f in dataclasses.fields(QuantConfig)}
+    for attribute in contract.QUANT_ATTRIBUTES:
+        source, _, field = attribute.source.partition(".")
+        assert source == contract.QUANTIZATION and field in quant_fields, f"{attribute.name}: source {attribute.source}"
+        assert attribute.kind == "int" and not attribute.required, f"{attribute.name}: optional int (0 = float)"
+    assert (contract.BITS, contract.GROUP_SIZES) == (BITS, GROUP_SIZES), "contract vs deamoe_trt/quant.py"
+    config = DeaMoEConfig(hidden_size=32, num_departments=2, experts_per_department=2, shared_intermediate_size=16,
+                          private_intermediate_size=16, top_k=2, top_departments=1)  # fmt: skip
+    assert contract.attribute_values(config) | contract.attribute_values(config, QuantConfig(4, 16)) == {
+        **{a.name: getattr(config, a.name) for a in contract.CONFIG_ATTRIBUTES},
+        "weight_bits": 4,
+        "weight_group_size": 16,
+    }
+    float_values = contract.attribute_values(config)
+    assert (float_values["weight_bits"], float_values["weight_group_size"]) == (0, 0), "a float node: 0, 0"
+
+
 def test_inputs_are_the_layer_state_dict():
     # Every part present, so every input appears; shapes from the contract's symbols.
     config = DeaMoEConfig(hidden_size=8, num_departments=3, experts_per_department=2, shared_intermediate_size=6,
                           private_intermediate_size=4, top_k=2, top_departments=2, router_bias=True,
                           shared_expert_intermediate_size=5, shared_expert_gate=True)  # fmt: skip
     state = DeaMoELayer.random(config, seed=0).state_dict()
-    assert [i.name for i in contract.WEIGHT_INPUTS] == list(state), "weight inputs vs DeaMoELayer.state_dict() order"
-    for item in contract.WEIGHT_INPUTS:
+    float_inputs = contract.present_inputs(config)[1:]
+    assert [i.name for i in float_inputs] == list(state), "weight inputs vs DeaMoELayer.state_dict() order"
+    for item in float_inputs:
         assert tuple(state[item.name].shape) == contract.shape_of(item, config, tokens=3), item.name
     assert contract.shape_of(contract.INPUTS[0], config, tokens=3) == (3, 8)
     bare = config.replace(router_bias=False, shared_expert_intermediate_size=0, shared_expert_gate=False)
     assert plugin_node.weight_inputs(bare) == list(DeaMoELayer.random(bare, seed=0).state_dict())
+    assert not any(i.quantized == contract.SCALES for i in contract.present_inputs(config)), "no scales when float"
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_quantized_inputs_are_the_quantized_state_dict(bits):
+    # A quantized node: codes inputs keep the weights' names and carry "<weight>.qweight"'s
+    # bytes as int32 words; scale inputs are "<weight>.scales", appended in contract order.
+    config = DeaMoEConfig(hidden_size=32, num_departments=3, experts_per_department=2, shared_intermediate_size=16,
+                          private_intermediate_size=32, top_k=2, top_departments=2, router_bias=True,
+                          shared_expert_intermediate_size=64, shared_expert_gate=True)  # fmt: skip
+    quant = QuantConfig(bits, 16)
+    state = DeaMoELayer.random(config, seed=0).quantized(quant).state_dict()
+    inputs = contract.present_inputs(config, quant)
+    codes = [i for i in inputs if i.quantized == contract.CODES]
+    scales = [i for i in inputs if i.quantized == contract.SCALES]
+    state_scales = [k for k in state if k.endswith(".scales")]
+    assert [i.name + ".scales" for i in codes] == [i.name for i in scales] == state_scales
+    assert inputs == list(contract.INPUTS), "every input present, scales last"
+    word_bytes = contract.CODE_WORD_BITS // 8
+    for item in inputs[1:]:
+        shape = contract.shape_of(item, config, tokens=3, quant=quant)
+        if item.quantized == contract.CODES:
+            qweight = state[item.name + ".qweight"]
+            assert contract.dtype_of(item, quant) == contract.CODES_DTYPE
+            assert (*shape[:-1], shape[-1] * word_bytes) == tuple(qweight.shape), item.name
+        else:
+            assert contract.dtype_of(item, quant) == item.dtype
+            assert shape == tuple(state[item.name].shape), item.name
 
 
 def test_python_copies_are_generated_from_the_contract():
@@ -114,6 +165,11 @@ def test_python_copies_are_generated_from_the_contract():
     params = [a.param for a in contract.ATTRIBUTES] + list(contract.DTYPE_PARAMS)
     assert [f for f, _ in _abi.LayerParams._fields_] == params
     assert [f for f, _ in _abi.LayerWeights._fields_] == [i.weights_field for i in contract.WEIGHT_INPUTS]
+    config = DeaMoEConfig(hidden_size=32, num_departments=2, experts_per_department=2, shared_intermediate_size=16,
+                          private_intermediate_size=16, top_k=2, top_departments=1)  # fmt: skip
+    quantized = _abi.layer_params(config, True, QuantConfig(8, 32))
+    assert (quantized.weightBits, quantized.weightGroupSize, quantized.routerWeightFloat32) == (8, 32, 1)
+    assert (_abi.layer_params(config).weightBits, _abi.layer_params(config).weightGroupSize) == (0, 0)
 
 
 def test_qdp_signatures_spell_out_the_contract():
@@ -290,18 +346,22 @@ def test_plugin_inputs(plugin_cpp, fields_cpp):
     body = block(fields_cpp, "std::vector<InputRole> presentInputs(", "presentInputs")
     always = re.findall(r"InputRole::(k\w+)", body[: body.index("if")])
     conditional = {
-        role: param
-        for param, pushes in re.findall(r"if \(p\.(\w+)[^)]*\)\s*\{([^}]*)\}", body)
+        role: set(re.findall(r"p\.(\w+)", condition))
+        for condition, pushes in re.findall(r"if \(([^)]*)\)\s*\{([^}]*)\}", body)
         for role in re.findall(r"InputRole::(k\w+)", pushes)
     }
     param_of = {a.name: a.param for a in contract.ATTRIBUTES}
     assert always == [i.role for i in contract.INPUTS if not i.present_when], "deamoePluginFields.cpp presentInputs"
-    assert conditional == {i.role: param_of[i.present_when] for i in contract.INPUTS if i.present_when}, (
-        "deamoePluginFields.cpp presentInputs: which flag or width makes each input present"
-    )
+    bits = {param_of[contract.WEIGHT_BITS]}
+    want = {
+        i.role: {param_of[i.present_when]} | (bits if i.quantized == contract.SCALES else set())
+        for i in contract.INPUTS
+        if i.present_when
+    }
+    assert conditional == want, "deamoePluginFields.cpp presentInputs: which flags or widths make each input present"
 
-    # expectedShape: C++ expressions back to the contract's symbols.
-    body = block(fields_cpp, "std::vector<int64_t> expectedShape(", "expectedShape")
+    # logicalShape: C++ expressions back to the contract's symbols (G: the group size or 1).
+    body = block(fields_cpp, "std::vector<int64_t> logicalShape(", "logicalShape")
     shapes = {}
     for role, dims in re.findall(r"case InputRole::(k\w+): return \{([^;]*)\};", body):
         symbols = []
@@ -309,7 +369,7 @@ def test_plugin_inputs(plugin_cpp, fields_cpp):
             dim = re.sub(r"int64_t\{p\.(\w+)\}|p\.(\w+)", lambda m: SYMBOL_OF_PARAM[m.group(1) or m.group(2)], dim)
             symbols.append("T" if dim.strip() == "-1" else dim.replace(" ", ""))
         shapes[role] = tuple(symbols)
-    assert shapes == {i.role: i.shape for i in contract.INPUTS}, "deamoePluginFields.cpp expectedShape"
+    assert shapes == {i.role: i.shape for i in contract.INPUTS}, "deamoePluginFields.cpp logicalShape"
 
     # enqueue: each role's pointer lands on its LayerWeights member, and an input of either
     # dtype sets its LayerParams flag there.
@@ -321,6 +381,21 @@ def test_plugin_inputs(plugin_cpp, fields_cpp):
         if item.dtype_param:
             where = f"deamoePlugin.cpp enqueue sets {item.dtype_param}"
             assert f"params.{item.dtype_param} =" in cases[item.role], where
+
+
+def test_plugin_quantized_inputs(fields_cpp):
+    # The codes' element type and packing (deamoePlugin.h), the inputs that carry codes.
+    header = source(PLUGIN / "deamoePlugin.h")
+    codes_type = re.search(r"constexpr nvinfer1::DataType kCODES_TYPE\{nvinfer1::DataType::(k\w+)\};", header)
+    word_bits = re.search(r"constexpr int32_t kCODE_WORD_BITS\{(\d+)\};", header)
+    assert codes_type and codes_type.group(1) == {"int32": "kINT32"}[contract.CODES_DTYPE], "deamoePlugin.h kCODES_TYPE"
+    assert word_bits and int(word_bits.group(1)) == contract.CODE_WORD_BITS, "deamoePlugin.h kCODE_WORD_BITS"
+    packing = block(fields_cpp, "std::vector<int64_t> expectedShape(", "expectedShape")
+    assert re.search(r"if \(p\.weightBits > 0 && carriesCodes\(role\)\)", packing), "expectedShape packs codes"
+    assert "shape.back() = shape.back() * p.weightBits / kCODE_WORD_BITS;" in packing, "expectedShape's packing"
+    carries = block(fields_cpp, "bool carriesCodes(", "carriesCodes")
+    roles = re.findall(r"case InputRole::(k\w+):", carries)
+    assert roles == [i.role for i in contract.INPUTS if i.quantized == contract.CODES], "carriesCodes' roles"
 
 
 def test_plugin_harness_expects_the_contract():

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from typing import TYPE_CHECKING
 
 from .. import contract, dtypes
 from ..config import DeaMoEConfig
+
+if TYPE_CHECKING:
+    from ..quant import QuantConfig
 
 # deamoe::Status
 SUCCESS = 0
@@ -51,11 +55,15 @@ def _param_value(attribute: contract.Attribute, value):
 
 
 @functools.lru_cache(maxsize=64)
-def layer_params(config: DeaMoEConfig, router_weight_float32: bool = False) -> LayerParams:
+def layer_params(
+    config: DeaMoEConfig, router_weight_float32: bool = False, quant: QuantConfig | None = None
+) -> LayerParams:
     """The config as LayerParams (cached; callers must not modify the result).
 
-    router_weight_float32: the router weight is float32 (else in the activation dtype)."""
-    attributes = {a.param: _param_value(a, getattr(config, a.name)) for a in contract.ATTRIBUTES}
+    router_weight_float32: the router weight is float32 (else in the activation dtype).
+    quant: the checkpoint's QuantConfig (weightBits/weightGroupSize), None for float weights."""
+    values = contract.attribute_values(config, quant)
+    attributes = {a.param: _param_value(a, values[a.name]) for a in contract.ATTRIBUTES}
     return LayerParams(**attributes, routerWeightFloat32=int(router_weight_float32))
 
 

@@ -17,6 +17,7 @@ from onnx import AttributeProto, helper
 from .. import contract
 from ..config import DeaMoEConfig
 from ..errors import UsageError
+from ..quant import QuantConfig
 
 # The contract itself lives in deamoe_trt.contract; these names are the export's view of it.
 OP_TYPE = contract.OP_TYPE
@@ -39,24 +40,53 @@ ATTRIBUTE_TYPES: dict[str, int] = {
 }
 
 
-def weight_inputs(config: DeaMoEConfig) -> list[str]:
-    """Canonical names of the weight inputs a node of config has, in input order."""
-    return [item.name for item in contract.present_inputs(config)[1:]]
+# Attributes a node may lack: the quantization's (0, a float node: nodes written before
+# they existed read as float).
+_OPTIONAL = {a.name for a in contract.QUANT_ATTRIBUTES}
 
 
-def config_to_attributes(config: DeaMoEConfig) -> dict[str, Any]:
-    """The node's attributes: one per config field (bools as 0/1), plus plugin_version/namespace."""
+def weight_inputs(config: DeaMoEConfig, quant: QuantConfig | None = None) -> list[str]:
+    """Canonical names of the weight inputs a node of config (and quant) has, in input order."""
+    return [item.name for item in contract.present_inputs(config, quant)[1:]]
+
+
+def config_to_attributes(config: DeaMoEConfig, quant: QuantConfig | None = None) -> dict[str, Any]:
+    """The node's attributes: one per contract attribute (bools as 0/1), plus
+    plugin_version/namespace. A float node leaves out the quantization's (0 by default), so
+    float exports are what they were before quantized nodes existed."""
     attrs: dict[str, Any] = {}
-    for name, value in config.to_dict().items():
+    for name, value in contract.attribute_values(config, quant).items():
+        if quant is None and name in _OPTIONAL:
+            continue
         attrs[name] = int(value) if isinstance(value, bool) else value
     attrs["plugin_version"] = PLUGIN_VERSION
     attrs["plugin_namespace"] = PLUGIN_NAMESPACE
     return attrs
 
 
+def quant_from_attributes(
+    attrs: Mapping[str, Any], config: DeaMoEConfig, *, where: str = "DeaMoE node"
+) -> QuantConfig | None:
+    """The QuantConfig a node's weight_bits/weight_group_size describe (None: float weights),
+    checked as the plugin checks it; one-line UsageError otherwise."""
+    bits, group_size = attrs.get(contract.WEIGHT_BITS, 0), attrs.get(contract.WEIGHT_GROUP_SIZE, 0)
+    if bits == 0:
+        if group_size != 0:
+            raise UsageError(f"{where}: weight_group_size is {group_size} but weight_bits is 0; it must be 0")
+        return None
+    try:
+        quant = QuantConfig(bits, group_size)
+        for attribute in contract.CONFIG_ATTRIBUTES:
+            if attribute.symbol in ("d", "f_s", "f_p", "f_sh") and getattr(config, attribute.name):
+                quant.check_width(f"{attribute.name} ({attribute.symbol})", getattr(config, attribute.name))
+    except UsageError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+    return quant
+
+
 def config_from_attributes(attrs: Mapping[str, Any], *, where: str = "DeaMoE node") -> DeaMoEConfig:
     """The config a node's attributes (name -> Python value) describe; one-line UsageError otherwise."""
-    missing = sorted(set(ATTRIBUTE_TYPES) - set(attrs))
+    missing = sorted(set(ATTRIBUTE_TYPES) - set(attrs) - _OPTIONAL)
     if missing:
         raise UsageError(f"{where} lacks attribute(s) {', '.join(missing)}")
     unknown = sorted(set(attrs) - set(ATTRIBUTE_TYPES))
@@ -69,7 +99,7 @@ def config_from_attributes(attrs: Mapping[str, Any], *, where: str = "DeaMoE nod
     if attrs["plugin_namespace"] != PLUGIN_NAMESPACE:
         raise UsageError(f"{where} has plugin_namespace {attrs['plugin_namespace']!r}; expected {PLUGIN_NAMESPACE!r}")
     fields: dict[str, Any] = {}
-    for attribute in contract.ATTRIBUTES:
+    for attribute in contract.CONFIG_ATTRIBUTES:
         name, value = attribute.name, attrs[attribute.name]
         if attribute.kind == "bool":
             if value not in (0, 1):
@@ -98,18 +128,27 @@ def node_attributes(node: onnx.NodeProto) -> dict[str, Any]:
     return values
 
 
-def config_from_node(node: onnx.NodeProto) -> DeaMoEConfig:
-    """The config of a DeaMoE node, with its input count checked against that config."""
+def node_layer(node: onnx.NodeProto) -> tuple[DeaMoEConfig, QuantConfig | None]:
+    """The config and quantization (None: float) of a DeaMoE node, with its input count
+    checked against them."""
     if (node.op_type, node.domain) != (OP_TYPE, DOMAIN):
         raise UsageError(f"node {node.name!r} is {node.domain or 'ai.onnx'}::{node.op_type}, not {DOMAIN}::{OP_TYPE}")
-    config = config_from_attributes(node_attributes(node), where=f"DeaMoE node {node.name!r}")
-    expected = 1 + len(weight_inputs(config))
-    if len(node.input) != expected or "" in node.input:
+    where = f"DeaMoE node {node.name!r}"
+    attrs = node_attributes(node)
+    config = config_from_attributes(attrs, where=where)
+    quant = quant_from_attributes(attrs, config, where=where)
+    names = weight_inputs(config, quant)
+    if len(node.input) != 1 + len(names) or "" in node.input:
         raise UsageError(
-            f"DeaMoE node {node.name!r} has {len(node.input)} input(s) but its attributes call for {expected}: "
-            f"hidden_states, {', '.join(weight_inputs(config))}"
+            f"DeaMoE node {node.name!r} has {len(node.input)} input(s) but its attributes call for "
+            f"{1 + len(names)}: hidden_states, {', '.join(names)}"
         )
-    return config
+    return config, quant
+
+
+def config_from_node(node: onnx.NodeProto) -> DeaMoEConfig:
+    """The config of a DeaMoE node (node_layer's first half)."""
+    return node_layer(node)[0]
 
 
 def same_config(a: DeaMoEConfig, b: DeaMoEConfig) -> bool:

@@ -34,6 +34,7 @@ from .. import contract, dtypes
 from ..config import DeaMoEConfig
 from ..errors import MissingDependencyError, UsageError
 from ..export import plugin_node
+from ..quant import QuantConfig
 
 QDP_NAMESPACE = "deamoe_trt"
 QDP_NAME = contract.OP_TYPE  # the ONNX parser requires op_type == plugin name
@@ -62,16 +63,21 @@ ATTRS: dict[str, Any] = {a.name: _PYTHON_TYPES[a.kind] for a in contract.ATTRIBU
 # tensorrt.plugin's names for the contract's dtypes: an activation-dtype input may be any of
 # the three, tied by '|' position to the others; a fixed-dtype input is that type only.
 _ACTIVATION_TYPES = "FP32|FP16|BF16"
-_QDP_TYPES = {contract.ACTIVATION: _ACTIVATION_TYPES, contract.FLOAT32: "FP32"}
+_QDP_TYPES = {contract.ACTIVATION: _ACTIVATION_TYPES, contract.FLOAT32: "FP32", contract.CODES_DTYPE: "INT32"}
+# Stands for any quantized node: the inputs' dtypes depend on weight_bits > 0 only.
+_QUANTIZED = QuantConfig(8, 16)
 
 
 def autotune_combinations() -> list[str]:
-    """The QDP's type combinations, each input in contract order then the output: one with
-    every either-dtype input in the activation dtype, and one with them float32 (if any)."""
+    """The QDP's type combinations, each input in contract order then the output: for a float
+    node and a quantized one (int32 codes), one with every either-dtype input in the
+    activation dtype, and one with them float32 (if any)."""
     combinations = []
-    for either in (contract.ACTIVATION, contract.FLOAT32):
-        types = [_QDP_TYPES[either if i.dtype == contract.FLOAT32_OR_ACTIVATION else i.dtype] for i in contract.INPUTS]
-        combinations.append(", ".join([*types, _ACTIVATION_TYPES]))
+    for quant in (None, _QUANTIZED):
+        for either in (contract.ACTIVATION, contract.FLOAT32):
+            dtypes_ = (contract.dtype_of(i, quant) for i in contract.INPUTS)
+            types = [_QDP_TYPES[either if d == contract.FLOAT32_OR_ACTIVATION else d] for d in dtypes_]
+            combinations.append(", ".join([*types, _ACTIVATION_TYPES]))
     return list(dict.fromkeys(combinations))  # the same twice when no input has either dtype
 
 
@@ -91,7 +97,7 @@ def _elem_type_of(model: onnx.ModelProto, name: str) -> int | None:
 
 
 # ONNX element types of the contract's fixed input dtypes (activation inputs take the node's).
-_FIXED_ELEM_TYPES = {contract.FLOAT32: TensorProto.FLOAT}
+_FIXED_ELEM_TYPES = {contract.FLOAT32: TensorProto.FLOAT, contract.CODES_DTYPE: TensorProto.INT32}
 
 
 def _placeholder(model: onnx.ModelProto, elem_type: int, cache: dict[int, str]) -> str:
@@ -119,16 +125,19 @@ def prepare_model(model: onnx.ModelProto) -> int:
     for node in model.graph.node:
         if (node.op_type, node.domain) != (plugin_node.OP_TYPE, plugin_node.DOMAIN):
             continue
-        config = plugin_node.config_from_node(node)
-        present = ["hidden_states", *plugin_node.weight_inputs(config)]
-        given = dict(zip(present, node.input, strict=True))
-        # The FFN weights carry the node's dtype (the router may be float32 in any node).
-        ffn = given.get("experts.gate_up") or given["departments.gate_up"]
-        elem_type = _elem_type_of(model, ffn) or _elem_type_of(model, given["hidden_states"])
+        config, quant = plugin_node.node_layer(node)
+        present = contract.present_inputs(config, quant)
+        given = {item.name: name for item, name in zip(present, node.input, strict=True)}
+        # The node's dtype: its first weight in it (initializers are typed; hidden_states,
+        # another layer's output, may not be), else hidden_states'.
+        ordered = (*present[1:], present[0])
+        activation = [given[i.name] for i in ordered if contract.dtype_of(i, quant) == contract.ACTIVATION]
+        elem_type = next(filter(None, (_elem_type_of(model, name) for name in activation)), None)
         if elem_type is None:
-            raise UsageError(f"DeaMoE node {node.name!r}: cannot tell its dtype ({ffn} has no type)")
+            raise UsageError(f"DeaMoE node {node.name!r}: cannot tell its dtype ({', '.join(activation)} have no type)")
         inputs = [
-            given.get(item.name) or _placeholder(model, _FIXED_ELEM_TYPES.get(item.dtype, elem_type), cache)
+            given.get(item.name)
+            or _placeholder(model, _FIXED_ELEM_TYPES.get(contract.dtype_of(item, quant), elem_type), cache)
             for item in contract.INPUTS
         ]
         del node.input[:]
@@ -136,6 +145,11 @@ def prepare_model(model: onnx.ModelProto) -> int:
         for attr in node.attribute:
             if attr.name == "plugin_namespace":
                 attr.s = QDP_NAMESPACE.encode()
+        # A QDP takes every attribute: a float node's optional quantization ones are 0.
+        named = {attr.name for attr in node.attribute}
+        for attribute in contract.QUANT_ATTRIBUTES:
+            if attribute.name not in named:
+                node.attribute.append(helper.make_attribute(attribute.name, 0))
         count += 1
     return count
 
@@ -174,12 +188,11 @@ def _scalar(name: str, value: Any) -> int | float:
 
 def config_from_attrs(values: dict[str, Any]) -> DeaMoEConfig:
     fields = {}
-    for name, kind in ATTRS.items():
-        value = values[name]
-        fields[name] = _text(value) if kind is str else _scalar(name, value)
-    for attribute in contract.ATTRIBUTES:
+    for attribute in contract.CONFIG_ATTRIBUTES:
+        name, value = attribute.name, values[attribute.name]
+        fields[name] = _text(value) if attribute.kind == "str" else _scalar(name, value)
         if attribute.kind == "bool":
-            fields[attribute.name] = bool(fields[attribute.name])
+            fields[name] = bool(fields[name])
     return DeaMoEConfig(**fields)
 
 
@@ -242,6 +255,12 @@ def _define(trtp) -> None:
         shared_gate_up: TensorDesc,
         shared_down: TensorDesc,
         shared_gate: TensorDesc,
+        dept_gate_up_scales: TensorDesc,
+        dept_down_scales: TensorDesc,
+        expert_gate_up_scales: TensorDesc,
+        expert_down_scales: TensorDesc,
+        shared_gate_up_scales: TensorDesc,
+        shared_down_scales: TensorDesc,
         hidden_size: INT_ATTR,
         num_departments: INT_ATTR,
         experts_per_department: INT_ATTR,
@@ -256,6 +275,8 @@ def _define(trtp) -> None:
         router_bias: INT_ATTR,
         shared_expert_intermediate_size: INT_ATTR,
         shared_expert_gate: INT_ATTR,
+        weight_bits: INT_ATTR,
+        weight_group_size: INT_ATTR,
     ) -> TensorDesc:
         return hidden_states.like()
 
@@ -271,6 +292,12 @@ def _define(trtp) -> None:
         shared_gate_up: TensorDesc,
         shared_down: TensorDesc,
         shared_gate: TensorDesc,
+        dept_gate_up_scales: TensorDesc,
+        dept_down_scales: TensorDesc,
+        expert_gate_up_scales: TensorDesc,
+        expert_down_scales: TensorDesc,
+        shared_gate_up_scales: TensorDesc,
+        shared_down_scales: TensorDesc,
         outputs: tuple[TensorDesc],
     ) -> list[trtp.AutoTuneCombination]:
         # The inputs and the output in one float type ('|' ties the positions together).
@@ -288,6 +315,12 @@ def _define(trtp) -> None:
         shared_gate_up: Tensor,
         shared_down: Tensor,
         shared_gate: Tensor,
+        dept_gate_up_scales: Tensor,
+        dept_down_scales: Tensor,
+        expert_gate_up_scales: Tensor,
+        expert_down_scales: Tensor,
+        shared_gate_up_scales: Tensor,
+        shared_down_scales: Tensor,
         hidden_size: INT_ATTR,
         num_departments: INT_ATTR,
         experts_per_department: INT_ATTR,
@@ -302,6 +335,8 @@ def _define(trtp) -> None:
         router_bias: INT_ATTR,
         shared_expert_intermediate_size: INT_ATTR,
         shared_expert_gate: INT_ATTR,
+        weight_bits: INT_ATTR,
+        weight_group_size: INT_ATTR,
         outputs: tuple[Tensor],
         stream: int,
     ) -> None:

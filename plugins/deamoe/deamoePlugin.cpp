@@ -44,6 +44,7 @@ DeaMoEPlugin::DeaMoEPlugin(std::string layerName, LayerParams const& params)
     : mLayerName(std::move(layerName))
     , mParams(params)
 {
+    checkQuantization(mParams);
     Status const status = deamoe::validate(mParams);
     if (status != Status::kSUCCESS)
     {
@@ -161,23 +162,23 @@ bool DeaMoEPlugin::supportsFormatCombination(
         }
         // TensorRT asks position by position with the earlier positions already chosen: the
         // first input picks a float type, every other input and the output must match it,
-        // except the router's (spec, "Router precision"): router.bias is always float32,
-        // router.weight float32 or the activation type.
+        // except the router's (spec, "Router precision": router.bias is always float32,
+        // router.weight float32 or the activation type) and a quantized node's packed codes.
         if (pos == 0)
         {
             return isSupportedType(desc.type);
         }
         InputRole const role = pos < nbInputs && pos < static_cast<int32_t>(mInputs.size()) ? mInputs[pos]
                                                                                            : InputRole::kHIDDEN;
-        if (role == InputRole::kROUTER_BIAS)
+        TrtType const activation = inOut[0].desc.type;
+        switch (inputType(mParams, role))
         {
-            return desc.type == TrtType::kFLOAT;
+        case InputType::kFLOAT32: return desc.type == TrtType::kFLOAT;
+        case InputType::kFLOAT32_OR_ACTIVATION: return desc.type == activation || desc.type == TrtType::kFLOAT;
+        case InputType::kCODES: return desc.type == kCODES_TYPE;
+        case InputType::kACTIVATION: break;
         }
-        if (role == InputRole::kROUTER_WEIGHT)
-        {
-            return desc.type == inOut[0].desc.type || desc.type == TrtType::kFLOAT;
-        }
-        return desc.type == inOut[0].desc.type;
+        return desc.type == activation;
     });
 }
 
@@ -209,17 +210,36 @@ void DeaMoEPlugin::checkTensors(
             fail("input " + std::to_string(i) + " (" + inputRoleName(role) + ") has shape " + dimsString(got)
                 + " but the layer's attributes (" + mMetadata + ") need " + shapeString(want));
         }
-        // The router keeps its own precision (spec, "Router precision").
-        if (role == InputRole::kROUTER_BIAS && in[i].type != TrtType::kFLOAT)
+        std::string const input = "input " + std::to_string(i) + " (" + inputRoleName(role) + ") is ";
+        switch (inputType(mParams, role))
         {
-            fail("input " + std::to_string(i) + " (router.bias) is " + typeName(in[i].type) + "; it must be float32");
-        }
-        bool const routerFloat32 = role == InputRole::kROUTER_WEIGHT && in[i].type == TrtType::kFLOAT;
-        if (role != InputRole::kROUTER_BIAS && !routerFloat32 && in[i].type != in[0].type)
-        {
-            fail("input " + std::to_string(i) + " (" + inputRoleName(role) + ") is " + typeName(in[i].type)
-                + " but hidden_states is " + typeName(in[0].type)
-                + "; the weights share hidden_states' dtype (router.weight may also be float32)");
+        case InputType::kFLOAT32:
+            // The router keeps its own precision (spec, "Router precision").
+            if (in[i].type != TrtType::kFLOAT)
+            {
+                fail(input + typeName(in[i].type) + "; it must be float32");
+            }
+            break;
+        case InputType::kCODES:
+            if (in[i].type != kCODES_TYPE)
+            {
+                fail(input + typeName(in[i].type) + "; a quantized node (weight_bits " + std::to_string(mParams.weightBits)
+                    + ") carries its FFN weights as " + typeName(kCODES_TYPE) + " words of packed codes");
+            }
+            break;
+        case InputType::kFLOAT32_OR_ACTIVATION:
+            if (in[i].type == TrtType::kFLOAT)
+            {
+                break;
+            }
+            [[fallthrough]];
+        case InputType::kACTIVATION:
+            if (in[i].type != in[0].type)
+            {
+                fail(input + typeName(in[i].type) + " but hidden_states is " + typeName(in[0].type)
+                    + "; the weights and scales share hidden_states' dtype (router.weight may also be float32)");
+            }
+            break;
         }
     }
     if (!isSupportedType(in[0].type))
@@ -331,6 +351,12 @@ int32_t DeaMoEPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDes
             case InputRole::kSHARED_GATE_UP: weights.sharedGateUp = ptr; break;
             case InputRole::kSHARED_DOWN: weights.sharedDown = ptr; break;
             case InputRole::kSHARED_GATE: weights.sharedGate = ptr; break;
+            case InputRole::kDEPARTMENT_GATE_UP_SCALES: weights.departmentGateUpScales = ptr; break;
+            case InputRole::kDEPARTMENT_DOWN_SCALES: weights.departmentDownScales = ptr; break;
+            case InputRole::kEXPERT_GATE_UP_SCALES: weights.expertGateUpScales = ptr; break;
+            case InputRole::kEXPERT_DOWN_SCALES: weights.expertDownScales = ptr; break;
+            case InputRole::kSHARED_GATE_UP_SCALES: weights.sharedGateUpScales = ptr; break;
+            case InputRole::kSHARED_DOWN_SCALES: weights.sharedDownScales = ptr; break;
             case InputRole::kHIDDEN: break;
             }
         }
@@ -386,6 +412,8 @@ PluginFieldCollection const* DeaMoEPlugin::getFieldsToSerialize() noexcept
             PluginField("router_bias", &mParams.hasRouterBias, PluginFieldType::kINT32, 1),
             PluginField("shared_expert_intermediate_size", &mParams.sharedExpertWidth, PluginFieldType::kINT32, 1),
             PluginField("shared_expert_gate", &mParams.sharedExpertGate, PluginFieldType::kINT32, 1),
+            PluginField("weight_bits", &mParams.weightBits, PluginFieldType::kINT32, 1),
+            PluginField("weight_group_size", &mParams.weightGroupSize, PluginFieldType::kINT32, 1),
         };
         mSerialFC.nbFields = static_cast<int32_t>(mSerialFields.size());
         mSerialFC.fields = mSerialFields.data();

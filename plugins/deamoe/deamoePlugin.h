@@ -45,6 +45,30 @@ enum class InputRole : int32_t
     kSHARED_GATE_UP,
     kSHARED_DOWN,
     kSHARED_GATE,
+    // A quantized node's (weightBits > 0) scales, appended so float nodes keep their positions.
+    kDEPARTMENT_GATE_UP_SCALES,
+    kDEPARTMENT_DOWN_SCALES,
+    kEXPERT_GATE_UP_SCALES,
+    kEXPERT_DOWN_SCALES,
+    kSHARED_GATE_UP_SCALES,
+    kSHARED_DOWN_SCALES,
+};
+
+// A quantized node's FFN weight inputs carry the checkpoint's packed codes (uint8 bytes, two
+// int4 codes per byte) as int32 words of 4 bytes: the same bytes in memory, in a type every
+// TensorRT version takes as a plugin input and an ONNX initializer (README.md, "Quantized
+// nodes"). Their last dim is cols * weightBits / kCODE_WORD_BITS.
+constexpr nvinfer1::DataType kCODES_TYPE{nvinfer1::DataType::kINT32};
+constexpr int32_t kCODE_WORD_BITS{32};
+
+// The element type an input must have: hidden_states' (the activation dtype), float32,
+// either of the two, or packed codes (kCODES_TYPE).
+enum class InputType : int32_t
+{
+    kACTIVATION,
+    kFLOAT32,
+    kFLOAT32_OR_ACTIVATION,
+    kCODES,
 };
 
 char const* inputRoleName(InputRole role) noexcept;
@@ -52,8 +76,20 @@ char const* inputRoleName(InputRole role) noexcept;
 // The present inputs of a layer with these params, in node order.
 std::vector<InputRole> presentInputs(LayerParams const& params);
 
-// The shape input `role` must have; -1 marks the token dimension of hidden_states.
+// The shape of input `role` as the contract states it, codes unpacked ([rows, cols] of
+// weights); -1 marks the token dimension of hidden_states.
+std::vector<int64_t> logicalShape(LayerParams const& params, InputRole role);
+
+// The shape input `role` must have: logicalShape, with a quantized weight's last dim packed.
 std::vector<int64_t> expectedShape(LayerParams const& params, InputRole role);
+
+// The element type input `role` must have in a layer of params.
+InputType inputType(LayerParams const& params, InputRole role) noexcept;
+
+// Throws std::invalid_argument naming the field when weight_bits/weight_group_size are not a
+// quantization the node format has (bits 0, 4 or 8; group 16, 32, 64 or 128 dividing every
+// quantized width; 0 when float).
+void checkQuantization(LayerParams const& params);
 
 // PluginFields (from the ONNX parser, the Python API or a serialized engine) to LayerParams.
 // Throws std::invalid_argument naming the offending field. Accepts ints as any integer
@@ -70,7 +106,8 @@ class DeaMoEPlugin : public nvinfer1::IPluginV3,
                      public nvinfer1::IPluginV3OneRuntime
 {
 public:
-    // Throws std::invalid_argument when params are not a valid layer (deamoe::validate).
+    // Throws std::invalid_argument when params are not a valid layer (checkQuantization,
+    // deamoe::validate).
     DeaMoEPlugin(std::string layerName, LayerParams const& params);
     DeaMoEPlugin(DeaMoEPlugin const& other);
     DeaMoEPlugin& operator=(DeaMoEPlugin const&) = delete;

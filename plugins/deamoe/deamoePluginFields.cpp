@@ -93,6 +93,12 @@ char const* inputRoleName(InputRole role) noexcept
     case InputRole::kSHARED_GATE_UP: return "shared_experts.gate_up";
     case InputRole::kSHARED_DOWN: return "shared_experts.down";
     case InputRole::kSHARED_GATE: return "shared_experts.gate";
+    case InputRole::kDEPARTMENT_GATE_UP_SCALES: return "departments.gate_up.scales";
+    case InputRole::kDEPARTMENT_DOWN_SCALES: return "departments.down.scales";
+    case InputRole::kEXPERT_GATE_UP_SCALES: return "experts.gate_up.scales";
+    case InputRole::kEXPERT_DOWN_SCALES: return "experts.down.scales";
+    case InputRole::kSHARED_GATE_UP_SCALES: return "shared_experts.gate_up.scales";
+    case InputRole::kSHARED_DOWN_SCALES: return "shared_experts.down.scales";
     }
     return "unknown";
 }
@@ -123,14 +129,50 @@ std::vector<InputRole> presentInputs(LayerParams const& p)
     {
         roles.push_back(InputRole::kSHARED_GATE);
     }
+    if (p.sharedWidth > 0 && p.weightBits > 0)
+    {
+        roles.push_back(InputRole::kDEPARTMENT_GATE_UP_SCALES);
+        roles.push_back(InputRole::kDEPARTMENT_DOWN_SCALES);
+    }
+    if (p.privateWidth > 0 && p.weightBits > 0)
+    {
+        roles.push_back(InputRole::kEXPERT_GATE_UP_SCALES);
+        roles.push_back(InputRole::kEXPERT_DOWN_SCALES);
+    }
+    if (p.sharedExpertWidth > 0 && p.weightBits > 0)
+    {
+        roles.push_back(InputRole::kSHARED_GATE_UP_SCALES);
+        roles.push_back(InputRole::kSHARED_DOWN_SCALES);
+    }
     return roles;
 }
 
-std::vector<int64_t> expectedShape(LayerParams const& p, InputRole role)
+namespace
+{
+// The FFN weights, which a quantized node carries as packed codes.
+bool carriesCodes(InputRole role) noexcept
+{
+    switch (role)
+    {
+    case InputRole::kDEPARTMENT_GATE_UP:
+    case InputRole::kDEPARTMENT_DOWN:
+    case InputRole::kEXPERT_GATE_UP:
+    case InputRole::kEXPERT_DOWN:
+    case InputRole::kSHARED_GATE_UP:
+    case InputRole::kSHARED_DOWN: return true;
+    default: return false;
+    }
+}
+} // namespace
+
+std::vector<int64_t> logicalShape(LayerParams const& p, InputRole role)
 {
     int64_t const d = p.hidden;
     int64_t const D = p.numDepartments;
     int64_t const N = static_cast<int64_t>(p.numDepartments) * p.expertsPerDepartment;
+    // Scales are present only when quantized, where checkQuantization made G a divisor of
+    // every width; 1 keeps a float layer's (unused) answer finite.
+    int64_t const G = p.weightGroupSize > 0 ? p.weightGroupSize : 1;
     switch (role)
     {
     case InputRole::kHIDDEN: return {-1, d};
@@ -143,8 +185,77 @@ std::vector<int64_t> expectedShape(LayerParams const& p, InputRole role)
     case InputRole::kSHARED_GATE_UP: return {2 * int64_t{p.sharedExpertWidth}, d};
     case InputRole::kSHARED_DOWN: return {d, p.sharedExpertWidth};
     case InputRole::kSHARED_GATE: return {1, d};
+    case InputRole::kDEPARTMENT_GATE_UP_SCALES: return {D, 2 * int64_t{p.sharedWidth}, d / G};
+    case InputRole::kDEPARTMENT_DOWN_SCALES: return {D, d, p.sharedWidth / G};
+    case InputRole::kEXPERT_GATE_UP_SCALES: return {N, 2 * int64_t{p.privateWidth}, d / G};
+    case InputRole::kEXPERT_DOWN_SCALES: return {N, d, p.privateWidth / G};
+    case InputRole::kSHARED_GATE_UP_SCALES: return {2 * int64_t{p.sharedExpertWidth}, d / G};
+    case InputRole::kSHARED_DOWN_SCALES: return {d, p.sharedExpertWidth / G};
     }
     return {};
+}
+
+std::vector<int64_t> expectedShape(LayerParams const& p, InputRole role)
+{
+    std::vector<int64_t> shape = logicalShape(p, role);
+    if (p.weightBits > 0 && carriesCodes(role))
+    {
+        shape.back() = shape.back() * p.weightBits / kCODE_WORD_BITS;
+    }
+    return shape;
+}
+
+InputType inputType(LayerParams const& p, InputRole role) noexcept
+{
+    // The router keeps its own precision (spec, "Router precision").
+    if (role == InputRole::kROUTER_BIAS)
+    {
+        return InputType::kFLOAT32;
+    }
+    if (role == InputRole::kROUTER_WEIGHT)
+    {
+        return InputType::kFLOAT32_OR_ACTIVATION;
+    }
+    return p.weightBits > 0 && carriesCodes(role) ? InputType::kCODES : InputType::kACTIVATION;
+}
+
+void checkQuantization(LayerParams const& p)
+{
+    if (p.weightBits == 0)
+    {
+        if (p.weightGroupSize != 0)
+        {
+            fail("field 'weight_group_size' is " + std::to_string(p.weightGroupSize)
+                + " but weight_bits is 0 (float weights); it must be 0");
+        }
+        return;
+    }
+    if (p.weightBits != 4 && p.weightBits != 8)
+    {
+        fail("field 'weight_bits' must be 0 (float weights), 4 or 8, got " + std::to_string(p.weightBits));
+    }
+    int32_t const G = p.weightGroupSize;
+    if (G != 16 && G != 32 && G != 64 && G != 128)
+    {
+        fail("field 'weight_group_size' must be 16, 32, 64 or 128 when weight_bits is "
+            + std::to_string(p.weightBits) + ", got " + std::to_string(G));
+    }
+    // Every quantized weight's input columns are cut into whole groups.
+    struct Width
+    {
+        char const* name;
+        int32_t value;
+    };
+    for (Width const& width : {Width{"hidden_size", p.hidden}, Width{"shared_intermediate_size", p.sharedWidth},
+             Width{"private_intermediate_size", p.privateWidth},
+             Width{"shared_expert_intermediate_size", p.sharedExpertWidth}})
+    {
+        if (width.value > 0 && width.value % G != 0)
+        {
+            fail(std::string("field '") + width.name + "' is " + std::to_string(width.value)
+                + ", not divisible by weight_group_size " + std::to_string(G));
+        }
+    }
 }
 
 LayerParams paramsFromFields(PluginFieldCollection const& fc)
@@ -162,6 +273,8 @@ LayerParams paramsFromFields(PluginFieldCollection const& fc)
     p.hasRouterBias = 0;
     p.sharedExpertWidth = 0;
     p.sharedExpertGate = 0;
+    p.weightBits = 0;
+    p.weightGroupSize = 0;
 
     std::set<std::string> seen;
     for (int32_t i = 0; i < fc.nbFields; ++i)
@@ -209,6 +322,10 @@ LayerParams paramsFromFields(PluginFieldCollection const& fc)
             p.sharedExpertWidth = readInt32(field);
         else if (name == "shared_expert_gate")
             p.sharedExpertGate = readBool(field);
+        else if (name == "weight_bits")
+            p.weightBits = readInt32(field);
+        else if (name == "weight_group_size")
+            p.weightGroupSize = readInt32(field);
         else
         {
             // Strict on purpose: a misspelt optional field would otherwise silently take its default.
@@ -239,7 +356,8 @@ std::string describe(LayerParams const& p)
         << " score_func=" << scoreFuncName(p.scoreFunc)
         << " department_score=" << departmentScoreName(p.departmentScore) << " norm_topk_prob=" << p.normTopkProb
         << " routed_scaling_factor=" << p.routedScalingFactor << " router_bias=" << p.hasRouterBias
-        << " f_sh=" << p.sharedExpertWidth << " shared_expert_gate=" << p.sharedExpertGate;
+        << " f_sh=" << p.sharedExpertWidth << " shared_expert_gate=" << p.sharedExpertGate
+        << " weight_bits=" << p.weightBits << " weight_group_size=" << p.weightGroupSize;
     return out.str();
 }
 

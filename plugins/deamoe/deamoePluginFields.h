@@ -17,7 +17,8 @@ namespace plugin
 {
 
 // ---------------------------------------------------------------------------------------
-// Fields: one per DeaMoEConfig field, named as the ONNX node's attributes.
+// Fields: one per DeaMoEConfig field, then the quantization's two (weight_bits,
+// weight_group_size; 0 for float weights), named as the ONNX node's attributes.
 // ---------------------------------------------------------------------------------------
 
 enum class FieldKind
@@ -51,6 +52,8 @@ constexpr FieldSpec kFIELDS[] = {
     {"router_bias", FieldKind::kBOOL, false},
     {"shared_expert_intermediate_size", FieldKind::kINT, false},
     {"shared_expert_gate", FieldKind::kBOOL, false},
+    {"weight_bits", FieldKind::kINT, false},
+    {"weight_group_size", FieldKind::kINT, false},
 };
 
 // Node attributes that select the plugin rather than configure it. The ONNX parser never

@@ -208,9 +208,16 @@ char const* typeName(TrtType type)
     case TrtType::kFLOAT: return "float32";
     case TrtType::kHALF: return "float16";
     case TrtType::kBF16: return "bfloat16";
+    case TrtType::kINT32: return "int32";
+    case TrtType::kINT64: return "int64";
+    case TrtType::kINT8: return "int8";
+    case TrtType::kUINT8: return "uint8";
+    case TrtType::kINT4: return "int4";
+    case TrtType::kBOOL: return "bool";
+    case TrtType::kFP8: return "fp8";
     default: break;
     }
-    return "unsupported";
+    return "an unsupported type";
 }
 
 std::string dimsString(nvinfer1::Dims const& dims)

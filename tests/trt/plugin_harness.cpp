@@ -11,6 +11,7 @@
  * Prints one line per failed check and "N passed, M failed" last; exits non-zero on failure.
  */
 #include "deamoePlugin.h"
+#include "deamoePluginUtils.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -338,6 +339,45 @@ Fields fullFields()
     return f;
 }
 
+// Every optional input of a quantized node: fullFields' layer with widths that are whole
+// groups, weight_bits bits, weight_group_size group.
+Fields quantFields(int32_t bits, int32_t group)
+{
+    Fields f;
+    f.i32("hidden_size", 32)
+        .i32("num_departments", 2)
+        .i32("experts_per_department", 4)
+        .i32("shared_intermediate_size", 32)
+        .i32("private_intermediate_size", 32)
+        .i32("top_k", 3)
+        .i32("top_departments", 1)
+        .str("score_func", "sigmoid")
+        .str("department_score", "sum_top2")
+        .i32("norm_topk_prob", 1)
+        .f32("routed_scaling_factor", 2.5F)
+        .i32("router_bias", 1)
+        .i32("shared_expert_intermediate_size", 64)
+        .i32("shared_expert_gate", 1)
+        .i32("weight_bits", bits)
+        .i32("weight_group_size", group);
+    return f;
+}
+
+// quantFields' 16 inputs: codes' last dim cols * bits / 32 int32 words, scales cols / group.
+std::vector<std::vector<int64_t>> quantShapes(int64_t tokens, int64_t bits, int64_t group)
+{
+    return {{tokens, 32}, {8, 32}, {8}, {2, 64, 32 * bits / 32}, {2, 32, 32 * bits / 32}, {8, 64, 32 * bits / 32},
+        {8, 32, 32 * bits / 32}, {128, 32 * bits / 32}, {32, 64 * bits / 32}, {1, 32}, {2, 64, 32 / group},
+        {2, 32, 32 / group}, {8, 64, 32 / group}, {8, 32, 32 / group}, {128, 32 / group}, {32, 64 / group}};
+}
+
+// Input positions of quantFields' packed codes (3-8); the others are in the activation
+// dtype except router.bias (2), float32.
+bool isCodes(size_t i)
+{
+    return i >= 3 && i <= 8;
+}
+
 struct PluginDeleter
 {
     void operator()(IPluginV3* p) const
@@ -435,18 +475,20 @@ void testCreatorIdentity()
     check(std::strcmp(c.getPluginVersion(), "1") == 0, "plugin version 1");
     check(std::strcmp(c.getPluginNamespace(), "") == 0, "plugin namespace empty");
     PluginFieldCollection const* names = c.getFieldNames();
-    check(names != nullptr && names->nbFields == 14, "14 field names (one per DeaMoEConfig field)");
+    check(names != nullptr && names->nbFields == 16, "16 field names (DeaMoEConfig's and the quantization's)");
     char const* expected[] = {"hidden_size", "num_departments", "experts_per_department",
         "shared_intermediate_size", "private_intermediate_size", "top_k", "top_departments", "score_func",
         "department_score", "norm_topk_prob", "routed_scaling_factor", "router_bias",
-        "shared_expert_intermediate_size", "shared_expert_gate"};
-    for (int i = 0; i < 14 && names; ++i)
+        "shared_expert_intermediate_size", "shared_expert_gate", "weight_bits", "weight_group_size"};
+    for (int i = 0; i < 16 && names; ++i)
     {
         check(std::strcmp(names->fields[i].name, expected[i]) == 0, std::string("field ") + expected[i]);
     }
     check(names->fields[7].type == PluginFieldType::kCHAR, "score_func is kCHAR");
     check(names->fields[10].type == PluginFieldType::kFLOAT32, "routed_scaling_factor is kFLOAT32");
     check(names->fields[0].type == PluginFieldType::kINT32, "hidden_size is kINT32");
+    check(names->fields[14].type == PluginFieldType::kINT32, "weight_bits is kINT32");
+    check(names->fields[15].type == PluginFieldType::kINT32, "weight_group_size is kINT32");
 }
 
 void testCreateFromParserFields()
@@ -523,6 +565,16 @@ void testCreateRejects()
         "stub: top_k must be"});
     cases.push_back(
         {"int64 overflow", tinyFields().without("hidden_size").i64("hidden_size", int64_t{1} << 40), "int32"});
+    cases.push_back({"weight_bits 3", quantFields(4, 16).without("weight_bits").i32("weight_bits", 3),
+        "field 'weight_bits' must be 0 (float weights), 4 or 8, got 3"});
+    cases.push_back({"group size 48", quantFields(4, 16).without("weight_group_size").i32("weight_group_size", 48),
+        "field 'weight_group_size' must be 16, 32, 64 or 128 when weight_bits is 4, got 48"});
+    cases.push_back({"group size 0 when quantized",
+        quantFields(8, 16).without("weight_group_size"), "must be 16, 32, 64 or 128 when weight_bits is 8, got 0"});
+    cases.push_back({"a width not a whole number of groups", quantFields(4, 64),
+        "field 'hidden_size' is 32, not divisible by weight_group_size 64"});
+    cases.push_back({"a group size in a float node", tinyFields().i32("weight_group_size", 32),
+        "field 'weight_group_size' is 32 but weight_bits is 0"});
     for (auto& c : cases)
     {
         gFinder.logger.last.clear();
@@ -537,7 +589,7 @@ void testCreateRejects()
 
 void testSerialisationRoundTrip()
 {
-    for (auto f : {tinyFields(), fullFields()})
+    for (auto f : {tinyFields(), fullFields(), quantFields(4, 16), quantFields(8, 32)})
     {
         PluginPtr plugin = create(f);
         if (!plugin)
@@ -547,7 +599,7 @@ void testSerialisationRoundTrip()
         }
         auto* runtime = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
         PluginFieldCollection const* fc = runtime->getFieldsToSerialize();
-        check(fc != nullptr && fc->nbFields == 14, "14 serialized fields");
+        check(fc != nullptr && fc->nbFields == 16, "16 serialized fields");
         PluginPtr back(creator().createPlugin("layer0", fc, TensorRTPhase::kRUNTIME));
         check(back != nullptr && paramsOf(back.get()) == paramsOf(plugin.get()),
             "serialized fields recreate the same layer: " + paramsOf(plugin.get()));
@@ -823,6 +875,128 @@ void testWorkspaceAndEnqueue()
     gForwardResult = deamoe::Status::kSUCCESS;
 }
 
+void testQuantized()
+{
+    for (int32_t bits : {4, 8})
+    {
+        std::string const tag = " (int" + std::to_string(bits) + ")";
+        auto f = quantFields(bits, 16);
+        PluginPtr plugin = create(f);
+        check(plugin != nullptr, "createPlugin for a quantized node" + tag + ": " + gFinder.logger.last);
+        if (!plugin)
+        {
+            continue;
+        }
+        check(paramsOf(plugin.get()).find("weight_bits=" + std::to_string(bits) + " weight_group_size=16")
+                != std::string::npos,
+            "weight_bits/weight_group_size mapped to LayerParams: " + paramsOf(plugin.get()));
+        auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+        auto* runtime
+            = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+
+        // Types: codes int32 words, scales in the activation type, router.bias float32.
+        for (DataType type : {DataType::kFLOAT, DataType::kHALF, DataType::kBF16})
+        {
+            std::vector<DynamicPluginTensorDesc> io;
+            auto const shapes = quantShapes(-1, bits, 16);
+            for (size_t i = 0; i < shapes.size(); ++i)
+            {
+                io.push_back(dyn(shapes[i], isCodes(i) ? DataType::kINT32 : i == 2 ? DataType::kFLOAT : type));
+            }
+            io.push_back(dyn({-1, 32}, type));
+            bool all = true;
+            for (int32_t pos = 0; pos < 17; ++pos)
+            {
+                all = all && build->supportsFormatCombination(pos, io.data(), 16, 1);
+            }
+            check(all, "int32 codes, scales in the node's type: supported" + tag);
+            DataType out[1] = {DataType::kFLOAT};
+            std::vector<DataType> in;
+            for (auto const& d : io)
+            {
+                in.push_back(d.desc.type);
+            }
+            check(build->getOutputDataTypes(out, 1, in.data(), 16) == 0 && out[0] == type,
+                "output dtype = hidden_states' in a quantized node" + tag);
+            check(build->configurePlugin(io.data(), 16, &io[16], 1) == 0,
+                "configurePlugin accepts the quantized node's inputs" + tag + ": " + gFinder.logger.last);
+            io[5].desc.type = type;
+            check(!build->supportsFormatCombination(5, io.data(), 16, 1), "codes in a float type rejected" + tag);
+            io[5].desc.type = DataType::kINT8;
+            check(!build->supportsFormatCombination(5, io.data(), 16, 1), "codes as int8 rejected" + tag);
+            io[5].desc.type = DataType::kINT32;
+            io[12].desc.type = DataType::kINT32;
+            check(!build->supportsFormatCombination(12, io.data(), 16, 1), "int32 scales rejected" + tag);
+        }
+
+        // Shapes and types are checked when configured, each failure naming the input.
+        std::vector<DynamicPluginTensorDesc> in;
+        auto const shapes = quantShapes(-1, bits, 16);
+        for (size_t i = 0; i < shapes.size(); ++i)
+        {
+            in.push_back(dyn(shapes[i], isCodes(i) ? DataType::kINT32 : i == 2 ? DataType::kFLOAT : DataType::kHALF));
+        }
+        DynamicPluginTensorDesc out = dyn({-1, 32});
+        check(build->configurePlugin(in.data(), 15, &out, 1) != 0 && lastErrorHas("need 16"),
+            "a quantized node without its last scale input rejected" + tag + ": " + gFinder.logger.last);
+        in[5] = dyn({8, 64, 32}, DataType::kINT32);
+        gFinder.logger.last.clear();
+        check(build->configurePlugin(in.data(), 16, &out, 1) != 0 && lastErrorHas("input 5 (experts.gate_up)")
+                && lastErrorHas(deamoe::plugin::shapeString({8, 64, 32 * bits / 32})),
+            "unpacked codes shape rejected, the packed one named" + tag + ": " + gFinder.logger.last);
+        in[5] = dyn(shapes[5], DataType::kHALF);
+        gFinder.logger.last.clear();
+        check(build->configurePlugin(in.data(), 16, &out, 1) != 0 && lastErrorHas("input 5 (experts.gate_up) is float16")
+                && lastErrorHas("int32 words of packed codes"),
+            "float codes rejected, the codes type named" + tag + ": " + gFinder.logger.last);
+        in[5] = dyn(shapes[5], DataType::kINT32);
+        in[13] = dyn({8, 32, 1});
+        gFinder.logger.last.clear();
+        check(build->configurePlugin(in.data(), 16, &out, 1) != 0
+                && lastErrorHas("input 13 (experts.down.scales)"),
+            "wrong scales shape rejected" + tag + ": " + gFinder.logger.last);
+
+        // enqueue: codes and scales land on their LayerWeights members, the quantization in params.
+        std::vector<PluginTensorDesc> rin;
+        auto const real = quantShapes(3, bits, 16);
+        for (size_t i = 0; i < real.size(); ++i)
+        {
+            rin.push_back(desc(real[i], isCodes(i) ? DataType::kINT32 : i == 2 ? DataType::kFLOAT : DataType::kHALF));
+        }
+        PluginTensorDesc rout = desc({3, 32});
+        check(runtime->onShapeChange(rin.data(), 16, &rout, 1) == 0,
+            "onShapeChange accepts the quantized node" + tag + ": " + gFinder.logger.last);
+        char buffers[17] = {};
+        void const* inputs[16];
+        for (int i = 0; i < 16; ++i)
+        {
+            inputs[i] = &buffers[i];
+        }
+        void* outputs[1] = {&buffers[16]};
+        char workspace[4];
+        gForward = ForwardCall{};
+        check(runtime->enqueue(rin.data(), &rout, inputs, outputs, workspace, nullptr) == 0 && gForward.calls == 1,
+            "enqueue runs a quantized node" + tag);
+        deamoe::LayerWeights const& w = gForward.weights;
+        check(w.departmentGateUp == inputs[3] && w.expertDown == inputs[6] && w.sharedDown == inputs[8]
+                && w.sharedGate == inputs[9] && w.departmentGateUpScales == inputs[10]
+                && w.departmentDownScales == inputs[11] && w.expertGateUpScales == inputs[12]
+                && w.expertDownScales == inputs[13] && w.sharedGateUpScales == inputs[14]
+                && w.sharedDownScales == inputs[15],
+            "codes and scales land on their LayerWeights members" + tag);
+        check(gForward.params.weightBits == bits && gForward.params.weightGroupSize == 16
+                && gForward.dtype == deamoe::DataType::kHALF,
+            "forward gets weightBits/weightGroupSize" + tag);
+    }
+
+    // A float node's scales are nullptr and its params say float: what engines built before
+    // the quantization fields existed (no weight_bits/weight_group_size fields) read back as.
+    auto f = fullFields();
+    PluginPtr plugin = create(f);
+    check(plugin != nullptr && paramsOf(plugin.get()).find("weight_bits=0 weight_group_size=0") != std::string::npos,
+        "a node without the quantization fields is float");
+}
+
 } // namespace
 
 int main()
@@ -835,6 +1009,7 @@ int main()
     testTypesAndFormats();
     testShapes();
     testWorkspaceAndEnqueue();
+    testQuantized();
     std::printf("%d passed, %d failed\n", gPassed, gFailed);
     return gFailed == 0 ? 0 : 1;
 }

@@ -7,6 +7,7 @@ import io
 import onnx
 import pytest
 
+from deamoe_trt import contract
 from deamoe_trt.errors import DeaMoEError, MissingDependencyError, UsageError
 from deamoe_trt.trt import builder as bld
 from deamoe_trt.trt import targets as tg
@@ -239,7 +240,7 @@ def test_python_plugin_route_parses_the_retargeted_model(fake_trt, tiny_fp16, tm
     kind, path, data = trt.parsed[0]
     assert kind == "bytes" and path == str(tiny_fp16)  # external data resolves next to the original
     node = next(n for n in onnx.load_from_string(data).graph.node if n.op_type == "DeaMoE")
-    assert len(node.input) == 10
+    assert len(node.input) == len(contract.INPUTS)  # every input, absent ones as placeholders
     namespace = next(a for a in node.attribute if a.name == "plugin_namespace")
     assert namespace.s == b"deamoe_trt"
 

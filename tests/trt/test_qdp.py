@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-from deamoe_trt import DeaMoEConfig
+from deamoe_trt import DeaMoEConfig, contract
 from deamoe_trt.errors import UsageError
 from deamoe_trt.export import plugin_node
 from deamoe_trt.trt import qdp
@@ -53,13 +53,13 @@ def test_prepare_model_pads_inputs_and_sets_the_namespace(tmp_path, dtype):
     model = onnx.load_from_string(data)
     assert count == 1
     (node,) = _deamoe_nodes(model)
-    assert len(node.input) == len(qdp.CANONICAL_INPUTS) == 10
+    assert len(node.input) == len(qdp.CANONICAL_INPUTS) == 16
     elem = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}[dtype]
     placeholder = qdp.PLACEHOLDER_PREFIX + TensorProto.DataType.Name(elem).lower()
     float_placeholder = qdp.PLACEHOLDER_PREFIX + "float"
     # router.bias (input 2) is float32 in every node; the other absent inputs take the node's dtype.
     assert node.input[2] == float_placeholder
-    assert [node.input[i] == placeholder for i in range(3, 10)] == [False, False, False, False, True, True, True]
+    assert [node.input[i] == placeholder for i in range(3, 16)] == [False] * 4 + [True] * 9  # float: no scales
     for name, want in ((placeholder, elem), (float_placeholder, TensorProto.FLOAT)):
         tensor = next(t for t in model.graph.initializer if t.name == name)
         assert tensor.data_type == want and list(tensor.dims) == [1]
@@ -78,8 +78,9 @@ def test_prepare_model_keeps_present_inputs_in_place(tmp_path):
     before = [list(n.input) for n in _deamoe_nodes(model)]
     assert qdp.prepare_model(model) == 2
     after = [list(n.input) for n in _deamoe_nodes(model)]
-    assert after == before  # every input present: nothing to pad
-    assert not [t for t in model.graph.initializer if t.name.startswith(qdp.PLACEHOLDER_PREFIX)]
+    # Every input of a float node present: only the (quantized nodes') scales are padded.
+    assert [a[: len(b)] for a, b in zip(after, before, strict=True)] == before
+    assert {name for a in after for name in a[len(before[0]) :]} == {qdp.PLACEHOLDER_PREFIX + "float16"}
 
     model = build_model(DeaMoEStack.random(EXPERTS_ONLY, 1), "plugin", "fp32")
     qdp.prepare_model(model)
@@ -183,11 +184,18 @@ def test_impl_and_autotune_signatures(recorded):
     assert tuple(inspect.signature(impl).parameters) == (*qdp.TENSOR_ARGS, *qdp.ATTRS, "outputs", "stream")
     _, autotune = recorded.functions["autotune"]
     assert tuple(inspect.signature(autotune).parameters) == (*qdp.TENSOR_ARGS, "outputs")
-    tied, router_float32 = (c.io_types.split(", ") for c in autotune(*[None] * 11))
+    combinations = [c.io_types.split(", ") for c in autotune(*[None] * (len(qdp.TENSOR_ARGS) + 1))]
+    tied, router_float32, quantized_tied, quantized_router_float32 = combinations
     bias, weight = qdp.TENSOR_ARGS.index("router_b"), qdp.TENSOR_ARGS.index("router_w")
+    codes = [qdp.TENSOR_ARGS.index(i.qdp_arg) for i in contract.INPUTS if i.quantized == contract.CODES]
+    for float_types, quantized_types in ((tied, quantized_tied), (router_float32, quantized_router_float32)):
+        assert len(float_types) == len(quantized_types) == len(qdp.TENSOR_ARGS) + 1  # the inputs, then the output
+        assert [quantized_types[i] for i in codes] == ["INT32"] * 6  # a quantized node's packed codes
+        others = [i for i in range(len(float_types)) if i not in codes]
+        assert [quantized_types[i] for i in others] == [float_types[i] for i in others]
     assert tied[bias] == router_float32[bias] == "FP32"
     assert tied[weight] == "FP32|FP16|BF16" and router_float32[weight] == "FP32"
-    rest = [i for i in range(11) if i not in (bias, weight)]
+    rest = [i for i in range(len(tied)) if i not in (bias, weight)]
     assert {tied[i] for i in rest} == {router_float32[i] for i in rest} == {"FP32|FP16|BF16"}
 
 
