@@ -14,7 +14,7 @@ from deamoe_trt.presets import PRESETS
 @pytest.mark.slow
 def test_dry_run_checks_and_times_through_the_emulator(emulated_lib, tmp_path):
     argv = ["--dry-run", "--library", emulated_lib._name, "--presets", "deepseek-v3-layer", "--tokens", "1",
-            "--out", str(tmp_path)]  # fmt: skip
+            "--bits", "0", "--out", str(tmp_path)]  # fmt: skip
     assert main(argv) == 0
     results = json.loads((tmp_path / "gpu_check.json").read_text())
     assert results["correctness"] and all(r["pass"] for r in results["correctness"])
@@ -33,8 +33,31 @@ def test_dry_run_checks_and_times_through_the_emulator(emulated_lib, tmp_path):
     assert "PASS deepseek-v3-layer" in report and "targets" in report
 
 
+@pytest.mark.slow
+def test_dry_run_checks_and_times_the_int4_and_int8_rows(emulated_lib, tmp_path):
+    """The quantized rows: the layer quantized, checked against the dequantized reference,
+    timed against its quantized twin, bytes counted as packed codes plus scales."""
+    argv = ["--dry-run", "--library", emulated_lib._name, "--presets", "deepseek-v3-layer", "--tokens", "1",
+            "--bits", "4,8", "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    results = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert {r["dtype"] for r in results["correctness"]} == {"bf16-int4", "bf16-int8"}
+    assert all(r["pass"] for r in results["correctness"])
+    per_step = {}
+    for bench in results["benchmarks"]:
+        timings = {(t["variant"], t["mode"], t["pdl"]): t for t in bench["timings"]}
+        deamoe, twin = timings[("deamoe", "eager", False)], timings[("expanded", "eager", False)]
+        assert twin["bytes_per_step_mean"] > deamoe["bytes_per_step_mean"] > 0
+        per_step[bench["dtype"]] = deamoe["bytes_per_step_mean"]
+    assert per_step["bf16-int4"] < per_step["bf16-int8"]  # half the code bytes, same scales
+    assert any(key.startswith("bf16-int4") for key in results["targets"])
+    assert "PASS deepseek-v3-layer     bf16-int4" in (tmp_path / "gpu_check.txt").read_text()
+
+
 def test_bad_arguments_are_one_line_and_exit_2(tmp_path, capsys):
     assert cli_main(["check-gpu", "--presets", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown preset(s) nope" in capsys.readouterr().err
     assert main(["--out", str(tmp_path), "--presets", "tiny"]) == 2  # no GPU here, no --dry-run
     assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert main(["--out", str(tmp_path), "--dry-run", "--bits", "4,3"]) == 2
+    assert "--bits takes 0, 4 and/or 8" in capsys.readouterr().err
