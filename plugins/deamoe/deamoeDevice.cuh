@@ -323,10 +323,30 @@ DEAMOE_DEVICE void dequantizeCodes(uint4 raw, int sub, float (&q)[8])
     }
 }
 
+// Chunks per row each lane keeps in flight on quantized rows: the gate/up rows (d columns,
+// 4 or 2 times fewer chunks than T rows) as the float path; the down rows (a part's width:
+// deepseek-v3's 2048 int4 columns are 64 chunks, two per lane) 2, which is what they have,
+// and the registers it saves keep K3 at its blocks per SM without spilling.
+template <int TT, bool DOWN>
+struct QuantUnroll
+{
+    static constexpr int value = DOWN ? 2 : Unroll<TT>::value;
+};
+
+// How many of a chunk's 8-weight pieces the inner loop unrolls: all, except int4's four at
+// 8 and 16 tokens, one at a time (fully unrolled, ptxas hoists every piece's codes and
+// activations next to the per-token accumulators and spills: sm_110, float32). int8's two
+// pieces stay unrolled (one at a time spills K1 at 16 tokens, bf16 sm_90).
+template <int BITS, int TT>
+struct QuantSubUnroll
+{
+    static constexpr int value = BITS == 4 && TT >= 8 ? 1 : QuantCodes<BITS>::kSubs;
+};
+
 // The quantized twin of accumulateRows: chunks [chunkBegin, chunkEnd) of 16 bytes of codes
 // (32 int4 or 16 int8 weights each), the same lane/chunk assignment and token loop, U chunks
-// per row in flight (QuantUnroll). Every 8 weights give a float32 partial p = sum a * (q - zp), exact codes times
-// activations, then acc += s * p: the scale is applied once per 8 weights (1 FMA per 8), the
+// per row in flight (QuantUnroll). Every 8 weights give a float32 partial
+// p = sum a * (q - zp), exact codes times activations, then acc += s * p: the scale is applied once per 8 weights (1 FMA per 8), the
 // activations and codes are never rescaled, and no zero point is folded into a sum of
 // activations (s * (sum a q - zp sum a) cancels catastrophically for int8's zp = 128). Its
 // registers are the float path's: 8 dequantized codes per row, 8 activations, one partial.
@@ -366,7 +386,9 @@ DEAMOE_DEVICE void accumulateQuantRows(QuantRow<S> const (&rows)[R], int groupSh
             int const c = c0 + u * kWarpSize;
             if (c < chunkEnd)
             {
-#pragma unroll
+                // Wide tiles: one 8-weight piece at a time (not unrolled), or ptxas hoists
+                // every piece's codes and activations and spills (sm_110, float32, int4).
+#pragma unroll(QuantSubUnroll<BITS, TT>::value)
                 for (int sub = 0; sub < Q::kSubs; ++sub)
                 {
                     float q[R][8];
@@ -387,7 +409,10 @@ DEAMOE_DEVICE void accumulateQuantRows(QuantRow<S> const (&rows)[R], int groupSh
 #pragma unroll
                                 for (int e = 1; e < 8; ++e)
                                     p = fmaf(q[r][e], a[e], p);
-                                acc[r][t] = fmaf(scale[u][r][sub * H / Q::kSubs], p, acc[r][t]);
+                                // (a select, not scale[..][sub * H / kSubs]: sub may be a
+                                // loop variable, and a variable index puts the array in memory)
+                                float const s = sub >= Q::kSubs / 2 ? scale[u][r][H - 1] : scale[u][r][0];
+                                acc[r][t] = fmaf(s, p, acc[r][t]);
                             }
                         }
                     }
@@ -396,16 +421,6 @@ DEAMOE_DEVICE void accumulateQuantRows(QuantRow<S> const (&rows)[R], int groupSh
         }
     }
 }
-
-// Chunks per row each lane keeps in flight on quantized rows: the gate/up rows (d columns,
-// 4 or 2 times fewer chunks than T rows) as the float path; the down rows (a part's width:
-// deepseek-v3's 2048 int4 columns are 64 chunks, two per lane) 2, which is what they have,
-// and the registers it saves keep K3 at its blocks per SM without spilling.
-template <int TT, bool DOWN>
-struct QuantUnroll
-{
-    static constexpr int value = DOWN ? 2 : Unroll<TT>::value;
-};
 
 // Bits 0..n-1.
 DEAMOE_DEVICE uint32_t firstTokens(int n)

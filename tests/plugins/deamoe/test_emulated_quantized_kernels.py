@@ -144,7 +144,7 @@ def params_with(config: DeaMoEConfig, bits: int, group_size: int) -> _abi.LayerP
         (3, 32, {}, 1, "weight_bits must be 0 (float), 4 or 8, got 3"),
         (4, 24, {}, 1, "weight_group_size must be 16, 32, 64 or 128 for int4 weights, got 24"),
         (0, 32, {}, 1, "weight_group_size must be 0 when weight_bits is 0, got 32"),
-        (8, 64, {}, 1, "private_intermediate_size 16 is not divisible by weight_group_size 64"),
+        (8, 64, {}, 1, "shared_intermediate_size 32 is not divisible by weight_group_size 64"),
         # tiny's f_p = 16 int4 codes are 8 bytes: not a whole 16-byte vector.
         (4, 16, {}, 3, "private_intermediate_size 16 must be a multiple of 32 for int4 weights"),
         (4, 16, dict(private_intermediate_size=32), 0, ""),
