@@ -82,19 +82,34 @@ void clearError()
     tLastError[0] = '\0';
 }
 
+// A width a weight row runs along (the config's name for it, its value).
+struct Width
+{
+    char const* name;
+    int32_t value;
+};
+
+// The four widths weight rows run along: d (gate/up) and each part's width (down).
+struct Widths
+{
+    Width items[4];
+    explicit Widths(LayerParams const& p)
+        : items{{"hidden_size", p.hidden}, {"shared_intermediate_size", p.sharedWidth},
+            {"private_intermediate_size", p.privateWidth},
+            {"shared_expert_intermediate_size", p.sharedExpertWidth}}
+    {
+    }
+    Width const* begin() const { return items; }
+    Width const* end() const { return items + 4; }
+};
+
 // The kernels read every row with 16-byte loads: each row length must be a whole number
 // of 16-byte chunks and each tensor 16-byte aligned.
 Status checkVectorizable(LayerParams const& p, DataType dtype)
 {
     int const elems = 16 / elementBytes(dtype);
-    struct Size
-    {
-        char const* name;
-        int32_t value;
-    };
-    Size const sizes[] = {{"hidden_size", p.hidden}, {"shared_intermediate_size", p.sharedWidth},
-        {"private_intermediate_size", p.privateWidth}, {"shared_expert_intermediate_size", p.sharedExpertWidth}};
-    for (Size const& s : sizes)
+    Widths const sizes(p);
+    for (Width const& s : sizes)
     {
         if (s.value % elems != 0)
             return fail(Status::kUNSUPPORTED, "%s %d must be a multiple of %d for %s (16-byte rows)", s.name, s.value,
@@ -105,7 +120,7 @@ Status checkVectorizable(LayerParams const& p, DataType dtype)
     if (p.weightBits > 0)
     {
         int const columns = 128 / p.weightBits;
-        for (Size const& s : sizes)
+        for (Width const& s : sizes)
         {
             if (s.value % columns != 0)
                 return fail(Status::kUNSUPPORTED,
@@ -265,14 +280,7 @@ Status validateQuantization(LayerParams const& p) noexcept
     if (g != 16 && g != 32 && g != 64 && g != 128)
         return fail(Status::kINVALID_PARAMS, "weight_group_size must be 16, 32, 64 or 128 for int%d weights, got %d",
             p.weightBits, g);
-    struct Width
-    {
-        char const* name;
-        int32_t value;
-    };
-    Width const widths[] = {{"hidden_size", p.hidden}, {"shared_intermediate_size", p.sharedWidth},
-        {"private_intermediate_size", p.privateWidth}, {"shared_expert_intermediate_size", p.sharedExpertWidth}};
-    for (Width const& w : widths)
+    for (Width const& w : Widths(p))
     {
         if (w.value % g != 0)
             return fail(Status::kINVALID_PARAMS, "%s %d is not divisible by weight_group_size %d", w.name, w.value, g);
