@@ -105,11 +105,11 @@ def test_quantized_forward_matches_the_dequantized_reference(emulated_lib, confi
     assert relative_error(y, ref) < relative_error(unquantized, ref) / 3
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_quantized_forward_over_a_full_tile_and_into_the_next(emulated_lib, bits):
+def test_quantized_forward_over_a_full_tile_and_into_the_next(emulated_lib):
     """17 tokens: a 16-token tile (every token through every shared-expert row, many parts)
-    and a 1-token tile, the reference decision for decision."""
-    layer = quantized_layer(GATED, bits, 32, torch.float32, seed=5)
+    and a 1-token tile, the reference decision for decision (int4: int8 differs only in the
+    dequantization, which the cases above cover at every tile up to 4 tokens)."""
+    layer = quantized_layer(GATED, 4, 32, torch.float32, seed=5)
     x = hidden(GATED, 17, seed=6)
     y = _ops.forward_with(emulated_lib, layer, x)
     torch.testing.assert_close(y, dequantized_reference(layer, x), rtol=1e-5, atol=1e-5)
@@ -126,8 +126,8 @@ def test_quantized_float32_router_in_a_bf16_layer(emulated_lib):
 
 
 def test_quantized_forward_is_bitwise_deterministic(emulated_lib):
-    layer = quantized_layer(DEEPSEEK_STYLE_GROUPED, 4, 16, torch.bfloat16, seed=7)
-    x = hidden(DEEPSEEK_STYLE_GROUPED, 5, seed=8, dtype=torch.bfloat16)
+    layer = quantized_layer(GATED, 4, 16, torch.bfloat16, seed=7)
+    x = hidden(GATED, 3, seed=8, dtype=torch.bfloat16)
     first = _ops.forward_with(emulated_lib, layer, x)
     assert torch.equal(first, _ops.forward_with(emulated_lib, layer, x))
 
