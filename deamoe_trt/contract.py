@@ -6,9 +6,15 @@ them by tests/test_contract.py (no TensorRT needed):
   QDP's tables and input dtypes), cuda/_abi.py (LayerParams, LayerWeights, enum codes) and
   the tables of plugins/deamoe/README.md (`python -m deamoe_trt.contract --write-readme`);
 - checked textually: deamoePlugin.h/.cpp and deamoePluginFields.h/.cpp (identity, field
-  table, parsing, serialisation, input roles, presence, shapes, weight pointers),
+  table, parsing, serialisation, input roles, presence, shapes, weight pointers, a
+  quantized node's codes type, packing and allowed bits/group sizes),
   deamoeKernels.h (enums, LayerParams, LayerWeights, the C ABI), deamoeRouting.cuh/deamoePlan.cuh against the host-test
   bindings, tests/trt/plugin_harness.cpp, and the QDP's hand-written signatures.
+
+A quantized node (docs/quantization.md) is the same node with two more attributes, whose
+values come from the checkpoint's QuantConfig (Attribute.source), its FFN weight inputs
+carrying packed codes and six scale inputs appended (Input.quantized); functions that
+depend on it take `quant` (a QuantConfig, None for float weights).
 
 A leaf module: plain data, no torch or onnx, so anything may import it.
 """
@@ -248,8 +254,9 @@ README = Path(__file__).resolve().parents[1] / "plugins" / "deamoe" / "README.md
 _ONNX_TYPE_NAMES = {"int": "INT", "bool": "INT", "float": "FLOAT", "str": "STRING"}
 
 
-class _Quantized:
-    """Stands for any quantized node's QuantConfig in the README's texts."""
+class _AnyQuantization:
+    """Stands for a quantized node's QuantConfig in the README's texts (they depend on
+    weight_bits > 0 only)."""
 
     bits = 1
 
@@ -258,7 +265,7 @@ def _shape_text(item: Input) -> str:
     shape = ", ".join(item.shape)
     text = f"[{shape}] (T dynamic)" if "T" in item.shape else f"[{shape}]"
     if item.quantized == CODES:
-        text += f"; codes: [{', '.join(shape_symbols(item, _Quantized))}]"
+        text += f"; codes: [{', '.join(shape_symbols(item, _AnyQuantization))}]"
     return text
 
 
@@ -277,7 +284,7 @@ def readme_tables() -> dict[str, list[str]]:
     for position, item in enumerate(INPUTS):
         dtype = texts[item.dtype]
         if item.quantized == CODES:
-            dtype += f"; {dtype_of(item, _Quantized)} codes if `{WEIGHT_BITS} > 0`"
+            dtype += f"; {dtype_of(item, _AnyQuantization)} codes if `{WEIGHT_BITS} > 0`"
         inputs.append(f"| {position} | {item.name} | {_shape_text(item)} | {dtype} | {_presence_text(item)} |")
     attributes = ["| attribute | ONNX type | meaning |", "| --- | --- | --- |"]
     for a in ATTRIBUTES:

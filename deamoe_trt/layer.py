@@ -100,9 +100,12 @@ class SharedExperts(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Gated output in float32."""
         out = swiglu(x, dense(self.gate_up), dense(self.down)).float()
-        if self.gate is not None:
-            out = out * torch.sigmoid(x.float() @ self.gate.float().t())
-        return out
+        gate = self.gate_values(x)
+        return out if gate is None else out * gate
+
+    def gate_values(self, x: torch.Tensor) -> torch.Tensor | None:
+        """a = sigmoid(x . gate) per token, [T, 1] float32; None when ungated (a = 1)."""
+        return None if self.gate is None else torch.sigmoid(x.float() @ self.gate.float().t())
 
 
 def check_quantizable(config: DeaMoEConfig, quant: QuantConfig) -> None:
@@ -264,14 +267,14 @@ class DeaMoELayer(nn.Module):
         if self.departments is not None:
             department_weights = routing.department_weights(c.num_departments)
             for department in routing.used_departments().tolist():
-                tokens = (routing.department_ids == department).any(dim=-1).nonzero().squeeze(-1)
+                tokens, weights = routing.department_tokens(department, department_weights)
                 y = self.departments.forward_group(department, xw[tokens]).float()
-                out.index_add_(0, tokens, y * department_weights[tokens, department, None])
+                out.index_add_(0, tokens, y * weights[:, None])
         if self.experts is not None:
             for expert in routing.used_experts().tolist():
-                tokens, slots = (routing.expert_ids == expert).nonzero(as_tuple=True)
+                tokens, weights = routing.expert_tokens(expert)
                 y = self.experts.forward_group(expert, xw[tokens]).float()
-                out.index_add_(0, tokens, y * routing.weights[tokens, slots, None])
+                out.index_add_(0, tokens, y * weights[:, None])
         if self.shared_experts is not None:
             out += self.shared_experts(xw)
         return out
@@ -355,13 +358,23 @@ class DeaMoELayer(nn.Module):
         return torch.cat(gates + ups, dim=1), torch.cat(downs, dim=2)
 
     @torch.no_grad()
-    def quantized(self, quant: QuantConfig) -> DeaMoELayer:
-        """This layer with its FFN weights quantized (round to nearest); router and gate kept."""
+    def quantized(self, quant: QuantConfig, *, clip: dict[str, torch.Tensor] | None = None) -> DeaMoELayer:
+        """This layer with its FFN weights quantized (round to nearest); router and gate kept.
+
+        clip: per weight name ("experts.down", ...) the per-(row, group) ratios of max|w| its
+        scales cover (deamoe_trt.awq's clipping search); absent names are plain round to
+        nearest. Method "awq" is deamoe_trt.awq.quantize_awq, which calls this with them."""
         if self.quant is not None:
             raise UsageError(
                 f"the layer is already quantized ({self.quant.bits}-bit, group size {self.quant.group_size}); "
                 "quantize the floating-point checkpoint instead"
             )
+        if quant.method != "rtn" and clip is None:
+            raise UsageError(
+                f"method {quant.method!r} needs calibration tokens: use deamoe_trt.awq.quantize_awq "
+                "(deamoe-trt quantize --method awq --calibration FILE)"
+            )
+        clip = clip or {}
         out = DeaMoELayer(
             self.config, dtype=self.dtype, device=self.router.weight.device, router_dtype=self.router_dtype, quant=quant
         )
@@ -370,8 +383,8 @@ class DeaMoELayer(nn.Module):
             source, target = getattr(self, name), getattr(out, name)
             if source is None:
                 continue
-            target.gate_up.set_from(source.gate_up)
-            target.down.set_from(source.down)
+            target.gate_up.set_from(source.gate_up, clip.get(f"{name}.gate_up"))
+            target.down.set_from(source.down, clip.get(f"{name}.down"))
             if getattr(source, "gate", None) is not None:
                 target.gate.copy_(source.gate)
         return out

@@ -27,7 +27,9 @@ from .errors import UsageError
 
 BITS = (4, 8)
 GROUP_SIZES = (16, 32, 64, 128)
-METHODS = ("rtn",)
+# rtn: round to nearest, scale = max|w| / qmax. awq: activation-aware (deamoe_trt.awq): the
+# same codes and scales, chosen with calibration tokens; the format does not change.
+METHODS = ("rtn", "awq")
 
 
 def zero_point(bits: int) -> int:
@@ -117,11 +119,15 @@ def dequantize(
     return grouped.view(*lead, cols).to(dtype or scales.dtype)
 
 
-def quantize_rtn(weight: torch.Tensor, config: QuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rtn(
+    weight: torch.Tensor, config: QuantConfig, clip: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Round-to-nearest symmetric quantization of weight [..., rows, cols] -> (qweight, scales).
 
-    scale = max |w| over the group / qmax (7 for int4, 127 for int8), rounded to the weight's
-    dtype first so that the codes are the nearest for the scale actually stored."""
+    scale = clip * max |w| over the group / qmax (7 for int4, 127 for int8), rounded to the
+    weight's dtype first so that the codes are the nearest for the scale actually stored.
+    clip: [..., rows, cols / group_size] ratios in (0, 1] (AWQ's clipping search,
+    deamoe_trt.awq); default 1, plain round to nearest."""
     bits, gs = config.bits, config.group_size
     *lead, cols = weight.shape
     if cols % gs:
@@ -129,16 +135,31 @@ def quantize_rtn(weight: torch.Tensor, config: QuantConfig) -> tuple[torch.Tenso
     if weight.dim() == 3:
         # One group of the stack at a time: a layer's experts are gigabytes, and the float32
         # temporaries below would hold several copies of all of them at once.
-        pairs = [quantize_rtn(part, config) for part in weight]
+        pairs = [quantize_rtn(part, config, None if clip is None else clip[i]) for i, part in enumerate(weight)]
         return torch.stack([q for q, _ in pairs]), torch.stack([s for _, s in pairs])
     w = weight.detach().to(torch.float32).reshape(*lead, cols // gs, gs)
-    qmax = zero_point(bits) - 1
-    scales = (w.abs().amax(dim=-1) / qmax).to(weight.dtype)
-    # An all-zero group: any scale works; 1 keeps the division finite and the codes at zero.
-    scales = torch.where(scales == 0, torch.ones_like(scales), scales)
-    q = torch.round(w / scales.to(torch.float32).unsqueeze(-1)).clamp(-zero_point(bits), qmax)
-    codes = (q + zero_point(bits)).to(torch.uint8).reshape(*lead, cols)
+    scales = group_scales(w, bits, weight.dtype, clip)
+    codes = (round_to_grid(w, scales, bits) + zero_point(bits)).to(torch.uint8).reshape(*lead, cols)
     return pack(codes, bits), scales.contiguous()
+
+
+def group_scales(
+    grouped: torch.Tensor, bits: int, dtype: torch.dtype, clip: torch.Tensor | float | None = None
+) -> torch.Tensor:
+    """Scales [..., groups] in dtype for float32 weights [..., groups, group_size]:
+    clip * max|w| / qmax; an all-zero group gets 1 (any scale works; 1 keeps codes at zero)."""
+    absmax = grouped.abs().amax(dim=-1)
+    if clip is not None:
+        absmax = absmax * clip
+    scales = (absmax / (zero_point(bits) - 1)).to(dtype)
+    return torch.where(scales == 0, torch.ones_like(scales), scales)
+
+
+def round_to_grid(grouped: torch.Tensor, scales: torch.Tensor, bits: int) -> torch.Tensor:
+    """Signed codes (float32) of weights [..., groups, group_size] for scales [..., groups]:
+    round(w / scale) clamped to [-2^(bits-1), 2^(bits-1) - 1]."""
+    q = torch.round(grouped / scales.to(torch.float32).unsqueeze(-1))
+    return q.clamp(-zero_point(bits), zero_point(bits) - 1)
 
 
 class QuantizedWeight(nn.Module):
@@ -165,8 +186,8 @@ class QuantizedWeight(nn.Module):
         return dequantize(self.qweight, self.scales, self.config.bits, self.config.group_size, self.dtype)
 
     @torch.no_grad()
-    def set_from(self, weight: torch.Tensor) -> None:
-        qweight, scales = quantize_rtn(weight, self.config)
+    def set_from(self, weight: torch.Tensor, clip: torch.Tensor | None = None) -> None:
+        qweight, scales = quantize_rtn(weight, self.config, clip)
         self.qweight.copy_(qweight)
         self.scales.copy_(scales)
 

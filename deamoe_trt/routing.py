@@ -43,6 +43,17 @@ class Routing:
         out = torch.zeros(self.num_tokens, num_departments, dtype=torch.float32, device=self.weights.device)
         return out.scatter_add_(1, self.department_ids, self.weights)
 
+    def expert_tokens(self, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens that kept `expert` (ascending) and the weight w_e each gives it."""
+        tokens, slots = (self.expert_ids == expert).nonzero(as_tuple=True)
+        return tokens, self.weights[tokens, slots]
+
+    def department_tokens(self, department: int, department_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens with a kept expert in `department` (ascending) and their W_j, given
+        department_weights() (computed once per batch by the caller)."""
+        tokens = (self.department_ids == department).any(dim=-1).nonzero().squeeze(-1)
+        return tokens, department_weights[tokens, department]
+
     def used_experts(self) -> torch.Tensor:
         """Distinct experts kept by any token of the batch, ascending."""
         return torch.unique(self.expert_ids)

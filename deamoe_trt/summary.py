@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from .config import DeaMoEConfig
@@ -45,19 +47,35 @@ def parameter_table(stack: DeaMoEStack) -> str:
 
 @torch.no_grad()
 def quantization_error(
-    reference: DeaMoEStack, quantized: DeaMoEStack, *, tokens: int = 64, seed: int = 0
+    reference: DeaMoEStack | Sequence[DeaMoELayer],
+    quantized: DeaMoEStack | Sequence[DeaMoELayer],
+    *,
+    tokens: int = 64,
+    seed: int = 0,
+    inputs: list[torch.Tensor] | None = None,
+    labels: Sequence[str] | None = None,
 ) -> list[tuple[str, str, str, int]]:
-    """Per layer, on random tokens: ||y_q - y|| / ||y||, max |y_q - y| and the tokens whose
-    experts differ (0 unless the router changed: it is never quantized)."""
+    """Per layer: ||y_q - y|| / ||y||, max |y_q - y| and the tokens whose experts differ (0
+    unless the router changed: it is never quantized), on `inputs` (each layer's tokens) or
+    else on `tokens` random tokens per layer. reference and quantized: stacks, or lists of
+    layers (a language model's DeaMoE FFNs) named by labels (default 0, 1, ...)."""
+    pairs = list(zip(getattr(reference, "layers", reference), getattr(quantized, "layers", quantized), strict=True))
+    labels = [str(i) for i in range(len(pairs))] if labels is None else list(labels)
     gen = input_generator(seed)
     rows = []
-    for i, (layer, qlayer) in enumerate(zip(reference.layers, quantized.layers, strict=True)):
-        x = torch.randn(tokens, reference.config.hidden_size, generator=gen).to(layer.dtype)
-        y, yq = layer(x).float(), qlayer(x).float()
-        moved = (layer.route(x).expert_ids != qlayer.route(x).expert_ids).any(dim=-1).sum()
-        rel = float((yq - y).norm() / y.norm().clamp_min(1e-30))
-        rows.append((str(i), f"{rel:.2e}", f"{float((yq - y).abs().max()):.2e}", int(moved)))
+    for i, (label, (layer, qlayer)) in enumerate(zip(labels, pairs, strict=True)):
+        x = inputs[i] if inputs is not None else torch.randn(tokens, layer.config.hidden_size, generator=gen)
+        rel, max_abs, moved = layer_error(layer, qlayer, x.to(layer.dtype))
+        rows.append((label, f"{rel:.2e}", f"{max_abs:.2e}", moved))
     return rows
+
+
+@torch.no_grad()
+def layer_error(layer: DeaMoELayer, qlayer: DeaMoELayer, x: torch.Tensor) -> tuple[float, float, int]:
+    """(||y_q - y|| / ||y||, max |y_q - y|, tokens whose experts differ) on tokens x."""
+    y, yq = layer(x).float(), qlayer(x).float()
+    moved = int((layer.route(x).expert_ids != qlayer.route(x).expert_ids).any(dim=-1).sum())
+    return float((yq - y).norm() / y.norm().clamp_min(1e-30)), float((yq - y).abs().max()), moved
 
 
 def routing_table(layer: DeaMoELayer, routing: Routing) -> str:

@@ -3,6 +3,7 @@ their component (kernel alignment, padding, ONNX Runtime layouts) define their o
 say why beside them."""
 
 from deamoe_trt import PRESETS, DeaMoEConfig
+from deamoe_trt.lm import LMConfig
 
 # Qwen2-MoE: vanilla top-k (one department, f_s = 0), no renormalisation, and a shared
 # expert gated per token by sigmoid(x . gate).
@@ -51,3 +52,30 @@ DEEPSEEK_STYLE_GROUPED = deepseek_style(
 )
 # Qwen2-MoE style: one department, a sigmoid-gated shared expert.
 QWEN2_STYLE_GROUPED = QWEN2_STYLE_GATED_SHARED.replace(hidden_size=48, shared_expert_intermediate_size=32)
+
+
+# A micro language model (tests/lm/conftest.py's MICRO) whose quantized widths are all
+# multiples of the smallest group size, 16 (MICRO's f_p = 8 is not), with a dense block, a
+# gated shared expert and a router bias, so that "only the DeaMoE FFN weights" is visible.
+QUANTIZABLE_MICRO_LM = LMConfig(
+    vocab_size=256,
+    hidden_size=32,
+    num_layers=3,
+    num_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=48,
+    dense_layers=(1,),
+    dense_intermediate_size=24,
+    moe=DeaMoEConfig(
+        hidden_size=32,
+        num_departments=2,
+        experts_per_department=2,
+        shared_intermediate_size=16,
+        private_intermediate_size=16,
+        top_k=2,
+        top_departments=1,
+        shared_expert_intermediate_size=16,
+        shared_expert_gate=True,
+        router_bias=True,
+    ),
+)

@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from deamoe_trt.checks.emulated import (
     EMULATOR_DIR,
@@ -24,6 +25,16 @@ from deamoe_trt.checks.emulated import (
     find_cuda_include,
     find_cxx,
 )
+
+
+@pytest.fixture
+def one_thread():
+    """Many small matmuls (conversions, AWQ's searches): one thread is faster than two on a
+    busy machine. Use with pytestmark = pytest.mark.usefixtures("one_thread")."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def compile_shared(cxx: str, args: list[str], output: Path) -> None:

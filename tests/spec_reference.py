@@ -114,6 +114,19 @@ def spec_dequantize(qweight, scales, bits, group_size):
     return np.repeat(scales, group_size, axis=-1) * (codes - 2 ** (bits - 1))
 
 
+def spec_dequantized_tensors(state, bits, group_size):
+    """A quantized layer's state dict (torch tensors) as the spec's canonical float tensors
+    (numpy): each "<weight>.qweight" with its "<weight>.scales" through spec_dequantize."""
+    tensors = {}
+    for name, tensor in state.items():
+        if name.endswith(".qweight"):
+            base = name.removesuffix(".qweight")
+            tensors[base] = spec_dequantize(tensor.numpy(), state[f"{base}.scales"].numpy(), bits, group_size)
+        elif not name.endswith(".scales"):
+            tensors[name] = tensor.numpy()
+    return tensors
+
+
 def spec_quantized_bytes(cfg, expert_sets, bytes_per_weight, bits, group_size):
     """spec_bytes with the FFN weights stored as `bits`-bit codes plus one scale of
     bytes_per_weight bytes per group of group_size (the router stays at bytes_per_weight)."""

@@ -396,6 +396,10 @@ def test_plugin_quantized_inputs(fields_cpp):
     carries = block(fields_cpp, "bool carriesCodes(", "carriesCodes")
     roles = re.findall(r"case InputRole::(k\w+):", carries)
     assert roles == [i.role for i in contract.INPUTS if i.quantized == contract.CODES], "carriesCodes' roles"
+    # checkQuantization's bits and group sizes: the contract's (= deamoe_trt/quant.py's).
+    check = block(fields_cpp, "void checkQuantization(", "checkQuantization")
+    assert tuple(int(b) for b in re.findall(r"p\.weightBits != (\d+)", check)) == contract.BITS, "its bits"
+    assert tuple(int(g) for g in re.findall(r"(?<!% )G != (\d+)", check)) == contract.GROUP_SIZES, "its group sizes"
 
 
 def test_plugin_harness_expects_the_contract():

@@ -8,7 +8,7 @@ from configs import DEEPSEEK_STYLE_GROUPED, QWEN2_STYLE_GROUPED
 from deamoe_trt import PRESETS, DeaMoELayer, DeaMoEStack, UsageError
 from deamoe_trt.inputs import random_hidden
 from deamoe_trt.quant import QuantConfig, dequantize, pack, quantize_rtn, unpack
-from spec_reference import spec_dequantize, spec_forward
+from spec_reference import spec_dequantize, spec_dequantized_tensors, spec_forward
 
 CONFIGS = {"tiny": PRESETS["tiny"], "deepseek-style": DEEPSEEK_STYLE_GROUPED, "qwen2-style": QWEN2_STYLE_GROUPED}
 
@@ -45,16 +45,7 @@ def test_round_to_nearest_error_is_at_most_half_a_step(bits):
 def test_quantized_layer_is_the_spec_on_dequantized_weights(name, bits):
     config = CONFIGS[name]
     layer = DeaMoELayer.random(config, seed=1).quantized(QuantConfig(bits, 16))
-    state = layer.state_dict()
-    tensors = {}
-    for name, tensor in state.items():
-        if name.endswith(".scales"):
-            continue
-        if name.endswith(".qweight"):
-            base = name.removesuffix(".qweight")
-            tensors[base] = spec_dequantize(tensor.numpy(), state[f"{base}.scales"].numpy(), bits, 16)
-        else:
-            tensors[name] = tensor.numpy()
+    tensors = spec_dequantized_tensors(layer.state_dict(), bits, 16)
     x = random_hidden(3, config.hidden_size, seed=2)
     np.testing.assert_allclose(layer(x).numpy(), spec_forward(x.numpy(), tensors, config), rtol=1e-4, atol=1e-5)
 

@@ -20,6 +20,11 @@ step's routing reads (deamoe_trt.traffic, from the hidden states the CPU contend
 plus every other weight a step reads (attention, norms, router, LM head, one embedding
 row; in float32 on the CPU runtime, which runs that part in float32, see deamoe_trt.lm.cpu).
 The roof: the CPU kernel's streaming read bandwidth measured before and after.
+
+`--quantized 4|8`: the same model with every DeaMoE FFN (and so every twin's) quantized,
+round to nearest, fp16 scales (deamoe_trt.lm.quantize); the ort runtime runs
+com.microsoft.QMoE, the CPU kernel its quantized path, and the FFN bytes are the packed
+codes plus scales each step's routing reads.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ import torch
 
 from ..config import DeaMoEConfig
 from ..errors import UsageError
+from ..lm.config import LMConfig
 from ..presets import get_preset
+from ..quant import QuantConfig
 from ..report import format_bytes, format_table
 from ..traffic import BYTES_PER_WEIGHT, weights_loaded
 
@@ -44,8 +51,6 @@ RUNTIMES = ("cpu", "ort")
 
 
 def bench_config(layers: int = 2, departments: int = 4, vocab: int = 8192, context: int = 512):
-    from ..lm.config import LMConfig
-
     layer = get_preset("qwen3-30b-a3b-layer")
     moe = DeaMoEConfig.from_dict({**layer.to_dict(), "num_departments": departments})
     return LMConfig(
@@ -158,12 +163,13 @@ def run_lm_bench(
     seed: int = 0,
     progress=print,
     max_memory: float = 8 * 2**30,
+    quant: QuantConfig | None = None,
 ) -> dict:
     progress = progress or (lambda *_: None)
     from ..lm.model import DeaMoELM
     from .bandwidth import kernel_bandwidth
 
-    config = bench_config(layers, departments)
+    config = bench_config(layers, departments).replace(quantization=quant)
     dtype = torch.float16
     b = BYTES_PER_WEIGHT[dtype]
     need = max(memory_estimate(config, r) for r in runtimes)
@@ -172,9 +178,12 @@ def run_lm_bench(
             f"this benchmark would need about {format_bytes(need)} (over --max-memory {format_bytes(max_memory)}); "
             "use fewer --layers or --departments"
         )
-    progress(f"model: {layers} blocks, d={config.hidden_size}, {config.moe.num_experts} experts, fp16, seed {seed}")
+    progress(
+        f"model: {layers} blocks, d={config.hidden_size}, {config.moe.num_experts} experts, {_weights(config)}, "
+        f"seed {seed}"
+    )
     torch.manual_seed(seed)
-    base = DeaMoELM.random(config, seed=seed, dtype=dtype)
+    base = DeaMoELM.random(config, seed=seed, dtype=dtype)  # a quantized config: the fp16 model quantized
     prompt_ids = torch.randint(0, config.vocab_size, (prompt,), generator=torch.Generator().manual_seed(seed)).tolist()
     roofs = [kernel_bandwidth(1 << 29, 5, threads)["bytes_per_s"]]
     rows: list[dict] = []
@@ -242,7 +251,7 @@ def _row(c: Contender, config, b: int, steps: int) -> dict:
             for j, i in enumerate(moe_layers):
                 kernel = c.layers[i]  # its own routing, from the hidden state this contender saw
                 routing = kernel.route(hidden[s * per_step + j])
-                total += weights_loaded(kernel.config, routing, b).total
+                total += weights_loaded(kernel.config, routing, b, kernel.quant).total
         ffn_bytes = total / steps
     tpot = statistics.median(c.step_s) * 1e3
     return {
@@ -272,14 +281,21 @@ def lm_bench_table(result: dict) -> str:
             )
         )
     c = result["config"]
+    weights = _weights(LMConfig.from_dict(c))
     title = (
         f"Whole-model TPOT: {c['num_layers']} blocks, d={c['hidden_size']}, {c['moe']['num_departments']} x "
-        f"{c['moe']['experts_per_department']} experts, fp16, {result['threads']} threads, "
+        f"{c['moe']['experts_per_department']} experts, {weights}, {result['threads']} threads, "
         f"{result['steps']} interleaved steps (median), peak RSS {format_bytes(result['peak_rss_bytes'])}"
     )
     return format_table(
         ("contender", "weights/token", "TPOT ms", "of roof", "vs expanded", "vs vanilla"), rows, title=title
     )
+
+
+def _weights(config) -> str:
+    """fp16, or how the FFN weights are quantized beside it."""
+    q = config.quantization
+    return "fp16" if q is None else f"fp16, FFNs int{q.bits} group {q.group_size}"
 
 
 def write_plot(result: dict, path: Path) -> Path:
@@ -305,7 +321,8 @@ def write_plot(result: dict, path: Path) -> Path:
     ax.set_xticks(range(len(runtimes)), ["deamoe-trt CPU kernel" if r == "cpu" else "ONNX Runtime" for r in runtimes])
     ax.set_ylabel("TPOT, ms (median)")
     c = result["config"]
-    ax.set_title(f"{c['num_layers']}-block DeaMoE LM, fp16; black: the read roof of each twin's bytes", fontsize=9)
+    weights = _weights(LMConfig.from_dict(c))
+    ax.set_title(f"{c['num_layers']}-block DeaMoE LM, {weights}; black: the read roof of each twin's bytes", fontsize=9)
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,8 @@ from . import args as common
 
 
 def register(subparsers) -> None:
+    from ..quant import BITS, GROUP_SIZES
+
     parser = subparsers.add_parser(
         "bench-lm",
         help="whole-model TPOT: a DeaMoE LM vs its expanded and vanilla twins, CPU kernel and ONNX Runtime",
@@ -33,6 +35,12 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--max-memory-gb", type=float, default=8.0, help="refuse configurations estimated above this (default 8)"
     )
+    parser.add_argument(
+        "--quantized", type=int, choices=BITS, default=None, metavar="BITS", help="int4 or int8 DeaMoE FFN weights"
+    )
+    parser.add_argument(
+        "--group-size", type=int, choices=GROUP_SIZES, default=64, help="with --quantized: columns per scale (def. 64)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the raw result here")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot here")
     parser.set_defaults(func=run)
@@ -41,6 +49,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from ..bench.lm_bench import RUNTIMES, lm_bench_table, run_lm_bench, write_plot
     from ..errors import UsageError
+    from ..quant import QuantConfig
 
     runtimes = tuple(r.strip() for r in args.runtimes.split(",") if r.strip())
     if not runtimes or any(r not in RUNTIMES for r in runtimes):
@@ -52,6 +61,7 @@ def run(args) -> int:
         threads=args.threads,
         runtimes=runtimes,
         max_memory=args.max_memory_gb * 2**30,
+        quant=QuantConfig(args.quantized, args.group_size) if args.quantized else None,
     )
     print(lm_bench_table(result))
     if args.json:

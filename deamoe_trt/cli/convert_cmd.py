@@ -80,18 +80,14 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from pathlib import Path
-
     import torch
 
     from .._io import atomic_write_text
-    from ..checkpoint import CONFIG_FILE
     from ..convert.core import ConvertSettings
     from ..convert.report import report_table, write_plot
     from ..convert.run import SWEEP, convert_model
     from ..convert.sources import lm_source, read_calibration_tensor, read_text, stack_source
-    from ..errors import CheckpointError
-    from ..lm.checkpoint import FORMAT as LM_FORMAT
+    from ..lm.checkpoint import is_lm_checkpoint
 
     torch.manual_seed(args.seed)
     settings = ConvertSettings(
@@ -106,11 +102,7 @@ def _run(args) -> int:
         heal_lr=args.heal_lr,
         seed=args.seed,
     )
-    header = Path(args.source) / CONFIG_FILE
-    try:
-        is_lm = header.is_file() and json.loads(header.read_text()).get("format") == LM_FORMAT
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
-        raise CheckpointError(f"{header} is not valid JSON: {exc}") from None
+    is_lm = is_lm_checkpoint(args.source)
     if is_lm:
         from ..lm.checkpoint import load_lm
         from ..lm.train import shipped_text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from onnx import TensorProto
 
@@ -14,8 +15,7 @@ FORMS = {"plugin": plugin_form.emit, "ort": ort_form.emit, "onnx": onnx_form.emi
 # Per form, weights its ops read in another layout: name -> fn(tensor) -> (suffix, view, shape).
 WEIGHT_LAYOUTS = {"ort": ort_form.WEIGHT_LAYOUTS}
 # Forms that take quantized checkpoints: bits -> the element type of their codes' initializers.
-# (The plugin form does not yet: its node has no quantized inputs.)
-QUANTIZED_CODE_TYPES = {"ort": ort_form.code_type, "onnx": onnx_form.code_type}
+QUANTIZED_CODE_TYPES = {"ort": ort_form.code_type, "onnx": onnx_form.code_type, "plugin": plugin_form.code_type}
 
 
 def check_form(form: str) -> str:
@@ -39,11 +39,6 @@ def emit_layer(builder: GraphBuilder, x_name: str, layer: DeaMoELayer, form: str
     if not isinstance(layer, DeaMoELayer):
         raise UsageError(f"emit_layer needs a DeaMoELayer, got {type(layer).__name__}")
     quant = layer.quant
-    if quant is not None and form not in QUANTIZED_CODE_TYPES:
-        raise UsageError(
-            f"a quantized (int{quant.bits}) checkpoint cannot be exported in the {form} form yet: "
-            "its node has no bits, group-size or scale inputs; use --form ort or --form onnx"
-        )
     layouts = WEIGHT_LAYOUTS.get(form, {})
     weights = {}
     for name, tensor in layer.state_dict().items():
@@ -54,14 +49,18 @@ def emit_layer(builder: GraphBuilder, x_name: str, layer: DeaMoELayer, form: str
             suffix, tensor, shape = layouts[name](tensor)
             stored = f"{name}.{suffix}"
         if name.endswith(".qweight"):
-            # Codes go in as stored: uint8 bytes, or the same bytes read as uint4 (ONNX packs
-            # uint4 two per byte, low nibble first, as the checkpoint does).
+            # Codes go in as stored: uint8 bytes, the same bytes read as uint4 (ONNX packs
+            # uint4 two per byte, low nibble first, as the checkpoint does), or as the plugin
+            # node's little-endian int32 words.
             elem_type = QUANTIZED_CODE_TYPES[form](quant.bits)
             if shape is None:
                 shape = list(tensor.shape)
+            array = tensor.detach().cpu().numpy()
             if elem_type == TensorProto.UINT4:
                 shape = [*shape[:-1], shape[-1] * 2]
-            array = tensor.detach().cpu().numpy()
+            elif elem_type == plugin_form.CODE_TYPE:
+                array = np.ascontiguousarray(array).view("<i4")
+                shape = [*shape[:-1], shape[-1] // plugin_form.CODE_WORD_BYTES]
             weights[name] = builder.add_initializer(f"{prefix}{stored}", array, elem_type, shape)
         else:
             weights[name] = builder.weight(f"{prefix}{stored}", tensor, _stored_dtype(name, tensor), shape=shape)

@@ -10,10 +10,10 @@ from .. import __version__
 from ..errors import UsageError
 from ..layer import DeaMoELayer, DeaMoEStack
 from .dtypes import get_dtype
-from .graph import GraphBuilder, check_opset
+from .graph import GraphBuilder
 from .layer_graph import check_form, emit_layer
 from .metadata import INPUT_NAME, OUTPUT_NAME, ExportInfo, quantization_tag
-from .onnx_form import QUANTIZED_MIN_OPSET
+from .onnx_form import export_opset
 from .ort_form import is_vanilla
 
 
@@ -43,15 +43,7 @@ def build_model(
     else:
         raise UsageError(f"can export a DeaMoELayer or DeaMoEStack, got {type(module).__name__}")
     quant = layers[0].quant
-    if quant is not None and form == "onnx":
-        if opset is None:
-            opset = QUANTIZED_MIN_OPSET
-        elif opset < QUANTIZED_MIN_OPSET:
-            raise UsageError(
-                f"a quantized checkpoint in the onnx form needs opset >= {QUANTIZED_MIN_OPSET} "
-                f"(DequantizeLinear with block_size), got {opset}"
-            )
-    opset = check_opset(opset)
+    opset = export_opset(form, opset, quant)
     indices = list(range(len(layers))) if layer_indices is None else [int(i) for i in layer_indices]
     if len(indices) != len(layers) or len(set(indices)) != len(indices) or min(indices) < 0:
         raise UsageError(f"layer_indices must be {len(layers)} distinct indices >= 0, got {list(indices)}")

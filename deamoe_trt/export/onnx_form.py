@@ -20,8 +20,9 @@ import torch
 from onnx import TensorProto
 
 from ..config import DeaMoEConfig
+from ..errors import UsageError
 from ..quant import QuantConfig, pack, zero_point
-from .graph import GraphBuilder
+from .graph import GraphBuilder, check_opset
 from .routing_graph import emit_routing, to_float32
 from .swiglu_graph import grouped_swiglu, shared_experts
 
@@ -30,6 +31,20 @@ F32 = TensorProto.FLOAT
 
 # DequantizeLinear's blocked quantization (block_size) is opset 21's.
 QUANTIZED_MIN_OPSET = 21
+
+
+def export_opset(form: str, opset: int | None, quant: QuantConfig | None) -> int:
+    """The opset of an export (checked): a quantized model in the onnx form needs opset >= 21
+    and gets it by default; everything else the given opset or the default one."""
+    if quant is not None and form == "onnx":
+        if opset is None:
+            opset = QUANTIZED_MIN_OPSET
+        elif opset < QUANTIZED_MIN_OPSET:
+            raise UsageError(
+                f"a quantized checkpoint in the onnx form needs opset >= {QUANTIZED_MIN_OPSET} "
+                f"(DequantizeLinear with block_size), got {opset}"
+            )
+    return check_opset(opset)
 
 
 def code_type(bits: int) -> int:

@@ -50,6 +50,17 @@ def weight_inputs(config: DeaMoEConfig, quant: QuantConfig | None = None) -> lis
     return [item.name for item in contract.present_inputs(config, quant)[1:]]
 
 
+def state_key(item: contract.Input, quant: QuantConfig | None) -> str:
+    """The DeaMoELayer state_dict key of the tensor that input item carries: a quantized
+    node's codes inputs carry "<weight>.qweight" (its other inputs are named as their keys)."""
+    return f"{item.name}.qweight" if contract.dtype_of(item, quant) == contract.CODES_DTYPE else item.name
+
+
+def state_keys(config: DeaMoEConfig, quant: QuantConfig | None = None) -> list[str]:
+    """state_key of each weight input a node of config (and quant) has, in input order."""
+    return [state_key(item, quant) for item in contract.present_inputs(config, quant)[1:]]
+
+
 def config_to_attributes(config: DeaMoEConfig, quant: QuantConfig | None = None) -> dict[str, Any]:
     """The node's attributes: one per contract attribute (bools as 0/1), plus
     plugin_version/namespace. A float node leaves out the quantization's (0 by default), so
@@ -126,6 +137,13 @@ def node_attributes(node: onnx.NodeProto) -> dict[str, Any]:
         value = helper.get_attribute_value(attr)
         values[attr.name] = value.decode() if isinstance(value, bytes) else value
     return values
+
+
+def add_default_attributes(node: onnx.NodeProto) -> None:
+    """Give node the optional attributes it lacks, at their defaults (0: float weights), for
+    consumers that declare every attribute (a QDP, the ONNX Runtime reference op)."""
+    named = {attr.name for attr in node.attribute}
+    node.attribute.extend(helper.make_attribute(name, 0) for name in sorted(_OPTIONAL - named))
 
 
 def node_layer(node: onnx.NodeProto) -> tuple[DeaMoEConfig, QuantConfig | None]:

@@ -5,10 +5,13 @@ atomically; every tensor checked against the config on load), with its own forma
 so a layer checkpoint and a model checkpoint are never mistaken for one another.
 
 config.json:  {"format": "deamoe-trt-lm", "format_version": 1, "dtype": "float32",
-               "config": {LMConfig fields, "moe": {DeaMoEConfig fields}},
+               "config": {LMConfig fields, "moe": {DeaMoEConfig fields},
+                          "quantization": {"bits": 4, "group_size": 32, ...} (quantized models only)},
                "tokenizer": {"type": "bytes", "vocab_size": 256, "alphabet": "..."},
                "training": {...}}   (training: optional, how the weights were made)
-model.safetensors: DeaMoELM.state_dict() (names in deamoe_trt.lm.model's docstring).
+model.safetensors: DeaMoELM.state_dict() (names in deamoe_trt.lm.model's docstring); in a
+quantized model each DeaMoE FFN weight <name> is "<name>.qweight" (uint8 codes) and
+"<name>.scales", as in a quantized layer checkpoint (deamoe_trt.quant, docs/quantization.md).
 """
 
 from __future__ import annotations
@@ -84,6 +87,16 @@ def stored_state(state: dict[str, Any], config: LMConfig) -> dict[str, Any]:
 def expected_tensors(model: DeaMoELM) -> dict[str, Any]:
     """Name -> tensor (meta or real) of every tensor a checkpoint of model's config stores."""
     return stored_state(model.state_dict(), model.config)
+
+
+def is_lm_checkpoint(directory: str | Path) -> bool:
+    """Whether directory holds a language-model checkpoint (its config.json says this format);
+    commands taking layer and model checkpoints alike dispatch on it."""
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        return False
+    header = read_json(path, CheckpointError)
+    return isinstance(header, dict) and header.get("format") == FORMAT
 
 
 def read_lm_header(directory: str | Path) -> dict[str, Any]:

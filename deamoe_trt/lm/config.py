@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, DeaMoEConfig, check_fields
+from ..errors import UsageError
+from ..quant import QuantConfig
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,10 @@ class LMConfig:
     - sliding_window: keys at distance >= window are hidden (0: off), in the blocks listed in
       sliding_window_layers (None: every block);
     - tie_word_embeddings: the LM head is the embedding matrix (no lm_head.weight stored).
+
+    `quantization`: None, or how every DeaMoE FFN's weights are stored (deamoe_trt.quant,
+    docs/quantization.md); attention, embeddings, norms, dense MLPs and routers stay in the
+    model's dtype. Written to JSON only when set, so float configs read and write unchanged.
     """
 
     vocab_size: int
@@ -56,10 +62,16 @@ class LMConfig:
     dense_layers: tuple[int, ...] = ()
     dense_intermediate_size: int = 0
     tie_word_embeddings: bool = False
+    quantization: QuantConfig | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):
             object.__setattr__(self, "moe", DeaMoEConfig.from_dict(self.moe))
+        if isinstance(self.quantization, dict):
+            try:
+                object.__setattr__(self, "quantization", QuantConfig.from_dict(self.quantization))
+            except UsageError as exc:
+                raise ConfigError(str(exc)) from None
         for name in ("sliding_window_layers", "dense_layers"):
             value = getattr(self, name)
             if isinstance(value, list):
@@ -111,6 +123,10 @@ class LMConfig:
         for name in ("sliding_window_layers", "dense_layers"):
             if data[name] is not None:
                 data[name] = list(data[name])
+        if self.quantization is None:
+            del data["quantization"]
+        else:
+            data["quantization"] = self.quantization.to_dict()
         return data
 
     @classmethod
@@ -183,6 +199,15 @@ def _validate(cfg: LMConfig) -> None:
         from .rope import check_rope_scaling
 
         check_rope_scaling(cfg.rope_scaling)
+    if cfg.quantization is not None:
+        if not isinstance(cfg.quantization, QuantConfig):
+            raise ConfigError(f"quantization must be a QuantConfig or its JSON object, got {cfg.quantization!r}")
+        from ..layer import check_quantizable
+
+        try:
+            check_quantizable(cfg.moe, cfg.quantization)
+        except UsageError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 QK_NORMS = ("none", "head", "full")

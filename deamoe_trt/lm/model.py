@@ -26,6 +26,7 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..layer import SUPPORTED_DTYPES, DeaMoELayer
+from ..quant import QuantConfig
 from ..routing import Routing
 from .attention import Attention, RMSNorm, apply_rope  # noqa: F401 - re-exported, their historical home
 from .config import LMConfig
@@ -63,7 +64,7 @@ class Block(nn.Module):
         if config.is_dense(layer):
             self.mlp: nn.Module = DenseMLP(config.hidden_size, config.dense_intermediate_size, **factory)
         else:
-            self.mlp = DeaMoELayer(config.moe, **factory)
+            self.mlp = DeaMoELayer(config.moe, quant=config.quantization, **factory)
 
     @property
     def is_moe(self) -> bool:
@@ -115,6 +116,11 @@ class DeaMoELM(nn.Module):
 
     @classmethod
     def random(cls, config: LMConfig, *, seed: int = 0, dtype: torch.dtype = torch.float32, device=None) -> DeaMoELM:
+        """Random weights (reset_parameters); a quantized config gets the float model's weights
+        quantized (round to nearest)."""
+        if config.quantization is not None:
+            float_model = cls.random(config.replace(quantization=None), seed=seed, dtype=dtype, device=device)
+            return float_model.quantized(config.quantization)
         model = cls(config, dtype=torch.float32, device=device)
         model.reset_parameters(seed)
         for block in model.layers:
@@ -231,6 +237,26 @@ class DeaMoELM(nn.Module):
         """Same model with one-stage top-k FFNs (DeaMoELayer.vanilla()): different routing, so
         different outputs. Shares the non-FFN tensors with this model."""
         return self._twin(self.config.vanilla(), {i: self.layers[i].mlp.vanilla() for i in self.moe_layers()})
+
+    @torch.no_grad()
+    def quantized(self, quant: QuantConfig, ffns: dict[int, DeaMoELayer] | None = None) -> DeaMoELM:
+        """Same model with every DeaMoE FFN quantized; attention, embeddings, norms, dense MLPs
+        and routers shared with this model.
+
+        ffns: {block: that block's FFN already quantized with quant} (a calibrated method's,
+        e.g. deamoe_trt.awq.quantize_awq's); default: DeaMoELayer.quantized, round to nearest."""
+        if self.config.quantization is not None:
+            q = self.config.quantization
+            raise UsageError(
+                f"the model is already quantized (int{q.bits}, group size {q.group_size}); "
+                "quantize the floating-point checkpoint instead"
+            )
+        config = self.config.replace(quantization=quant)  # checks every width against the group size
+        if ffns is None:
+            ffns = {i: self.layers[i].mlp.quantized(quant) for i in self.moe_layers()}
+        if sorted(ffns) != self.moe_layers() or any(ffn.quant != quant for ffn in ffns.values()):
+            raise UsageError(f"ffns must hold blocks {self.moe_layers()}, each quantized as {quant}")
+        return self._twin(config, ffns)
 
     def twin(self, name: str) -> DeaMoELM:
         """'deamoe' (this model), 'expanded' or 'vanilla'."""

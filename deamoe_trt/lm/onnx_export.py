@@ -41,8 +41,8 @@ from onnx import TensorProto
 from .. import __version__
 from ..errors import UsageError
 from ..export import GraphBuilder, emit_layer, get_dtype, save_model
-from ..export.graph import check_opset
 from ..export.layer_graph import check_form
+from ..export.onnx_form import export_opset
 from ..export.routing_graph import to_float32
 from .config import LMConfig
 from .model import DeaMoELM
@@ -127,7 +127,7 @@ def build_lm_model(
     check_form(form)
     export_dtype = get_dtype(dtype, form)
     c = model.config
-    b = GraphBuilder(check_opset(opset), export_dtype)
+    b = GraphBuilder(export_opset(form, opset, c.quantization), export_dtype)
     act = export_dtype.onnx
     hd, half, kvh, groups = c.head_dim, c.head_dim // 2, c.num_key_value_heads, c.num_heads // c.num_key_value_heads
 

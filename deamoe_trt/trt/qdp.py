@@ -145,11 +145,7 @@ def prepare_model(model: onnx.ModelProto) -> int:
         for attr in node.attribute:
             if attr.name == "plugin_namespace":
                 attr.s = QDP_NAMESPACE.encode()
-        # A QDP takes every attribute: a float node's optional quantization ones are 0.
-        named = {attr.name for attr in node.attribute}
-        for attribute in contract.QUANT_ATTRIBUTES:
-            if attribute.name not in named:
-                node.attribute.append(helper.make_attribute(attribute.name, 0))
+        plugin_node.add_default_attributes(node)  # a QDP takes every attribute
         count += 1
     return count
 
@@ -194,6 +190,12 @@ def config_from_attrs(values: dict[str, Any]) -> DeaMoEConfig:
         if attribute.kind == "bool":
             fields[name] = bool(fields[name])
     return DeaMoEConfig(**fields)
+
+
+def quant_from_attrs(values: dict[str, Any], config: DeaMoEConfig) -> QuantConfig | None:
+    """The node's quantization (None: float weights), checked as the exporter's reader does."""
+    numbers = {a.name: int(_scalar(a.name, values[a.name])) for a in contract.QUANT_ATTRIBUTES}
+    return plugin_node.quant_from_attributes(numbers, config)
 
 
 _registered = False
@@ -342,7 +344,8 @@ def _define(trtp) -> None:
     ) -> None:
         values = locals()
         config = config_from_attrs({name: values[name] for name in ATTRS})
-        _run(config, [values[name] for name in TENSOR_ARGS], outputs[0], stream)
+        quant = quant_from_attrs(values, config)
+        _run(config, quant, [values[name] for name in TENSOR_ARGS], outputs[0], stream)
 
 
 # ---------------------------------------------------------------------------------------
@@ -352,11 +355,8 @@ def _define(trtp) -> None:
 # trt.DataType name -> (__cuda_array_interface__ typestr, torch dtype). bfloat16 has no
 # typestr, so it is wrapped as uint16 and viewed as bfloat16 (tensorrt.plugin.Tensor's own
 # __cuda_array_interface__ refuses BF16 for that reason).
-_TYPES = {d.trt: (np.dtype(d.numpy).str, d.long_name) for d in dtypes.DTYPES}
-
-# Weight tensors by the canonical name DeaMoELayer's state_dict uses, with the QDP argument
-# that carries each.
-_STATE_NAMES = {item.qdp_arg: item.name for item in contract.WEIGHT_INPUTS}
+# A quantized node's codes arrive as int32 words and are viewed as the checkpoint's bytes.
+_TYPES = {d.trt: (np.dtype(d.numpy).str, d.long_name) for d in dtypes.DTYPES} | {"INT32": ("<i4", "int32")}
 
 
 class _DeviceArray:
@@ -386,25 +386,33 @@ def _as_torch(tensor):
 _layers: dict[tuple, object] = {}
 
 
-def _layer_for(config: DeaMoEConfig, tensors: list):
+def _layer_for(config: DeaMoEConfig, quant: QuantConfig | None, tensors: list):
+    import torch
+
     from ..layer import DeaMoELayer
 
-    present = set(plugin_node.weight_inputs(config))
+    # DeaMoELayer state_dict key -> the tensor carrying it (placeholders of absent inputs left out).
+    present = contract.present_inputs(config, quant)
     weights = {
-        state: t for arg, t in zip(TENSOR_ARGS[1:], tensors[1:], strict=True) if (state := _STATE_NAMES[arg]) in present
+        plugin_node.state_key(item, quant): t
+        for item, t in zip(contract.WEIGHT_INPUTS, tensors[1:], strict=True)
+        if item in present
     }
-    key = (config, tuple((name, int(t.data_ptr), t.dtype.name) for name, t in sorted(weights.items())))
+    key = (config, quant, tuple((name, int(t.data_ptr), t.dtype.name) for name, t in sorted(weights.items())))
     layer = _layers.get(key)
     if layer is None:
-        layer = DeaMoELayer(config, device="meta")
-        layer.load_state_dict({name: _as_torch(t) for name, t in weights.items()}, assign=True)
+        layer = DeaMoELayer(config, device="meta", quant=quant)
+        # Codes: int32 words viewed as the checkpoint's uint8 bytes (last dim x4), no copy.
+        state = {name: _as_torch(t) for name, t in weights.items()}
+        state = {name: v.view(torch.uint8) if v.dtype == torch.int32 else v for name, v in state.items()}
+        layer.load_state_dict(state, assign=True)
         if len(_layers) > 64:  # engines rebuilt in one process: forget the oldest
             _layers.pop(next(iter(_layers)))
         _layers[key] = layer
     return layer
 
 
-def _run(config: DeaMoEConfig, tensors: list, output, stream: int) -> None:
+def _run(config: DeaMoEConfig, quant: QuantConfig | None, tensors: list, output, stream: int) -> None:
     import torch
 
     from .. import cuda
@@ -416,4 +424,4 @@ def _run(config: DeaMoEConfig, tensors: list, output, stream: int) -> None:
             return
         # deamoe_trt.cuda runs on torch's current stream, here TensorRT's; its workspace comes
         # from torch's caching allocator on that stream.
-        out.copy_(cuda.forward(_layer_for(config, tensors), hidden))
+        out.copy_(cuda.forward(_layer_for(config, quant, tensors), hidden))

@@ -33,7 +33,7 @@ from ..export.plugin_node import as_float32
 from ..inputs import random_hidden
 from ..layer import DeaMoELayer, DeaMoEStack
 from .compare import compare
-from .report import DEFAULT_TOKENS, DEFAULT_TOLERANCES, ORT_CPU_INT8_TOLERANCE, ValidationReport, tolerances
+from .report import DEFAULT_TOKENS, DEFAULT_TOLERANCES, ValidationReport, ort_cpu_int8_tolerances, tolerances
 from .runners import ReferenceRunner, engine_runner, is_engine, onnx_runner
 from .session import make_session
 
@@ -75,11 +75,8 @@ def validate(
         runner, dtype = onnx_runner(model, provider), DTYPES[info.dtype]
         description = _describe(info)
         if info.form == "ort" and info.quantization and info.quantization.startswith("int8") and provider == "cpu":
-            atol, rtol = _looser(atol, rtol, ORT_CPU_INT8_TOLERANCE)
-            notes.append(
-                "note: ONNX Runtime's CPU QMoE runs 8-bit blocks with int8 activations (documented), "
-                f"so int8 models are checked at atol/rtol {ORT_CPU_INT8_TOLERANCE[0]:g} there"
-            )
+            atol, rtol, note = ort_cpu_int8_tolerances(atol, rtol)
+            notes.append(note)
         if info.ort_routing == "moe-op":
             notes.append(
                 "note: routing by com.microsoft.MoE's own softmax and top-k (vanilla MoE): "
@@ -94,11 +91,6 @@ def validate(
     )
     rows = compare(runner, reference_runner, feeds, atol=atol, rtol=rtol)
     return ValidationReport(str(model), str(checkpoint), description, provider, atol, rtol, rows, notes)
-
-
-def _looser(atol: float | None, rtol: float | None, floor: tuple[float, float]) -> tuple[float, float]:
-    """Tolerances at least floor, unless the caller set them."""
-    return (floor[0] if atol is None else atol, floor[1] if rtol is None else rtol)
 
 
 def reference_module(info: ExportInfo, checkpoint: str | Path) -> DeaMoELayer | DeaMoEStack:

@@ -9,7 +9,7 @@ onnxruntime 1.32 / onnxruntime-extensions 0.15):
 - ONNX Runtime ties a custom op to one input count ("allows the overloading of an operator
   if all versions have the same number of declared inputs"), and registering a second count
   under the same name breaks every session. The node's input count depends on its config
-  (2 to 10 inputs), so each count gets its own op name, DeaMoE_<dtype>_<count>, in the
+  (2 to 16 inputs), so each count gets its own op name, DeaMoE_<dtype>_<count>, in the
   domain deamoe_trt.reference; `for_reference` retargets a copy of the model's nodes to it.
 - Python ops hand float16 outputs back through a float list and abort the process, and
   cannot take bfloat16 at all. So fp16/bf16 nodes get Casts to float32 around them
@@ -17,6 +17,13 @@ onnxruntime 1.32 / onnxruntime-extensions 0.15):
   node's own dtype. A bf16 model's graph inputs and outputs become float32 too, since numpy
   has no bfloat16 to feed, and its residual Adds run in float32 rounded back to bf16, since
   ONNX Runtime's CPU has no bf16 Add (torch computes bf16 sums the same way).
+
+A quantized node's codes (int32 words of the checkpoint's code bytes) cannot reach a float
+input exactly, and ONNX has no bitcast: `for_reference` stores each codes initializer's
+bytes as a uint8 initializer cast to float32 (exact for 0-255), and the op loads them back as
+the checkpoint's "<weight>.qweight" bytes into a quantized DeaMoELayer, so a quantized node is
+checked against the dequantized reference through the bytes it carries. A float node
+without the optional quantization attributes gets them as 0 (the op declares them all).
 
 Everything else about the node (name, inputs, attribute names, types and values) is the
 exported one; `for_reference` checks it against the contract before anything runs.
@@ -32,6 +39,7 @@ import onnx
 import torch
 from onnx import AttributeProto, TensorProto, helper
 
+from .. import contract
 from ..errors import MissingDependencyError, UsageError
 from ..export import plugin_node
 from ..export.dtypes import DTYPES, ExportDtype, dtype_of_onnx
@@ -39,6 +47,7 @@ from ..layer import DeaMoELayer
 
 REFERENCE_DOMAIN = "deamoe_trt.reference"
 F32 = TensorProto.FLOAT
+CODE_TYPE = TensorProto.INT32  # contract.CODES_DTYPE
 
 
 def reference_op_type(dtype: ExportDtype, num_inputs: int) -> str:
@@ -82,13 +91,15 @@ def _kernel(dtype: ExportDtype) -> Callable[..., np.ndarray]:
 def run_node(inputs: tuple[np.ndarray, ...], attrs: dict, dtype: ExportDtype) -> np.ndarray:
     """The reference layer's output for one node's inputs (float32 arrays) and attributes."""
     config = plugin_node.config_from_attributes(attrs)
-    names = plugin_node.weight_inputs(config)
+    quant = plugin_node.quant_from_attributes(attrs, config)
+    names = plugin_node.state_keys(config, quant)
     if len(inputs) != 1 + len(names):
         raise UsageError(f"DeaMoE node got {len(inputs)} inputs, its attributes call for {1 + len(names)}")
     # The router arrives in float32 whatever the node holds (float32, or the node's dtype
     # widened losslessly by the Casts around it); routing computes in float32 from the same
-    # values either way, so the reference keeps it float32.
-    layer = DeaMoELayer(config, dtype=dtype.torch, device="meta", router_dtype=torch.float32)
+    # values either way, so the reference keeps it float32. Codes arrive as float32 byte
+    # values (for_reference) and go back to the checkpoint's uint8 exactly.
+    layer = DeaMoELayer(config, dtype=dtype.torch, device="meta", router_dtype=torch.float32, quant=quant)
     expected = layer.state_dict()
     state = {}
     for name, array in zip(names, inputs[1:], strict=True):
@@ -121,8 +132,11 @@ def for_reference(model: onnx.ModelProto) -> onnx.ModelProto:
         if (node.op_type, node.domain) != (plugin_node.OP_TYPE, plugin_node.DOMAIN):
             nodes.append(node)
             continue
-        config = plugin_node.config_from_node(node)
-        dtype = _check_inputs(node, config, initializers)
+        config, quant = plugin_node.node_layer(node)
+        dtype = _check_inputs(node, config, quant, initializers)
+        plugin_node.add_default_attributes(node)  # the op declares every attribute
+        if quant is not None:
+            nodes += _codes_as_float_bytes(node, config, quant, graph, initializers, names)
         node.op_type, node.domain = reference_op_type(dtype, len(node.input)), REFERENCE_DOMAIN
         nodes += _in_float32(node, dtype.onnx, names) if dtype.onnx != F32 else [node]
     if any(t.data_type == TensorProto.BFLOAT16 for t in graph.initializer):
@@ -173,25 +187,33 @@ def _in_float32(node: onnx.NodeProto, elem_type: int, names: _UniqueNames) -> li
     return [*casts, node, back]
 
 
-def _check_inputs(node: onnx.NodeProto, config, initializers: dict[str, TensorProto]) -> ExportDtype:
-    """The node's dtype (its FFN weights'), with every weight initializer's shape and type
-    checked against config: one type for the FFN weights, router.bias float32, router.weight
-    float32 or the FFN weights' type (plugins/deamoe/README.md)."""
-    expected = DeaMoELayer(config, device="meta").state_dict()
+def _check_inputs(node: onnx.NodeProto, config, quant, initializers: dict[str, TensorProto]) -> ExportDtype:
+    """The node's dtype (its FFN weights' or scales'), with every weight initializer's shape
+    and type checked against config and quant: one type for the FFN weights and scales,
+    int32 codes, router.bias float32, router.weight float32 or the FFN weights' type
+    (plugins/deamoe/README.md)."""
     dtypes, router_type = set(), None
-    for name, value in zip(plugin_node.weight_inputs(config), node.input[1:], strict=True):
+    for item, value in zip(contract.present_inputs(config, quant)[1:], node.input[1:], strict=True):
         tensor = initializers.get(value)
         if tensor is None:
             continue  # computed by other nodes: shapes are checked when it runs
-        if tuple(tensor.dims) != tuple(expected[name].shape):
+        name, shape = item.name, contract.shape_of(item, config, 0, quant)
+        if tuple(tensor.dims) != shape:
             raise UsageError(
                 f"DeaMoE node {node.name!r}: input {name} ({value}) has shape {list(tensor.dims)}, "
-                f"its attributes call for {list(expected[name].shape)}"
+                f"its attributes call for {list(shape)}"
             )
-        if name == "router.bias":
+        kind = contract.dtype_of(item, quant)
+        if kind == contract.FLOAT32:
             if tensor.data_type != F32:
-                raise UsageError(f"DeaMoE node {node.name!r}: router.bias must be float32 (the contract)")
-        elif name == "router.weight":
+                raise UsageError(f"DeaMoE node {node.name!r}: {name} must be float32 (the contract)")
+        elif kind == contract.CODES_DTYPE:
+            if tensor.data_type != CODE_TYPE:
+                raise UsageError(
+                    f"DeaMoE node {node.name!r}: {name} of a quantized node must be {contract.CODES_DTYPE} codes "
+                    f"(the contract), got {TensorProto.DataType.Name(tensor.data_type).lower()}"
+                )
+        elif kind == contract.FLOAT32_OR_ACTIVATION:
             router_type = tensor.data_type
         else:
             dtypes.add(tensor.data_type)
@@ -205,6 +227,33 @@ def _check_inputs(node: onnx.NodeProto, config, initializers: dict[str, TensorPr
             f"DeaMoE node {node.name!r}: router.weight must be float32 or {dtype.name} like the other weights"
         )
     return dtype
+
+
+def _codes_as_float_bytes(
+    node: onnx.NodeProto, config, quant, graph: onnx.GraphProto, initializers: dict[str, TensorProto], names
+) -> list[onnx.NodeProto]:
+    """Each codes input of node (int32 words) replaced by the same bytes as a uint8 tensor,
+    cast to float32 (the node edited in place); returns the Casts, to run before it. The
+    uint8 tensor reuses the words' raw or external data as it is: nothing is decoded."""
+    casts = []
+    for i, item in enumerate(contract.present_inputs(config, quant)):
+        if contract.dtype_of(item, quant) != contract.CODES_DTYPE:
+            continue
+        words = initializers.get(node.input[i])
+        if words is None:
+            raise UsageError(f"DeaMoE node {node.name!r}: {item.name} must be an initializer to run on ONNX Runtime")
+        dims = [*words.dims[:-1], words.dims[-1] * 4]
+        codes = TensorProto(name=names(f"{node.input[i]}.bytes"), data_type=TensorProto.UINT8, dims=dims)
+        if words.data_location == TensorProto.EXTERNAL:
+            codes.data_location = TensorProto.EXTERNAL
+            codes.external_data.extend(words.external_data)
+        else:
+            codes.raw_data = onnx.numpy_helper.to_array(words).astype("<i4", copy=False).tobytes()
+        graph.initializer.append(codes)
+        value = names(f"{codes.name}.as_float32")
+        casts.append(helper.make_node("Cast", [codes.name], [value], to=F32, name=names(f"{value}.cast")))
+        node.input[i] = value
+    return casts
 
 
 def _float32_boundary(graph: onnx.GraphProto, elem_type: int) -> None:

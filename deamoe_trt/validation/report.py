@@ -19,6 +19,20 @@ DEFAULT_TOKENS = (1, 4, 16)
 ORT_CPU_INT8_TOLERANCE = (5e-2, 5e-2)
 
 
+def ort_cpu_int8_tolerances(atol: float | None, rtol: float | None) -> tuple[float, float, str]:
+    """(atol, rtol, note) for an int8 ort-form model on ONNX Runtime's CPU: ORT_CPU_INT8_TOLERANCE
+    unless the caller set them, and the note saying why."""
+    note = (
+        "note: ONNX Runtime's CPU QMoE runs 8-bit blocks with int8 activations (documented), "
+        f"so int8 models are checked at atol/rtol {ORT_CPU_INT8_TOLERANCE[0]:g} there"
+    )
+    return (
+        ORT_CPU_INT8_TOLERANCE[0] if atol is None else atol,
+        ORT_CPU_INT8_TOLERANCE[1] if rtol is None else rtol,
+        note,
+    )
+
+
 @dataclass
 class ValidationReport:
     model: str

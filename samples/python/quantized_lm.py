@@ -1,35 +1,42 @@
 """The shipped tiny language model with int8 and int4 FFN weights next to fp32: perplexity on
 the held-out text and time per output token on ONNX Runtime.
 
-Each block's DeaMoE FFN is quantized (deamoe_trt.quant, round to nearest, group size 32:
-the widest that divides f_p = 32); attention, norms, embeddings and routers stay fp32.
+Each block's DeaMoE FFN is quantized (deamoe_trt.lm.quantize.quantize_lm, round to nearest,
+group size 32: the widest that divides f_p = 32); attention, norms, embeddings and routers
+stay fp32. Each quantized model is saved as a checkpoint (what `deamoe-trt quantize` writes)
+and loaded back, and the loaded model is the one measured.
 Perplexity is per byte, exp(cross-entropy), on the held-out last 10% of *Persuasion* (the
 windows `deamoe-trt train-tiny` validates on). TPOT: greedy decoding on ONNX Runtime CPU,
 `ort` form (com.microsoft.MoE for fp32, com.microsoft.QMoE for int8/int4), one thread,
 interleaved: each round decodes with every precision in turn.
 
-    python samples/python/quantized_lm.py [--model DIR] [--new-tokens N] [--rounds R]
+    python samples/python/quantized_lm.py [--model DIR] [--new-tokens N] [--rounds R] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import statistics
 import sys
+import tempfile
+from pathlib import Path
 
 import _common
 
 
-def quantized_model(model, quant):
-    """A copy of model whose blocks' DeaMoE FFNs are quantized (quant None: the model itself)."""
+def saved_and_reloaded(loaded, quant, out: Path):
+    """loaded's model with its DeaMoE FFNs quantized, written as a checkpoint under out and
+    read back (quant None: the model itself)."""
+    from deamoe_trt.lm.checkpoint import load_lm, save_lm
+    from deamoe_trt.lm.quantize import quantize_lm
+
     if quant is None:
-        return model
-    out = copy.deepcopy(model)
-    for block in out.layers:
-        block.mlp = block.mlp.quantized(quant)
-    return out
+        return loaded.model
+    path = save_lm(quantize_lm(loaded.model, quant), out / f"tiny-lm-int{quant.bits}", tokenizer=loaded.tokenizer)
+    size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    print(f"saved int{quant.bits} checkpoint to {path} ({size / 1e6:.2f} MB) and loaded it back")
+    return load_lm(path).model
 
 
 def main() -> int:
@@ -39,33 +46,39 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=120, help="tokens to decode per run (default 120)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved decoding rounds (default 5)")
     parser.add_argument("--group-size", type=int, default=32, help="columns per scale (default 32)")
+    parser.add_argument("--out", default=None, help="keep the quantized checkpoints here (default: a temporary folder)")
     args = parser.parse_args()
     return _common.main_guard("quantized_lm.py", lambda: run(args))
 
 
 def run(args) -> int:
+    if args.out is not None:
+        return measure(args, Path(args.out))
+    with tempfile.TemporaryDirectory(prefix="quantized-lm-") as out:
+        return measure(args, Path(out))
+
+
+def measure(args, out: Path) -> int:
     import torch
 
     from deamoe_trt.lm.checkpoint import load_lm
     from deamoe_trt.lm.generate import generate, warm_up
     from deamoe_trt.lm.ort import OrtDecoder
-    from deamoe_trt.lm.train import TrainSettings, evaluate, shipped_text, split_text
+    from deamoe_trt.lm.quantize import held_out_loss
     from deamoe_trt.quant import QuantConfig
     from deamoe_trt.report import format_table
 
     torch.set_num_threads(1)
     loaded = load_lm(args.model)
     tokenizer = loaded.tokenizer
-    settings = TrainSettings()
-    _, held_out = split_text(shipped_text(), tokenizer, settings.val_fraction)
     prompt_ids = tokenizer.encode(args.prompt)
     variants = {
         "fp32": None,
         f"int8, group {args.group_size}": QuantConfig(8, args.group_size),
         f"int4, group {args.group_size}": QuantConfig(4, args.group_size),
     }
-    models = {name: quantized_model(loaded.model, quant) for name, quant in variants.items()}
-    loss = {name: evaluate(model, held_out, settings) for name, model in models.items()}
+    models = {name: saved_and_reloaded(loaded, quant, out) for name, quant in variants.items()}
+    loss = {name: held_out_loss(model, tokenizer) for name, model in models.items()}
     ffn_bytes = {
         name: sum(t.numel() * t.element_size() for b in model.layers for t in b.mlp.state_dict().values())
         for name, model in models.items()

@@ -33,3 +33,18 @@ def test_one_block_bench_on_the_cpu_kernel(tmp_path):
 def test_bench_lm_rejects_unknown_runtimes(capsys):
     assert main(["bench-lm", "--runtimes", "cpu,trt"]) == 2
     assert "--runtimes takes a comma-separated list of cpu, ort" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_quantized_bench_counts_packed_codes_and_scales():
+    from deamoe_trt.quant import QuantConfig
+
+    small = {"layers": 1, "departments": 2, "steps": 2, "prompt": 4, "threads": 1}
+    result = run_lm_bench(**small, runtimes=("cpu",), progress=None, quant=QuantConfig(4, 64))
+    rows = {r["twin"]: r for r in result["rows"]}
+    # One token per step reads g = 2 departments' shared parts and k = 8 experts' private
+    # parts (3 * d * 384 weights each) at 4 bits plus one fp16 scale per 64, and the fp16 router.
+    d, per_weight, router = 2048, 4 / 8 + 2 / 64, 16 * 2048 * 2
+    assert rows["deamoe"]["ffn_bytes_per_token"] == (2 + 8) * 3 * d * 384 * per_weight + router
+    assert rows["expanded"]["ffn_bytes_per_token"] == 8 * 3 * d * 768 * per_weight + router
+    assert "FFNs int4 group 64" in lm_bench_table(result)

@@ -1,11 +1,7 @@
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Conversions are many small matmuls: one thread is faster than two on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
+    """Conversions are many small matmuls: one thread (tests/conftest.py's one_thread)."""
     yield
-    torch.set_num_threads(threads)

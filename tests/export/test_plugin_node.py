@@ -15,6 +15,8 @@ from deamoe_trt.export.plugin_node import (
     config_from_attributes,
     config_from_node,
     config_to_attributes,
+    node_layer,
+    quant_from_attributes,
     same_config,
     weight_inputs,
 )
@@ -130,3 +132,43 @@ def test_node_with_wrong_input_count_or_attribute_type_is_rejected():
     wrong.attribute.append(helper.make_attribute("top_k", 4.0))
     with pytest.raises(UsageError, match="top_k is FLOAT, the contract says INT"):
         config_from_node(wrong)
+
+
+# --- quantized nodes -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_node_round_trips_its_quantization(bits):
+    from deamoe_trt.quant import QuantConfig
+
+    quant = QuantConfig(bits, 16)
+    (node,) = build_model(layer_of(CONFIGS["qwen2-style"]).quantized(quant), "plugin").graph.node
+    config, back = node_layer(node)
+    assert same_config(config, CONFIGS["qwen2-style"]) and back == quant
+    assert {a.name: a.type for a in node.attribute} == {
+        **CONTRACT_TYPES,
+        "weight_bits": AttributeProto.INT,
+        "weight_group_size": AttributeProto.INT,
+    }
+    # Codes in the weights' positions, under the checkpoint's names; scales appended.
+    weights = [n for n in CANONICAL_ORDER if n in weight_inputs(CONFIGS["qwen2-style"])]
+    codes = {"departments.gate_up", "departments.down", "experts.gate_up", "experts.down"}
+    codes |= {"shared_experts.gate_up", "shared_experts.down"}
+    assert list(node.input[1:]) == [f"{n}.qweight" if n in codes else n for n in weights] + [
+        f"{n}.scales" for n in CANONICAL_ORDER if n in codes
+    ]
+
+
+@pytest.mark.parametrize(
+    ("quantization", "message"),
+    [
+        ({"weight_bits": 3, "weight_group_size": 16}, "unsupported bits 3"),
+        ({"weight_bits": 4, "weight_group_size": 48}, "unsupported group size 48"),
+        ({"weight_bits": 4, "weight_group_size": 128}, "hidden_size (d) is 64, not divisible by the group size 128"),
+        ({"weight_bits": 0, "weight_group_size": 16}, "weight_group_size is 16 but weight_bits is 0"),
+    ],
+)
+def test_bad_quantization_attributes_are_one_line_usage_errors(quantization, message):
+    attrs = config_to_attributes(CONFIGS["tiny"]) | quantization
+    with pytest.raises(UsageError, match=re.escape(message)):
+        quant_from_attributes(attrs, config_from_attributes(attrs), where="DeaMoE node 'x'")

@@ -84,9 +84,15 @@ def test_cpp_sample_compiles(tmp_path):
 
 
 @pytest.mark.slow
-def test_quantized_lm_reports_perplexity_and_tpot_per_bit_width():
-    result = run("quantized_lm.py", "--rounds", "1", "--new-tokens", "8")
+def test_quantized_lm_reports_perplexity_and_tpot_per_bit_width(tmp_path):
+    from deamoe_trt.lm import load_lm
+    from deamoe_trt.quant import QuantConfig
+
+    result = run("quantized_lm.py", "--rounds", "1", "--new-tokens", "8", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
+    # The measured models went through their checkpoints, which load as quantized models.
+    for bits in (8, 4):
+        assert load_lm(tmp_path / f"tiny-lm-int{bits}").model.config.quantization == QuantConfig(bits, 32)
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.startswith(("fp32", "int"))}
     assert set(rows) == {"fp32", "int8,", "int4,"}
     perplexity = {name: float(row[-4]) for name, row in rows.items()}

@@ -371,12 +371,30 @@ std::vector<std::vector<int64_t>> quantShapes(int64_t tokens, int64_t bits, int6
         {2, 32, 32 / group}, {8, 64, 32 / group}, {8, 32, 32 / group}, {128, 32 / group}, {32, 64 / group}};
 }
 
-// Input positions of quantFields' packed codes (3-8); the others are in the activation
-// dtype except router.bias (2), float32.
-bool isCodes(size_t i)
+// The type of quantFields' input i in a node of type: packed codes (3-8) int32, router.bias
+// (2) float32, the others (scales included) the node's.
+DataType quantType(size_t i, DataType type)
 {
-    return i >= 3 && i <= 8;
+    return i >= 3 && i <= 8 ? DataType::kINT32 : i == 2 ? DataType::kFLOAT : type;
 }
+
+// Distinct stand-in device pointers for enqueue: input i at &bytes[i], the output after them.
+struct FakeBuffers
+{
+    explicit FakeBuffers(size_t nbInputs)
+        : bytes(nbInputs + 1)
+        , inputs(nbInputs)
+    {
+        for (size_t i = 0; i < nbInputs; ++i)
+        {
+            inputs[i] = &bytes[i];
+        }
+        outputs[0] = &bytes[nbInputs];
+    }
+    std::vector<char> bytes;
+    std::vector<void const*> inputs;
+    void* outputs[1];
+};
 
 struct PluginDeleter
 {
@@ -798,13 +816,9 @@ void testWorkspaceAndEnqueue()
         rin.push_back(desc(s, DataType::kHALF));
     }
     PluginTensorDesc rout = desc({5, 32}, DataType::kHALF);
-    char buffers[11] = {};
-    void const* inputs[10];
-    for (int i = 0; i < 10; ++i)
-    {
-        inputs[i] = &buffers[i];
-    }
-    void* outputs[1] = {&buffers[10]};
+    FakeBuffers buffers(10);
+    void const* const* inputs = buffers.inputs.data();
+    void* const* outputs = buffers.outputs;
     char workspace[4];
     gForward = ForwardCall{};
     int32_t rc = runtime->enqueue(rin.data(), &rout, inputs, outputs, workspace, nullptr);
@@ -901,7 +915,7 @@ void testQuantized()
             auto const shapes = quantShapes(-1, bits, 16);
             for (size_t i = 0; i < shapes.size(); ++i)
             {
-                io.push_back(dyn(shapes[i], isCodes(i) ? DataType::kINT32 : i == 2 ? DataType::kFLOAT : type));
+                io.push_back(dyn(shapes[i], quantType(i, type)));
             }
             io.push_back(dyn({-1, 32}, type));
             bool all = true;
@@ -934,7 +948,7 @@ void testQuantized()
         auto const shapes = quantShapes(-1, bits, 16);
         for (size_t i = 0; i < shapes.size(); ++i)
         {
-            in.push_back(dyn(shapes[i], isCodes(i) ? DataType::kINT32 : i == 2 ? DataType::kFLOAT : DataType::kHALF));
+            in.push_back(dyn(shapes[i], quantType(i, DataType::kHALF)));
         }
         DynamicPluginTensorDesc out = dyn({-1, 32});
         check(build->configurePlugin(in.data(), 15, &out, 1) != 0 && lastErrorHas("need 16"),
@@ -961,21 +975,17 @@ void testQuantized()
         auto const real = quantShapes(3, bits, 16);
         for (size_t i = 0; i < real.size(); ++i)
         {
-            rin.push_back(desc(real[i], isCodes(i) ? DataType::kINT32 : i == 2 ? DataType::kFLOAT : DataType::kHALF));
+            rin.push_back(desc(real[i], quantType(i, DataType::kHALF)));
         }
         PluginTensorDesc rout = desc({3, 32});
         check(runtime->onShapeChange(rin.data(), 16, &rout, 1) == 0,
             "onShapeChange accepts the quantized node" + tag + ": " + gFinder.logger.last);
-        char buffers[17] = {};
-        void const* inputs[16];
-        for (int i = 0; i < 16; ++i)
-        {
-            inputs[i] = &buffers[i];
-        }
-        void* outputs[1] = {&buffers[16]};
+        FakeBuffers buffers(16);
+        void const* const* inputs = buffers.inputs.data();
         char workspace[4];
         gForward = ForwardCall{};
-        check(runtime->enqueue(rin.data(), &rout, inputs, outputs, workspace, nullptr) == 0 && gForward.calls == 1,
+        check(runtime->enqueue(rin.data(), &rout, inputs, buffers.outputs, workspace, nullptr) == 0
+                && gForward.calls == 1,
             "enqueue runs a quantized node" + tag);
         deamoe::LayerWeights const& w = gForward.weights;
         check(w.departmentGateUp == inputs[3] && w.expertDown == inputs[6] && w.sharedDown == inputs[8]

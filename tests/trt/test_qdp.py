@@ -260,3 +260,76 @@ def test_the_old_scalar_annotations_fail_on_this_numpy():
         pytest.skip(f"NumPy {np.__version__} still converts one-element arrays to scalars")
     with pytest.raises(TypeError, match="0-dimensional"):
         trt_create_plugin_attrs({"top_k": int}, {"top_k": np.array([4], dtype=np.int32)})
+
+
+# --- quantized nodes -----------------------------------------------------------------------
+
+
+def test_prepare_model_pads_a_quantized_node_with_typed_placeholders():
+    from deamoe_trt import DeaMoEStack
+    from deamoe_trt.export import build_model
+    from deamoe_trt.quant import QuantConfig
+
+    # No router bias, no shared experts: their codes and scales are padded.
+    stack = DeaMoEStack.random(EXPERTS_ONLY.replace(private_intermediate_size=16), 1).quantized(QuantConfig(4, 16))
+    model = build_model(stack, "plugin", "fp16")
+    qdp.prepare_model(model)
+    (node,) = _deamoe_nodes(model)
+    names = dict(zip(qdp.CANONICAL_INPUTS, node.input, strict=True))
+    elem = {t.name: t.data_type for t in model.graph.initializer}
+    assert elem[names["experts.gate_up"]] == elem[names["shared_experts.gate_up"]] == TensorProto.INT32
+    assert names["shared_experts.gate_up"].startswith(qdp.PLACEHOLDER_PREFIX)
+    assert elem[names["experts.down.scales"]] == elem[names["shared_experts.down.scales"]] == TensorProto.FLOAT16
+    assert names["shared_experts.down.scales"].startswith(qdp.PLACEHOLDER_PREFIX)
+    assert elem[names["router.bias"]] == TensorProto.FLOAT
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert (attrs["weight_bits"], attrs["weight_group_size"]) == (4, 16)
+
+
+def test_prepare_model_gives_a_float_node_the_quantization_attributes(tmp_path):
+    model = onnx.load(str(export_model(tmp_path)))
+    qdp.prepare_model(model)
+    (node,) = _deamoe_nodes(model)
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert (attrs["weight_bits"], attrs["weight_group_size"]) == (0, 0)  # a QDP takes every attribute
+
+
+class _FakeTrtTensor:
+    """What the QDP's impl receives per input: a pointer, a shape and a TensorRT dtype name."""
+
+    def __init__(self, array, dtype_name):
+        self.array, self.shape = array, tuple(array.shape)
+        self.data_ptr = array.data_ptr()
+        self.dtype = type("DataType", (), {"name": dtype_name})()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_impl_loads_a_quantized_node_as_the_checkpoint_layer(monkeypatch, bits):
+    # _layer_for maps the QDP's tensors (int32 codes, scales, placeholders) back onto the
+    # checkpoint's state_dict: the layer it builds computes what the checkpoint's does.
+    import torch
+
+    from deamoe_trt import DeaMoELayer
+    from deamoe_trt.export import plugin_node as node_contract
+    from deamoe_trt.quant import QuantConfig
+
+    config = FULL.replace(shared_intermediate_size=16, private_intermediate_size=16, shared_expert_gate=False)
+    quant = QuantConfig(bits, 16)
+    layer = DeaMoELayer.random(config, seed=1).quantized(quant)
+    state = layer.state_dict()
+    tensors = [_FakeTrtTensor(torch.zeros(2, 32), "FLOAT")]
+    for item in contract.WEIGHT_INPUTS:
+        if item in contract.present_inputs(config, quant):
+            value = state[node_contract.state_key(item, quant)]
+            value = value.view(torch.int32) if value.dtype == torch.uint8 else value
+        else:
+            value = torch.zeros(1)  # a placeholder
+        tensors.append(_FakeTrtTensor(value, {torch.int32: "INT32", torch.float32: "FLOAT"}[value.dtype]))
+    monkeypatch.setattr(qdp, "_as_torch", lambda t: t.array)
+    attrs = plugin_node.config_to_attributes(config, quant)
+    fields = {name: np.array([value]) for name, value in attrs.items() if name.startswith("weight_")}
+    assert qdp.quant_from_attrs(fields, config) == quant
+    built = qdp._layer_for(config, quant, tensors)
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(built(x), layer(x), rtol=0, atol=0)

@@ -1,0 +1,334 @@
+"""Activation-aware weight quantization (AWQ, Lin et al. 2023) of a DeaMoE layer's FFN weights.
+
+The output is an ordinary quantized checkpoint (deamoe_trt.quant: symmetric codes, implicit
+zero point, one scale per (row, group)); AWQ only chooses the weights that are rounded and
+the scales they are rounded with, from calibration tokens (the layer's inputs):
+
+- Down projections: their input h = silu(x Wg^T) * (x Wu^T) is linear in the up rows, so a
+  per-channel scale s on down's input columns folds exactly into the matching up rows:
+  down' = down * s, up' = up / s computes the same function. s = mean|h|^alpha over the
+  tokens each group (department, expert) receives, normalised and rounded to a power of
+  two so that the fold is exact in any float dtype; one alpha per part (departments,
+  experts, shared experts), chosen on a grid by the summed output error of the quantized
+  down' weights. Each department's shared part and each expert's private part has its own
+  h (its own channels, its own up rows), so both fold; so do the shared experts.
+- Every weight (gate_up, and down' after scaling): per (row, group) clipping search, the
+  scale covers clip * max|w| for the clip in CLIP_RATIOS that minimises that group's output
+  error on the calibration activations. gate_up's input is the layer input x, shared by the
+  router (never quantized) and every part, with nothing before it in a layer checkpoint to
+  fold a scale into: clipping is all AWQ can do for it here.
+
+Calibration tokens reach each part as the router sends them: an expert sees the tokens that
+kept it, a department the tokens with a kept expert in it, the shared experts all tokens,
+and each token's error counts with the weight the layer gives that part's output (w_e,
+W_j, the shared-expert gate), so the search minimises the part's share of the layer's
+output error. A part no calibration token reaches keeps round to nearest (counted in
+AwqPlan.uncalibrated). alpha = 0 and clip = 1 are on the grids: on the calibration tokens
+each choice is at least as good as round to nearest for what it measures.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+from torch.nn import functional as F
+
+from .errors import UsageError
+from .quant import QuantConfig, group_scales, round_to_grid
+
+# alpha = 0: no scaling (round to nearest's weights). AWQ's grid is 0, 0.05, ..., 0.95.
+ALPHAS = tuple(i / 10 for i in range(11))
+# clip = 1: round to nearest's scale. AWQ searches down to 0.5 of max|w|.
+CLIP_RATIOS = tuple(1 - i / 20 for i in range(11))
+# Channel scales stay within 2^-8..2^8: the fold stays exact in fp16 for ordinary weights,
+# and a channel no calibration token excites cannot be scaled away.
+MAX_EXPONENT = 8
+PARTS = ("departments", "experts", "shared_experts")
+
+
+@dataclass
+class AwqPlan:
+    """What the search chose for one layer.
+
+    channel_scales: part name -> [groups, width] powers of two (the shared experts are one
+        group), applied as down' = down * s, up' = up / s (fold);
+    clip: weight name ("experts.down", ...) -> per-(row, group) clip ratios, shaped like the
+        weight's scales (DeaMoELayer.quantized's clip);
+    uncalibrated: part name -> how many of its groups received no calibration token;
+    groups: part name -> how many groups it has.
+    """
+
+    channel_scales: dict[str, torch.Tensor] = field(default_factory=dict)
+    clip: dict[str, torch.Tensor] = field(default_factory=dict)
+    uncalibrated: dict[str, int] = field(default_factory=dict)
+    groups: dict[str, int] = field(default_factory=dict)
+
+
+def receivers(layer, x: torch.Tensor) -> dict[str, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Per part, per group: (token indices, the weight of that part's output for each token)."""
+    c = layer.config
+    routing = layer.route(x)
+    out = {}
+    if layer.departments is not None:
+        weights = routing.department_weights(c.num_departments)
+        out["departments"] = [routing.department_tokens(j, weights) for j in range(c.num_departments)]
+    if layer.experts is not None:
+        out["experts"] = [routing.expert_tokens(e) for e in range(c.num_experts)]
+    if layer.shared_experts is not None:
+        gate = layer.shared_experts.gate_values(x.to(layer.dtype))
+        weight = torch.ones(x.shape[0]) if gate is None else gate.squeeze(-1)
+        out["shared_experts"] = [(torch.arange(x.shape[0]), weight)]
+    return out
+
+
+def group_count(layer) -> int:
+    """How many (part, group) searches `search` runs on layer, each in two passes (channel
+    scales, then clipping): its progress total is twice this."""
+    c = layer.config
+    return (
+        (c.num_departments if layer.departments is not None else 0)
+        + (c.num_experts if layer.experts is not None else 0)
+        + (1 if layer.shared_experts is not None else 0)
+    )
+
+
+def _stacked(weight: torch.Tensor) -> torch.Tensor:
+    """A part's weight as [groups, rows, cols] (the shared experts' are one group)."""
+    return weight.detach() if weight.dim() == 3 else weight.detach().unsqueeze(0)
+
+
+@torch.no_grad()
+def search(layer, quant: QuantConfig, x: torch.Tensor, progress=None, *, alphas=ALPHAS) -> AwqPlan:
+    """Channel scales and clip ratios for a float layer from its calibration inputs x [T, d].
+
+    alphas: the grid of the channel-scale search; (0.0,) searches clipping only."""
+    from .layer import check_quantizable
+
+    if layer.quant is not None:
+        raise UsageError("the layer is already quantized; AWQ starts from the floating-point checkpoint")
+    check_quantizable(layer.config, quant)
+    x = x.reshape(-1, layer.config.hidden_size)
+    xf = x.to(layer.dtype).float()  # what the FFN parts see
+    plan = AwqPlan()
+    for name, groups in receivers(layer, x).items():
+        part = getattr(layer, name)
+        gate_up, down = _stacked(part.gate_up), _stacked(part.down)
+        inputs = [(xf[tokens], weight.float()[:, None]) for tokens, weight in groups]
+        plan.uncalibrated[name], plan.groups[name] = sum(t.numel() == 0 for t, _ in groups), len(groups)
+        scales = _search_part_scales(gate_up, down, inputs, quant, layer.dtype, alphas, progress, name)
+        clip_gate_up, clip_down = [], []
+        for g, ((xg, weight), s) in enumerate(zip(inputs, scales, strict=True)):
+            width = down.shape[-1]
+            folded = gate_up[g].float().clone()
+            folded[width:] /= s[:, None]
+            h = _down_input(gate_up[g].float(), xg, weight)
+            clip_gate_up.append(search_clip(folded, xg * weight, quant, layer.dtype))
+            clip_down.append(search_clip(down[g].float() * s, h / s, quant, layer.dtype))
+            if progress is not None:
+                progress.update(f"{name} {g}: clipping")
+        plan.channel_scales[name] = torch.stack(scales)
+        shape = (lambda t: t) if part.gate_up.dim() == 3 else (lambda t: t[0])
+        plan.clip[f"{name}.gate_up"] = shape(torch.stack(clip_gate_up))
+        plan.clip[f"{name}.down"] = shape(torch.stack(clip_down))
+    return plan
+
+
+def _down_input(gate_up: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """h = silu(x Wg^T) * (x Wu^T), each token's row times the weight of its output."""
+    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+    return F.silu(gate) * up * weight
+
+
+def _search_part_scales(
+    gate_up, down, inputs, quant: QuantConfig, dtype, alphas, progress=None, name=""
+) -> list[torch.Tensor]:
+    """Each group's channel scales s [f] = mean|h|^alpha (powers of two), for the one alpha of
+    the grid that minimises the part's summed output error ||h (Q(down * s) / s - down)^T||^2.
+
+    One alpha per part, as AWQ has one per layer: an expert sees a few hundred tokens, and an
+    alpha per expert fitted to them did worse than none on held-out text (docs/quantization.md)."""
+    candidates, errors = [], torch.zeros(len(alphas), dtype=torch.float64)
+    for g, (x, weight) in enumerate(inputs):
+        scales, group_errors = _scale_candidates(gate_up[g].float(), down[g].float(), x, weight, quant, dtype, alphas)
+        candidates.append(scales)
+        errors += group_errors
+        if progress is not None:
+            progress.update(f"{name} {g}: channel scales")
+    best = int(torch.argmin(errors))  # ties: the first, alpha = 0 (no scaling)
+    return [scales[best] for scales in candidates]
+
+
+def _scale_candidates(gate_up, down, x, weight, quant: QuantConfig, dtype, alphas):
+    """One group's channel scales for each alpha and the output error of its quantized down
+    with each: ([s [f]] per alpha, errors [alphas] float64). No tokens: no scaling, no error."""
+    errors = torch.zeros(len(alphas), dtype=torch.float64)
+    if x.shape[0] == 0:  # no calibration token: round to nearest
+        return [torch.ones(down.shape[-1])] * len(alphas), errors
+    h = _down_input(gate_up, x, weight)
+    factor = _gram_factor(h)
+    mean = h.abs().mean(dim=0)
+    mean = mean.clamp_min(float(mean.max()) * 1e-4 if float(mean.max()) > 0 else 1.0)
+    candidates = []
+    for i, alpha in enumerate(alphas):
+        s = mean.pow(alpha)
+        s = s / (s.max() * s.min()).sqrt()  # centred on 1 in log scale, as AWQ does
+        s = torch.exp2(torch.log2(s).round().clamp(-MAX_EXPONENT, MAX_EXPONENT))
+        delta = _fake_quantize(down * s, quant, dtype) / s - down
+        errors[i] = float((factor @ delta.t()).square().sum())
+        candidates.append(s)
+    return candidates, errors
+
+
+def _fake_quantize(weight: torch.Tensor, quant: QuantConfig, dtype, clip=None) -> torch.Tensor:
+    """What weight [rows, cols] (float32) dequantizes to after quantize_rtn, in float32."""
+    rows, cols = weight.shape
+    grouped = weight.view(rows, cols // quant.group_size, quant.group_size)
+    scales = group_scales(grouped, quant.bits, dtype, clip)
+    return (round_to_grid(grouped, scales, quant.bits) * scales.float().unsqueeze(-1)).view(rows, cols)
+
+
+def _gram_factor(acts: torch.Tensor) -> torch.Tensor:
+    """R with R^T R = acts^T acts for acts [..., T, n], with min(T, n) rows: ||R v|| = ||acts v||
+    for every v, so output errors cost n (not T) per weight row when there are many tokens."""
+    if acts.shape[-2] <= acts.shape[-1]:
+        return acts
+    return torch.linalg.qr(acts, mode="r").R
+
+
+def search_clip(weight: torch.Tensor, acts: torch.Tensor, quant: QuantConfig, dtype) -> torch.Tensor:
+    """Per (row, group) the ratio in CLIP_RATIOS whose scale minimises that group's output
+    error ||acts_g (Q(w_g) - w_g)|| on the calibration activations acts [T, cols]."""
+    rows, cols = weight.shape
+    gs = quant.group_size
+    grouped = weight.view(rows, cols // gs, gs)
+    factor = _gram_factor(acts.reshape(-1, cols // gs, gs).transpose(0, 1))  # [groups, k, gs]
+    best = torch.ones(rows, cols // gs)
+    best_error = torch.full((rows, cols // gs), float("inf"))
+    for ratio in CLIP_RATIOS:
+        clip = torch.tensor(ratio, dtype=torch.float32)
+        scales = group_scales(grouped, quant.bits, dtype, clip)
+        delta = round_to_grid(grouped, scales, quant.bits) * scales.float().unsqueeze(-1) - grouped
+        error = torch.einsum("gki,rgi->rgk", factor, delta).square().sum(-1)
+        better = error < best_error
+        best_error = torch.where(better, error, best_error)
+        best = torch.where(better, clip, best)
+    return best
+
+
+@torch.no_grad()
+def fold(layer, plan: AwqPlan):
+    """A copy of the float layer with the plan's channel scales folded in: down' = down * s,
+    up' = up / s. Powers of two: the copy computes exactly what layer computes (barring
+    subnormals)."""
+    folded = copy.deepcopy(layer)
+    for name, s in plan.channel_scales.items():
+        part = getattr(folded, name)
+        s = s.to(folded.dtype)
+        if part.down.dim() == 2:
+            s = s[0]
+        width = part.down.shape[-1]
+        part.down.mul_(s.unsqueeze(-2))
+        part.gate_up[..., width:, :].div_(s.unsqueeze(-1))
+    return folded
+
+
+def quantize_awq(layer, quant: QuantConfig, x: torch.Tensor, progress=None, *, alphas=ALPHAS):
+    """(The layer quantized with AWQ from calibration inputs x [T, d], the plan it used)."""
+    if quant.method != "awq":
+        quant = QuantConfig(quant.bits, quant.group_size, "awq")
+    plan = search(layer, quant, x, progress, alphas=alphas)
+    return fold(layer, plan).quantized(quant, clip=plan.clip), plan
+
+
+# Calibration files -------------------------------------------------------------------------
+
+HIDDEN_STATES = "hidden_states"
+MIN_SPLIT_TOKENS = 8
+
+
+def read_calibration(source: str, stack, *, seed: int = 0, what: str = "--calibration") -> list[torch.Tensor]:
+    """Each layer's inputs [T, d] (float32) from `source`:
+
+    - a safetensors file with `hidden_states` [..., d]: the first layer's inputs; later
+      layers' are what the float stack gives them (x + layer(x), as the checkpoint runs);
+    - a safetensors file with `layers.{i}.hidden_states` [..., d] for every layer i: each
+      layer's own inputs, captured from a model (e.g. a decoder's post-attention norm);
+    - `random:N`: N Gaussian tokens as the first layer's inputs (a demo: no real
+      activation statistics, so AWQ has little to find).
+    One line (UsageError) naming the problem otherwise."""
+    from pathlib import Path
+
+    from .checkpoint import read_tensors
+    from .inputs import random_hidden
+
+    d, layers = stack.config.hidden_size, len(stack.layers)
+    if source.startswith("random:"):
+        count = source.removeprefix("random:")
+        if not count.isdigit() or int(count) < 1:
+            raise UsageError(f"{what} random:N needs a token count N >= 1, got {source!r}")
+        return stack_inputs(stack, random_hidden(int(count), d, seed=seed))
+    if not Path(source).is_file():
+        raise UsageError(f"{what} {source}: no such file")
+    try:
+        tensors = read_tensors(Path(source))
+    except UsageError as exc:  # one line: "... is not a readable safetensors file ..."
+        raise UsageError(f"{what} {exc}") from None
+    per_layer = [f"layers.{i}.{HIDDEN_STATES}" for i in range(layers)]
+    if set(tensors) == {HIDDEN_STATES}:
+        names = [HIDDEN_STATES]
+    elif set(tensors) == set(per_layer):
+        names = per_layer
+    else:
+        raise UsageError(
+            f"{what} {source} holds {sorted(tensors) or 'no tensors'}; expected '{HIDDEN_STATES}' (the first "
+            f"layer's inputs) or 'layers.{{i}}.{HIDDEN_STATES}' for each of the checkpoint's {layers} layer(s)"
+        )
+    inputs = []
+    for name in names:
+        tensor = tensors[name]
+        if tensor.dim() < 2 or tensor.shape[-1] != d or tensor.numel() == 0:
+            raise UsageError(f"{what} {source}: {name} must be [tokens, {d}], got {list(tensor.shape)}")
+        if not tensor.is_floating_point():
+            raise UsageError(f"{what} {source}: {name} must be floating point, got {tensor.dtype}")
+        tensor = tensor.reshape(-1, d).float()
+        if not bool(torch.isfinite(tensor).all()):
+            raise UsageError(f"{what} {source}: {name} contains NaN or Inf")
+        inputs.append(tensor)
+    return inputs if len(inputs) == layers else stack_inputs(stack, inputs[0])
+
+
+@torch.no_grad()
+def stack_inputs(stack, x: torch.Tensor) -> list[torch.Tensor]:
+    """Each layer's inputs when the float stack runs on x [T, d]: x, x + layer0(x), ..."""
+    inputs = []
+    for layer in stack.layers:
+        inputs.append(x)
+        x = x + layer(x).float()
+    return inputs
+
+
+def split_held_out(inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(calibration, held-out): the last quarter of each layer's tokens is held out."""
+    calibration, held_out = [], []
+    for x in inputs:
+        if x.shape[0] < MIN_SPLIT_TOKENS:
+            raise UsageError(
+                f"--calibration has {x.shape[0]} tokens; at least {MIN_SPLIT_TOKENS} are needed to hold out "
+                "a quarter for measuring the error (or pass a separate --eval FILE)"
+            )
+        cut = x.shape[0] - x.shape[0] // 4
+        calibration.append(x[:cut])
+        held_out.append(x[cut:])
+    return calibration, held_out
+
+
+def quantize_stack_awq(stack, quant: QuantConfig, inputs: list[torch.Tensor], *, progress: bool = True):
+    """(The stack quantized with AWQ, each layer from its calibration inputs, the plans)."""
+    from .layer import DeaMoEStack
+    from .report import Progress
+
+    bar = Progress(2 * sum(group_count(layer) for layer in stack.layers), "awq search", enabled=progress)
+    pairs = [quantize_awq(layer, quant, x, bar) for layer, x in zip(stack.layers, inputs, strict=True)]
+    return DeaMoEStack.from_layers([q for q, _ in pairs]), [plan for _, plan in pairs]
