@@ -16,12 +16,12 @@ namespace detail
 // Blocks per SM K1 asks ptxas to fit: for 16 tokens, 4 (<= 128 registers) instead of the
 // 3 that ~150 registers allow, a third more loads in flight per SM; below that the
 // registers allow more blocks than are needed. (K2 spills at 128: its shared-down and
-// routing roles need more.) Quantized (BITS > 0) at 16 tokens: 3, int4 spills at 128 on
-// sm_86/87/89.
+// routing roles need more.) int4 at 16 tokens: 3, it spills at 128 on sm_86/87/89 (and
+// int8 spills on sm_110 at 3, not at 4: ptxas).
 template <int TT, int BITS>
 struct GateUpMinBlocks
 {
-    static constexpr int value = TT >= 16 ? (BITS > 0 ? 3 : 4) : 1;
+    static constexpr int value = TT >= 16 ? (BITS == 4 ? 3 : 4) : 1;
 };
 
 template <class T, int TT, int BITS>
