@@ -93,7 +93,7 @@ DEFAULT_REGISTERS = {
 # the model uses them for every arch (ptxas gives sm_86/87 within a few registers of it).
 QUANT_REGISTERS = {
     4: {
-        "routerSharedKernel": {1: 127, 2: 154, 4: 189, 8: 107, 16: 128},
+        "routerSharedKernel": {1: 127, 2: 154, 4: 189, 8: 107, 16: 157},
         "routedKernel": {1: 108, 2: 160, 4: 179, 8: 128, 16: 175},
         "downKernel": {1: 72, 2: 92, 4: 126, 8: 110, 16: 134},
     },
