@@ -234,6 +234,58 @@ def fold(layer, plan: AwqPlan):
     return folded
 
 
+@torch.no_grad()
+def search_input_scales(layer, quant: QuantConfig, x: torch.Tensor, *, alphas=ALPHAS) -> torch.Tensor:
+    """Per-input-channel scales s [d] (powers of two) for every gate_up of a float layer whose
+    input x [T, d] comes from something that can absorb 1/s (a language model's pre-FFN RMSNorm:
+    norm weight / s, fold_input_scales multiplies every consumer of x by s).
+
+    x is shared by every part and the router, so one s for the layer: s = mean|x|^alpha over
+    all tokens, the alpha of the grid minimising the summed output error of every quantized
+    gate_up, ||x_g (Q(W_g s) / s - W_g)^T||^2 over the tokens (and output weights) each group
+    receives. alpha = 0 (s = 1, round to nearest's weights) is on the grid."""
+    x = x.reshape(-1, layer.config.hidden_size)
+    xf = x.to(layer.dtype).float()
+    mean = xf.abs().mean(dim=0)
+    mean = mean.clamp_min(float(mean.max()) * 1e-4 if float(mean.max()) > 0 else 1.0)
+    factors = []  # (gate_up [rows, d], R with R^T R = the group's weighted inputs' Gram matrix)
+    for name, groups in receivers(layer, x).items():
+        gate_up = _stacked(getattr(layer, name).gate_up)
+        for g, (tokens, weight) in enumerate(groups):
+            if tokens.numel():
+                factors.append((gate_up[g].float(), _gram_factor(xf[tokens] * weight.float()[:, None])))
+    errors, candidates = [], []
+    for alpha in alphas:
+        s = mean.pow(alpha)
+        s = s / (s.max() * s.min()).sqrt()
+        s = torch.exp2(torch.log2(s).round().clamp(-MAX_EXPONENT, MAX_EXPONENT))
+        error = 0.0
+        for weight, factor in factors:
+            delta = _fake_quantize(weight * s, quant, layer.dtype) / s - weight
+            error += float((factor @ delta.t()).square().sum())
+        errors.append(error)
+        candidates.append(s)
+    return candidates[min(range(len(alphas)), key=errors.__getitem__)]  # ties: the first, alpha = 0
+
+
+@torch.no_grad()
+def fold_input_scales(layer, s: torch.Tensor):
+    """A copy of the float layer that computes layer(x) from x / s: every consumer of x (the
+    router, every gate_up, the shared-expert gate) multiplied by s on its input columns.
+    Powers of two: every product is the original's, bit for bit (barring subnormals), so the
+    routing and the output are identical."""
+    folded = copy.deepcopy(layer)
+    folded.router.weight.mul_(s.to(folded.router.weight.dtype))
+    for name in PARTS:
+        part = getattr(folded, name)
+        if part is not None:
+            part.gate_up.mul_(s.to(part.gate_up.dtype))
+    shared = folded.shared_experts
+    if shared is not None and shared.gate is not None:
+        shared.gate.mul_(s.to(shared.gate.dtype))
+    return folded
+
+
 def quantize_awq(layer, quant: QuantConfig, x: torch.Tensor, progress=None, *, alphas=ALPHAS):
     """(The layer quantized with AWQ from calibration inputs x [T, d], the plan it used)."""
     if quant.method != "awq":
