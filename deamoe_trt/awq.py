@@ -241,29 +241,34 @@ def search_input_scales(layer, quant: QuantConfig, x: torch.Tensor, *, alphas=AL
     norm weight / s, fold_input_scales multiplies every consumer of x by s).
 
     x is shared by every part and the router, so one s for the layer: s = mean|x|^alpha over
-    all tokens, the alpha of the grid minimising the summed output error of every quantized
-    gate_up, ||x_g (Q(W_g s) / s - W_g)^T||^2 over the tokens (and output weights) each group
-    receives. alpha = 0 (s = 1, round to nearest's weights) is on the grid."""
-    x = x.reshape(-1, layer.config.hidden_size)
-    xf = x.to(layer.dtype).float()
+    all tokens, for the alpha of the grid whose quantized gate_ups give the least layer output
+    error ||y' - y||^2 on x, as AWQ scores a scale by its block's output. Each candidate's
+    gate_ups are quantized as `search` will quantize them, with their clipping searched on
+    x / s (clipping alone often does what the scales do; measured without it, scales that
+    helped round to nearest made clipped weights worse); down stays float and the routing is
+    unchanged (the router is not quantized). alpha = 0 (s = 1) is on the grid."""
+    x = x.reshape(-1, layer.config.hidden_size).to(layer.dtype)
+    xf = x.float()
+    want = layer(x).float()
     mean = xf.abs().mean(dim=0)
     mean = mean.clamp_min(float(mean.max()) * 1e-4 if float(mean.max()) > 0 else 1.0)
-    factors = []  # (gate_up [rows, d], R with R^T R = the group's weighted inputs' Gram matrix)
-    for name, groups in receivers(layer, x).items():
-        gate_up = _stacked(getattr(layer, name).gate_up)
-        for g, (tokens, weight) in enumerate(groups):
-            if tokens.numel():
-                factors.append((gate_up[g].float(), _gram_factor(xf[tokens] * weight.float()[:, None])))
+    groups = receivers(layer, x)
+    trial = copy.deepcopy(layer)
     errors, candidates = [], []
     for alpha in alphas:
         s = mean.pow(alpha)
         s = s / (s.max() * s.min()).sqrt()
         s = torch.exp2(torch.log2(s).round().clamp(-MAX_EXPONENT, MAX_EXPONENT))
-        error = 0.0
-        for weight, factor in factors:
-            delta = _fake_quantize(weight * s, quant, layer.dtype) / s - weight
-            error += float((factor @ delta.t()).square().sum())
-        errors.append(error)
+        for name, part_groups in groups.items():
+            part = getattr(layer, name)
+            gate_up = _stacked(part.gate_up)
+            fakes = []
+            for g, (tokens, weight) in enumerate(part_groups):
+                scaled = gate_up[g].float() * s
+                clip = search_clip(scaled, xf[tokens] / s * weight.float()[:, None], quant, layer.dtype)
+                fakes.append(_fake_quantize(scaled, quant, layer.dtype, clip) / s)
+            getattr(trial, name).gate_up.copy_(torch.stack(fakes).view_as(part.gate_up))
+        errors.append(float((trial(x).float() - want).square().sum()))
         candidates.append(s)
     return candidates[min(range(len(alphas)), key=errors.__getitem__)]  # ties: the first, alpha = 0
 

@@ -107,6 +107,8 @@ def _run_lm(args, quant) -> int:
         )
     loaded = load_lm(args.checkpoint)
     model = loaded.model
+    if model.config.quantization is not None:
+        model.quantized(quant)  # the one "already quantized" error, before any work
     if quant.method == "awq":
         return _run_lm_awq(args, quant, loaded)
     quantized = quantize_lm(model, quant)
