@@ -254,6 +254,7 @@ def test_awq_language_model_checkpoint_loads_and_runs_its_dequantized_weights(fl
     assert torch.equal(loaded.embed_tokens.weight, float_model.embed_tokens.weight)
 
 
+@pytest.mark.slow  # about 7 s: the search on 2048 tokens and three held-out evaluations
 @pytest.mark.usefixtures("one_thread")
 @torch.no_grad()
 def test_awq_held_out_loss_is_no_worse_than_round_to_nearest_on_the_trained_tiny_lm():
