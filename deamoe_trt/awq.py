@@ -16,7 +16,10 @@ the scales they are rounded with, from calibration tokens (the layer's inputs):
   scale covers clip * max|w| for the clip in CLIP_RATIOS that minimises that group's output
   error on the calibration activations. gate_up's input is the layer input x, shared by the
   router (never quantized) and every part, with nothing before it in a layer checkpoint to
-  fold a scale into: clipping is all AWQ can do for it here.
+  fold a scale into: clipping is all AWQ can do for it there. In a language model x is
+  the pre-FFN RMSNorm's output, which can absorb 1/s: search_input_scales chooses one s
+  per channel for the layer and fold_input_scales multiplies every reader of x by it
+  (deamoe_trt.lm.quantize.quantize_lm_awq folds the norm).
 
 Calibration tokens reach each part as the router sends them: an expert sees the tokens that
 kept it, a department the tokens with a kept expert in it, the shared experts all tokens,
