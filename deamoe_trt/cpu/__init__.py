@@ -32,6 +32,7 @@ __all__ = [
     "build",
     "cache_dir",
     "default_threads",
+    "int4_mode",
     "load",
     "pool",
     "simd",
@@ -97,6 +98,19 @@ def pool(threads: int | None = None) -> Pool:
     if threads not in _pools:
         _pools[threads] = Pool(threads)
     return _pools[threads]
+
+
+INT4_MODES = ("convert", "subnormal")
+
+
+def int4_mode(mode: str | None = None) -> str:
+    """How the kernel turns int4 codes into floats (deamoe_cpu.cpp, Int4Mode): "subnormal"
+    (AMD's default: the masked bits read as a subnormal float, one instruction fewer) or
+    "convert" (an int->float conversion; the default elsewhere). Both are exact. Sets the
+    process-wide mode when given; returns the mode in force."""
+    if mode is not None and mode not in INT4_MODES:
+        raise UsageError(f"int4 mode must be one of {', '.join(INT4_MODES)}, got {mode!r}")
+    return INT4_MODES[load().dm_int4_mode(-1 if mode is None else INT4_MODES.index(mode))]
 
 
 def simd() -> str:

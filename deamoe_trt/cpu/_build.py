@@ -27,7 +27,7 @@ SOURCE = Path(__file__).with_name("deamoe_cpu.cpp")
 # The routing is the CUDA kernels' (deamoe/deamoeRouting.cuh under the kernel sources).
 ROUTING_HEADER = "deamoe/deamoeRouting.cuh"
 FLAGS = ("-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-pthread", "-DNDEBUG")
-ABI_VERSION = 3
+ABI_VERSION = 4
 LIBRARY_NAME = "libdeamoe_cpu.so"
 
 _lib: ctypes.CDLL | None = None
@@ -153,6 +153,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dm_layer_forward": (i32, [ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr]),
         "dm_stream_read": (f64, [ptr, ptr, i64]),
         "dm_busy_wait": (None, [ptr, i64]),
+        "dm_int4_mode": (i32, [i32]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)

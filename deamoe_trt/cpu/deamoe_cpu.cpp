@@ -254,124 +254,137 @@ void dot_rows_any(int tt, const WT* row, const float* const* xs, int64_t n, floa
 
 // ----------------------------------------------------------------------------------------
 // Weight-only int8/int4 (deamoe_trt/quant.py): the same neuron groups and passes, but the
-// weights stay packed in memory (int4: two per byte) and are dequantized in registers,
-// w = scale * (q - zero_point), fp32 accumulation. Layout of one quantized neuron group
-// (written by dm_pack_q; d must be a whole number of quantization groups, so dp == d):
-//   gate/up part, per quantization group of GS columns: the R rows' scales (fp32), then per
-//     column chunk (W columns): int8: R rows of W signed codes (q - 128); int4: R/2 row
-//     pairs of W bytes, byte i = row 2p's code of column i (low nibble) | row 2p+1's (high);
-//   down part, per output chunk (W outputs): int8: NB neurons of W signed codes; int4: NB/2
-//     neuron pairs of W bytes, as above.
+// weights stay packed in memory (int4: eight codes per 32-bit lane) and are turned into
+// floats in registers, fp32 accumulation. Per quantization group of GS columns, a row's
+// codes are dotted with x as they are, and the group's scale is applied once:
+//   x . w = sum_G scale_G * (sum_{j in G} x_j q_j - zero * sum_{j in G} x_j)
+// (the sums of x per group are computed once per step and shared by every row). That turns
+// an int4 code into a float with an and plus an int->float conversion (exact: codes are
+// small integers), or an and alone (kSubnormal, below), instead of a table lookup, which
+// the CPU can only issue on its shuffle ports: on Zen 4 the bare loop runs 1.3x (and +
+// convert) and 1.6x (and alone) faster than the lookup (docs/benchmarks.md).
+// Layout of one quantized neuron group (written by dm_pack_q; d must be a whole number of
+// quantization groups, so dp == d):
+//   gate/up part, per quantization group of GS columns: the R rows' scales (fp32, each
+//     multiplied by its row's kInt4RowFactor for int4), then per column chunk (W columns):
+//     int8: R rows of W signed codes (q - 128); int4: W 32-bit lanes, lane i holding the
+//     R rows' codes of column i, row r in bits 4r..4r+3;
+//   down part, per output chunk (W outputs): int8: NB neurons of W signed codes; int4: W
+//     16-bit lanes, lane i holding the NB neurons' codes of output i, neuron n in bits 4n..4n+3.
 // A block's down scales follow its groups: [f / GS][d] fp32, read from L1/L2 by every neuron
 // group of a quantization group (NB neurons never straddle one: GS is a multiple of NB).
 // ----------------------------------------------------------------------------------------
 
 constexpr int kMaxTokensPerPassQ = W == 16 ? 2 : 1;
+static_assert(R == 8 && NB == 4, "int4 lanes hold R = 8 gate/up codes and NB = 4 down codes");
 
 #if defined(__AVX512F__)
 using VI = __m512i;
-// W bytes -> W int32 lanes.
-inline VI load_u8(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline VI load_lanes(const uint8_t* p) { return _mm512_loadu_si512(p); }  // W 32-bit lanes
+inline VI load_u16(const uint8_t* p) { return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 inline VI load_s8(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline VI iand(VI a, uint32_t mask) { return _mm512_and_si512(a, _mm512_set1_epi32(static_cast<int>(mask))); }
+inline VI isrl(VI a, int n) { return _mm512_srli_epi32(a, n); }
 inline V to_float(VI v) { return _mm512_cvtepi32_ps(v); }
-// int4 rows: a 16-entry table of scale * (j - 8), looked up by each lane's low nibble
-// (vpermps reads only an index's low 4 bits): one instruction per vector of weights.
-struct Int4Row {
-  V table;
-};
-inline Int4Row int4_row(V base, float scale) { return {vmul(base, vset1(scale))}; }
-inline V int4_low(VI bytes, const Int4Row& r) { return _mm512_permutexvar_ps(bytes, r.table); }
-inline V int4_high(VI bytes, const Int4Row& r) { return _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), r.table); }
+inline V as_float(VI v) { return _mm512_castsi512_ps(v); }
 #else
 using VI = __m256i;
-inline VI load_u8(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline VI load_lanes(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline VI load_u16(const uint8_t* p) { return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 inline VI load_s8(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline VI iand(VI a, uint32_t mask) { return _mm256_and_si256(a, _mm256_set1_epi32(static_cast<int>(mask))); }
+inline VI isrl(VI a, int n) { return _mm256_srli_epi32(a, n); }
 inline V to_float(VI v) { return _mm256_cvtepi32_ps(v); }
-// int4 rows: q * scale - 8 * scale in one fma: both products are exact, so this is
-// scale * (q - 8) rounded once, as the reference computes it.
-struct Int4Row {
-  V scale, offset;
-};
-inline Int4Row int4_row(V, float scale) { return {vset1(scale), vset1(-8.0f * scale)}; }
-inline V int4_low(VI bytes, const Int4Row& r) {
-  return vfma(to_float(_mm256_and_si256(bytes, _mm256_set1_epi32(15))), r.scale, r.offset);
-}
-inline V int4_high(VI bytes, const Int4Row& r) { return vfma(to_float(_mm256_srli_epi32(bytes, 4)), r.scale, r.offset); }
+inline V as_float(VI v) { return _mm256_castsi256_ps(v); }
 #endif
 
-// (j - 8) for j = 0..15: int4 codes minus their zero point (the first W used by AVX2).
-alignas(64) constexpr float kInt4Values[16] = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+// Row r's int4 code becomes a float without leaving its lane: rows 0..3 are masked out of
+// the lanes as they are, rows 4..7 out of the lanes shifted down 16 bits (once per chunk),
+// which leaves the bits q * 2^(4r'), r' = r mod 4. Then, two ways:
+//   kConvert: int->float: the float q * 2^(4r');
+//   kSubnormal: nothing: the bits read as a float are the subnormal q * 2^(4r'-149). x is
+//     multiplied by 2^kSubnormalXShift once per step, so the product x * 2^64 * q * 2^(4r'-149)
+//     is an ordinary float (the FMA computes it exactly). One instruction fewer per 16
+//     weights: 1.3x over kConvert on the bare loop on AMD Zen 4, which takes subnormal
+//     inputs at full speed; other CPUs may take a microcode assist per subnormal input, so
+//     it is AMD's default only.
+// Both are exact. dm_pack_q multiplies the scales of row r by kInt4RowFactor[r] (a power of
+// two), which undoes 2^(4r'); kSubnormal's dot products then come out in 2^(64-149) and are
+// multiplied by kInt4GateUpUnit (exactly) once per neuron group.
+enum Int4Mode { kConvert = 0, kSubnormal = 1 };
+constexpr int kSubnormalXShift = 64;
+alignas(32) constexpr float kInt4RowFactor[R] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f};
+constexpr float kInt4GateUpUnit[2] = {1.0f, 0x1p85f};
+// Down codes (NB per 16-bit lane) the same way, all from the lanes as they are: neuron n's
+// code is q * 2^(4n) (kConvert) or q * 2^(4n-149) (kSubnormal); h_n is multiplied by
+// kInt4NeuronFactor[mode][n], which leaves h_n * q * kInt4DownUnit[mode]. The threads'
+// partial outputs are kept in that unit and divided by it (exactly) when they are summed.
+constexpr float kInt4NeuronFactor[2][NB] = {{1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f}, {0x1p96f, 0x1p92f, 0x1p88f, 0x1p84f}};
+constexpr float kInt4DownUnit[2] = {1.0f, 0x1p-53f};
 
+template <int r, int MODE>
+inline V int4_row_value(VI lanes, VI high) {
+  const VI bits = iand(r < 4 ? lanes : high, 0xFu << (4 * (r % 4)));
+  if constexpr (MODE == kSubnormal) return as_float(bits);
+  return to_float(bits);
+}
+
+// The quantized loops read memory slower than a plain stream (they compute between loads),
+// and the hardware prefetcher alone then leaves one core at ~11 GB/s; asking for the bytes
+// 2 KiB ahead (into L1) took it to ~14 GB/s on Zen 4 (1 KiB: 13, 4 KiB: 14, 8 KiB: 13).
+constexpr int64_t kPrefetchBytes = 2048;
+inline void prefetch_ahead(const uint8_t* p, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + i), _MM_HINT_T0);
+}
+
+template <int BITS>
+inline int64_t q_chunk_bytes() { return BITS == 4 ? 4 * W : R * W; }  // one gate/up column chunk
 inline int64_t q_gate_up_bytes(int bits, int64_t gs, int64_t dp) { return dp / gs * R * 4 + R * dp * bits / 8; }
 inline int64_t q_group_bytes(int bits, int64_t gs, int64_t dp) {
   return q_gate_up_bytes(bits, gs, dp) + NB * dp * bits / 8;
 }
 
-// One quantized neuron group for TT tokens (see group_pass): h = silu(x.gate) * (x.up) * weight,
-// then y += down * h, where dscale [dp] holds the down scales of this group's neurons.
-template <int TT, int BITS>
-inline void group_pass_q(const uint8_t* group, int64_t dp, int64_t gs, const float* dscale, const float* const* xs,
-                         const float* tok_w, float* const* ys) {
-  V acc[R][TT];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < TT; ++t) acc[r][t] = vzero();
-  const V base = vload(kInt4Values);
-  const uint8_t* w = group;
-  for (int64_t q0 = 0; q0 < dp; q0 += gs) {
-    const float* scale = reinterpret_cast<const float*>(w);
-    w += R * 4;
-    if constexpr (BITS == 4) {
-      Int4Row rows[R];
-      for (int r = 0; r < R; ++r) rows[r] = int4_row(base, scale[r]);
-      for (int64_t c = q0; c < q0 + gs; c += W, w += R / 2 * W) {
-        V x[TT];
-        for (int t = 0; t < TT; ++t) x[t] = vload(xs[t] + c);
-#pragma GCC unroll 4
-        for (int p = 0; p < R / 2; ++p) {
-          const VI bytes = load_u8(w + p * W);
-          const V w0 = int4_low(bytes, rows[2 * p]), w1 = int4_high(bytes, rows[2 * p + 1]);
-          for (int t = 0; t < TT; ++t) {
-            acc[2 * p][t] = vfma(w0, x[t], acc[2 * p][t]);
-            acc[2 * p + 1][t] = vfma(w1, x[t], acc[2 * p + 1][t]);
-          }
-        }
-      }
-    } else {
-      V scales[R];
-      for (int r = 0; r < R; ++r) scales[r] = vset1(scale[r]);
-      for (int64_t c = q0; c < q0 + gs; c += W, w += R * W) {
-        V x[TT];
-        for (int t = 0; t < TT; ++t) x[t] = vload(xs[t] + c);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const V wr = vmul(to_float(load_s8(w + r * W)), scales[r]);
-          for (int t = 0; t < TT; ++t) acc[r][t] = vfma(wr, x[t], acc[r][t]);
-        }
-      }
-    }
+// acc[r][t] += row r's codes (as floats, see above) * x[t] for one column chunk.
+template <int TT, int BITS, int MODE, int r = 0>
+inline void chunk_dot(const uint8_t* w, VI lanes, VI high, const V (&x)[TT], V (&acc)[R][TT]) {
+  if constexpr (r < R) {
+    V wr;
+    if constexpr (BITS == 4)
+      wr = int4_row_value<r, MODE>(lanes, high);
+    else
+      wr = to_float(load_s8(w + r * W));
+    for (int t = 0; t < TT; ++t) acc[r][t] = vfma(wr, x[t], acc[r][t]);
+    chunk_dot<TT, BITS, MODE, r + 1>(w, lanes, high, x, acc);
   }
-  alignas(64) float h[W];
-  activations<TT>(acc, tok_w, h);
+}
 
-  // Down: y += scale_o * sum_n h_n * (q_on - zero): the NB neurons share each output's scale.
+constexpr float kUnitFactors[NB] = {1.0f, 1.0f, 1.0f, 1.0f};
+
+// y += scale_o * sum_n h_n * (q_on - zero) for one neuron group's down part w: h [NB * TT]
+// (neuron n, token t at n * TT + t), each multiplied by factors[n]; zero_term: the zero
+// point in the unit of y.
+template <int TT, int BITS, int MODE>
+inline void down_pass_q(const uint8_t* w, int64_t dp, const float* dscale, const float* h, const float* factors,
+                        float zero_term, float* const* ys) {
+  float hs[NB][TT], offset[TT];
+  for (int t = 0; t < TT; ++t) {
+    float sum = 0.0f;
+    for (int n = 0; n < NB; ++n) {
+      hs[n][t] = h[n * TT + t] * factors[n];
+      sum += h[n * TT + t];
+    }
+    offset[t] = -zero_term * sum;
+  }
   for (int64_t c = 0; c < dp; c += W) {
     V d[NB];
+    prefetch_ahead(w, BITS == 4 ? 2 * W : NB * W);
     if constexpr (BITS == 4) {
-#if defined(__AVX512F__)
-      for (int p = 0; p < NB / 2; ++p) {
-        const VI bytes = load_u8(w + p * W);
-        d[2 * p] = _mm512_permutexvar_ps(bytes, base);
-        d[2 * p + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), base);
+      const VI lanes = load_u16(w);
+      for (int n = 0; n < NB; ++n) {
+        const VI bits = iand(lanes, 0xFu << (4 * n));
+        d[n] = MODE == kSubnormal ? as_float(bits) : to_float(bits);
       }
-#else
-      const Int4Row unit = int4_row(base, 1.0f);
-      for (int p = 0; p < NB / 2; ++p) {
-        const VI bytes = load_u8(w + p * W);
-        d[2 * p] = int4_low(bytes, unit);
-        d[2 * p + 1] = int4_high(bytes, unit);
-      }
-#endif
-      w += NB / 2 * W;
+      w += 2 * W;
     } else {
       for (int n = 0; n < NB; ++n) d[n] = to_float(load_s8(w + n * W));
       w += NB * W;
@@ -379,26 +392,103 @@ inline void group_pass_q(const uint8_t* group, int64_t dp, int64_t gs, const flo
     const V s = vload(dscale + c);
 #pragma GCC unroll 4
     for (int t = 0; t < TT; ++t) {
-      V y0 = vzero(), y1 = vzero();
-      for (int n = 0; n < NB; n += 2) {
-        y0 = vfma(vset1(h[n * TT + t]), d[n], y0);
-        y1 = vfma(vset1(h[(n + 1) * TT + t]), d[n + 1], y1);
-      }
-      vstore(ys[t] + c, vfma(vadd(y0, y1), s, vload(ys[t] + c)));
+      // One chain per output vector: the chunks are independent, so the core overlaps them.
+      V sum = vset1(offset[t]);
+      for (int n = 0; n < NB; ++n) sum = vfma(vset1(hs[n][t]), d[n], sum);
+      vstore(ys[t] + c, vfma(sum, s, vload(ys[t] + c)));
     }
   }
 }
 
-template <int BITS>
+// One quantized neuron group for TT tokens (see group_pass): h = silu(x.gate) * (x.up) * weight,
+// then y += down * h, where dscale [dp] holds the down scales of this group's neurons and
+// xsums[t] the sums of token t's x per quantization group. int4 kSubnormal: xs are x * 2^64.
+template <int TT, int BITS, int MODE>
+inline void group_pass_q(const uint8_t* group, int64_t dp, int64_t gs, const float* dscale, const float* const* xs,
+                         const float* const* xsums, const float* tok_w, float* const* ys) {
+  constexpr float zero = BITS == 4 ? 8.0f : 0.0f;  // int8 codes are stored signed
+  V total[R][TT];
+  __m256 corr[TT];  // per row r (lane r): sum_G scale_G,r * xsum_G, for the zero point
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < TT; ++t) total[r][t] = vzero();
+  for (int t = 0; t < TT; ++t) corr[t] = _mm256_setzero_ps();
+  const uint8_t* w = group;
+  for (int64_t q0 = 0, g = 0; q0 < dp; q0 += gs, ++g) {
+    const float* scale = reinterpret_cast<const float*>(w);
+    w += R * 4;
+    V acc[R][TT];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < TT; ++t) acc[r][t] = vzero();
+    for (int64_t c = q0; c < q0 + gs; c += W, w += q_chunk_bytes<BITS>()) {
+      prefetch_ahead(w, q_chunk_bytes<BITS>());
+      V x[TT];
+      for (int t = 0; t < TT; ++t) x[t] = vload(xs[t] + c);
+      VI lanes{}, high{};
+      if constexpr (BITS == 4) {
+        lanes = load_lanes(w);
+        high = isrl(lanes, 16);
+      }
+      chunk_dot<TT, BITS, MODE>(w, lanes, high, x, acc);
+    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < TT; ++t) total[r][t] = vfma(acc[r][t], vset1(scale[r]), total[r][t]);
+    if constexpr (BITS == 4) {
+      const __m256 s = _mm256_loadu_ps(scale);
+      for (int t = 0; t < TT; ++t) corr[t] = _mm256_fmadd_ps(s, _mm256_set1_ps(xsums[t][g]), corr[t]);
+    }
+  }
+  // g and u of each (neuron, token), less the zero point's share (its scales carried the row
+  // factors: divided out, exactly).
+  const float unit = BITS == 4 ? kInt4GateUpUnit[MODE] : 1.0f;
+  alignas(32) float zp[TT][R];
+  for (int t = 0; t < TT; ++t) {
+    const __m256 unscaled = _mm256_div_ps(corr[t], _mm256_load_ps(kInt4RowFactor));
+    _mm256_store_ps(zp[t], _mm256_mul_ps(unscaled, _mm256_set1_ps(zero)));
+  }
+  alignas(64) float gate[W] = {}, up[W] = {}, h[W];
+  for (int n = 0; n < NB; ++n)
+    for (int t = 0; t < TT; ++t) {
+      gate[n * TT + t] = vsum(total[2 * n][t]) * unit - zp[t][2 * n];
+      up[n * TT + t] = (vsum(total[2 * n + 1][t]) * unit - zp[t][2 * n + 1]) * tok_w[t];
+    }
+  vstore(h, vmul(vsilu(vload(gate)), vload(up)));
+
+  // Down: y += scale_o * sum_n h_n * (q_on - zero): the NB neurons share each output's
+  // scale. int4: h_n is multiplied by kInt4NeuronFactor (see there), y is in kInt4DownUnit.
+  // kSubnormal's factors (2^84..2^96) would overflow an h_n of 2^32 or more (never seen in a
+  // model, but possible): such a group takes the conversion instead, in the same unit.
+  const uint8_t* down = w;
+  if constexpr (BITS == 4 && MODE == kSubnormal) {
+    float largest = 0.0f;
+    for (int i = 0; i < NB * TT; ++i) largest = std::max(largest, std::fabs(h[i]));
+    if (!(largest < 0x1p32f)) {  // NaN included: either way it propagates
+      constexpr float unit = kInt4DownUnit[kSubnormal];
+      const float factors[NB] = {unit, unit * 0x1p-4f, unit * 0x1p-8f, unit * 0x1p-12f};
+      return down_pass_q<TT, BITS, kConvert>(down, dp, dscale, h, factors, zero * unit, ys);
+    }
+  }
+  const float* factors = BITS == 4 ? kInt4NeuronFactor[MODE] : kUnitFactors;
+  down_pass_q<TT, BITS, MODE>(down, dp, dscale, h, factors, zero * (BITS == 4 ? kInt4DownUnit[MODE] : 1.0f), ys);
+}
+
+template <int BITS, int MODE>
 void group_pass_q_any(int tt, const uint8_t* group, int64_t dp, int64_t gs, const float* dscale,
-                      const float* const* xs, const float* tok_w, float* const* ys) {
+                      const float* const* xs, const float* const* xsums, const float* tok_w, float* const* ys) {
   switch (tt) {
-    case 1: return group_pass_q<1, BITS>(group, dp, gs, dscale, xs, tok_w, ys);
+    case 1: return group_pass_q<1, BITS, MODE>(group, dp, gs, dscale, xs, xsums, tok_w, ys);
     case 2:
-      if constexpr (kMaxTokensPerPassQ >= 2) return group_pass_q<2, BITS>(group, dp, gs, dscale, xs, tok_w, ys);
+      if constexpr (kMaxTokensPerPassQ >= 2)
+        return group_pass_q<2, BITS, MODE>(group, dp, gs, dscale, xs, xsums, tok_w, ys);
       break;
   }
 }
+
+// The int4 mode this process uses (dm_int4_mode): kSubnormal on AMD, kConvert elsewhere.
+// (__builtin_cpu_init: this runs as a constructor, possibly before libgcc's own.)
+std::atomic<int> g_int4_mode{[] {
+  __builtin_cpu_init();
+  return __builtin_cpu_is("amd") ? kSubnormal : kConvert;
+}()};
 
 // ----------------------------------------------------------------------------------------
 // Thread pool: the calling thread is thread 0, n-1 workers. A worker spins briefly after a
@@ -579,7 +669,10 @@ struct Step {
   std::vector<Task> tasks;
   std::vector<int64_t> tok_idx;
   std::vector<float> tok_w;
-  float* partial;  // [threads, tokens, dp]
+  std::vector<float> xsum;  // int4: [tokens, dp / group_size], each group's sum of x (its zero point's share)
+  int int4_mode = kConvert;
+  std::vector<float> x_shifted;  // int4 kSubnormal: x * 2^kSubnormalXShift, [tokens, dp]
+  float* partial;           // [threads, tokens, dp]
 };
 
 template <typename WT>
@@ -607,13 +700,14 @@ void run_tasks(const Step& s, int tid, int nthreads) {
   }
 }
 
-template <int BITS>
+template <int BITS, int MODE>
 void run_tasks_q(const Step& s, int tid, int nthreads) {
   const int64_t dp = s.dp, gs = s.group_size;
   float* mine = s.partial + tid * s.tokens * dp;
   std::fill(mine, mine + s.tokens * dp, 0.0f);
   const int64_t group_bytes = q_group_bytes(BITS, gs, dp);
   const float* xs[kMaxTokensPerPassQ];
+  const float* xsums[kMaxTokensPerPassQ];
   float* ys[kMaxTokensPerPassQ];
   for (const Task& task : s.tasks) {
     int64_t g0, g1;
@@ -624,22 +718,25 @@ void run_tasks_q(const Step& s, int tid, int nthreads) {
       const int tt = static_cast<int>(std::min<int64_t>(kMaxTokensPerPassQ, task.tok_count - t0));
       for (int t = 0; t < tt; ++t) {
         const int64_t token = s.tok_idx[task.tok_begin + t0 + t];
-        xs[t] = s.x + token * dp;
+        xs[t] = (MODE == kSubnormal ? s.x_shifted.data() : s.x) + token * dp;
+        xsums[t] = BITS == 4 ? s.xsum.data() + token * (dp / gs) : nullptr;
         ys[t] = mine + token * dp;
       }
       const float* w = s.tok_w.data() + task.tok_begin + t0;
       for (int64_t g = g0; g < g1; ++g)
-        group_pass_q_any<BITS>(tt, base + g * group_bytes, dp, gs, dscales + g * NB / gs * dp, xs, w, ys);
+        group_pass_q_any<BITS, MODE>(tt, base + g * group_bytes, dp, gs, dscales + g * NB / gs * dp, xs, xsums, w, ys);
     }
   }
 }
 
 void step_job(void* ctx, int tid, int nthreads) {
   const Step& s = *static_cast<const Step*>(ctx);
-  if (s.bits == 4)
-    run_tasks_q<4>(s, tid, nthreads);
+  if (s.bits == 4 && s.int4_mode == kSubnormal)
+    run_tasks_q<4, kSubnormal>(s, tid, nthreads);
+  else if (s.bits == 4)
+    run_tasks_q<4, kConvert>(s, tid, nthreads);
   else if (s.bits == 8)
-    run_tasks_q<8>(s, tid, nthreads);
+    run_tasks_q<8, kConvert>(s, tid, nthreads);
   else if (s.dtype == 1)
     run_tasks<uint16_t>(s, tid, nthreads);
   else
@@ -719,7 +816,13 @@ void busy_job(void* ctx, int, int) {
 
 extern "C" {
 
-int dm_abi_version() { return 3; }
+int dm_abi_version() { return 4; }
+// The int4 code-to-float mode (see kConvert / kSubnormal): set it with 0 or 1 (tests run
+// both), pass -1 to only read it. Returns the mode in force.
+int dm_int4_mode(int mode) {
+  if (mode == kConvert || mode == kSubnormal) g_int4_mode.store(mode);
+  return g_int4_mode.load();
+}
 const char* dm_simd() { return DEAMOE_SIMD; }
 int64_t dm_row_pad() { return kPad; }
 int64_t dm_neurons_per_group() { return NB; }
@@ -816,14 +919,15 @@ int dm_pack_q(const uint8_t* gu_codes, const float* gu_scales, const uint8_t* dn
         const float* scales = gu_scales + (b * 2 * f + row) * (d / gs);
         for (int64_t q = 0; q < d / gs; ++q) {
           uint8_t* qg = grp + q * (R * 4 + R * gs * bits / 8);
-          std::memcpy(qg + r * 4, &scales[q], 4);
+          const float scale = bits == 4 ? scales[q] * kInt4RowFactor[r] : scales[q];
+          std::memcpy(qg + r * 4, &scale, 4);
           for (int64_t c = 0; c < gs; ++c) {
             uint8_t* chunk = qg + R * 4 + (c / W) * (R * W * bits / 8);
             const int64_t i = c % W;
             if (bits == 8)
               put(chunk + r * W + i, 0, codes[q * gs + c]);
-            else
-              put(chunk + (r / 2) * W + i, static_cast<int>(r % 2), codes[q * gs + c]);
+            else  // lane i (4 bytes), bits 4r..4r+3
+              put(chunk + 4 * i + r / 2, static_cast<int>(r % 2), codes[q * gs + c]);
           }
         }
       }
@@ -833,8 +937,8 @@ int dm_pack_q(const uint8_t* gu_codes, const float* gu_scales, const uint8_t* dn
         const uint8_t v = dn_codes[(b * d + o) * f + n];
         if (bits == 8)
           put(chunk + lane * W + o % W, 0, v);
-        else
-          put(chunk + (lane / 2) * W + o % W, static_cast<int>(lane % 2), v);
+        else  // lane o % W (2 bytes), bits 4n..4n+3
+          put(chunk + 2 * (o % W) + lane / 2, static_cast<int>(lane % 2), v);
       }
     }
     auto* dscales = reinterpret_cast<float*>(blk + groups * group_bytes);
@@ -956,6 +1060,29 @@ void run_step(Pool* pool, const dm_layer& L, const float* x, int64_t tokens, con
   s.tokens = tokens;
   s.x = x;
   s.partial = scratch;
+  if (L.weight_bits == 4) {  // once per step, for every row of every block
+    const int64_t gs = L.group_size;
+    s.xsum.resize(static_cast<size_t>(tokens * (dp / gs)));
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t q = 0; q < dp / gs; ++q) {
+        float sum = 0.0f;
+        for (int64_t c = 0; c < gs; ++c) sum += x[t * dp + q * gs + c];
+        s.xsum[t * (dp / gs) + q] = sum;
+      }
+    s.int4_mode = g_int4_mode.load(std::memory_order_relaxed);
+    if (s.int4_mode == kSubnormal) {
+      // x * 2^64 would overflow from |x| = 2^64 on (never seen in a model, but possible):
+      // such a step takes the conversion instead.
+      const float shift = std::ldexp(1.0f, kSubnormalXShift);
+      float largest = 0.0f;
+      s.x_shifted.resize(static_cast<size_t>(tokens * dp));
+      for (int64_t i = 0; i < tokens * dp; ++i) {
+        s.x_shifted[i] = x[i] * shift;
+        largest = std::max(largest, std::fabs(x[i]));
+      }
+      if (!(largest < 0x1p60f)) s.int4_mode = kConvert;
+    }
+  }
   const int64_t esize = L.dtype == 1 ? 2 : 4;
   auto block = [&](const void* base, int64_t index, int64_t groups) {
     if (L.weight_bits)  // groups, then the block's down scales
@@ -1014,8 +1141,10 @@ void run_step(Pool* pool, const dm_layer& L, const float* x, int64_t tokens, con
 
   pool->run(step_job, &s);
 
-  // Sum the threads' partial outputs in thread order (deterministic), dropping the padding.
+  // Sum the threads' partial outputs in thread order (deterministic), dropping the padding;
+  // int4's are in kInt4DownUnit.
   const int nthreads = pool->size();
+  const float unit = L.weight_bits == 4 ? 1.0f / kInt4DownUnit[s.int4_mode] : 1.0f;
   for (int64_t t = 0; t < tokens; ++t) {
     float* out = y + t * L.d;
     std::memcpy(out, scratch + t * dp, static_cast<size_t>(L.d) * sizeof(float));
@@ -1023,6 +1152,8 @@ void run_step(Pool* pool, const dm_layer& L, const float* x, int64_t tokens, con
       const float* p = scratch + (th * tokens + t) * dp;
       for (int64_t c = 0; c < L.d; ++c) out[c] += p[c];
     }
+    if (unit != 1.0f)
+      for (int64_t c = 0; c < L.d; ++c) out[c] *= unit;
   }
 }
 

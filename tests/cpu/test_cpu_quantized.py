@@ -1,5 +1,6 @@
 """The CPU kernel on int8/int4 layers against the exactly dequantized PyTorch reference."""
 
+import copy
 import ctypes
 import subprocess
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from configs import DEEPSEEK_STYLE_GROUPED, QWEN2_STYLE_GROUPED
-from deamoe_trt import PRESETS, DeaMoELayer, DeaMoEStack, MissingDependencyError
+from deamoe_trt import PRESETS, DeaMoELayer, DeaMoEStack, MissingDependencyError, UsageError
 from deamoe_trt.inputs import random_hidden
 from deamoe_trt.quant import QuantConfig
 
@@ -45,18 +46,77 @@ def test_deterministic_and_thread_counts_agree(pair):
     torch.testing.assert_close(one, fast(x), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("group_size", [32, 64, 128])
+# Every bits x group size x pass shape, int4 in both code-to-float modes: 256 columns are
+# 2..16 quantization groups, 16 tokens are 8 passes of 2 (AVX2: 16 of 1), 3 ends on a pass
+# of 1. Few experts: quantizing and the reference are what take the time.
+WIDE = CONFIGS["deepseek-style"].replace(
+    hidden_size=256,
+    num_departments=2,
+    experts_per_department=2,
+    top_k=2,
+    top_departments=1,
+    shared_intermediate_size=128,
+    private_intermediate_size=128,
+    shared_expert_intermediate_size=128,
+)
+
+
+@pytest.fixture(scope="module", params=[(bits, gs) for bits in (4, 8) for gs in (16, 32, 64, 128)], ids=str)
+def wide(request):
+    """A quantized layer, and its reference outputs for 1, 3 and 16 tokens (computed once for
+    both int4 modes: the reference takes 0.3-1 s a call)."""
+    bits, group_size = request.param
+    layer = DeaMoELayer.random(WIDE, seed=group_size).quantized(QuantConfig(bits, group_size))
+    with torch.no_grad():
+        xs = [random_hidden(tokens, WIDE.hidden_size, seed=tokens) for tokens in (1, 3, 16)]
+        return layer, [(x, layer(x)) for x in xs]
+
+
+@pytest.fixture
+def int4_mode():
+    """Set the kernel's int4 mode for a test, and restore the process's default after it."""
+    default = cpu.int4_mode()
+    yield cpu.int4_mode
+    cpu.int4_mode(default)
+
+
+@pytest.mark.parametrize("mode", cpu.INT4_MODES)
 @torch.no_grad()
-def test_group_sizes(group_size):
-    config = CONFIGS["deepseek-style"].replace(
-        hidden_size=128,
-        shared_intermediate_size=128,
-        private_intermediate_size=128,
-        shared_expert_intermediate_size=128,
-    )
-    layer = DeaMoELayer.random(config, seed=1).quantized(QuantConfig(4, group_size))
-    x = random_hidden(3, 128, seed=1)
-    torch.testing.assert_close(cpu.CpuDeaMoE(layer)(x), layer(x), rtol=1e-5, atol=1e-5)
+def test_group_sizes_and_passes(wide, mode, int4_mode):
+    layer, references = wide
+    fast = cpu.CpuDeaMoE(layer)
+    int4_mode(mode)  # int8 ignores it: both runs must match
+    for x, want in references:
+        torch.testing.assert_close(fast(x), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", cpu.INT4_MODES)
+@torch.no_grad()
+def test_int4_modes_keep_precision_across_magnitudes(mode, int4_mode):
+    """Tokens from 1e-8 to 1e6: the subnormal mode scales x by 2^64, h by up to 2^96 and its
+    codes sit 2^-149 low (1e6 makes some h exceed 2^32: those groups take the conversion);
+    each token's output must still match the reference to fp32 rounding, relative to its
+    own scale. Then a token of 2e18 (over 2^60: the whole step takes the conversion), with
+    weights scaled down by 1e-12 so that the reference stays finite."""
+    layer = DeaMoELayer.random(WIDE.replace(shared_expert_intermediate_size=0), seed=7).quantized(QuantConfig(4, 32))
+    int4_mode(mode)
+    small = copy.deepcopy(layer)
+    for module in small.modules():
+        if hasattr(module, "scales"):
+            module.scales.mul_(1e-12)
+    for model, magnitudes in ((layer, [1e-8, 1e-3, 1.0, 1e4, 1e6]), (small, [1.0, 1e3, 2e18])):
+        x = random_hidden(len(magnitudes), WIDE.hidden_size, seed=7) * torch.tensor(magnitudes)[:, None]
+        got, want = cpu.CpuDeaMoE(model)(x), model(x)
+        assert torch.isfinite(want).all()
+        # Scale each token's error by that token's output.
+        scale = want.abs().amax(dim=1, keepdim=True)
+        torch.testing.assert_close(got / scale, want / scale, rtol=0, atol=2e-5)
+    assert int4_mode() == mode
+
+
+def test_int4_mode_rejects_unknown_names():
+    with pytest.raises(UsageError, match="int4 mode"):
+        cpu.int4_mode("lookup")
 
 
 def test_holds_packed_bytes_only():
@@ -108,7 +168,9 @@ def test_avx2_build_matches_reference(tmp_path, monkeypatch):
     assert lib.dm_simd().decode() == "avx2"
     monkeypatch.setattr(_build, "_lib", lib)
     monkeypatch.setattr(cpu, "_pools", {})
-    for bits in (4, 8):
+    for bits, mode in [(4, "convert"), (4, "subnormal"), (8, None)]:
+        if mode:
+            cpu.int4_mode(mode)
         layer = DeaMoELayer.random(CONFIGS["deepseek-style"], seed=5).quantized(QuantConfig(bits, 16))
         for tokens in (1, 3):
             x = random_hidden(tokens, 64, seed=tokens)
