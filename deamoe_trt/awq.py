@@ -16,7 +16,10 @@ the scales they are rounded with, from calibration tokens (the layer's inputs):
   scale covers clip * max|w| for the clip in CLIP_RATIOS that minimises that group's output
   error on the calibration activations. gate_up's input is the layer input x, shared by the
   router (never quantized) and every part, with nothing before it in a layer checkpoint to
-  fold a scale into: clipping is all AWQ can do for it here.
+  fold a scale into: clipping is all AWQ can do for it there. In a language model x is
+  the pre-FFN RMSNorm's output, which can absorb 1/s: search_input_scales chooses one s
+  per channel for the layer and fold_input_scales multiplies every reader of x by it
+  (deamoe_trt.lm.quantize.quantize_lm_awq folds the norm).
 
 Calibration tokens reach each part as the router sends them: an expert sees the tokens that
 kept it, a department the tokens with a kept expert in it, the shared experts all tokens,
@@ -231,6 +234,63 @@ def fold(layer, plan: AwqPlan):
         width = part.down.shape[-1]
         part.down.mul_(s.unsqueeze(-2))
         part.gate_up[..., width:, :].div_(s.unsqueeze(-1))
+    return folded
+
+
+@torch.no_grad()
+def search_input_scales(layer, quant: QuantConfig, x: torch.Tensor, *, alphas=ALPHAS) -> torch.Tensor:
+    """Per-input-channel scales s [d] (powers of two) for every gate_up of a float layer whose
+    input x [T, d] comes from something that can absorb 1/s (a language model's pre-FFN RMSNorm:
+    norm weight / s, fold_input_scales multiplies every consumer of x by s).
+
+    x is shared by every part and the router, so one s for the layer: s = mean|x|^alpha over
+    all tokens, for the alpha of the grid whose quantized gate_ups give the least layer output
+    error ||y' - y||^2 on x, as AWQ scores a scale by its block's output. Each candidate's
+    gate_ups are quantized as `search` will quantize them, with their clipping searched on
+    x / s (clipping alone often does what the scales do; measured without it, scales that
+    helped round to nearest made clipped weights worse); down stays float and the routing is
+    unchanged (the router is not quantized). alpha = 0 (s = 1) is on the grid."""
+    x = x.reshape(-1, layer.config.hidden_size).to(layer.dtype)
+    xf = x.float()
+    want = layer(x).float()
+    mean = xf.abs().mean(dim=0)
+    mean = mean.clamp_min(float(mean.max()) * 1e-4 if float(mean.max()) > 0 else 1.0)
+    groups = receivers(layer, x)
+    trial = copy.deepcopy(layer)
+    errors, candidates = [], []
+    for alpha in alphas:
+        s = mean.pow(alpha)
+        s = s / (s.max() * s.min()).sqrt()
+        s = torch.exp2(torch.log2(s).round().clamp(-MAX_EXPONENT, MAX_EXPONENT))
+        for name, part_groups in groups.items():
+            part = getattr(layer, name)
+            gate_up = _stacked(part.gate_up)
+            fakes = []
+            for g, (tokens, weight) in enumerate(part_groups):
+                scaled = gate_up[g].float() * s
+                clip = search_clip(scaled, xf[tokens] / s * weight.float()[:, None], quant, layer.dtype)
+                fakes.append(_fake_quantize(scaled, quant, layer.dtype, clip) / s)
+            getattr(trial, name).gate_up.copy_(torch.stack(fakes).view_as(part.gate_up))
+        errors.append(float((trial(x).float() - want).square().sum()))
+        candidates.append(s)
+    return candidates[min(range(len(alphas)), key=errors.__getitem__)]  # ties: the first, alpha = 0
+
+
+@torch.no_grad()
+def fold_input_scales(layer, s: torch.Tensor):
+    """A copy of the float layer that computes layer(x) from x / s: every consumer of x (the
+    router, every gate_up, the shared-expert gate) multiplied by s on its input columns.
+    Powers of two: every product is the original's, bit for bit (barring subnormals), so the
+    routing and the output are identical."""
+    folded = copy.deepcopy(layer)
+    folded.router.weight.mul_(s.to(folded.router.weight.dtype))
+    for name in PARTS:
+        part = getattr(folded, name)
+        if part is not None:
+            part.gate_up.mul_(s.to(part.gate_up.dtype))
+    shared = folded.shared_experts
+    if shared is not None and shared.gate is not None:
+        shared.gate.mul_(s.to(shared.gate.dtype))
     return folded
 
 

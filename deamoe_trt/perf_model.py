@@ -21,8 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import DeaMoEConfig
+from .errors import UsageError
+from .layer import check_quantizable
 from .presets import PRESETS
+from .quant import QuantConfig
 from .report import format_table
+from .traffic import ffn_bytes
 
 # The kernels' launch geometry (plugins/deamoe/deamoeInternal.h).
 THREADS = 128
@@ -85,9 +89,32 @@ DEFAULT_REGISTERS = {
         "downKernel": {1: 72, 2: 78, 4: 95, 8: 92, 16: 114},
     },
 }
+# The same for the quantized kernels (BITS 4 and 8: int4/int8 codes, bf16 scales), sm_90;
+# the model uses them for every arch (ptxas gives sm_86/87 within a few registers of it).
+QUANT_REGISTERS = {
+    4: {
+        "routerSharedKernel": {1: 127, 2: 154, 4: 189, 8: 107, 16: 157},
+        "routedKernel": {1: 108, 2: 160, 4: 179, 8: 128, 16: 175},
+        "downKernel": {1: 72, 2: 92, 4: 126, 8: 110, 16: 134},
+    },
+    8: {
+        "routerSharedKernel": {1: 88, 2: 124, 4: 141, 8: 128, 16: 128},
+        "routedKernel": {1: 87, 2: 122, 4: 128, 8: 128, 16: 177},
+        "downKernel": {1: 72, 2: 80, 4: 102, 8: 112, 16: 138},
+    },
+}
 KERNELS = ("routerSharedKernel", "routedKernel", "downKernel")
 # 16-byte loads each lane keeps in flight (Unroll<TT> x rows per warp, deamoeDevice.cuh).
 LOADS_IN_FLIGHT = {1: 8, 2: 8, 4: 8, 8: 4, 16: 4}
+# Quantized down rows keep 2 chunks per row in flight (QuantUnroll), 2 rows per warp.
+QUANT_DOWN_LOADS_IN_FLIGHT = 4
+# Assumed instructions per quantized weight to turn a code into the float q - zp, whatever
+# the tokens (deamoeDevice.cuh's dequantizeCodes: int4 a shift and a mask-or for 7 of 8
+# codes and a float add; int8 a byte extract and a float add), and the extra FMA per 8
+# weights and token that applies the scale. They share the SM's issue slots with the FMAs,
+# which is how the model counts them (fp32 lanes = issue slots per clock on sm_80+).
+DEQUANT_OPS_PER_WEIGHT = {4: 2.9, 8: 2.0}
+SCALE_FMAS_PER_WEIGHT = 1 / 8
 
 
 def tile_tokens(tokens: int) -> int:
@@ -95,8 +122,11 @@ def tile_tokens(tokens: int) -> int:
     return min(MAX_TILE_TOKENS, 1 << max(0, math.ceil(math.log2(max(tokens, 1)))))
 
 
-def parse_ptxas_registers(text: str, arch: int, dtype: str = "__nv_bfloat16") -> dict[str, dict[int, int]]:
-    """Registers per (kernel, token tile) for one arch and dtype from `nvcc -Xptxas -v` output."""
+def parse_ptxas_registers(
+    text: str, arch: int, dtype: str = "__nv_bfloat16", bits: int = 0
+) -> dict[str, dict[int, int]]:
+    """Registers per (kernel, token tile) for one arch, dtype and weight format (bits: 0 for
+    float FFN weights, 4 or 8 for the quantized kernels) from `nvcc -Xptxas -v` output."""
     out: dict[str, dict[int, int]] = {}
     current = None
     for line in text.splitlines():
@@ -104,8 +134,8 @@ def parse_ptxas_registers(text: str, arch: int, dtype: str = "__nv_bfloat16") ->
         if entry:
             name, sm = entry.groups()
             current = None
-            match = re.search(r"detail\d+(\w+?Kernel)I\d*" + re.escape(dtype) + r"Li(\d+)E", name)
-            if match and int(sm) == arch:
+            match = re.search(r"detail\d+(\w+?Kernel)I\d*" + re.escape(dtype) + r"Li(\d+)E(?:Li(\d+)E)?", name)
+            if match and int(sm) == arch and int(match.group(3) or 0) == bits:
                 kernel = re.sub(r"^\d+", "", match.group(1))
                 current = (kernel, int(match.group(2)))
             continue
@@ -173,12 +203,27 @@ def predict_step(
     used_experts: int,
     mode: str = "pdl",
     registers: dict[int, dict[str, dict[int, int]]] | None = None,
+    quant: QuantConfig | None = None,
 ) -> list[KernelPrediction]:
-    """One tile of `tokens` (<= 16) tokens whose routing uses the given parts: K1, K2, K3."""
+    """One tile of `tokens` (<= 16) tokens whose routing uses the given parts: K1, K2, K3.
+
+    quant: the FFN weights are int4/int8 codes plus one B-byte scale per group (the router
+    stays B bytes): bytes per weight, gate/up geometry, down loads in flight, registers and
+    the dequantization's instructions follow the quantized kernels."""
     c, b, d, T = config, bytes_per_weight, config.hidden_size, tokens
     tt = tile_tokens(T)
-    regs = (registers or DEFAULT_REGISTERS)[device.arch]
+    regs = QUANT_REGISTERS[quant.bits] if quant else (registers or DEFAULT_REGISTERS)[device.arch]
     loads = LOADS_IN_FLIGHT[tt]
+    down_loads = QUANT_DOWN_LOADS_IN_FLIGHT if quant else loads
+
+    def ffn(numel: int) -> int:  # bytes of numel FFN weights as stored
+        return ffn_bytes(numel, b, quant)
+
+    def ops(numel: int, tokens: float) -> float:  # issue slots (FMAs) to apply numel weights to tokens
+        if quant is None:
+            return tokens * numel
+        return tokens * numel * (1 + SCALE_FMAS_PER_WEIGHT) + numel * DEQUANT_OPS_PER_WEIGHT[quant.bits]
+
     u_d = used_departments if c.shared_intermediate_size else 0
     u_e = used_experts if c.private_intermediate_size else 0
     f_s, f_p, f_sh = c.shared_intermediate_size, c.private_intermediate_size, c.shared_expert_intermediate_size
@@ -186,35 +231,41 @@ def predict_step(
     gap = GAP_S["pdl" if mode == "pdl" and device.pdl else ("graph" if mode != "eager" else "eager")]
 
     # Gate/up geometry (Geometry<T>): a row is split over up to 4 warps of <= 256 chunks each.
-    chunks = d * b // 16
-    slices = 1
-    while slices < WARPS and chunks > 256 * slices:
-        slices *= 2
-    neurons_per_block = WARPS // slices
+    def gate_up_neurons_per_block(chunks: int) -> int:
+        slices = 1
+        while slices < WARPS and chunks > 256 * slices:
+            slices *= 2
+        return WARPS // slices
+
+    # K1's slices follow the router rows (B bytes), K2's the FFN rows (codes when quantized).
+    k1_neurons = gate_up_neurons_per_block(d * b // 16)
+    neurons_per_block = gate_up_neurons_per_block(d * quant.bits // 128 if quant else d * b // 16)
     row_tiles = math.ceil(d / DOWN_ROWS_PER_BLOCK)
 
     # K1: router rows (+ the shared-expert gate row) and the shared experts' gate/up.
     router_rows = N + (1 if c.shared_expert_gate else 0)
-    k1_bytes = router_rows * d * b + 2 * f_sh * d * b
-    k1_blocks = math.ceil(math.ceil(router_rows / 2) / neurons_per_block) + math.ceil(f_sh / neurons_per_block)
+    k1_bytes = router_rows * d * b + ffn(2 * f_sh * d)
+    k1_blocks = math.ceil(math.ceil(router_rows / 2) / k1_neurons) + math.ceil(f_sh / k1_neurons)
     k1_regs = regs["routerSharedKernel"][tt]
     k1_time, k1_bound = _stream_time(
-        device, k1_bytes, k1_blocks, blocks_per_sm(device, k1_regs), loads, T * k1_bytes / b
+        device, k1_bytes, k1_blocks, blocks_per_sm(device, k1_regs), loads, T * router_rows * d + ops(2 * f_sh * d, T)
     )
 
     # K2: routing (the bias), the shared experts' down and the used parts' gate/up.
     routing_blocks = math.ceil(T / TOKENS_PER_ROUTING_BLOCK)
-    shared_down = f_sh * d * b
-    routed_gate_up = (u_d * 2 * f_s + u_e * 2 * f_p) * d * b
+    shared_down = ffn(f_sh * d)
+    routed_gate_up = ffn((u_d * 2 * f_s + u_e * 2 * f_p) * d)
     # The selection bias is float32 whatever the layer dtype (spec, "Router precision").
     k2_bytes = (N * 4 if c.router_bias else 0) + shared_down + routed_gate_up
     k2_regs = regs["routedKernel"][tt]
     smem = 4 * (N + c.num_departments) + 4 * WARPS * (N + c.num_departments + c.top_departments)
     per_sm = blocks_per_sm(device, k2_regs, smem)
     routing = ROUTING_FIXED_S + ROUTING_PER_ROUND_S * (c.top_k + c.top_departments)
-    shared_t, _ = _stream_time(device, shared_down, row_tiles if f_sh else 0, per_sm, loads, T * shared_down / b)
+    shared_t, _ = _stream_time(device, shared_down, row_tiles if f_sh else 0, per_sm, down_loads, ops(f_sh * d, T))
     # Expected tokens per routed part: each part's rows are applied to the tokens using it.
-    routed_fmas = (T * c.top_k * (2 * f_p) + T * min(c.top_k, c.top_departments) * 2 * f_s) * d
+    slots = T * c.top_k * f_p + T * min(c.top_k, c.top_departments) * f_s  # (token, part) pairs x width
+    used_width = u_e * f_p + u_d * f_s
+    routed_fmas = ops(2 * used_width * d, slots / used_width if used_width else 0)
     routed_blocks = u_d * math.ceil(f_s / neurons_per_block) + u_e * math.ceil(f_p / neurons_per_block)
     routed_t, k2_bound = _stream_time(device, routed_gate_up, routed_blocks, per_sm, loads, routed_fmas)
     k2_blocks = routing_blocks + (row_tiles if f_sh else 0) + routed_blocks
@@ -223,10 +274,10 @@ def predict_step(
     k2_time = max(routing, shared_t) + routed_t
 
     # K3: every used part's down rows, by output row tile.
-    k3_bytes = (u_d * f_s + u_e * f_p) * d * b
+    k3_bytes = ffn((u_d * f_s + u_e * f_p) * d)
     k3_regs = regs["downKernel"][tt]
     k3_time, k3_bound = _stream_time(
-        device, k3_bytes, row_tiles, blocks_per_sm(device, k3_regs), loads, routed_fmas / 2
+        device, k3_bytes, row_tiles, blocks_per_sm(device, k3_regs), down_loads, routed_fmas / 2
     )
     return [
         KernelPrediction("K1 router + shared gate/up", k1_bytes, k1_blocks, k1_regs, gap + k1_time, k1_bound),
@@ -248,7 +299,9 @@ def expected_usage(config: DeaMoEConfig, tokens: int) -> tuple[float, float]:
     return u_d, u_e
 
 
-def predicted_rows(presets: list[str], devices: list[str], tokens: list[int], registers=None) -> list[dict]:
+def predicted_rows(
+    presets: list[str], devices: list[str], tokens: list[int], registers=None, quant: QuantConfig | None = None
+) -> list[dict]:
     rows = []
     for preset in presets:
         config = PRESETS[preset]
@@ -256,8 +309,8 @@ def predicted_rows(presets: list[str], devices: list[str], tokens: list[int], re
             device = DEVICES[key]
             for T in tokens:
                 u_d, u_e = expected_usage(config, T)
-                ours = predict_step(config, device, T, 2, round(u_d), round(u_e), registers=registers)
-                twin = predict_step(config.expanded(), device, T, 2, 0, round(u_e), registers=registers)
+                ours = predict_step(config, device, T, 2, round(u_d), round(u_e), registers=registers, quant=quant)
+                twin = predict_step(config.expanded(), device, T, 2, 0, round(u_e), registers=registers, quant=quant)
                 t_ours = sum(k.seconds for k in ours)
                 t_twin = sum(k.seconds for k in twin)
                 weight_bytes = sum(k.weight_bytes for k in ours)
@@ -314,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", default="1,4,16")
     parser.add_argument("--ptxas-log", type=Path, help="registers from this `nvcc -Xptxas -v` log (build_kernels.sh)")
     parser.add_argument("--markdown", action="store_true", help="a Markdown table (KERNELS.md)")
+    parser.add_argument("--bits", type=int, choices=(4, 8), help="int4/int8 FFN weights (bf16 scales)")
+    parser.add_argument("--group-size", type=int, default=128, help="columns per scale with --bits (default 128)")
     args = parser.parse_args(argv)
     try:
         presets = [p for p in args.presets.split(",") if p]
@@ -329,10 +384,13 @@ def main(argv: list[str] | None = None) -> int:
             missing = [arch for arch, kernels in registers.items() if not set(KERNELS) <= set(kernels)]
             if missing:
                 raise ValueError(f"{args.ptxas_log}: no bf16 register report of every kernel for sm_{missing[0]}")
-    except (ValueError, OSError) as exc:
+        quant = QuantConfig(args.bits, args.group_size) if args.bits else None
+        for preset in presets if quant else []:
+            check_quantizable(PRESETS[preset], quant)
+    except (ValueError, OSError, UsageError) as exc:
         print(f"perf_model: {exc}", file=sys.stderr)
         return 2
-    print(render(predicted_rows(presets, devices, tokens, registers), args.markdown))
+    print(render(predicted_rows(presets, devices, tokens, registers, quant), args.markdown))
     return 0
 
 

@@ -9,11 +9,13 @@ from deamoe_trt import PRESETS
 from deamoe_trt.perf_model import (
     DEFAULT_REGISTERS,
     DEVICES,
+    QUANT_REGISTERS,
     expected_usage,
     main,
     parse_ptxas_registers,
     predict_step,
 )
+from deamoe_trt.quant import QuantConfig
 from deamoe_trt.traffic import compare_traffic
 
 
@@ -31,6 +33,35 @@ def test_kernel_bytes_add_up_to_the_weights_loaded_per_step(name, tokens):
             kernels = predict_step(twin_config, DEVICES["h200"], tokens, bytes_per_weight,
                                    t.departments_used, t.experts_used)  # fmt: skip
             assert sum(k.weight_bytes for k in kernels) == t.total
+
+
+@pytest.mark.parametrize("quant", [QuantConfig(4, 128), QuantConfig(8, 64)], ids=["int4-g128", "int8-g64"])
+@pytest.mark.parametrize("tokens", [1, 16])
+def test_quantized_kernel_bytes_add_up_to_the_packed_weights_loaded(quant, tokens):
+    """Codes plus scales, per kernel, sum to traffic's account of the quantized step."""
+    config = PRESETS["deepseek-v3-layer"]
+    logits = torch.randn(tokens, config.num_experts, generator=torch.Generator().manual_seed(tokens))
+    traffic = compare_traffic(config, logits, torch.zeros(config.num_experts), 2, quant)
+    for model, twin_config in (("deamoe", config), ("expanded", config.expanded())):
+        t = traffic[model]
+        kernels = predict_step(twin_config, DEVICES["h200"], tokens, 2, t.departments_used, t.experts_used,
+                               quant=quant)  # fmt: skip
+        assert sum(k.weight_bytes for k in kernels) == t.total
+        quant_registers = {r for regs in QUANT_REGISTERS[quant.bits].values() for r in regs.values()}
+        assert {k.registers for k in kernels} <= quant_registers
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_steps_respect_the_bandwidth_floor_and_sharing_pays(bits):
+    config, dev, quant = PRESETS["deepseek-v3-layer"], DEVICES["h200"], QuantConfig(bits, 128)
+    ours = predict_step(config, dev, 1, 2, 4, 8, quant=quant)
+    twin = predict_step(config.expanded(), dev, 1, 2, 0, 8, quant=quant)
+    for kernel in ours + twin:
+        assert kernel.seconds >= kernel.weight_bytes / dev.bandwidth
+    bytes_ratio = sum(k.weight_bytes for k in twin) / sum(k.weight_bytes for k in ours)
+    assert 1.0 < sum(k.seconds for k in twin) / sum(k.seconds for k in ours) <= bytes_ratio * 1.01
+    # Fewer bytes than bf16, so a shorter step.
+    assert sum(k.seconds for k in ours) < sum(k.seconds for k in predict_step(config, dev, 1, 2, 4, 8))
 
 
 @pytest.mark.parametrize("device", list(DEVICES))
@@ -72,7 +103,10 @@ def test_registers_are_read_from_ptxas_output():
 
     log = entry("downKernel", 16, 90, 111) + entry("downKernel", 16, 86, 99) + entry("routedKernel", 1, 90, 42)
     log += entry("routeKernel", 1, 90, 7).replace("Li1E", "")  # not templated on tokens: ignored
-    assert parse_ptxas_registers(log, 90) == {"downKernel": {16: 111}, "routedKernel": {1: 42}}
+    log += entry("downKernel", 1, 90, 80).replace("Li1E", "Li1ELi4E")  # quantized: BITS 4
+    log += entry("downKernel", 2, 90, 66).replace("Li2E", "Li2ELi0E")  # float with the BITS argument
+    assert parse_ptxas_registers(log, 90) == {"downKernel": {16: 111, 2: 66}, "routedKernel": {1: 42}}
+    assert parse_ptxas_registers(log, 90, bits=4) == {"downKernel": {1: 80}}
     assert parse_ptxas_registers(log, 86) == {"downKernel": {16: 99}}
     for arch in {d.arch for d in DEVICES.values()}:
         assert set(DEFAULT_REGISTERS[arch]) == {"routerSharedKernel", "routedKernel", "downKernel"}

@@ -9,8 +9,12 @@ On any CUDA machine with PyTorch. It
 3. checks, per preset and dtype, the kernels' routing (exact ids vs the reference; any
    difference must be a near-tie of the scores) and outputs (float32: allclose; fp16/bf16:
    relative error against float32 math on the same weights, from the kernels' routing);
+   The int4/int8 rows (--bits) do the same for layer.quantized(QuantConfig(bits, G)) (the
+   largest group size dividing every width) against the PyTorch reference running the
+   dequantized weights;
 4. times DeaMoE forward at 1/2/4/8/16 tokens: the kernels, the same kernels on
-   layer.expanded() (f_s = 0, f_p = f_s + f_p) and the PyTorch reference, with CUDA events,
+   layer.expanded() (f_s = 0, f_p = f_s + f_p; for int4/int8 the quantized twin, same codes)
+   and the PyTorch reference, with CUDA events,
    warm-up, a fresh pre-generated input per iteration and the L2 flushed (read of a 1 GiB
    buffer) before each; eager launches and CUDA-graph replay; programmatic dependent launch
    off and on. Reports bytes loaded per step (deamoe_trt.traffic.weights_loaded on the
@@ -50,6 +54,7 @@ from ..bench.timing import percentile
 from ..config import DeaMoEConfig
 from ..layer import DeaMoELayer
 from ..presets import PRESETS
+from ..quant import GROUP_SIZES, QuantConfig, dense
 from ..routing import Routing, route_logits
 from ..traffic import weights_loaded
 from .emulated import build_emulated_library
@@ -59,7 +64,8 @@ DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf
 # Relative error bounds against float32 math on the same weights (see MODE note in main()).
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 NEAR_TIE = 1e-5  # score units: routing differences closer than this are float rounding
-TARGET_SPEEDUP = 1.9  # deepseek-v3-layer, bf16, 1 token, vs the expanded twin
+TARGET_SPEEDUP = 1.9  # deepseek-v3-layer, bf16 (and bf16-int4), 1 token, vs the expanded twin
+TARGET_KINDS = ("bf16", "bf16-int4")
 TARGET_COPY_FRACTION = 0.75
 
 
@@ -200,6 +206,30 @@ def random_layer(config: DeaMoEConfig, dtype: torch.dtype, device: torch.device,
     return DeaMoELayer.random(config, seed=seed, dtype=dtype, device=device, low_memory=True)
 
 
+def kind(layer: DeaMoELayer) -> str:
+    """The layer's dtype and, when quantized, its weight format: "bf16", "bf16-int4"."""
+    name = DTYPE_NAMES[layer.dtype]
+    return f"{name}-int{layer.quant.bits}" if layer.quant is not None else name
+
+
+def group_size_for(config: DeaMoEConfig) -> int:
+    """The largest group size dividing every quantized width (tiny: 16, the big presets: 128)."""
+    widths = [config.hidden_size, config.shared_intermediate_size, config.private_intermediate_size,
+              config.shared_expert_intermediate_size]  # fmt: skip
+    return max(g for g in GROUP_SIZES if all(w % g == 0 for w in widths))
+
+
+@torch.no_grad()
+def quantized_layer(config: DeaMoEConfig, dtype: torch.dtype, device: torch.device, seed: int, bits: int):
+    """random_layer's layer with its FFN weights quantized (round to nearest, on the device);
+    the float layer is freed before returning."""
+    layer = random_layer(config, dtype, device, seed)
+    quantized = layer.quantized(QuantConfig(bits, group_size_for(config)))
+    del layer
+    free()
+    return quantized
+
+
 def free(*objects) -> None:
     for obj in objects:
         del obj
@@ -219,8 +249,9 @@ def swiglu32(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torc
 
 @torch.no_grad()
 def reference_fp32(layer: DeaMoELayer, x: torch.Tensor, routing: Routing) -> torch.Tensor:
-    """The spec's output in float32 from the layer's weights, for the given routing; casts
-    only the parts the routing uses (memory-light for the big presets)."""
+    """The spec's output in float32 from the layer's weights (a quantized layer's dequantized
+    ones), for the given routing; casts only the parts the routing uses (memory-light for
+    the big presets)."""
     c = layer.config
     xf = x.reshape(-1, c.hidden_size).float()
     out = torch.zeros_like(xf)
@@ -236,7 +267,7 @@ def reference_fp32(layer: DeaMoELayer, x: torch.Tensor, routing: Routing) -> tor
             y = swiglu32(xf[tokens], layer.experts.gate_up[e], layer.experts.down[e])
             out.index_add_(0, tokens, y * routing.weights[tokens, slots, None])
     if layer.shared_experts is not None:
-        y = swiglu32(xf, layer.shared_experts.gate_up, layer.shared_experts.down)
+        y = swiglu32(xf, dense(layer.shared_experts.gate_up), dense(layer.shared_experts.down))
         if layer.shared_experts.gate is not None:
             y = y * torch.sigmoid(xf @ layer.shared_experts.gate.float().t())
         out += y
@@ -271,7 +302,7 @@ def check_correctness(backend, layer: DeaMoELayer, preset: str, tokens: int, see
     c, dtype = layer.config, layer.dtype
     gen = torch.Generator(device=backend.device).manual_seed(seed)
     x = torch.randn(tokens, c.hidden_size, generator=gen, device=backend.device).to(dtype)
-    result: dict = {"preset": preset, "dtype": DTYPE_NAMES[dtype], "tokens": tokens}
+    result: dict = {"preset": preset, "dtype": kind(layer), "tokens": tokens}
     try:
         got = backend.route(layer, x)
         ref = layer.route(x)
@@ -331,7 +362,7 @@ def check_correctness(backend, layer: DeaMoELayer, preset: str, tokens: int, see
         f"(not near-ties: {result['routing']['differences_not_near_ties']}), "
         f"logic exact {result['routing']['logic_exact']}"
     )
-    log(f"  {status} {preset} {DTYPE_NAMES[dtype]} T={tokens}: {detail}")
+    log(f"  {status} {preset} {kind(layer)} T={tokens}: {detail}")
     return result
 
 
@@ -358,8 +389,8 @@ def measure_bandwidth(backend, size_bytes: int, repeats: int) -> dict:
     }
 
 
-def step_bytes(config: DeaMoEConfig, routing: Routing, bytes_per_weight: int) -> int:
-    return int(weights_loaded(config, routing, bytes_per_weight).total)
+def step_bytes(config: DeaMoEConfig, routing: Routing, bytes_per_weight: int, quant: QuantConfig | None) -> int:
+    return int(weights_loaded(config, routing, bytes_per_weight, quant).total)
 
 
 @dataclass
@@ -469,7 +500,9 @@ def profile_kernels(backend, layer, xs, routings) -> list[dict]:
     u_d = round(statistics.mean(u for u, _ in used))
     u_e = round(statistics.mean(u for _, u in used))
     device = model_device()
-    model = perf_model.predict_step(c, device or perf_model.DEVICES["h200"], tokens, bytes_per_weight, u_d, u_e)
+    model = perf_model.predict_step(
+        c, device or perf_model.DEVICES["h200"], tokens, bytes_per_weight, u_d, u_e, quant=layer.quant
+    )
     with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         for x in xs:
             backend.forward(layer, x)
@@ -496,7 +529,7 @@ def bench_preset(backend, bench: Bench, preset: str, layer: DeaMoELayer, tokens:
                  results: dict, pdl_tokens: set[int], budget_s: float) -> None:  # fmt: skip
     c = layer.config
     B = torch.finfo(layer.dtype).bits // 8
-    log(f"  building the expanded twin of {preset} (f_s=0, f_p={c.expert_intermediate_size})")
+    log(f"  building the expanded twin of {preset} {kind(layer)} (f_s=0, f_p={c.expert_intermediate_size})")
     twin = layer.expanded()
     backend.sync()
     twin_config = twin.config
@@ -512,8 +545,8 @@ def bench_preset(backend, bench: Bench, preset: str, layer: DeaMoELayer, tokens:
                 for _ in range(bench.iters)
             ]
             routings = [backend.route(layer, x) for x in xs]
-            deamoe_bytes = [step_bytes(c, r, B) for r in routings]
-            twin_bytes = [step_bytes(twin_config, r, B) for r in routings]
+            deamoe_bytes = [step_bytes(c, r, B, layer.quant) for r in routings]
+            twin_bytes = [step_bytes(twin_config, r, B, layer.quant) for r in routings]
             used_d = statistics.mean(int(r.used_departments().numel()) for r in routings)
             used_e = statistics.mean(int(r.used_experts().numel()) for r in routings)
             rows = []
@@ -524,7 +557,7 @@ def bench_preset(backend, bench: Bench, preset: str, layer: DeaMoELayer, tokens:
             summaries = [row.summary(copy_GBps) for row in rows]
             entry = {
                 "preset": preset,
-                "dtype": DTYPE_NAMES[layer.dtype],
+                "dtype": kind(layer),
                 "tokens": T,
                 "mean_used_departments": used_d,
                 "mean_used_experts": used_e,
@@ -549,7 +582,7 @@ def bench_preset(backend, bench: Bench, preset: str, layer: DeaMoELayer, tokens:
             results["benchmarks"].append(entry)
             d, e, g = find("deamoe"), find("expanded"), find("deamoe", "graph")
             log(
-                f"  {preset} {DTYPE_NAMES[layer.dtype]} T={T:2d}: deamoe {d['median_us']:8.1f} us "
+                f"  {preset} {kind(layer)} T={T:2d}: deamoe {d['median_us']:8.1f} us "
                 f"({d.get('bandwidth_GBps', 0):6.0f} GB/s, {100 * (d.get('copy_fraction') or 0):5.1f}% of copy)"
                 + (f", graph {g['median_us']:8.1f} us" if g else "")
                 + f" | expanded {e['median_us']:8.1f} us | x{speedups.get('vs_expanded_eager', 0):.2f} vs expanded"
@@ -582,7 +615,7 @@ def table(results: dict) -> str:
         out = r.get("output") or {}
         route = r.get("routing") or {}
         lines.append(
-            f"  {'PASS' if r['pass'] else 'FAIL'} {r['preset']:22s} {r['dtype']} T={r['tokens']:3d} "
+            f"  {'PASS' if r['pass'] else 'FAIL'} {r['preset']:22s} {r['dtype']:9s} T={r['tokens']:3d} "
             + (
                 f"rel.err {out.get('relative_error_vs_fp32_math', float('nan')):.1e} "
                 f"routing diffs {route.get('tokens_differing_from_reference', '?')} "
@@ -593,7 +626,7 @@ def table(results: dict) -> str:
         )
     lines.append("")
     header = (
-        f"  {'preset':20s} {'dt':4s} {'T':>3s} {'deamoe us':>10s} {'graph us':>9s} {'GB/s':>6s} {'%copy':>6s} "
+        f"  {'preset':20s} {'dt':9s} {'T':>3s} {'deamoe us':>10s} {'graph us':>9s} {'GB/s':>6s} {'%copy':>6s} "
         f"{'expand us':>10s} {'x exp':>6s} {'x exp g':>7s} {'pdl us':>8s} {'x pdl':>6s} "
         f"{'torch us':>9s} {'x torch':>7s}"
     )
@@ -613,7 +646,7 @@ def table(results: dict) -> str:
             return format(value, fmt) if isinstance(value, (int, float)) else "-".rjust(width)
 
         lines.append(
-            f"  {b['preset']:20s} {b['dtype']:4s} {b['tokens']:3d} {num(d.get('median_us'), '10.1f')} "
+            f"  {b['preset']:20s} {b['dtype']:9s} {b['tokens']:3d} {num(d.get('median_us'), '10.1f')} "
             f"{num(g.get('median_us'), '9.1f')} {num(d.get('bandwidth_GBps'), '6.0f')} "
             f"{num(100 * d['copy_fraction'] if d.get('copy_fraction') else None, '6.1f')} "
             f"{num(e.get('median_us'), '10.1f')} {num(s.get('vs_expanded_eager'), '6.2f')} "
@@ -628,12 +661,12 @@ def table(results: dict) -> str:
         for b, k in profiles:
             predicted = f"{k['predicted_us']:8.1f}" if "predicted_us" in k else "       -"
             lines.append(
-                f"  {b['preset']:20s} {b['dtype']:4s} T={b['tokens']:2d} {k['kernel']} {k['avg_us']:8.1f} us "
+                f"  {b['preset']:20s} {b['dtype']:9s} T={b['tokens']:2d} {k['kernel']} {k['avg_us']:8.1f} us "
                 f"{k['bytes'] / 1e6:8.1f} MB {k['bandwidth_GBps']:6.0f} GB/s  predicted {predicted} us"
             )
     if results.get("targets"):
         lines.append("")
-        lines.append("targets (deepseek-v3-layer, bf16, 1 token)")
+        lines.append("targets (deepseek-v3-layer, 1 token; int4 against its int4 twin)")
         for name, value in results["targets"].items():
             lines.append(f"  {name}: {value}")
     if results["errors"] or results["skipped"]:
@@ -645,7 +678,7 @@ def table(results: dict) -> str:
 def targets(results: dict) -> dict:
     out = {}
     for b in results["benchmarks"]:
-        if b["preset"] != "deepseek-v3-layer" or b["dtype"] != "bf16" or b["tokens"] != 1:
+        if b["preset"] != "deepseek-v3-layer" or b["dtype"] not in TARGET_KINDS or b["tokens"] != 1:
             continue
         t = {(s["variant"], s["mode"], s["pdl"]): s for s in b["timings"]}
         for mode in ("eager", "graph"):
@@ -654,7 +687,7 @@ def targets(results: dict) -> dict:
                 e = t.get(("expanded", mode, pdl))
                 if not d or not e:
                     continue
-                key = f"{mode}{' + pdl' if pdl else ''}"
+                key = f"{b['dtype']} {mode}{' + pdl' if pdl else ''}"
                 speedup = e["median_us"] / d["median_us"]
                 fraction = d.get("copy_fraction") or 0.0
                 out[key] = (
@@ -669,20 +702,19 @@ def targets(results: dict) -> dict:
 # ---------------------------------------------------------------------------------------
 
 
-def shrink(config: DeaMoEConfig) -> DeaMoEConfig:
-    """The preset's routing shape at a size the emulator runs in seconds (--dry-run)."""
+def shrink(config: DeaMoEConfig, multiple: int = 8) -> DeaMoEConfig:
+    """The preset's routing shape at a size the emulator runs in seconds (--dry-run); widths
+    are multiples of `multiple` (32 for the int4/int8 rows: whole int4 vectors and groups)."""
     scale = 64 / config.hidden_size
+
+    def width(value: int) -> int:
+        return max(multiple, int(value * scale) // multiple * multiple) if value else 0
+
     return config.replace(
         hidden_size=64,
-        shared_intermediate_size=max(8, int(config.shared_intermediate_size * scale) // 8 * 8)
-        if config.shared_intermediate_size
-        else 0,
-        private_intermediate_size=max(8, int(config.private_intermediate_size * scale) // 8 * 8)
-        if config.private_intermediate_size
-        else 0,
-        shared_expert_intermediate_size=max(8, int(config.shared_expert_intermediate_size * scale) // 8 * 8)
-        if config.shared_expert_intermediate_size
-        else 0,
+        shared_intermediate_size=width(config.shared_intermediate_size),
+        private_intermediate_size=width(config.private_intermediate_size),
+        shared_expert_intermediate_size=width(config.shared_expert_intermediate_size),
     )
 
 
@@ -700,12 +732,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=270.0, help="stop starting benchmarks after this many s")
     parser.add_argument("--dry-run", action="store_true", help="CPU + SIMT-emulated kernels, shrunken presets")
     parser.add_argument("--presets", default="tiny,deepseek-v3-layer,qwen3-30b-a3b-layer", help="presets to run")
+    parser.add_argument("--bits", default="0,4,8", help="FFN weight formats: 0 float, 4 int4, 8 int8")
     args = parser.parse_args(argv)
     global T0
     T0 = time.perf_counter()  # --budget-s counts from here, not from the import
     selected = [p for p in args.presets.split(",") if p]
     if unknown := [p for p in selected if p not in PRESETS]:
         print(f"check-gpu: unknown preset(s) {', '.join(unknown)}; choose from {', '.join(PRESETS)}", file=sys.stderr)
+        return 2
+    weight_bits = {int(b) for b in args.bits.split(",") if b.strip().isdigit()}
+    if not weight_bits or not weight_bits <= {0, 4, 8}:
+        print(f"check-gpu: --bits takes 0, 4 and/or 8 (float, int4, int8), got {args.bits!r}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     tokens = [int(t) for t in args.tokens.split(",") if t]
@@ -786,38 +823,48 @@ def main(argv: list[str] | None = None) -> int:
     copy_GBps = results["bandwidth"].get("copy_GBps", 0.0)
     bench = None if args.skip_bench else Bench(backend, args.iters, args.torch_iters, 2**30 if not dry else 2**16)
 
-    # Order: the tiny preset first (fast, catches gross errors), then the deepseek target,
-    # then qwen3. Each layer is freed before the next is made.
+    # Order: the tiny preset first (fast, catches gross errors), then the deepseek targets
+    # (bf16, then int4 against its int4 twin), then qwen3, then the other int4/int8 rows
+    # (bits > 0: the preset quantized; tiny int4 is not runnable, its f_p = 16 codes are
+    # 8-byte rows). Each layer is freed before the next is made.
     plan = [
-        ("tiny", [torch.float32, torch.float16, torch.bfloat16], None),
-        ("deepseek-v3-layer", [torch.bfloat16], torch.bfloat16),
-        ("qwen3-30b-a3b-layer", [torch.float32, torch.bfloat16], torch.bfloat16),
+        ("tiny", [torch.float32, torch.float16, torch.bfloat16], None, 0),
+        ("deepseek-v3-layer", [torch.bfloat16], torch.bfloat16, 0),
+        ("deepseek-v3-layer", [torch.bfloat16], torch.bfloat16, 4),
+        ("qwen3-30b-a3b-layer", [torch.float32, torch.bfloat16], torch.bfloat16, 0),
+        ("tiny", [torch.float32, torch.bfloat16], None, 8),
+        ("deepseek-v3-layer", [torch.bfloat16], torch.bfloat16, 8),
+        ("qwen3-30b-a3b-layer", [torch.bfloat16], None, 4),
     ]
-    for preset, check_dtypes, bench_dtype in [step for step in plan if step[0] in selected]:
-        config = presets[preset]
+    for preset, check_dtypes, bench_dtype, bits in [s for s in plan if s[0] in selected and s[3] in weight_bits]:
+        config = shrink(PRESETS[preset], 32) if dry and bits and preset != "tiny" else presets[preset]
         for dtype in check_dtypes:
             layer = None
+            name = f"{DTYPE_NAMES[dtype]}-int{bits}" if bits else DTYPE_NAMES[dtype]
             try:
                 size_gb = layer_bytes(config, dtype.itemsize) / 1e9
-                log(f"{preset} {DTYPE_NAMES[dtype]}: making the layer ({size_gb:.2f} GB)")
-                layer = random_layer(config, dtype, backend.device, seed=0)
+                log(f"{preset} {name}: making the layer ({size_gb:.2f} GB before quantization)")
+                if bits:
+                    layer = quantized_layer(config, dtype, backend.device, 0, bits)
+                else:
+                    layer = random_layer(config, dtype, backend.device, seed=0)
                 backend.sync()
                 for i, T in enumerate(check_tokens[preset]):
                     results["correctness"].append(check_correctness(backend, layer, preset, T, seed=10 * i + T))
                 write()
                 if bench is not None and dtype == bench_dtype:
                     if elapsed() > args.budget_s:
-                        results["skipped"].append(f"{preset} benchmarks: time budget")
-                        log(f"time budget reached: skipping the {preset} benchmarks")
+                        results["skipped"].append(f"{preset} {name} benchmarks: time budget")
+                        log(f"time budget reached: skipping the {preset} {name} benchmarks")
                     else:
-                        log(f"{preset} {DTYPE_NAMES[dtype]}: benchmarks at T={tokens}")
+                        log(f"{preset} {name}: benchmarks at T={tokens}")
                         bench_preset(
                             backend, bench, preset, layer, tokens, copy_GBps, results, pdl_tokens, args.budget_s
                         )
             except Exception as exc:
-                results["errors"].append(f"{preset} {DTYPE_NAMES[dtype]}: {type(exc).__name__}: {exc}")
+                results["errors"].append(f"{preset} {name}: {type(exc).__name__}: {exc}")
                 results.setdefault("tracebacks", []).append(traceback.format_exc())
-                log(f"ERROR {preset} {DTYPE_NAMES[dtype]}: {type(exc).__name__}: {exc}")
+                log(f"ERROR {preset} {name}: {type(exc).__name__}: {exc}")
             finally:
                 free(layer)
                 write()

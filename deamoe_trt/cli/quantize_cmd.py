@@ -2,12 +2,15 @@
 
 Takes a layer/stack checkpoint or a whole language-model checkpoint. The departments' shared
 parts, the experts' private parts and the shared experts are quantized (symmetric, ONNX
-Runtime QMoE's packing); the router and the shared-expert gate stay as they are, and so do
-a language model's attention, embeddings, norms, dense MLPs and head. A language model
+Runtime QMoE's packing); the router and the shared-expert gate stay as they are, and so do a
+language model's attention, embeddings, norms, dense MLPs and head. A language model
 (--method rtn) gets the error table of each DeaMoE FFN on random tokens and the held-out
 perplexity of the input and of the quantized model, measured in the same run on the same
-windows of the shipped text. --method rtn (default) rounds to nearest and prints the error against the
-input checkpoint on random tokens (or on --eval FILE's). --method awq (activation-aware,
+windows of the shipped text; with --method awq it calibrates on --calibration TEXTFILE
+(default: the shipped text's training part) and prints RTN's and AWQ's error per FFN on
+held-out text and the input's, RTN's and AWQ's held-out perplexity. For a layer checkpoint,
+--method rtn (default) rounds to nearest and prints the error against the input checkpoint
+on random tokens (or on --eval FILE's). --method awq (activation-aware,
 docs/quantization.md) chooses channel scales and clipping from --calibration FILE's layer
 inputs and prints round to nearest's and its own error on held-out tokens (--eval FILE, or
 the last quarter of the calibration tokens, which the search does not see). Both print how
@@ -40,8 +43,9 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--calibration",
         metavar="FILE",
-        help="--method awq: safetensors file of layer inputs, 'hidden_states' [T, d] (the first layer's) or "
-        "'layers.{i}.hidden_states' for every layer; 'random:N' for N Gaussian tokens (a demo)",
+        help="--method awq: for a layer checkpoint a safetensors file of layer inputs, 'hidden_states' [T, d] (the "
+        "first layer's) or 'layers.{i}.hidden_states' for every layer, or 'random:N' for N Gaussian tokens (a demo); "
+        "for a language model a text file (default: the shipped text's training part, never the held-out part)",
     )
     parser.add_argument(
         "--eval",
@@ -69,15 +73,15 @@ def run(args) -> int:
 
     if Path(args.output).resolve() == Path(args.checkpoint).resolve():
         raise UsageError("--output must differ from the input checkpoint (it is read while the output is written)")
-    if args.method == "awq" and not args.calibration:
-        raise UsageError(
-            "--method awq needs --calibration FILE (layer inputs as safetensors; random:N for a Gaussian demo)"
-        )
     if args.method == "rtn" and args.calibration:
         raise UsageError("--calibration is for --method awq (round to nearest uses no data); --eval FILE measures")
     quant = QuantConfig(args.bits, args.group_size, args.method)
     if is_lm_checkpoint(args.checkpoint):
         return _run_lm(args, quant)
+    if args.method == "awq" and not args.calibration:
+        raise UsageError(
+            "--method awq needs --calibration FILE (layer inputs as safetensors; random:N for a Gaussian demo)"
+        )
     stack = DeaMoEStack.from_pretrained(args.checkpoint)
     if stack.quant is not None:
         stack.layers[0].quantized(quant)  # the one "already quantized" error
@@ -93,7 +97,7 @@ def run(args) -> int:
 
 def _run_lm(args, quant) -> int:
     from ..errors import UsageError
-    from ..lm.checkpoint import load_lm, save_lm
+    from ..lm.checkpoint import load_lm
     from ..lm.quantize import quantize_lm
 
     if args.eval:
@@ -103,7 +107,18 @@ def _run_lm(args, quant) -> int:
         )
     loaded = load_lm(args.checkpoint)
     model = loaded.model
-    # A calibrated method (--method awq) would pass the token ids of its --calibration text here.
+    if model.config.quantization is not None:
+        model.quantized(quant)  # the one "already quantized" error, before any work
+    if quant.method == "awq":
+        import torch
+
+        # Many small matmuls: on the tiny LM one thread took 9.7 s where two took 85 s (2-core VM, shared).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return _run_lm_awq(args, quant, loaded)
+        finally:
+            torch.set_num_threads(threads)
     quantized = quantize_lm(model, quant)
     blocks = model.moe_layers()
     _print_error(
@@ -112,18 +127,135 @@ def _run_lm(args, quant) -> int:
         [quantized.layers[i].mlp for i in blocks],
         labels=[f"block {i}" for i in blocks],
     )
-    record = {"source": str(args.checkpoint), **quant.to_dict()}
-    perplexity = _print_perplexity(args.checkpoint, loaded.tokenizer, model, quantized)
+    perplexity = _print_perplexity(args.checkpoint, loaded.tokenizer, model, [(_quant_name(quant), quantized)])
+    _save_lm(args, loaded, quantized, {}, perplexity)
+    return 0
+
+
+def _save_lm(args, loaded, quantized, details: dict, perplexity) -> None:
+    from ..lm.checkpoint import save_lm
+
+    record = {"source": str(args.checkpoint), **quantized.config.quantization.to_dict(), **details}
     if perplexity is not None:
         record["held_out_perplexity"] = perplexity
     training = {**loaded.training, "quantization": record}
     path = save_lm(quantized, args.output, tokenizer=loaded.tokenizer, training=training)
-    _print_written(args, f"{len(blocks)} DeaMoE FFN(s) of {len(model.layers)} block(s)", path)
+    model = loaded.model
+    _print_written(args, f"{len(model.moe_layers())} DeaMoE FFN(s) of {len(model.layers)} block(s)", path)
+
+
+def _quant_name(quant) -> str:
+    return f"int{quant.bits}, group {quant.group_size}" + (f", {quant.method}" if quant.method != "rtn" else "")
+
+
+def _calibration_ids(args, tokenizer):
+    """(Token ids of --calibration TEXTFILE, or of the shipped text's training part; where they come from)."""
+    from pathlib import Path
+
+    import torch
+
+    from ..errors import UsageError
+    from ..lm.train import TrainSettings, shipped_text, split_text
+
+    if args.calibration is None:
+        try:
+            ids, _ = split_text(shipped_text(), tokenizer, TrainSettings().val_fraction)
+        except UsageError as exc:
+            raise UsageError(
+                f"the model's tokenizer cannot encode the shipped training text ({exc}); pass --calibration TEXTFILE"
+            ) from None
+        return ids, "the shipped text's training part (its first 90%)"
+    path = Path(args.calibration)
+    if not path.is_file():
+        raise UsageError(f"--calibration {path}: no such file (a language model calibrates on a text file)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--calibration {path} is not a readable UTF-8 text file: {exc}") from None
+    if not text.strip():
+        raise UsageError(f"--calibration {path} is empty")
+    ids = tokenizer.encode(text, what=f"--calibration {path}")
+    return torch.tensor(ids, dtype=torch.long), f"{path} (not checked against the held-out text: keep them apart)"
+
+
+def _run_lm_awq(args, quant, loaded) -> int:
+    """AWQ for a language model: calibrate on text, print RTN's and AWQ's error per block on
+    held-out FFN inputs and both models' held-out perplexity next to the input's."""
+    import torch
+
+    from ..errors import UsageError
+    from ..lm.quantize import calibration_windows, ffn_inputs, quantize_lm_awq
+    from ..lm.train import TrainSettings, shipped_text, split_text
+    from ..quant import QuantConfig
+    from ..report import format_table
+    from ..summary import layer_error
+
+    model, tokenizer = loaded.model, loaded.tokenizer
+    model.config.replace(quantization=quant)  # widths against the group size: before reading any text
+    ids, source = _calibration_ids(args, tokenizer)
+    length = min(128, model.config.max_position_embeddings)
+    try:
+        _, held_ids = split_text(shipped_text(), tokenizer, TrainSettings().val_fraction)
+        held_out = ffn_inputs(model, calibration_windows(held_ids, length))
+        where = "FFN inputs from the shipped text's held-out last 10%"
+    except UsageError:  # a tokenizer that cannot encode the held-out text: random tokens instead
+        gen = torch.Generator().manual_seed(args.seed)
+        d = model.config.hidden_size
+        held_out = {i: torch.randn(args.tokens, d, generator=gen).to(model.dtype) for i in model.moe_layers()}
+        where = f"{args.tokens} random tokens (the model's tokenizer cannot encode the held-out text)"
+    result = quantize_lm_awq(model, quant, ids)
+    print(f"calibration (what the search sees): {result.tokens} tokens of {source}")
+    print(f"held out (what the tables measure, not seen by the search): {where}")
+    rtn = model.quantized(QuantConfig(quant.bits, quant.group_size))
+    rows = []
+    for i in model.moe_layers():
+        x, s = held_out[i], result.input_scales[i]
+        rtn_error, _, _ = layer_error(model.layers[i].mlp, rtn.layers[i].mlp, x)
+        awq_error, _, _ = layer_error(result.folded.layers[i].mlp, result.model.layers[i].mlp, x / s.to(x.dtype))
+        awq_experts = result.model.layers[i].mlp.route(x / s.to(x.dtype)).expert_ids
+        moved = int((model.layers[i].mlp.route(x).expert_ids != awq_experts).any(dim=-1).sum())
+        exponents = torch.log2(s)
+        plan = result.plans[i]
+        rows.append(
+            (
+                f"block {i}",
+                x.shape[0],
+                f"{rtn_error:.3e}",
+                f"{awq_error:.3e}",
+                f"{awq_error / rtn_error:.3f}" if rtn_error else "-",
+                "none (s = 1)" if not bool(exponents.any()) else f"2^{int(exponents.min())}..2^{int(exponents.max())}",
+                f"{sum(plan.uncalibrated.values())}/{sum(plan.groups.values())}",
+                moved,
+            )
+        )
+    print(
+        format_table(
+            (
+                "block",
+                "held-out tokens",
+                "RTN error",
+                "AWQ error",
+                "AWQ / RTN",
+                "gate_up input scales",
+                "parts without calibration tokens (RTN)",
+                "tokens with other experts",
+            ),
+            rows,
+            title=f"Relative FFN output error ||y_q - y|| / ||y|| vs {args.checkpoint} on {where}",
+        )
+    )
+    name = _quant_name(quant)
+    perplexity = _print_perplexity(
+        args.checkpoint, tokenizer, model, [(f"{name.removesuffix(', awq')}, rtn", rtn), (name, result.model)]
+    )
+    details = {"calibration": source, "calibration_tokens": result.tokens}
+    _save_lm(args, loaded, result.model, details, perplexity)
     return 0
 
 
-def _print_perplexity(checkpoint, tokenizer, model, quantized) -> dict | None:
-    """Print both models' held-out perplexity side by side; return them (None: no tokenizer for the text)."""
+def _print_perplexity(checkpoint, tokenizer, model, quantized: list) -> dict | None:
+    """Print the held-out perplexity of the input and of each (label, quantized model) side by
+    side; return them by label (None: no tokenizer for the text)."""
     import math
 
     from ..checkpoint import dtype_name
@@ -131,21 +263,21 @@ def _print_perplexity(checkpoint, tokenizer, model, quantized) -> dict | None:
     from ..lm.train import TEXT_SOURCE
     from ..report import format_table
 
-    q = quantized.config.quantization
-    name = f"int{q.bits}, group {q.group_size}"
-    print(f"measuring the held-out perplexity of {checkpoint} and of its {name} model ...", flush=True)
+    names = " and ".join(label for label, _ in quantized)
+    print(f"measuring the held-out perplexity of {checkpoint} and of its {names} model(s) ...", flush=True)
     base = held_out_loss(model, tokenizer)
     if base is None:
         print(f"(no held-out perplexity: the model's {tokenizer.describe()} cannot encode the shipped text)")
         return None
-    loss = held_out_loss(quantized, tokenizer)
-    rows = [
-        (label, f"{value:.4f}", f"{math.exp(value):.3f}", f"{math.exp(value - base):.4f}x")
-        for label, value in ((f"input ({dtype_name(model.dtype)})", base), (name, loss))
-    ]
-    title = f"Held-out perplexity (last 10% of {TEXT_SOURCE}; same windows for both)"
+    losses = [(f"input ({dtype_name(model.dtype)})", base)]
+    losses += [(label, held_out_loss(q, tokenizer)) for label, q in quantized]
+    rows = [(label, f"{v:.4f}", f"{math.exp(v):.3f}", f"{math.exp(v - base):.4f}x") for label, v in losses]
+    title = f"Held-out perplexity (last 10% of {TEXT_SOURCE}; same windows for all)"
     print(format_table(("model", "held-out loss", "perplexity", "vs input"), rows, title=title))
-    return {"input": round(math.exp(base), 4), "quantized": round(math.exp(loss), 4)}
+    result = {"input": round(math.exp(base), 4)}
+    for label, value in losses[1:]:
+        result["quantized" if len(losses) == 2 else label] = round(math.exp(value), 4)
+    return result
 
 
 def _print_error(args, reference, quantized, labels=None) -> None:

@@ -68,13 +68,9 @@ def forward(layer: DeaMoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
     """The layer's output for hidden_states [..., d] through the kernels (same shape and dtype).
 
     Computed in the layer's dtype with float32 accumulation; hidden_states of another
-    dtype are cast to it first and the result cast back.
+    dtype are cast to it first and the result cast back. A quantized layer (layer.quant)
+    runs from its packed int4/int8 codes and scales, dequantized in registers.
     """
-    if getattr(layer, "quant", None) is not None:
-        raise UsageError(
-            f"the CUDA kernels do not run int{layer.quant.bits} (quantized) layers yet; "
-            "use the CPU path (deamoe_trt.cpu) or the ort/onnx export"
-        )
     device = _require_cuda(hidden_states, layer.router.weight)
     lib = _kernels()
     with torch.cuda.device(device):

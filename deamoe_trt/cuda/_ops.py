@@ -14,6 +14,7 @@ import torch
 from ..config import DeaMoEConfig
 from ..errors import DeaMoEError, UsageError
 from ..layer import SUPPORTED_DTYPES, DeaMoELayer
+from ..quant import QuantizedWeight
 from ..routing import Routing
 from ._abi import DTYPES, STATUS_NAMES, SUCCESS, LayerWeights, layer_params
 
@@ -57,7 +58,10 @@ def _layer_dtype(layer: DeaMoELayer) -> torch.dtype:
 
 
 def layer_weights(layer: DeaMoELayer) -> tuple[LayerWeights, list[torch.Tensor]]:
-    """LayerWeights pointing at layer's tensors (made contiguous), and the tensors to keep alive."""
+    """LayerWeights pointing at layer's tensors (made contiguous), and the tensors to keep alive.
+
+    A quantized layer's FFN weights are passed as their packed codes (qweight bytes) with
+    their scales in the `...Scales` members (docs/quantization.md's format, as stored)."""
     keep: list[torch.Tensor] = []
 
     def take(tensor: torch.Tensor | None) -> int | None:
@@ -66,19 +70,21 @@ def layer_weights(layer: DeaMoELayer) -> tuple[LayerWeights, list[torch.Tensor]]
             keep.append(tensor)
         return _ptr(tensor)
 
-    departments, experts, shared = layer.departments, layer.experts, layer.shared_experts
-    weights = LayerWeights(
-        routerWeight=take(layer.router.weight),
-        routerBias=take(layer.router.bias),
-        departmentGateUp=take(departments.gate_up if departments is not None else None),
-        departmentDown=take(departments.down if departments is not None else None),
-        expertGateUp=take(experts.gate_up if experts is not None else None),
-        expertDown=take(experts.down if experts is not None else None),
-        sharedGateUp=take(shared.gate_up if shared is not None else None),
-        sharedDown=take(shared.down if shared is not None else None),
-        sharedGate=take(shared.gate if shared is not None else None),
-    )
-    return weights, keep
+    fields: dict[str, int | None] = {
+        "routerWeight": take(layer.router.weight),
+        "routerBias": take(layer.router.bias),
+        "sharedGate": take(layer.shared_experts.gate if layer.shared_experts is not None else None),
+    }
+    ffn = {"department": layer.departments, "expert": layer.experts, "shared": layer.shared_experts}
+    for prefix, part in ffn.items():
+        for name, field in (("gate_up", "GateUp"), ("down", "Down")):
+            weight = getattr(part, name) if part is not None else None
+            if isinstance(weight, QuantizedWeight):
+                fields[prefix + field] = take(weight.qweight)
+                fields[prefix + field + "Scales"] = take(weight.scales)
+            else:
+                fields[prefix + field] = take(weight)
+    return LayerWeights(**fields), keep
 
 
 def workspace_bytes(lib: ctypes.CDLL, config: DeaMoEConfig, max_tokens: int, dtype: torch.dtype) -> int:
@@ -97,7 +103,7 @@ def forward_with(lib: ctypes.CDLL, layer: DeaMoELayer, x: torch.Tensor, stream: 
     num_tokens = tokens.shape[0]
     out = torch.empty_like(tokens)
     if num_tokens:
-        params = layer_params(config, layer.router_dtype == torch.float32)
+        params = layer_params(config, layer.router_dtype == torch.float32, layer.quant)
         weights, keep = layer_weights(layer)
         size = workspace_bytes(lib, config, num_tokens, dtype)
         workspace = torch.empty(size, dtype=torch.uint8, device=tokens.device)

@@ -22,15 +22,116 @@ from .tokenizer import NoTokenizer, Tokenizer
 def quantize_lm(model: DeaMoELM, quant: QuantConfig, calibration: torch.Tensor | None = None) -> DeaMoELM:
     """model with its DeaMoE FFNs quantized as quant says.
 
-    calibration: token ids a calibrated method runs the model on to see each block's FFN
-    inputs (AWQ would run deamoe_trt.awq.quantize_awq per block on those inputs and pass the
-    results to model.quantized(quant, ffns)); round to nearest ("rtn", the only method for
-    language models so far) needs none and ignores it."""
+    calibration: token ids [N] AWQ runs the float model on to see each block's FFN inputs
+    (quantize_lm_awq); round to nearest ("rtn") needs none and ignores it."""
     if quant.method == "rtn":
         return model.quantized(quant)
-    raise UsageError(
-        f"--method {quant.method} is not implemented for language models yet (layer checkpoints only); use --method rtn"
-    )
+    if quant.method == "awq":
+        if calibration is None:
+            raise UsageError("--method awq needs calibration token ids")
+        return quantize_lm_awq(model, quant, calibration, progress=False).model
+    raise UsageError(f"--method {quant.method} is not implemented for language models")
+
+
+# AWQ ------------------------------------------------------------------------------------------
+
+CALIBRATION_WINDOWS = 16  # of the model's evaluation length (128 tokens): 2048 calibration tokens
+
+
+@dataclasses.dataclass
+class LMAwq:
+    """quantize_lm_awq's result.
+
+    model: the quantized model; folded: the float model with the input scales folded in (the
+    same function as the input, bit for bit), whose FFNs the quantized ones stand for;
+    input_scales: block -> s [d], the gate_up input scales (block input = norm output / s);
+    plans: block -> the AWQ plan (down channel scales, clipping) of its FFN; tokens: calibration tokens."""
+
+    model: DeaMoELM
+    folded: DeaMoELM
+    input_scales: dict[int, torch.Tensor]
+    plans: dict
+    tokens: int
+
+
+def calibration_windows(ids: torch.Tensor, length: int, count: int = CALIBRATION_WINDOWS) -> list[torch.Tensor]:
+    """Up to `count` windows of `length` token ids spread evenly over ids (deterministic); one
+    shorter window when ids has fewer than `length`."""
+    if ids.numel() == 0:
+        raise UsageError("the calibration text encodes to no tokens")
+    if ids.numel() <= length:
+        return [ids]
+    count = min(count, ids.numel() // length)
+    step = (ids.numel() - length) // max(count - 1, 1)
+    return [ids[i * step : i * step + length] for i in range(count)]
+
+
+@torch.no_grad()
+def ffn_inputs(model: DeaMoELM, windows: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Each DeaMoE block's FFN inputs [tokens, d] (its post-attention RMSNorm's output) when
+    model runs on each window [S] of token ids."""
+    captured = {i: [] for i in model.moe_layers()}
+    hooks = [
+        model.layers[i].post_attention_layernorm.register_forward_hook(
+            lambda _m, _i, out, i=i: captured[i].append(out.detach().reshape(-1, out.shape[-1]))
+        )
+        for i in captured
+    ]
+    try:
+        for window in windows:
+            model(window[None])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return {i: torch.cat(parts) for i, parts in captured.items()}
+
+
+@torch.no_grad()
+def fold_ffn_input_scales(model: DeaMoELM, scales: dict[int, torch.Tensor]) -> DeaMoELM:
+    """A copy of the float model whose DeaMoE block i gets norm output / scales[i] [d] as its
+    FFN input: post-attention RMSNorm weight / s, the FFN's router, gate_ups and shared-expert
+    gate * s on their input columns (awq.fold_input_scales). Powers of two: the copy's logits
+    and expert choices are the model's, bit for bit. Other tensors are shared with model."""
+    from ..awq import fold_input_scales
+
+    folded = model._twin(model.config, {i: fold_input_scales(model.layers[i].mlp, s) for i, s in scales.items()})
+    for i, s in scales.items():
+        norm = folded.layers[i].post_attention_layernorm
+        norm.weight = torch.nn.Parameter(norm.weight.detach() / s.to(norm.weight.dtype))
+    return folded
+
+
+@torch.no_grad()
+def quantize_lm_awq(model: DeaMoELM, quant: QuantConfig, calibration: torch.Tensor, *, progress: bool = True) -> LMAwq:
+    """AWQ for every DeaMoE FFN, from the FFN inputs the float model computes on calibration
+    token ids [N] (up to CALIBRATION_WINDOWS windows of min(128, context) tokens).
+
+    Beyond the layer path (deamoe_trt.awq.quantize_awq): a block's FFN input is its
+    pre-FFN RMSNorm's output, so gate_up's input channels get AWQ scales too
+    (awq.search_input_scales), folded as norm weight / s and router, gate_up and shared-expert
+    gate columns * s (awq.fold_input_scales): powers of two, so the float model and every
+    expert choice stay exactly as they were."""
+    from .. import awq
+    from ..report import Progress
+
+    if model.config.quantization is not None:
+        model.quantized(quant)  # the one "already quantized" error
+    if quant.method != "awq":
+        quant = QuantConfig(quant.bits, quant.group_size, "awq")
+    model.config.replace(quantization=quant)  # checks every width against the group size, before the search
+    blocks = model.moe_layers()
+    windows = calibration_windows(calibration.reshape(-1), min(128, model.config.max_position_embeddings))
+    inputs = ffn_inputs(model, windows)
+    bar = Progress(sum(1 + 2 * awq.group_count(model.layers[i].mlp) for i in blocks), "awq search", enabled=progress)
+    ffns, scales, plans = {}, {}, {}
+    for i in blocks:
+        scales[i] = awq.search_input_scales(model.layers[i].mlp, quant, inputs[i])
+        bar.update(f"block {i}: gate_up input scales")
+    folded = fold_ffn_input_scales(model, scales)
+    for i in blocks:
+        x = inputs[i] / scales[i].to(inputs[i].dtype)  # what the folded block's FFN sees, exactly
+        ffns[i], plans[i] = awq.quantize_awq(folded.layers[i].mlp, quant, x, bar)
+    return LMAwq(folded.quantized(quant, ffns), folded, scales, plans, sum(w.numel() for w in windows))
 
 
 def held_out_loss(model: DeaMoELM, tokenizer: Tokenizer) -> float | None:

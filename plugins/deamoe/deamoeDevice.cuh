@@ -261,6 +261,167 @@ DEAMOE_DEVICE void accumulateRows(W const* const (&rows)[R], int chunkBegin, int
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Quantized FFN weights (LayerParams::weightBits 4 or 8, docs/quantization.md): unsigned
+// codes with the implicit zero point 2^(bits-1), int4 two per byte (the even column in the
+// low nibble), one scale per (row, group of 2^groupShift input columns), w = s * (q - zp).
+
+template <int BITS>
+struct QuantCodes
+{
+    static_assert(BITS == 4 || BITS == 8, "int4 or int8 codes");
+    static constexpr int kPerChunk = 128 / BITS;                    // weights per 16-byte chunk: 32 or 16
+    static constexpr int kSubs = kPerChunk / 8;                     // 8-weight pieces per chunk: 4 or 2
+    static constexpr float kMagic = 8388608.0f + (1 << (BITS - 1)); // 2^23 + zero point
+};
+
+// One row of a quantized matrix: its codes and its scales.
+template <class S>
+struct QuantRow
+{
+    uint8_t const* codes; // cols * BITS / 8 bytes, 16-byte aligned
+    S const* scales;      // cols >> groupShift
+};
+
+// Row `row` of a quantized matrix of `cols` input columns (codes and scales from row 0).
+template <int BITS, class S>
+DEAMOE_DEVICE QuantRow<S> quantRow(uint8_t const* codes, S const* scales, size_t row, int cols, int groupShift)
+{
+    return QuantRow<S>{codes + row * static_cast<size_t>(cols * BITS / 8),
+        scales + row * static_cast<size_t>(cols >> groupShift)};
+}
+
+DEAMOE_DEVICE uint32_t word(uint4 v, int i)
+{
+    return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w)); // i is a constant after unrolling
+}
+
+// Weights 8*sub .. 8*sub+7 of a 16-byte chunk of codes as the exact floats q - zero point.
+// 2^23 + q has q in its mantissa: OR the code into 2^23's bits and subtract 2^23 + zp, one
+// exact float add per weight and no integer-to-float conversion (a quarter-rate instruction).
+template <int BITS>
+DEAMOE_DEVICE void dequantizeCodes(uint4 raw, int sub, float (&q)[8])
+{
+    constexpr float magic = QuantCodes<BITS>::kMagic;
+    if constexpr (BITS == 4)
+    {
+        uint32_t const w = word(raw, sub); // 8 codes, column k in bits 4k..4k+3
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            q[k] = __uint_as_float(0x4B000000u | ((w >> (4 * k)) & 0xFu)) - magic;
+    }
+    else
+    {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+        {
+            uint32_t const w = word(raw, 2 * sub + h); // 4 codes, column k in byte k
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                q[4 * h + k] = __uint_as_float(0x4B000000u | ((w >> (8 * k)) & 0xFFu)) - magic;
+        }
+    }
+}
+
+// Chunks per row each lane keeps in flight on quantized rows: the gate/up rows (d columns,
+// 4 or 2 times fewer chunks than T rows) as the float path; the down rows (a part's width:
+// deepseek-v3's 2048 int4 columns are 64 chunks, two per lane) 2, which is what they have,
+// and the registers it saves keep K3 at its blocks per SM without spilling.
+template <int TT, bool DOWN>
+struct QuantUnroll
+{
+    static constexpr int value = DOWN ? 2 : Unroll<TT>::value;
+};
+
+// How many of a chunk's 8-weight pieces the inner loop unrolls: all, except int4's four at
+// 8 and 16 tokens, one at a time (fully unrolled, ptxas hoists every piece's codes and
+// activations next to the per-token accumulators and spills: sm_110, float32). int8's two
+// pieces stay unrolled (one at a time spills K1 at 16 tokens, bf16 sm_90).
+template <int BITS, int TT>
+struct QuantSubUnroll
+{
+    static constexpr int value = BITS == 4 && TT >= 8 ? 1 : QuantCodes<BITS>::kSubs;
+};
+
+// The quantized twin of accumulateRows: chunks [chunkBegin, chunkEnd) of 16 bytes of codes
+// (32 int4 or 16 int8 weights each), the same lane/chunk assignment and token loop, U chunks
+// per row in flight (QuantUnroll). Every 8 weights give a float32 partial
+// p = sum a * (q - zp), exact codes times activations, then acc += s * p: the scale is applied once per 8 weights (1 FMA per 8), the
+// activations and codes are never rescaled, and no zero point is folded into a sum of
+// activations (s * (sum a q - zp sum a) cancels catastrophically for int8's zp = 128). Its
+// registers are the float path's: 8 dequantized codes per row, 8 activations, one partial.
+// int4 at group size 16 has two groups per chunk (two scales), otherwise one. The order of
+// operations per (r, t) depends only on the lane and the chunk range: bitwise reproducible.
+template <int BITS, int U, class S, class A, int R, int TT>
+DEAMOE_DEVICE void accumulateQuantRows(QuantRow<S> const (&rows)[R], int groupShift, int chunkBegin, int chunkEnd,
+    A const* act, int const (&offset)[TT], uint32_t tokens, float (&acc)[R][TT])
+{
+    using Q = QuantCodes<BITS>;
+    constexpr int H = BITS == 4 ? 2 : 1; // scales a chunk may need (int8: 16 columns, one group)
+    int const lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
+    bool const twoGroups = H == 2 && groupShift < 5; // int4, group size 16: 32 columns, 2 groups
+    for (int c0 = chunkBegin + lane; c0 < chunkEnd; c0 += kWarpSize * U)
+    {
+        uint4 raw[U][R];
+        float scale[U][R][H];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+        {
+            int const c = c0 + u * kWarpSize;
+            int const column = c * Q::kPerChunk;
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+            {
+                raw[u][r] = c < chunkEnd ? loadStreaming(rows[r].codes + static_cast<size_t>(c) * 16)
+                                         : make_uint4(0, 0, 0, 0);
+                scale[u][r][0] = c < chunkEnd ? toFloat(rows[r].scales[column >> groupShift]) : 0.0f;
+                if constexpr (H == 2)
+                    scale[u][r][1] = c < chunkEnd && twoGroups ? toFloat(rows[r].scales[(column + 16) >> groupShift])
+                                                               : scale[u][r][0];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+        {
+            int const c = c0 + u * kWarpSize;
+            if (c < chunkEnd)
+            {
+                // Wide tiles: one 8-weight piece at a time (not unrolled), or ptxas hoists
+                // every piece's codes and activations and spills (sm_110, float32, int4).
+#pragma unroll(QuantSubUnroll<BITS, TT>::value)
+                for (int sub = 0; sub < Q::kSubs; ++sub)
+                {
+                    float q[R][8];
+#pragma unroll
+                    for (int r = 0; r < R; ++r)
+                        dequantizeCodes<BITS>(raw[u][r], sub, q[r]);
+#pragma unroll
+                    for (int t = 0; t < TT; ++t)
+                    {
+                        if ((tokens >> t) & 1u)
+                        {
+                            float a[8];
+                            loadActivation<A, 8>(act + offset[t] + static_cast<size_t>(c) * Q::kPerChunk + 8 * sub, a);
+#pragma unroll
+                            for (int r = 0; r < R; ++r)
+                            {
+                                float p = q[r][0] * a[0];
+#pragma unroll
+                                for (int e = 1; e < 8; ++e)
+                                    p = fmaf(q[r][e], a[e], p);
+                                // (a select, not scale[..][sub * H / kSubs]: sub may be a
+                                // loop variable, and a variable index puts the array in memory)
+                                float const s = sub >= Q::kSubs / 2 ? scale[u][r][H - 1] : scale[u][r][0];
+                                acc[r][t] = fmaf(s, p, acc[r][t]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 // Bits 0..n-1.
 DEAMOE_DEVICE uint32_t firstTokens(int n)
 {

@@ -30,6 +30,13 @@ struct DownArgs
     int32_t topK;
     float const* sharedOut; // [tile][d] or nullptr
     T* output;              // [tile][d]
+    // Quantized FFN weights (downKernel's BITS > 0): codes and scales instead of the T
+    // down matrices above.
+    int32_t groupShift; // log2(weightGroupSize)
+    uint8_t const* departmentDownCodes; // [D][d][f_s * BITS / 8]
+    T const* departmentDownScales;      // [D][d][f_s / G]
+    uint8_t const* expertDownCodes;     // [N][d][f_p * BITS / 8]
+    T const* expertDownScales;          // [N][d][f_p / G]
 };
 
 // Blocks per SM the down kernel asks ptxas to fit. Every down block streams the same
@@ -38,24 +45,27 @@ struct DownArgs
 // tiles in one wave on an H100/H200 (132 SMs; 8 blocks of 64 registers spill, as do 7
 // for 2 tokens in fp16). Wider tiles need the registers: 3 keeps the 16-token variant
 // from spilling on sm_110.
-template <int TT>
+// Quantized rows (BITS > 0) need a few more registers (codes, scales, the 8-weight partial):
+// int4 at 2 tokens spills at 6 blocks (80 registers), so it asks for 5.
+template <int TT, int BITS>
 struct DownMinBlocks
 {
-    static constexpr int value = TT == 1 ? 7 : (TT == 2 ? 6 : (TT >= 16 ? 3 : 4));
+    static constexpr int value = TT == 1 ? 7 : (TT == 2 ? (BITS == 4 ? 5 : 6) : (TT >= 16 ? 3 : 4));
 };
 
 // Each block owns kDownRowsPerTile output rows and streams those rows of every used part
 // (experts in plan order, then departments), adding each part's dot products into the
 // tokens' accumulators (W_j and w_e are already folded into h), then the shared experts'
 // output. The parts' metadata is staged in shared memory kDownPartsPerGroup at a time.
-template <class T, int TT>
-__global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT>::value) downKernel(DownArgs<T> const args)
+template <class T, int TT, int BITS>
+__global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) downKernel(DownArgs<T> const args)
 {
     beginDependentKernel();
     constexpr int E = Elems16<T>::value;
     constexpr int G = kDownPartsPerGroup;
     constexpr int R = kDownRowsPerWarp;
     __shared__ T const* partDown[G]; // the part's down matrix [d][width]
+    __shared__ QuantRow<T> partQuant[G]; // BITS > 0: its codes and scales instead
     __shared__ float const* partH[G];
     __shared__ int partWidth[G];
     __shared__ int partOffset[G][TT]; // h offset of each token in the part, -1: not used
@@ -82,6 +92,10 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT>::value) downKe
             int const width = expert ? args.expertWidth : args.departmentWidth;
             int const id = expert ? args.plan.experts[p] : args.plan.departments[p - usedExperts];
             partDown[q] = (expert ? args.expertDown : args.departmentDown) + static_cast<size_t>(id) * d * width;
+            if constexpr (BITS > 0)
+                partQuant[q] = quantRow<BITS>(expert ? args.expertDownCodes : args.departmentDownCodes,
+                    expert ? args.expertDownScales : args.departmentDownScales, static_cast<size_t>(id) * d, width,
+                    args.groupShift);
             partH[q] = expert ? args.hExpert : args.hDepartment;
             partWidth[q] = width;
         }
@@ -112,11 +126,22 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT>::value) downKe
 #pragma unroll
                 for (int t = 0; t < TT; ++t)
                     tokens |= partOffset[q][t] >= 0 ? 1u << t : 0u;
-                T const* rows[R];
-                downRowPointers(partDown[q], width, d, firstRow, rows);
                 // The offsets stay in shared memory (a broadcast read per use), not in 16
                 // registers of the widest tile.
-                accumulateRows<T, float, R, TT>(rows, 0, width / E, partH[q], partOffset[q], tokens, acc);
+                if constexpr (BITS > 0)
+                {
+                    QuantRow<T> rows[R];
+                    downQuantRows<BITS>(
+                        partQuant[q].codes, partQuant[q].scales, width, d, args.groupShift, firstRow, rows);
+                    accumulateQuantRows<BITS, QuantUnroll<TT, true>::value, T, float, R, TT>(
+                        rows, args.groupShift, 0, width * BITS / 128, partH[q], partOffset[q], tokens, acc);
+                }
+                else
+                {
+                    T const* rows[R];
+                    downRowPointers(partDown[q], width, d, firstRow, rows);
+                    accumulateRows<T, float, R, TT>(rows, 0, width / E, partH[q], partOffset[q], tokens, acc);
+                }
             }
         }
     }

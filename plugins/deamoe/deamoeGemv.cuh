@@ -56,10 +56,24 @@ struct GateUpArgs
     float* hExpert;        // [tile][k][f_p]
     int32_t topK;
     int32_t expertBlocksPerPart;
+    // Quantized FFN weights (gateUpBlock's BITS > 0): the shared experts', departments' and
+    // experts' gate/up matrices are these codes and scales instead of the T matrices above
+    // (which are then nullptr); the router rows stay T. Rows of codes are split into
+    // codeChunksPerSlice chunks per slice (the slices are the launch's, chunksPerSlice is
+    // the router rows').
+    int32_t groupShift; // log2(weightGroupSize)
+    int32_t codeChunksPerSlice;
+    uint8_t const* sharedGateUpCodes;
+    T const* sharedGateUpScales; // [2 f_sh][d / G]
+    uint8_t const* departmentGateUpCodes;
+    T const* departmentGateUpScales; // [D][2 f_s][d / G]
+    uint8_t const* expertGateUpCodes;
+    T const* expertGateUpScales; // [N][2 f_p][d / G]
 };
 
-// One gate/up block: block index `block` of the K1 or K2 gate/up grid.
-template <class T, int TT>
+// One gate/up block: block index `block` of the K1 or K2 gate/up grid. BITS: 0 for T
+// weights, 4 or 8 for quantized FFN weights (the router rows are T either way).
+template <class T, int TT, int BITS = 0>
 DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
 {
     constexpr int E = Elems16<T>::value;
@@ -75,6 +89,7 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
     int firstUnit; // first neuron (or router row pair) of the block
     int width;     // neurons (or router row pairs) in the part
     T const* base = nullptr;
+    QuantRow<T> quantBase{}; // BITS > 0: row 0 of the part's gate/up codes and scales
     PlanEntry const* entries = nullptr;
     int numTokens = args.numTokens;
     if (!args.routedMode)
@@ -91,6 +106,7 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
             firstUnit = (block - args.routerBlocks) * neuronsPerBlock;
             width = args.sharedWidth;
             base = args.sharedGateUp;
+            quantBase = QuantRow<T>{args.sharedGateUpCodes, args.sharedGateUpScales};
         }
     }
     else
@@ -104,6 +120,9 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
             firstUnit = (block - part * args.departmentBlocksPerPart) * neuronsPerBlock;
             width = args.departmentWidth;
             base = args.departmentGateUp + static_cast<size_t>(args.plan.departments[part]) * 2 * width * d;
+            if constexpr (BITS > 0)
+                quantBase = quantRow<BITS>(args.departmentGateUpCodes, args.departmentGateUpScales,
+                    static_cast<size_t>(args.plan.departments[part]) * 2 * width, d, args.groupShift);
             entries = args.plan.departmentEntries + part * kMaxTileTokens;
             numTokens = args.plan.departmentEntryCounts[part];
         }
@@ -115,6 +134,9 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
             firstUnit = (block - part * args.expertBlocksPerPart) * neuronsPerBlock;
             width = args.expertWidth;
             base = args.expertGateUp + static_cast<size_t>(args.plan.experts[part]) * 2 * width * d;
+            if constexpr (BITS > 0)
+                quantBase = quantRow<BITS>(args.expertGateUpCodes, args.expertGateUpScales,
+                    static_cast<size_t>(args.plan.experts[part]) * 2 * width, d, args.groupShift);
             entries = args.plan.expertEntries + part * kMaxTileTokens;
             numTokens = args.plan.expertEntryCounts[part];
         }
@@ -147,7 +169,20 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
             acc[r][t] = 0.0f;
     }
 
-    if (active)
+    if (active && BITS > 0 && kind != kKindRouter)
+    {
+        if constexpr (BITS > 0)
+        {
+            QuantRow<T> const rows[2] = {quantRow<BITS>(quantBase.codes, quantBase.scales, unit, d, args.groupShift),
+                quantRow<BITS>(quantBase.codes, quantBase.scales, width + unit, d, args.groupShift)};
+            int const chunksPerRow = d * BITS / 128;
+            int const begin = slice * args.codeChunksPerSlice;
+            int const end = min(begin + args.codeChunksPerSlice, chunksPerRow);
+            accumulateQuantRows<BITS, QuantUnroll<TT, false>::value, T, T, 2, TT>(
+                rows, args.groupShift, begin, end, args.x, offset, firstTokens(numTokens), acc);
+        }
+    }
+    else if (active)
     {
         T const* rows[2];
         if (kind == kKindRouter)
@@ -166,6 +201,9 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
         int const begin = slice * args.chunksPerSlice;
         int const end = min(begin + args.chunksPerSlice, chunksPerRow);
         accumulateRows<T, T, 2, TT>(rows, begin, end, args.x, offset, firstTokens(numTokens), acc);
+    }
+    if (active)
+    {
 #pragma unroll
         for (int r = 0; r < 2; ++r)
         {
@@ -242,6 +280,16 @@ DEAMOE_DEVICE void downRowPointers(T const* down, int width, int hidden, int fir
 #pragma unroll
     for (int r = 0; r < kDownRowsPerWarp; ++r)
         rows[r] = down + static_cast<size_t>(min(firstRow + r, hidden - 1)) * width;
+}
+
+// The quantized twin: rows of codes and scales of a down projection [d][width].
+template <int BITS, class S>
+DEAMOE_DEVICE void downQuantRows(uint8_t const* codes, S const* scales, int width, int hidden, int groupShift,
+    int firstRow, QuantRow<S> (&rows)[kDownRowsPerWarp])
+{
+#pragma unroll
+    for (int r = 0; r < kDownRowsPerWarp; ++r)
+        rows[r] = quantRow<BITS>(codes, scales, static_cast<size_t>(min(firstRow + r, hidden - 1)), width, groupShift);
 }
 
 // Reduces acc over the warp (fixed butterfly) and hands each (token t < numTokens, row)

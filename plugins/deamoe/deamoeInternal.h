@@ -73,6 +73,10 @@ struct WorkspaceLayout
 
 WorkspaceLayout workspaceLayout(LayerParams const& p, int32_t tileTokens);
 
+// The quantization fields of p (weightBits, weightGroupSize, widths a whole number of
+// groups); part of validate().
+Status validateQuantization(LayerParams const& p) noexcept;
+
 // Records the reason for a failure (deamoe_last_error()) and returns status.
 Status fail(Status status, char const* format, ...) noexcept;
 

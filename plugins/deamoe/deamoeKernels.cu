@@ -82,23 +82,51 @@ void clearError()
     tLastError[0] = '\0';
 }
 
+// A width a weight row runs along (the config's name for it, its value).
+struct Width
+{
+    char const* name;
+    int32_t value;
+};
+
+// The four widths weight rows run along: d (gate/up) and each part's width (down).
+struct Widths
+{
+    Width items[4];
+    explicit Widths(LayerParams const& p)
+        : items{{"hidden_size", p.hidden}, {"shared_intermediate_size", p.sharedWidth},
+            {"private_intermediate_size", p.privateWidth},
+            {"shared_expert_intermediate_size", p.sharedExpertWidth}}
+    {
+    }
+    Width const* begin() const { return items; }
+    Width const* end() const { return items + 4; }
+};
+
 // The kernels read every row with 16-byte loads: each row length must be a whole number
 // of 16-byte chunks and each tensor 16-byte aligned.
 Status checkVectorizable(LayerParams const& p, DataType dtype)
 {
     int const elems = 16 / elementBytes(dtype);
-    struct Size
-    {
-        char const* name;
-        int32_t value;
-    };
-    Size const sizes[] = {{"hidden_size", p.hidden}, {"shared_intermediate_size", p.sharedWidth},
-        {"private_intermediate_size", p.privateWidth}, {"shared_expert_intermediate_size", p.sharedExpertWidth}};
-    for (Size const& s : sizes)
+    Widths const sizes(p);
+    for (Width const& s : sizes)
     {
         if (s.value % elems != 0)
             return fail(Status::kUNSUPPORTED, "%s %d must be a multiple of %d for %s (16-byte rows)", s.name, s.value,
                 elems, dtypeName(dtype));
+    }
+    // Quantized FFN weights: a row of codes of each width (d for gate/up, the part's width
+    // for down) is read in 16-byte chunks of 32 int4 or 16 int8 codes too.
+    if (p.weightBits > 0)
+    {
+        int const columns = 128 / p.weightBits;
+        for (Width const& s : sizes)
+        {
+            if (s.value % columns != 0)
+                return fail(Status::kUNSUPPORTED,
+                    "%s %d must be a multiple of %d for int%d weights (rows of whole 16-byte vectors of codes)",
+                    s.name, s.value, columns, p.weightBits);
+        }
     }
     return Status::kSUCCESS;
 }
@@ -235,6 +263,31 @@ WorkspaceLayout workspaceLayout(LayerParams const& p, int32_t tileTokens)
     return L;
 }
 
+// Weight-only quantization (docs/quantization.md): what QuantConfig and check_quantizable
+// accept. One line naming the limit otherwise.
+Status validateQuantization(LayerParams const& p) noexcept
+{
+    if (p.weightBits == 0)
+    {
+        if (p.weightGroupSize != 0)
+            return fail(Status::kINVALID_PARAMS, "weight_group_size must be 0 when weight_bits is 0, got %d",
+                p.weightGroupSize);
+        return Status::kSUCCESS;
+    }
+    if (p.weightBits != 4 && p.weightBits != 8)
+        return fail(Status::kINVALID_PARAMS, "weight_bits must be 0 (float), 4 or 8, got %d", p.weightBits);
+    int32_t const g = p.weightGroupSize;
+    if (g != 16 && g != 32 && g != 64 && g != 128)
+        return fail(Status::kINVALID_PARAMS, "weight_group_size must be 16, 32, 64 or 128 for int%d weights, got %d",
+            p.weightBits, g);
+    for (Width const& w : Widths(p))
+    {
+        if (w.value % g != 0)
+            return fail(Status::kINVALID_PARAMS, "%s %d is not divisible by weight_group_size %d", w.name, w.value, g);
+    }
+    return Status::kSUCCESS;
+}
+
 } // namespace detail
 
 using detail::fail;
@@ -326,7 +379,7 @@ Status validate(LayerParams const& p) noexcept
     if (p.sharedExpertGate && p.sharedExpertWidth == 0)
         return fail(Status::kINVALID_PARAMS,
             "shared_expert_gate is 1 but shared_expert_intermediate_size is 0; set both or neither");
-    return Status::kSUCCESS;
+    return detail::validateQuantization(p);
 }
 
 size_t workspaceSize(LayerParams const& params, int32_t maxTokens, DataType dtype) noexcept
@@ -435,6 +488,26 @@ Status forward(LayerParams const& params, LayerWeights const& weights, DataType 
     }
     if (params.sharedExpertGate)
         DEAMOE_RETURN_IF_FAILED(detail::checkPointer(weights.sharedGate, "shared_experts.gate"));
+    if (params.weightBits > 0)
+    {
+        if (params.sharedWidth)
+        {
+            DEAMOE_RETURN_IF_FAILED(
+                detail::checkPointer(weights.departmentGateUpScales, "departments.gate_up.scales"));
+            DEAMOE_RETURN_IF_FAILED(detail::checkPointer(weights.departmentDownScales, "departments.down.scales"));
+        }
+        if (params.privateWidth)
+        {
+            DEAMOE_RETURN_IF_FAILED(detail::checkPointer(weights.expertGateUpScales, "experts.gate_up.scales"));
+            DEAMOE_RETURN_IF_FAILED(detail::checkPointer(weights.expertDownScales, "experts.down.scales"));
+        }
+        if (params.sharedExpertWidth)
+        {
+            DEAMOE_RETURN_IF_FAILED(
+                detail::checkPointer(weights.sharedGateUpScales, "shared_experts.gate_up.scales"));
+            DEAMOE_RETURN_IF_FAILED(detail::checkPointer(weights.sharedDownScales, "shared_experts.down.scales"));
+        }
+    }
     size_t const needed = detail::workspaceLayout(params, numTokens).forwardBytes;
     if (!workspace || workspaceBytes < needed)
         return fail(Status::kINVALID_ARGUMENT,

@@ -48,6 +48,58 @@ cudaError_t launchKernel(void (*kernel)(Args), unsigned grid, unsigned block, si
 }
 #endif
 
+// Chunks (16 bytes) of a row of `cols` weights: T values, or BITS-bit codes.
+template <class T, int BITS>
+int chunksOfRow(int cols)
+{
+    return BITS > 0 ? cols * BITS / 128 : cols / Elems16<T>::value;
+}
+
+inline int log2Exact(int value)
+{
+    int shift = 0;
+    while ((1 << shift) < value)
+        ++shift;
+    return shift;
+}
+
+// The quantized FFN weights of a layer (weightBits > 0), typed for the kernels' arguments.
+template <class T>
+struct QuantWeights
+{
+    int groupShift; // log2(weightGroupSize)
+    uint8_t const* departmentGateUp;
+    T const* departmentGateUpScales;
+    uint8_t const* departmentDown;
+    T const* departmentDownScales;
+    uint8_t const* expertGateUp;
+    T const* expertGateUpScales;
+    uint8_t const* expertDown;
+    T const* expertDownScales;
+    uint8_t const* sharedGateUp;
+    T const* sharedGateUpScales;
+    uint8_t const* sharedDown;
+    T const* sharedDownScales;
+
+    QuantWeights() = default;
+    QuantWeights(LayerParams const& p, LayerWeights const& w)
+        : groupShift(log2Exact(p.weightGroupSize))
+        , departmentGateUp(static_cast<uint8_t const*>(w.departmentGateUp))
+        , departmentGateUpScales(static_cast<T const*>(w.departmentGateUpScales))
+        , departmentDown(static_cast<uint8_t const*>(w.departmentDown))
+        , departmentDownScales(static_cast<T const*>(w.departmentDownScales))
+        , expertGateUp(static_cast<uint8_t const*>(w.expertGateUp))
+        , expertGateUpScales(static_cast<T const*>(w.expertGateUpScales))
+        , expertDown(static_cast<uint8_t const*>(w.expertDown))
+        , expertDownScales(static_cast<T const*>(w.expertDownScales))
+        , sharedGateUp(static_cast<uint8_t const*>(w.sharedGateUp))
+        , sharedGateUpScales(static_cast<T const*>(w.sharedGateUpScales))
+        , sharedDown(static_cast<uint8_t const*>(w.sharedDown))
+        , sharedDownScales(static_cast<T const*>(w.sharedDownScales))
+    {
+    }
+};
+
 template <class T>
 struct Geometry
 {
@@ -55,9 +107,9 @@ struct Geometry
     int chunksPerSlice;
     int neuronsPerBlock;
 
-    explicit Geometry(int hidden)
+    // A gate/up row of chunksPerRow 16-byte chunks (hidden / Elems16<T> for T weights).
+    explicit Geometry(int chunksPerRow)
     {
-        int const chunksPerRow = hidden / Elems16<T>::value;
         // Split a row over more warps when one warp's share would exceed 256 chunks
         // (4 KiB): short per-warp streams keep the tail of each launch short.
         slices = 1;
@@ -69,14 +121,15 @@ struct Geometry
 };
 
 // K1: router rows in the activation dtype (numExperts of them, 0 for none) and the shared
-// experts' gate row (logit column numExperts) and gate/up.
-template <class T, int TT>
+// experts' gate row (logit column numExperts) and gate/up (BITS > 0: quantized, from quant).
+template <class T, int TT, int BITS>
 Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeight, int numExperts,
     T const* sharedGate, int numTokens, float* logits, int logitsStride, T const* sharedGateUp, float* hShared,
-    int32_t* counters,
-    cudaStream_t stream)
+    int32_t* counters, QuantWeights<T> const& quant, cudaStream_t stream)
 {
-    Geometry<T> const geo(p.hidden);
+    // The router rows (T) set the slices; quantized shared-expert rows, 1/2 or 1/4 as many
+    // chunks, are cut into as many slices (short per-warp streams, the K1 grid stays full).
+    Geometry<T> const geo(chunksOfRow<T, 0>(p.hidden));
     GateUpArgs<T> args{};
     args.x = hidden;
     args.hidden = p.hidden;
@@ -95,18 +148,26 @@ Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeig
     args.sharedWidth = sharedGateUp ? p.sharedExpertWidth : 0;
     args.hShared = hShared;
     args.counters = counters;
+    if constexpr (BITS > 0)
+    {
+        args.sharedGateUp = nullptr;
+        args.groupShift = quant.groupShift;
+        args.codeChunksPerSlice = ceilDiv(chunksOfRow<T, BITS>(p.hidden), geo.slices);
+        args.sharedGateUpCodes = sharedGateUp ? quant.sharedGateUp : nullptr;
+        args.sharedGateUpScales = sharedGateUp ? quant.sharedGateUpScales : nullptr;
+    }
     int const sharedBlocks = sharedGateUp ? ceilDiv(p.sharedExpertWidth, geo.neuronsPerBlock) : 0;
     return checkLaunch("router/shared gate-up kernel",
-        DEAMOE_LAUNCH((routerSharedKernel<T, TT>), args.routerBlocks + sharedBlocks, kGemvThreads, 0, stream, args));
+        DEAMOE_LAUNCH((routerSharedKernel<T, TT, BITS>), args.routerBlocks + sharedBlocks, kGemvThreads, 0, stream, args));
 }
 
 // K1 (counters: zeroed for K2, or nullptr for route()). A float32 router weight in a
 // half-precision layer (spec, "Router precision") has its own kernel first; both zero the
 // counters, so they are zero whichever of them runs.
-template <class T, int TT>
+template <class T, int TT, int BITS = 0>
 Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* routerWeight, T const* sharedGate,
     int numTokens, float* logits, int logitsStride, T const* sharedGateUp, float* hShared, int32_t* counters,
-    cudaStream_t stream)
+    cudaStream_t stream, QuantWeights<T> const& quant = QuantWeights<T>{})
 {
     int const numExperts = p.numDepartments * p.expertsPerDepartment;
     if (p.routerWeightFloat32 && !std::is_same<T, float>::value)
@@ -120,20 +181,22 @@ Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* rou
                 stream, rows));
         if (status != Status::kSUCCESS || (sharedGate == nullptr && sharedGateUp == nullptr))
             return status;
-        return launchGateUpK1<T, TT>(p, hidden, nullptr, 0, sharedGate, numTokens, logits + numExperts, logitsStride,
-            sharedGateUp, hShared, counters, stream);
+        return launchGateUpK1<T, TT, BITS>(p, hidden, nullptr, 0, sharedGate, numTokens, logits + numExperts,
+            logitsStride, sharedGateUp, hShared, counters, quant, stream);
     }
-    return launchGateUpK1<T, TT>(p, hidden, static_cast<T const*>(routerWeight), numExperts, sharedGate, numTokens,
-        logits, logitsStride, sharedGateUp, hShared, counters, stream);
+    return launchGateUpK1<T, TT, BITS>(p, hidden, static_cast<T const*>(routerWeight), numExperts, sharedGate,
+        numTokens, logits, logitsStride, sharedGateUp, hShared, counters, quant, stream);
 }
 
-template <class T, int TT>
+// One tile of the forward; BITS: 0 for T FFN weights, 4 or 8 for quantized ones.
+template <class T, int TT, int BITS>
 Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden, T* output, int numTokens,
     WorkspaceLayout const& L, char* ws, cudaStream_t stream)
 {
     int const d = p.hidden;
     int const k = p.topK;
-    Geometry<T> const geo(d);
+    Geometry<T> const geo(chunksOfRow<T, BITS>(d)); // K2's gate/up rows
+    QuantWeights<T> const quant = BITS > 0 ? QuantWeights<T>(p, w) : QuantWeights<T>{};
     float* logits = reinterpret_cast<float*>(ws + L.logits);
     float* hShared = reinterpret_cast<float*>(ws + L.hShared);
     float* sharedOut = p.sharedExpertWidth ? reinterpret_cast<float*>(ws + L.sharedOut) : nullptr;
@@ -146,8 +209,8 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
     T const* sharedGate = p.sharedExpertGate ? static_cast<T const*>(w.sharedGate) : nullptr;
 
     // K1
-    Status status = launchRouterLogits<T, TT>(p, hidden, w.routerWeight, sharedGate, numTokens,
-        logits, L.logitsStride, sharedGateUp, hShared, counters, stream);
+    Status status = launchRouterLogits<T, TT, BITS>(p, hidden, w.routerWeight, sharedGate, numTokens,
+        logits, L.logitsStride, sharedGateUp, hShared, counters, stream, quant);
     if (status != Status::kSUCCESS)
         return status;
 
@@ -177,6 +240,12 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         args.hShared = hShared;
         args.sharedGate = p.sharedExpertGate;
         args.sharedOut = sharedOut;
+        if constexpr (BITS > 0)
+        {
+            args.sharedDown = nullptr;
+            args.sharedDownCodes = p.sharedExpertWidth ? quant.sharedDown : nullptr;
+            args.sharedDownScales = p.sharedExpertWidth ? quant.sharedDownScales : nullptr;
+        }
 
         GateUpArgs<T>& gu = args.gateUp;
         gu.x = hidden;
@@ -196,11 +265,22 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         gu.hExpert = reinterpret_cast<float*>(ws + L.hExpert);
         gu.topK = k;
         gu.expertBlocksPerPart = p.privateWidth ? ceilDiv(p.privateWidth, geo.neuronsPerBlock) : 0;
+        gu.groupShift = quant.groupShift;
+        if constexpr (BITS > 0)
+        {
+            gu.departmentGateUp = nullptr;
+            gu.expertGateUp = nullptr;
+            gu.codeChunksPerSlice = geo.chunksPerSlice;
+            gu.departmentGateUpCodes = quant.departmentGateUp;
+            gu.departmentGateUpScales = quant.departmentGateUpScales;
+            gu.expertGateUpCodes = quant.expertGateUp;
+            gu.expertGateUpScales = quant.expertGateUpScales;
+        }
         long long const blocks = args.routingBlocks + args.sharedDownBlocks
             + static_cast<long long>(L.maxDepartmentParts) * gu.departmentBlocksPerPart
             + static_cast<long long>(L.maxExpertParts) * gu.expertBlocksPerPart;
         status = checkLaunch("routing/routed gate-up kernel",
-            DEAMOE_LAUNCH((routedKernel<T, TT>), static_cast<unsigned>(blocks), kGemvThreads, smem, stream, args));
+            DEAMOE_LAUNCH((routedKernel<T, TT, BITS>), static_cast<unsigned>(blocks), kGemvThreads, smem, stream, args));
         if (status != Status::kSUCCESS)
             return status;
     }
@@ -221,8 +301,18 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         args.topK = k;
         args.sharedOut = sharedOut;
         args.output = output;
+        args.groupShift = quant.groupShift;
+        if constexpr (BITS > 0)
+        {
+            args.departmentDown = nullptr;
+            args.expertDown = nullptr;
+            args.departmentDownCodes = quant.departmentDown;
+            args.departmentDownScales = quant.departmentDownScales;
+            args.expertDownCodes = quant.expertDown;
+            args.expertDownScales = quant.expertDownScales;
+        }
         status = checkLaunch("down kernel",
-            DEAMOE_LAUNCH((downKernel<T, TT>), static_cast<unsigned>(L.downTiles), kGemvThreads, 0, stream, args));
+            DEAMOE_LAUNCH((downKernel<T, TT, BITS>), static_cast<unsigned>(L.downTiles), kGemvThreads, 0, stream, args));
     }
     return status;
 }
@@ -254,7 +344,13 @@ Status forwardTyped(LayerParams const& p, LayerWeights const& w, void const* hid
         T const* x = static_cast<T const*>(hidden) + static_cast<size_t>(first) * p.hidden;
         T* y = static_cast<T*>(output) + static_cast<size_t>(first) * p.hidden;
         Status const status = dispatchTileTokens(n, [&](auto tt) {
-            return forwardTile<T, decltype(tt)::value>(p, w, x, y, n, L, ws, stream);
+            constexpr int TT = decltype(tt)::value;
+            switch (p.weightBits) // validated: 0, 4 or 8
+            {
+            case 4: return forwardTile<T, TT, 4>(p, w, x, y, n, L, ws, stream);
+            case 8: return forwardTile<T, TT, 8>(p, w, x, y, n, L, ws, stream);
+            default: return forwardTile<T, TT, 0>(p, w, x, y, n, L, ws, stream);
+            }
         });
         if (status != Status::kSUCCESS)
             return status;

@@ -48,6 +48,8 @@ struct RoutedArgs
     // Shared experts' down blocks (the next sharedDownBlocks tickets)
     int32_t sharedDownBlocks;
     T const* sharedDown; // [d][f_sh] or nullptr
+    uint8_t const* sharedDownCodes; // quantized (BITS > 0): [d][f_sh * BITS / 8] instead
+    T const* sharedDownScales;      // [d][f_sh / G]
     int32_t hidden;
     int32_t sharedWidth;
     float const* hShared; // [tile][f_sh]
@@ -107,7 +109,7 @@ DEAMOE_DEVICE void routingBlock(RoutedArgs<T> const& args, int block)
 
 // The shared experts' down rows of this block (kDownRowsPerTile rows, all tokens) into
 // sharedOut, scaled by the shared-expert gate.
-template <class T, int TT>
+template <class T, int TT, int BITS>
 DEAMOE_DEVICE void sharedDownBlock(RoutedArgs<T> const& args, int block)
 {
     constexpr int E = Elems16<T>::value;
@@ -119,11 +121,22 @@ DEAMOE_DEVICE void sharedDownBlock(RoutedArgs<T> const& args, int block)
 #pragma unroll
     for (int t = 0; t < TT; ++t)
         offset[t] = t * args.sharedWidth;
-    T const* rows[kDownRowsPerWarp];
-    downRowPointers(args.sharedDown, args.sharedWidth, args.hidden, firstRow, rows);
     float acc[kDownRowsPerWarp][TT] = {};
-    accumulateRows<T, float, kDownRowsPerWarp, TT>(
-        rows, 0, args.sharedWidth / E, args.hShared, offset, firstTokens(args.numTokens), acc);
+    if constexpr (BITS > 0)
+    {
+        QuantRow<T> rows[kDownRowsPerWarp];
+        downQuantRows<BITS>(args.sharedDownCodes, args.sharedDownScales, args.sharedWidth, args.hidden,
+            args.gateUp.groupShift, firstRow, rows);
+        accumulateQuantRows<BITS, QuantUnroll<TT, true>::value, T, float, kDownRowsPerWarp, TT>(rows, args.gateUp.groupShift, 0,
+            args.sharedWidth * BITS / 128, args.hShared, offset, firstTokens(args.numTokens), acc);
+    }
+    else
+    {
+        T const* rows[kDownRowsPerWarp];
+        downRowPointers(args.sharedDown, args.sharedWidth, args.hidden, firstRow, rows);
+        accumulateRows<T, float, kDownRowsPerWarp, TT>(
+            rows, 0, args.sharedWidth / E, args.hShared, offset, firstTokens(args.numTokens), acc);
+    }
     storeRows<TT>(acc, firstRow, args.hidden, args.numTokens, [&args](int t, int row, float value) {
         if (args.sharedGate)
             value *= sigmoid(args.logits[t * args.logitsStride + args.routing.numExperts]);
@@ -131,7 +144,7 @@ DEAMOE_DEVICE void sharedDownBlock(RoutedArgs<T> const& args, int block)
     });
 }
 
-template <class T, int TT>
+template <class T, int TT, int BITS>
 __global__ void __launch_bounds__(kGemvThreads, 1) routedKernel(RoutedArgs<T> const args)
 {
     beginDependentKernel();
@@ -151,7 +164,7 @@ __global__ void __launch_bounds__(kGemvThreads, 1) routedKernel(RoutedArgs<T> co
     block -= args.routingBlocks;
     if (block < args.sharedDownBlocks)
     {
-        sharedDownBlock<T, TT>(args, block);
+        sharedDownBlock<T, TT, BITS>(args, block);
         return;
     }
     block -= args.sharedDownBlocks;
@@ -161,7 +174,7 @@ __global__ void __launch_bounds__(kGemvThreads, 1) routedKernel(RoutedArgs<T> co
             __nanosleep(256);
     }
     __syncthreads(); // the plan is visible to the whole block from here
-    gateUpBlock<T, TT>(args.gateUp, block);
+    gateUpBlock<T, TT, BITS>(args.gateUp, block);
 }
 
 } // namespace detail

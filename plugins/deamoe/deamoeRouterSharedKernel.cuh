@@ -16,22 +16,24 @@ namespace detail
 // Blocks per SM K1 asks ptxas to fit: for 16 tokens, 4 (<= 128 registers) instead of the
 // 3 that ~150 registers allow, a third more loads in flight per SM; below that the
 // registers allow more blocks than are needed. (K2 spills at 128: its shared-down and
-// routing roles need more.)
-template <int TT>
+// routing roles need more.) int4 at 16 tokens: 3, it spills at 128 on sm_86/87/89 (and
+// int8 spills on sm_110 at 3, not at 4: ptxas).
+template <int TT, int BITS>
 struct GateUpMinBlocks
 {
-    static constexpr int value = TT >= 16 ? 4 : 1;
+    static constexpr int value = TT >= 16 ? (BITS == 4 ? 3 : 4) : 1;
 };
 
-template <class T, int TT>
-__global__ void __launch_bounds__(kGemvThreads, GateUpMinBlocks<TT>::value) routerSharedKernel(GateUpArgs<T> const args)
+template <class T, int TT, int BITS>
+__global__ void __launch_bounds__(kGemvThreads, GateUpMinBlocks<TT, BITS>::value) routerSharedKernel(
+    GateUpArgs<T> const args)
 {
     beginDependentKernel();
     // K2 takes tickets and counts routing blocks on these: zero them for it. The
     // workspace's content on entry is arbitrary, and K2 starts after K1 has completed.
     if (args.counters && blockIdx.x == 0 && threadIdx.x < kNumCounters)
         args.counters[threadIdx.x] = 0;
-    gateUpBlock<T, TT>(args, static_cast<int>(blockIdx.x));
+    gateUpBlock<T, TT, BITS>(args, static_cast<int>(blockIdx.x));
 }
 
 } // namespace detail

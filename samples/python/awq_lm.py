@@ -2,11 +2,14 @@
 
 Each block's DeaMoE FFN input (the post-attention RMSNorm's output) is captured on windows
 of the training text (calibration) and of the held-out last 10% of *Persuasion* (held out,
-never seen by the search). Each FFN is quantized with round to nearest, with AWQ
-(deamoe_trt.awq) from the calibration inputs, and with AWQ's clipping search alone (no
-channel scaling); the table gives, per bit width and group size, each block's relative
-output error on the held-out inputs and the held-out perplexity of the whole model with
-every block quantized so. Attention, norms, embeddings and routers stay fp32.
+never seen by the search). The model is quantized with round to nearest, with AWQ's
+language-model path (deamoe_trt.lm.quantize.quantize_lm_awq, as `deamoe-trt quantize
+--method awq` runs it: gate_up input scales folded into the RMSNorm, down scales, clipping)
+from the calibration windows, and with AWQ's clipping search alone (no channel scaling); the
+table gives, per bit width and group size, each block's relative output error on the
+held-out inputs and the held-out perplexity of the whole model with every block quantized
+so. Attention, embeddings and routers stay fp32 (AWQ's fold only multiplies norm weights and
+router columns by powers of two, which computes the same float model).
 
 --write DIR also writes the three FFN layers as one deamoe-trt checkpoint with its
 calibration and held-out inputs, for the CLI:
@@ -20,7 +23,6 @@ calibration and held-out inputs, for the CLI:
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import sys
 
@@ -36,32 +38,12 @@ def main() -> int:
     return _common.main_guard("awq_lm.py", lambda: run(args))
 
 
-def capture(model, windows) -> list:
-    """Each block's DeaMoE FFN inputs [tokens, d] when the float model runs on windows [B, S]."""
-    import torch
-
-    captured = [[] for _ in model.layers]
-    hooks = [
-        block.post_attention_layernorm.register_forward_hook(
-            lambda _m, _i, out, i=i: captured[i].append(out.detach().reshape(-1, out.shape[-1]))
-        )
-        for i, block in enumerate(model.layers)
-    ]
-    try:
-        with torch.no_grad():
-            for window in windows:
-                model(window[None])
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return [torch.cat(parts) for parts in captured]
-
-
 def run(args) -> int:
     import torch
 
-    from deamoe_trt.awq import ALPHAS, quantize_awq
+    from deamoe_trt.awq import quantize_awq
     from deamoe_trt.lm.checkpoint import load_lm
+    from deamoe_trt.lm.quantize import calibration_windows, ffn_inputs, quantize_lm_awq
     from deamoe_trt.lm.train import TrainSettings, evaluate, shipped_text, split_text
     from deamoe_trt.quant import QuantConfig
     from deamoe_trt.report import Progress, format_table
@@ -72,30 +54,34 @@ def run(args) -> int:
     model = loaded.model
     settings = TrainSettings()
     train_ids, held_out_ids = split_text(shipped_text(), loaded.tokenizer, settings.val_fraction)
-    seq = settings.seq_len
-
-    def evenly(ids, count):  # `count` windows spread evenly over ids, deterministic
-        step = (len(ids) - seq) // count
-        return [ids[i * step : i * step + seq] for i in range(count)]
-
-    calibration = capture(model, evenly(train_ids, args.windows))
-    held_out = capture(model, evenly(held_out_ids, 16))
+    calibration_ids = torch.cat(calibration_windows(train_ids, settings.seq_len, args.windows))
+    calibration = ffn_inputs(model, calibration_windows(train_ids, settings.seq_len, args.windows))
+    held_out = ffn_inputs(model, calibration_windows(held_out_ids, settings.seq_len, 16))
+    blocks = model.moe_layers()
     fp32_loss = evaluate(model, held_out_ids, settings)
     variants = [QuantConfig(bits, gs) for bits in (4, 8) for gs in (16, 32)]
     bar = Progress(3 * len(variants), "awq_lm")
     rows = []
     for quant in variants:
+        awq_quant = QuantConfig(quant.bits, quant.group_size, "awq")
         for method in ("rtn", "awq", "awq, clip only"):
-            quantized = copy.deepcopy(model)
+            # Each quantized model comes from DeaMoELM.quantized, so its config says how it
+            # is quantized (as `deamoe-trt quantize` writes it); the error is measured against
+            # the float FFN it stands for, on the inputs that FFN receives.
+            if method == "rtn":
+                quantized, reference, scales = model.quantized(quant), model, {}
+            elif method == "awq":  # the LM path: gate_up input scales, down scales, clipping
+                result = quantize_lm_awq(model, awq_quant, calibration_ids, progress=False)
+                quantized, reference, scales = result.model, result.folded, result.input_scales
+            else:  # no channel scaling (alpha = 0), to show what the scales add to clipping
+                ffns = {
+                    i: quantize_awq(model.layers[i].mlp, awq_quant, calibration[i], alphas=(0.0,))[0] for i in blocks
+                }
+                quantized, reference, scales = model.quantized(awq_quant, ffns), model, {}
             errors = []
-            for i, block in enumerate(quantized.layers):
-                layer = model.layers[i].mlp
-                if method == "rtn":
-                    block.mlp = layer.quantized(quant)
-                else:  # clip only: no channel scaling (alpha = 0), to show what each half gives
-                    alphas = (0.0,) if "clip" in method else ALPHAS
-                    block.mlp, _ = quantize_awq(layer, quant, calibration[i], alphas=alphas)
-                errors.append(layer_error(layer, block.mlp, held_out[i])[0])
+            for i in blocks:
+                x = held_out[i] / scales[i].to(held_out[i].dtype) if i in scales else held_out[i]
+                errors.append(layer_error(reference.layers[i].mlp, quantized.layers[i].mlp, x)[0])
             loss = evaluate(quantized, held_out_ids, settings)
             rows.append(
                 (
@@ -109,27 +95,28 @@ def run(args) -> int:
                 )
             )
             bar.update(f"int{quant.bits} g{quant.group_size} {method}")
-    rows.append(("fp32", "-", "-", *("0" for _ in model.layers), f"{fp32_loss:.4f}", f"{math.exp(fp32_loss):.4f}", "0"))
+    rows.append(("fp32", "-", "-", *("0" for _ in blocks), f"{fp32_loss:.4f}", f"{math.exp(fp32_loss):.4f}", "0"))
     print(
         format_table(
             (
                 "bits",
                 "group",
                 "method",
-                *(f"block {i} error" for i in range(len(model.layers))),
+                *(f"block {i} error" for i in blocks),
                 "held-out loss",
                 "perplexity",
                 "loss vs fp32",
             ),
             rows,
             title=(
-                f"tiny-lm FFNs: relative output error on {held_out[0].shape[0]} held-out tokens per block "
-                f"(calibration: {calibration[0].shape[0]} training-text tokens); perplexity per byte, held-out text"
+                f"tiny-lm FFNs: relative output error on {held_out[blocks[0]].shape[0]} held-out tokens per block "
+                f"(calibration: {calibration[blocks[0]].shape[0]} training-text tokens); "
+                "perplexity per byte, held-out text"
             ),
         )
     )
     if args.write:
-        write(args.write, model, calibration, held_out)
+        write(args.write, model, [calibration[i] for i in blocks], [held_out[i] for i in blocks])
     return 0
 
 
@@ -142,7 +129,7 @@ def write(directory, model, calibration, held_out) -> None:
     from deamoe_trt.layer import DeaMoEStack
 
     out = Path(directory)
-    DeaMoEStack.from_layers([block.mlp for block in model.layers]).save_pretrained(out / "ffn")
+    DeaMoEStack.from_layers([model.layers[i].mlp for i in model.moe_layers()]).save_pretrained(out / "ffn")
     for name, inputs in (("calibration", calibration), ("held-out", held_out)):
         with atomic_path(out / f"{name}.safetensors") as tmp:
             save_file({f"layers.{i}.hidden_states": x.contiguous() for i, x in enumerate(inputs)}, str(tmp))

@@ -3,10 +3,11 @@ kernels and of the expanded twin with programmatic launch off and on, the report
 the SIMT-emulated kernel library; on a GPU it is the one command that measures the kernels."""
 
 import json
+import re
 
 import pytest
 
-from deamoe_trt.checks.gpu import main
+from deamoe_trt.checks.gpu import main, shrink
 from deamoe_trt.cli.main import main as cli_main
 from deamoe_trt.presets import PRESETS
 
@@ -14,7 +15,7 @@ from deamoe_trt.presets import PRESETS
 @pytest.mark.slow
 def test_dry_run_checks_and_times_through_the_emulator(emulated_lib, tmp_path):
     argv = ["--dry-run", "--library", emulated_lib._name, "--presets", "deepseek-v3-layer", "--tokens", "1",
-            "--out", str(tmp_path)]  # fmt: skip
+            "--bits", "0", "--out", str(tmp_path)]  # fmt: skip
     assert main(argv) == 0
     results = json.loads((tmp_path / "gpu_check.json").read_text())
     assert results["correctness"] and all(r["pass"] for r in results["correctness"])
@@ -33,8 +34,36 @@ def test_dry_run_checks_and_times_through_the_emulator(emulated_lib, tmp_path):
     assert "PASS deepseek-v3-layer" in report and "targets" in report
 
 
+@pytest.mark.slow
+def test_dry_run_checks_and_times_the_int4_rows(emulated_lib, tmp_path):
+    """The quantized rows (int4 here; int8 is the same flow): the layer quantized, checked
+    against the dequantized reference, timed against its quantized twin, bytes counted as
+    packed codes plus scales, the int4 target reported."""
+    argv = ["--dry-run", "--library", emulated_lib._name, "--presets", "deepseek-v3-layer", "--tokens", "1",
+            "--bits", "4", "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    results = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [r["dtype"] for r in results["correctness"]] == ["bf16-int4"] and results["correctness"][0]["pass"]
+    (bench,) = results["benchmarks"]
+    timings = {(t["variant"], t["mode"], t["pdl"]): t for t in bench["timings"]}
+    deamoe, twin = timings[("deamoe", "eager", False)], timings[("expanded", "eager", False)]
+    assert twin["bytes_per_step_mean"] > deamoe["bytes_per_step_mean"] > 0
+    # The shrunken preset's 1-token step at int4 (the spec's weights loaded): min(g, k)
+    # departments, k experts and the shared expert as codes (half a byte each) plus a bf16
+    # scale per group of 32; the router (bf16) and the selection bias (float32) as they are.
+    c = shrink(PRESETS["deepseek-v3-layer"], 32)
+    widths = min(c.top_departments, c.top_k) * c.shared_intermediate_size + c.top_k * c.private_intermediate_size
+    ffn = 3 * c.hidden_size * (widths + c.shared_expert_intermediate_size)
+    router = c.num_experts * c.hidden_size * 2 + c.num_experts * 4
+    assert deamoe["bytes_per_step_mean"] == ffn // 2 + ffn // 32 * 2 + router
+    assert any(key.startswith("bf16-int4") for key in results["targets"])
+    assert re.search(r"PASS deepseek-v3-layer +bf16-int4", (tmp_path / "gpu_check.txt").read_text())
+
+
 def test_bad_arguments_are_one_line_and_exit_2(tmp_path, capsys):
     assert cli_main(["check-gpu", "--presets", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown preset(s) nope" in capsys.readouterr().err
     assert main(["--out", str(tmp_path), "--presets", "tiny"]) == 2  # no GPU here, no --dry-run
     assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert main(["--out", str(tmp_path), "--dry-run", "--bits", "4,3"]) == 2
+    assert "--bits takes 0, 4 and/or 8" in capsys.readouterr().err

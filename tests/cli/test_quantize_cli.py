@@ -229,7 +229,7 @@ def test_language_model_bad_input_is_one_line_and_writes_nothing(micro_lm, tmp_p
         ([str(micro_lm), "--bits", "4", "--group-size", "32"], "the shared part (f_s) is 16, not divisible by"),
         (
             [str(micro_lm), "--bits", "4", "--group-size", "16", "--method", "awq", "--calibration", "random:64"],
-            "--method awq is not implemented for language models yet",
+            "--calibration random:64: no such file (a language model calibrates on a text file)",
         ),
         ([str(micro_lm), "--bits", "4", "--group-size", "16", "--eval", "x.safetensors"], "--eval takes layer inputs"),
     ]
@@ -241,3 +241,65 @@ def test_language_model_bad_input_is_one_line_and_writes_nothing(micro_lm, tmp_p
         assert not out_dir.exists()
     assert main(["quantize", str(micro_lm), "-o", str(micro_lm), "--bits", "4", "--group-size", "16"]) == 2
     assert "--output must differ from the input" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such file (a language model calibrates on a text file)"),
+        ("  \n", "is empty"),
+        ("Anne Elliot\u00e9", "character"),
+        (b"\xff\xfe", "is not a readable UTF-8 text file"),
+    ],
+    ids=["missing", "empty", "unencodable", "not-utf8"],
+)
+def test_language_model_awq_bad_calibration_text_is_one_line_and_writes_nothing(
+    micro_lm, tmp_path, capsys, content, message
+):
+    text = tmp_path / "calibration.txt"
+    if isinstance(content, bytes):
+        text.write_bytes(content)
+    elif content is not None:
+        text.write_text(content, encoding="utf-8")
+    out_dir = tmp_path / "out"
+    capsys.readouterr()
+    args = ["--bits", "4", "--group-size", "16", "--method", "awq", "--calibration", str(text)]
+    assert main(["quantize", str(micro_lm), "-o", str(out_dir), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and str(text) in err and len(err.strip().splitlines()) == 1
+    assert not out_dir.exists()
+
+
+@pytest.mark.slow  # three held-out evaluations (input, RTN, AWQ), the quantized two dequantizing on the fly
+def test_awq_language_model_prints_rtn_and_awq_on_held_out_text_and_writes_a_loadable_checkpoint(
+    micro_lm, tmp_path, capsys
+):
+    import math
+
+    from deamoe_trt.lm import load_lm
+    from deamoe_trt.lm.quantize import held_out_loss
+
+    text = tmp_path / "calibration.txt"
+    text.write_text("It was a truth universally acknowledged, that a single man in possession of a good fortune. " * 8)
+    out_dir = tmp_path / "lm-awq"
+    capsys.readouterr()
+    args = ["--bits", "4", "--group-size", "16", "--method", "awq", "--calibration", str(text)]
+    assert main(["quantize", str(micro_lm), "-o", str(out_dir), *args]) == 0
+    out = capsys.readouterr().out
+    tokens = len(text.read_text()) // 48 * 48  # whole windows of the model's context, one token per byte
+    assert f"calibration (what the search sees): {tokens} tokens of {text}" in out
+    rows = {line.split()[1]: line.split() for line in out.splitlines() if line.startswith(("block 0", "block 2"))}
+    assert set(rows) == {"0", "2"}  # block 1 is dense
+    assert all(row[-1] == "0" and 0.01 < float(row[3]) < 0.3 and 0.01 < float(row[4]) < 0.3 for row in rows.values())
+    loaded = load_lm(out_dir)
+    assert loaded.model.config.quantization == QuantConfig(4, 16, "awq")
+    table = {line.split("  ")[0]: line.split() for line in out.splitlines() if line.startswith(("input", "int4,"))}
+    assert set(table) == {"input (float32)", "int4, group 16, rtn", "int4, group 16, awq"}
+    assert table["int4, group 16, awq"][5] == f"{math.exp(held_out_loss(loaded.model, loaded.tokenizer)):.3f}"
+    assert loaded.training["quantization"]["calibration"].startswith(str(text))
+    # Without --calibration: the training part of the shipped text, never its held-out part.
+    capsys.readouterr()
+    assert main(["quantize", str(micro_lm), "-o", str(tmp_path / "default"), *args[:-2]]) == 0
+    out = capsys.readouterr().out
+    assert f"calibration (what the search sees): {16 * 48} tokens of the shipped text's training part" in out
+    assert "held out (what the tables measure, not seen by the search): FFN inputs from the shipped text's" in out

@@ -6,6 +6,7 @@ The kernels themselves are also exercised without a GPU, through the SIMT emulat
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -155,9 +156,27 @@ def test_gpu_routing_from_logits_breaks_ties_like_reference():
     assert torch.equal(got.kept_departments.cpu(), want.kept_departments)
 
 
-def test_quantized_layers_are_refused_in_one_line_until_the_kernels_take_them():
+def test_quantized_layers_reach_the_kernels(monkeypatch):
+    """No refusal of int4/int8 layers any more: they fail only where a float layer would (no GPU)."""
     from deamoe_trt.quant import QuantConfig
 
-    layer = DeaMoELayer.random(PRESETS["tiny"]).quantized(QuantConfig(4, 16))
-    with pytest.raises(UsageError, match=r"do not run int4 \(quantized\) layers yet"):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    layer = DeaMoELayer.random(PRESETS["tiny"]).quantized(QuantConfig(8, 16))
+    with pytest.raises(cuda.CudaUnavailableError):
         cuda.forward(layer, torch.zeros(1, 64))
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("bits", [4, 8])
+def test_gpu_quantized_forward_matches_the_dequantized_reference(bits):
+    from deamoe_trt.quant import QuantConfig
+
+    c = deepseek_style(hidden_size=128, private_intermediate_size=64, shared_expert_intermediate_size=64)
+    layer = DeaMoELayer.random(c, seed=3, dtype=torch.bfloat16).quantized(QuantConfig(bits, 32)).cuda()
+    x = torch.randn(5, c.hidden_size, device="cuda").to(torch.bfloat16)
+    y = cuda.forward(layer, x)
+    assert torch.equal(y, cuda.forward(layer, x))  # deterministic
+    with torch.no_grad():
+        ref = copy.deepcopy(layer).float()(x.float())  # the dequantized weights, float32 math
+    assert float((y.float() - ref).norm() / ref.norm()) < 1e-2
