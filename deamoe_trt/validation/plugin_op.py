@@ -43,11 +43,11 @@ from .. import contract
 from ..errors import MissingDependencyError, UsageError
 from ..export import plugin_node
 from ..export.dtypes import DTYPES, ExportDtype, dtype_of_onnx
+from ..export.plugin_form import CODE_TYPE, CODE_WORD_BYTES
 from ..layer import DeaMoELayer
 
 REFERENCE_DOMAIN = "deamoe_trt.reference"
 F32 = TensorProto.FLOAT
-CODE_TYPE = TensorProto.INT32  # contract.CODES_DTYPE
 
 
 def reference_op_type(dtype: ExportDtype, num_inputs: int) -> str:
@@ -242,7 +242,7 @@ def _codes_as_float_bytes(
         words = initializers.get(node.input[i])
         if words is None:
             raise UsageError(f"DeaMoE node {node.name!r}: {item.name} must be an initializer to run on ONNX Runtime")
-        dims = [*words.dims[:-1], words.dims[-1] * 4]
+        dims = [*words.dims[:-1], words.dims[-1] * CODE_WORD_BYTES]
         codes = TensorProto(name=names(f"{node.input[i]}.bytes"), data_type=TensorProto.UINT8, dims=dims)
         if words.data_location == TensorProto.EXTERNAL:
             codes.data_location = TensorProto.EXTERNAL
