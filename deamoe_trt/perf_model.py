@@ -212,7 +212,10 @@ def predict_step(
     the dequantization's instructions follow the quantized kernels."""
     c, b, d, T = config, bytes_per_weight, config.hidden_size, tokens
     tt = tile_tokens(T)
-    regs = QUANT_REGISTERS[quant.bits] if quant else (registers or DEFAULT_REGISTERS)[device.arch]
+    if registers:  # a build's own report (--ptxas-log), for the weight format asked for
+        regs = registers[device.arch]
+    else:
+        regs = QUANT_REGISTERS[quant.bits] if quant else DEFAULT_REGISTERS[device.arch]
     loads = LOADS_IN_FLIGHT[tt]
     down_loads = QUANT_DOWN_LOADS_IN_FLIGHT if quant else loads
 
@@ -380,10 +383,14 @@ def main(argv: list[str] | None = None) -> int:
         registers = None
         if args.ptxas_log:
             text = args.ptxas_log.read_text()
-            registers = {arch: parse_ptxas_registers(text, arch) for arch in DEFAULT_REGISTERS}
+            bits = args.bits or 0
+            registers = {arch: parse_ptxas_registers(text, arch, bits=bits) for arch in DEFAULT_REGISTERS}
             missing = [arch for arch, kernels in registers.items() if not set(KERNELS) <= set(kernels)]
             if missing:
-                raise ValueError(f"{args.ptxas_log}: no bf16 register report of every kernel for sm_{missing[0]}")
+                weights = f" int{bits}" if bits else ""
+                raise ValueError(
+                    f"{args.ptxas_log}: no bf16{weights} register report of every kernel for sm_{missing[0]}"
+                )
         quant = QuantConfig(args.bits, args.group_size) if args.bits else None
         for preset in presets if quant else []:
             check_quantizable(PRESETS[preset], quant)

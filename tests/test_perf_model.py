@@ -9,6 +9,7 @@ from deamoe_trt import PRESETS
 from deamoe_trt.perf_model import (
     DEFAULT_REGISTERS,
     DEVICES,
+    KERNELS,
     QUANT_REGISTERS,
     expected_usage,
     main,
@@ -110,6 +111,16 @@ def test_registers_are_read_from_ptxas_output():
     assert parse_ptxas_registers(log, 86) == {"downKernel": {16: 99}}
     for arch in {d.arch for d in DEVICES.values()}:
         assert set(DEFAULT_REGISTERS[arch]) == {"routerSharedKernel", "routedKernel", "downKernel"}
+
+
+def test_a_given_register_report_is_used_for_quantized_kernels_too():
+    # --ptxas-log with --bits: the build's int4 report, not the built-in table, sets occupancy.
+    config, device, quant = PRESETS["deepseek-v3-layer"], DEVICES["h200"], QuantConfig(4, 128)
+    report = {device.arch: {kernel: dict.fromkeys((1, 2, 4, 8, 16), 200) for kernel in KERNELS}}
+    given = predict_step(config, device, 1, 2, 2, 8, registers=report, quant=quant)
+    built_in = predict_step(config, device, 1, 2, 2, 8, quant=quant)
+    assert [k.registers for k in given] == [200, 200, 200]
+    assert [k.registers for k in built_in] == [QUANT_REGISTERS[4][kernel][1] for kernel in KERNELS]
 
 
 def test_cli_prints_a_markdown_table_and_rejects_unknown_devices(capsys):
