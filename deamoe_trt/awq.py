@@ -171,17 +171,29 @@ def _scale_candidates(gate_up, down, x, weight, quant: QuantConfig, dtype, alpha
         return [torch.ones(down.shape[-1])] * len(alphas), errors
     h = _down_input(gate_up, x, weight)
     factor = _gram_factor(h)
-    mean = h.abs().mean(dim=0)
-    mean = mean.clamp_min(float(mean.max()) * 1e-4 if float(mean.max()) > 0 else 1.0)
+    mean = _mean_magnitude(h)
     candidates = []
     for i, alpha in enumerate(alphas):
-        s = mean.pow(alpha)
-        s = s / (s.max() * s.min()).sqrt()  # centred on 1 in log scale, as AWQ does
-        s = torch.exp2(torch.log2(s).round().clamp(-MAX_EXPONENT, MAX_EXPONENT))
+        s = _power_of_two_scales(mean, alpha)
         delta = _fake_quantize(down * s, quant, dtype) / s - down
         errors[i] = float((factor @ delta.t()).square().sum())
         candidates.append(s)
     return candidates, errors
+
+
+def _mean_magnitude(acts: torch.Tensor) -> torch.Tensor:
+    """mean|acts| per channel over the tokens of acts [T, n], floored at 1e-4 of its max (all
+    1 when acts is all zero) so that every channel's power stays finite."""
+    mean = acts.abs().mean(dim=0)
+    return mean.clamp_min(float(mean.max()) * 1e-4 if float(mean.max()) > 0 else 1.0)
+
+
+def _power_of_two_scales(mean: torch.Tensor, alpha: float) -> torch.Tensor:
+    """AWQ's channel scales mean^alpha, centred on 1 in log scale (as AWQ does) and rounded to
+    powers of two within 2^-MAX_EXPONENT..2^MAX_EXPONENT, so that folding them is exact."""
+    s = mean.pow(alpha)
+    s = s / (s.max() * s.min()).sqrt()
+    return torch.exp2(torch.log2(s).round().clamp(-MAX_EXPONENT, MAX_EXPONENT))
 
 
 def _fake_quantize(weight: torch.Tensor, quant: QuantConfig, dtype, clip=None) -> torch.Tensor:
@@ -253,15 +265,12 @@ def search_input_scales(layer, quant: QuantConfig, x: torch.Tensor, *, alphas=AL
     x = x.reshape(-1, layer.config.hidden_size).to(layer.dtype)
     xf = x.float()
     want = layer(x).float()
-    mean = xf.abs().mean(dim=0)
-    mean = mean.clamp_min(float(mean.max()) * 1e-4 if float(mean.max()) > 0 else 1.0)
+    mean = _mean_magnitude(xf)
     groups = receivers(layer, x)
     trial = copy.deepcopy(layer)
     errors, candidates = [], []
     for alpha in alphas:
-        s = mean.pow(alpha)
-        s = s / (s.max() * s.min()).sqrt()
-        s = torch.exp2(torch.log2(s).round().clamp(-MAX_EXPONENT, MAX_EXPONENT))
+        s = _power_of_two_scales(mean, alpha)
         for name, part_groups in groups.items():
             part = getattr(layer, name)
             gate_up = _stacked(part.gate_up)
