@@ -330,6 +330,7 @@ def read_calibration(source: str, stack, *, seed: int = 0, what: str = "--calibr
     from pathlib import Path
 
     from .checkpoint import read_tensors
+    from .convert.run import stack_hidden
     from .inputs import random_hidden
 
     d, layers = stack.config.hidden_size, len(stack.layers)
@@ -337,7 +338,7 @@ def read_calibration(source: str, stack, *, seed: int = 0, what: str = "--calibr
         count = source.removeprefix("random:")
         if not count.isdigit() or int(count) < 1:
             raise UsageError(f"{what} random:N needs a token count N >= 1, got {source!r}")
-        return stack_inputs(stack, random_hidden(int(count), d, seed=seed))
+        return stack_hidden(stack, random_hidden(int(count), d, seed=seed))
     if not Path(source).is_file():
         raise UsageError(f"{what} {source}: no such file")
     try:
@@ -365,17 +366,7 @@ def read_calibration(source: str, stack, *, seed: int = 0, what: str = "--calibr
         if not bool(torch.isfinite(tensor).all()):
             raise UsageError(f"{what} {source}: {name} contains NaN or Inf")
         inputs.append(tensor)
-    return inputs if len(inputs) == layers else stack_inputs(stack, inputs[0])
-
-
-@torch.no_grad()
-def stack_inputs(stack, x: torch.Tensor) -> list[torch.Tensor]:
-    """Each layer's inputs when the float stack runs on x [T, d]: x, x + layer0(x), ..."""
-    inputs = []
-    for layer in stack.layers:
-        inputs.append(x)
-        x = x + layer(x).float()
-    return inputs
+    return inputs if len(inputs) == layers else stack_hidden(stack, inputs[0])
 
 
 def split_held_out(inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
