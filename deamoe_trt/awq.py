@@ -171,17 +171,29 @@ def _scale_candidates(gate_up, down, x, weight, quant: QuantConfig, dtype, alpha
         return [torch.ones(down.shape[-1])] * len(alphas), errors
     h = _down_input(gate_up, x, weight)
     factor = _gram_factor(h)
-    mean = h.abs().mean(dim=0)
-    mean = mean.clamp_min(float(mean.max()) * 1e-4 if float(mean.max()) > 0 else 1.0)
+    mean = _mean_magnitude(h)
     candidates = []
     for i, alpha in enumerate(alphas):
-        s = mean.pow(alpha)
-        s = s / (s.max() * s.min()).sqrt()  # centred on 1 in log scale, as AWQ does
-        s = torch.exp2(torch.log2(s).round().clamp(-MAX_EXPONENT, MAX_EXPONENT))
+        s = _power_of_two_scales(mean, alpha)
         delta = _fake_quantize(down * s, quant, dtype) / s - down
         errors[i] = float((factor @ delta.t()).square().sum())
         candidates.append(s)
     return candidates, errors
+
+
+def _mean_magnitude(acts: torch.Tensor) -> torch.Tensor:
+    """mean|acts| per channel over the tokens of acts [T, n], floored at 1e-4 of its max (all
+    1 when acts is all zero) so that every channel's power stays finite."""
+    mean = acts.abs().mean(dim=0)
+    return mean.clamp_min(float(mean.max()) * 1e-4 if float(mean.max()) > 0 else 1.0)
+
+
+def _power_of_two_scales(mean: torch.Tensor, alpha: float) -> torch.Tensor:
+    """AWQ's channel scales mean^alpha, centred on 1 in log scale (as AWQ does) and rounded to
+    powers of two within 2^-MAX_EXPONENT..2^MAX_EXPONENT, so that folding them is exact."""
+    s = mean.pow(alpha)
+    s = s / (s.max() * s.min()).sqrt()
+    return torch.exp2(torch.log2(s).round().clamp(-MAX_EXPONENT, MAX_EXPONENT))
 
 
 def _fake_quantize(weight: torch.Tensor, quant: QuantConfig, dtype, clip=None) -> torch.Tensor:
@@ -253,15 +265,12 @@ def search_input_scales(layer, quant: QuantConfig, x: torch.Tensor, *, alphas=AL
     x = x.reshape(-1, layer.config.hidden_size).to(layer.dtype)
     xf = x.float()
     want = layer(x).float()
-    mean = xf.abs().mean(dim=0)
-    mean = mean.clamp_min(float(mean.max()) * 1e-4 if float(mean.max()) > 0 else 1.0)
+    mean = _mean_magnitude(xf)
     groups = receivers(layer, x)
     trial = copy.deepcopy(layer)
     errors, candidates = [], []
     for alpha in alphas:
-        s = mean.pow(alpha)
-        s = s / (s.max() * s.min()).sqrt()
-        s = torch.exp2(torch.log2(s).round().clamp(-MAX_EXPONENT, MAX_EXPONENT))
+        s = _power_of_two_scales(mean, alpha)
         for name, part_groups in groups.items():
             part = getattr(layer, name)
             gate_up = _stacked(part.gate_up)
@@ -321,6 +330,7 @@ def read_calibration(source: str, stack, *, seed: int = 0, what: str = "--calibr
     from pathlib import Path
 
     from .checkpoint import read_tensors
+    from .convert.run import stack_hidden
     from .inputs import random_hidden
 
     d, layers = stack.config.hidden_size, len(stack.layers)
@@ -328,7 +338,7 @@ def read_calibration(source: str, stack, *, seed: int = 0, what: str = "--calibr
         count = source.removeprefix("random:")
         if not count.isdigit() or int(count) < 1:
             raise UsageError(f"{what} random:N needs a token count N >= 1, got {source!r}")
-        return stack_inputs(stack, random_hidden(int(count), d, seed=seed))
+        return stack_hidden(stack, random_hidden(int(count), d, seed=seed))
     if not Path(source).is_file():
         raise UsageError(f"{what} {source}: no such file")
     try:
@@ -356,17 +366,7 @@ def read_calibration(source: str, stack, *, seed: int = 0, what: str = "--calibr
         if not bool(torch.isfinite(tensor).all()):
             raise UsageError(f"{what} {source}: {name} contains NaN or Inf")
         inputs.append(tensor)
-    return inputs if len(inputs) == layers else stack_inputs(stack, inputs[0])
-
-
-@torch.no_grad()
-def stack_inputs(stack, x: torch.Tensor) -> list[torch.Tensor]:
-    """Each layer's inputs when the float stack runs on x [T, d]: x, x + layer0(x), ..."""
-    inputs = []
-    for layer in stack.layers:
-        inputs.append(x)
-        x = x + layer(x).float()
-    return inputs
+    return inputs if len(inputs) == layers else stack_hidden(stack, inputs[0])
 
 
 def split_held_out(inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -210,9 +210,10 @@ def _run_lm_awq(args, quant, loaded) -> int:
     rows = []
     for i in model.moe_layers():
         x, s = held_out[i], result.input_scales[i]
+        folded_x = x / s.to(x.dtype)  # what the folded and the AWQ block's FFN see
         rtn_error, _, _ = layer_error(model.layers[i].mlp, rtn.layers[i].mlp, x)
-        awq_error, _, _ = layer_error(result.folded.layers[i].mlp, result.model.layers[i].mlp, x / s.to(x.dtype))
-        awq_experts = result.model.layers[i].mlp.route(x / s.to(x.dtype)).expert_ids
+        awq_error, _, _ = layer_error(result.folded.layers[i].mlp, result.model.layers[i].mlp, folded_x)
+        awq_experts = result.model.layers[i].mlp.route(folded_x).expert_ids
         moved = int((model.layers[i].mlp.route(x).expert_ids != awq_experts).any(dim=-1).sum())
         exponents = torch.log2(s)
         plan = result.plans[i]
