@@ -13,6 +13,7 @@ from .errors import UsageError
 
 SCORE_FUNCS = ("softmax", "sigmoid")
 DEPARTMENT_SCORES = ("max", "sum_top2", "sum")
+ACTIVATIONS = ("swiglu", "swiglu_clamped")
 
 
 class ConfigError(UsageError, ValueError):
@@ -42,11 +43,20 @@ class DeaMoEConfig:
     router_bias: bool = False
     shared_expert_intermediate_size: int = 0
     shared_expert_gate: bool = False
+    # Third-wave extensions (spec, "Extensions (third wave)"); their defaults are the layer
+    # without them, and to_dict leaves them out at their defaults so older configs and
+    # checkpoints read and write unchanged.
+    ffn_bias: bool = False
+    activation: str = "swiglu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    router_logit_bias: bool = False
 
     def __post_init__(self) -> None:
         _validate(self)
         # JSON may carry 2 for 2.0; keep one type so equality and hashing behave.
-        object.__setattr__(self, "routed_scaling_factor", float(self.routed_scaling_factor))
+        for name in ("routed_scaling_factor", "swiglu_alpha", "swiglu_limit"):
+            object.__setattr__(self, name, float(getattr(self, name)))
 
     # Derived sizes -------------------------------------------------------------------
 
@@ -86,13 +96,20 @@ class DeaMoEConfig:
 
     def differences(self, other: DeaMoEConfig) -> list[str]:
         """'field a vs b' for every field where other differs from this config, in field order."""
-        a, b = self.to_dict(), other.to_dict()
+        a, b = dataclasses.asdict(self), dataclasses.asdict(other)
         return [f"{name} {a[name]!r} vs {b[name]!r}" for name in a if a[name] != b[name]]
 
     # JSON -----------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        clamped = self.activation == "swiglu_clamped"
+        for name in OPTIONAL_FIELDS:
+            # A clamped activation always states its alpha and limit.
+            keep = clamped if name in CLAMP_FIELDS else data[name] != _DEFAULTS[name]
+            if not keep:
+                del data[name]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DeaMoEConfig:
@@ -113,6 +130,12 @@ class DeaMoEConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> DeaMoEConfig:
         return cls.from_json(Path(path).read_text())
+
+
+# Fields written to JSON only when they differ from their defaults (see DeaMoEConfig).
+OPTIONAL_FIELDS = ("ffn_bias", "activation", "swiglu_alpha", "swiglu_limit", "router_logit_bias")
+CLAMP_FIELDS = ("swiglu_alpha", "swiglu_limit")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DeaMoEConfig)}
 
 
 def check_fields(cls: type, data: Any, label: str) -> None:
@@ -141,7 +164,7 @@ def _validate(cfg: DeaMoEConfig) -> None:
         value = getattr(cfg, name)
         if not _is_int(value) or value < 0:
             fail(name, "an integer >= 0", value)
-    for name in ("norm_topk_prob", "router_bias", "shared_expert_gate"):
+    for name in ("norm_topk_prob", "router_bias", "shared_expert_gate", "ffn_bias", "router_logit_bias"):
         value = getattr(cfg, name)
         if not isinstance(value, bool):
             fail(name, "true or false", value)
@@ -168,6 +191,16 @@ def _validate(cfg: DeaMoEConfig) -> None:
         fail("routed_scaling_factor", "a finite number > 0", scale)
     if cfg.shared_expert_gate and cfg.shared_expert_intermediate_size == 0:
         raise ConfigError("shared_expert_gate is true but shared_expert_intermediate_size is 0; set both or neither")
+    if cfg.activation not in ACTIVATIONS:
+        fail("activation", " or ".join(repr(a) for a in ACTIVATIONS), cfg.activation)
+    for name in ("swiglu_alpha", "swiglu_limit"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            fail(name, "a finite number > 0", value)
+    if cfg.ffn_bias and cfg.private_intermediate_size == 0:
+        # experts.down_bias [N, d] belongs to the experts' private part (departments have no
+        # down bias), so a biased layer keeps at least one private neuron per expert.
+        raise ConfigError("ffn_bias needs private_intermediate_size >= 1 (each expert keeps its own down bias)")
 
 
 def _is_int(value: Any) -> bool:

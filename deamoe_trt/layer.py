@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
+from .activation import swiglu
 from .checkpoint import (
     CONFIG_FILE,
     DTYPES,
@@ -29,12 +29,6 @@ from .routing import Routing, route
 SUPPORTED_DTYPES = TORCH_DTYPES
 
 
-def swiglu(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """F(x) = (silu(x Wg^T) * (x Wu^T)) Wd^T with gate_up = [Wg; Wu] ([2f, d]) and down [d, f]."""
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, down)
-
-
 class Router(nn.Module):
     """Router weight [N, d] and optional selection bias [N], with their own precision
     (spec, "Router precision"): the bias is always float32; a float32 weight stays float32
@@ -50,9 +44,19 @@ class Router(nn.Module):
             if config.router_bias
             else None
         )
+        # Logit bias (gpt-oss's router bias): z = x Wr^T + b_z, so it weighs as well as picks.
+        self.logit_bias = (
+            nn.Parameter(torch.empty(config.num_experts, dtype=torch.float32, device=device))
+            if config.router_logit_bias
+            else None
+        )
 
     def _apply(self, fn, recurse=True):
-        kept = {name: p.data for name, p in self.named_parameters() if p.dtype == torch.float32 or name == "bias"}
+        kept = {
+            name: p.data
+            for name, p in self.named_parameters()
+            if p.dtype == torch.float32 or name in ("bias", "logit_bias")
+        }
         super()._apply(fn, recurse)
         for name, before in kept.items():
             param = getattr(self, name)
@@ -72,18 +76,44 @@ def _ffn_weight(shape, quant: QuantConfig | None, **factory):
     return QuantizedWeight(shape, quant, **factory)
 
 
+def _bias(shape, wanted: bool, **factory) -> nn.Parameter | None:
+    """An optional bias in the layer's dtype; biases are never quantized (spec, "Biased experts")."""
+    return nn.Parameter(torch.empty(shape, **factory)) if wanted else None
+
+
 class GroupedSwiGLU(nn.Module):
-    """Stacked SwiGLU weights: gate_up [G, 2*f, d] (gate rows, then up rows), down [G, d, f].
+    """Stacked SwiGLU weights: gate_up [G, 2*f, d] (gate rows, then up rows), down [G, d, f];
+    optional gate_up_bias [G, 2*f] and down_bias [G, d].
 
-    Quantized (quant given), each is a QuantizedWeight: indexing a group dequantizes it."""
+    Quantized (quant given), each weight is a QuantizedWeight: indexing a group dequantizes it."""
 
-    def __init__(self, groups: int, hidden: int, width: int, *, quant: QuantConfig | None = None, **factory):
+    def __init__(
+        self,
+        config: DeaMoEConfig,
+        groups: int,
+        width: int,
+        *,
+        down_bias: bool = False,
+        quant: QuantConfig | None = None,
+        **factory,
+    ):
         super().__init__()
+        hidden = config.hidden_size
+        self.config = config
         self.gate_up = _ffn_weight((groups, 2 * width, hidden), quant, **factory)
         self.down = _ffn_weight((groups, hidden, width), quant, **factory)
+        self.gate_up_bias = _bias((groups, 2 * width), config.ffn_bias, **factory)
+        self.down_bias = _bias((groups, hidden), config.ffn_bias and down_bias, **factory)
 
-    def forward_group(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        return swiglu(x, self.gate_up[index], self.down[index])
+    def forward_group(self, index: int, x: torch.Tensor, *, with_down_bias: bool = True) -> torch.Tensor:
+        return swiglu(
+            x,
+            self.gate_up[index],
+            self.down[index],
+            self.config,
+            gate_up_bias=None if self.gate_up_bias is None else self.gate_up_bias[index],
+            down_bias=None if self.down_bias is None or not with_down_bias else self.down_bias[index],
+        )
 
 
 class SharedExperts(nn.Module):
@@ -96,10 +126,20 @@ class SharedExperts(nn.Module):
         self.down = _ffn_weight((config.hidden_size, width), quant, **factory)
         # The gate is a routing-like vector of d values: never quantized.
         self.gate = nn.Parameter(torch.empty(1, config.hidden_size, **factory)) if config.shared_expert_gate else None
+        self.gate_up_bias = _bias((2 * width,), config.ffn_bias, **factory)
+        self.down_bias = _bias((config.hidden_size,), config.ffn_bias, **factory)
+        self.config = config
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Gated output in float32."""
-        out = swiglu(x, dense(self.gate_up), dense(self.down)).float()
+        out = swiglu(
+            x,
+            dense(self.gate_up),
+            dense(self.down),
+            self.config,
+            gate_up_bias=self.gate_up_bias,
+            down_bias=self.down_bias,
+        ).float()
         gate = self.gate_values(x)
         return out if gate is None else out * gate
 
@@ -153,13 +193,14 @@ class DeaMoELayer(nn.Module):
         if quant is not None:
             check_quantizable(c, quant)
         self.router = Router(c, dtype=router_dtype, device=device)
+        # Departments have no down bias: each expert keeps its own (spec, "Biased experts").
         self.departments = (
-            GroupedSwiGLU(c.num_departments, c.hidden_size, c.shared_intermediate_size, quant=quant, **factory)
+            GroupedSwiGLU(c, c.num_departments, c.shared_intermediate_size, quant=quant, **factory)
             if c.shared_intermediate_size
             else None
         )
         self.experts = (
-            GroupedSwiGLU(c.num_experts, c.hidden_size, c.private_intermediate_size, quant=quant, **factory)
+            GroupedSwiGLU(c, c.num_experts, c.private_intermediate_size, down_bias=True, quant=quant, **factory)
             if c.private_intermediate_size
             else None
         )
@@ -221,6 +262,8 @@ class DeaMoELayer(nn.Module):
         normal_(self.router.weight, c.hidden_size)
         if self.router.bias is not None:
             self.router.bias.copy_(0.02 * torch.randn(self.router.bias.shape, generator=gen))
+        if self.router.logit_bias is not None:
+            self.router.logit_bias.copy_(0.5 * torch.randn(self.router.logit_bias.shape, generator=gen))
         for part, width in (
             (self.departments, c.shared_intermediate_size),
             (self.experts, c.private_intermediate_size),
@@ -233,6 +276,11 @@ class DeaMoELayer(nn.Module):
             normal_(part.down, c.expert_intermediate_size if part is not self.shared_experts else width)
             if getattr(part, "gate", None) is not None:
                 normal_(part.gate, c.hidden_size)
+            # Biases of order 0.1 of a pre-activation: large enough that every backend's
+            # handling of them is visible in its outputs.
+            for bias in (part.gate_up_bias, part.down_bias):
+                if bias is not None:
+                    bias.copy_(0.1 * torch.randn(bias.shape, generator=gen).to(bias.dtype))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -247,7 +295,9 @@ class DeaMoELayer(nn.Module):
     # Forward --------------------------------------------------------------------------
 
     def route(self, hidden_states: torch.Tensor) -> Routing:
-        return route(hidden_states, self.router.weight, self.router.bias, self.config)
+        return route(
+            hidden_states, self.router.weight, self.router.bias, self.config, logit_bias=self.router.logit_bias
+        )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         shape = self._check_input(hidden_states)
@@ -303,9 +353,7 @@ class DeaMoELayer(nn.Module):
             router_dtype=self.router_dtype,
             quant=self.quant,
         )
-        twin.router.weight.copy_(self.router.weight)
-        if self.router.bias is not None:
-            twin.router.bias.copy_(self.router.bias)
+        twin.router.load_state_dict(self.router.state_dict())
         if self.quant is None:
             gate_up, down = self._expert_weights(lambda w: w)
             twin.experts.gate_up.copy_(gate_up)
@@ -317,9 +365,24 @@ class DeaMoELayer(nn.Module):
                 gate_up, down = self._expert_weights(lambda w, field=field: getattr(w, field))
                 getattr(twin.experts.gate_up, field).copy_(gate_up)
                 getattr(twin.experts.down, field).copy_(down)
+        if c.ffn_bias:
+            twin.experts.gate_up_bias.copy_(self._expert_gate_up_bias())
+            twin.experts.down_bias.copy_(self.experts.down_bias)
         if self.shared_experts is not None:
             twin.shared_experts.load_state_dict(self.shared_experts.state_dict())
         return twin
+
+    def _expert_gate_up_bias(self) -> torch.Tensor:
+        """Every expert's gate/up biases as one block of width f_s + f_p ([N, 2f]), laid out as
+        _expert_weights lays out its rows: gate (shared, private), then up (shared, private)."""
+        c = self.config
+        gates, ups = [], []
+        if self.departments is not None:
+            gate, up = self.departments.gate_up_bias.repeat_interleave(c.experts_per_department, dim=0).chunk(2, dim=1)
+            gates.append(gate)
+            ups.append(up)
+        gate, up = self.experts.gate_up_bias.chunk(2, dim=1)
+        return torch.cat([*gates, gate, *ups, up], dim=1)
 
     @torch.no_grad()
     def vanilla(self) -> DeaMoELayer:
@@ -385,8 +448,9 @@ class DeaMoELayer(nn.Module):
                 continue
             target.gate_up.set_from(source.gate_up, clip.get(f"{name}.gate_up"))
             target.down.set_from(source.down, clip.get(f"{name}.down"))
-            if getattr(source, "gate", None) is not None:
-                target.gate.copy_(source.gate)
+            for kept in ("gate", "gate_up_bias", "down_bias"):  # never quantized
+                if getattr(source, kept, None) is not None:
+                    getattr(target, kept).copy_(getattr(source, kept))
         return out
 
     # Checkpoints --------------------------------------------------------------------------

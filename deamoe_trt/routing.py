@@ -63,9 +63,13 @@ class Routing:
         return torch.unique(self.department_ids)
 
 
-def router_logits(hidden: torch.Tensor, router_weight: torch.Tensor) -> torch.Tensor:
-    """z = x Wr^T in float32, whatever the dtype of x and Wr (spec step 1)."""
-    return hidden.reshape(-1, hidden.shape[-1]).float() @ router_weight.float().t()
+def router_logits(
+    hidden: torch.Tensor, router_weight: torch.Tensor, logit_bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """z = x Wr^T (+ b_z) in float32, whatever the dtype of x and Wr (spec step 1; b_z is the
+    optional router.logit_bias of "Router logit bias")."""
+    logits = hidden.reshape(-1, hidden.shape[-1]).float() @ router_weight.float().t()
+    return logits if logit_bias is None else logits + logit_bias.float()
 
 
 def route(
@@ -73,9 +77,11 @@ def route(
     router_weight: torch.Tensor,
     router_bias: torch.Tensor | None,
     config: DeaMoEConfig,
+    *,
+    logit_bias: torch.Tensor | None = None,
 ) -> Routing:
     """Route every token of hidden ([..., d]) to its departments and experts."""
-    return route_logits(router_logits(hidden, router_weight), router_bias, config)
+    return route_logits(router_logits(hidden, router_weight, logit_bias), router_bias, config)
 
 
 def route_logits(logits: torch.Tensor, router_bias: torch.Tensor | None, config: DeaMoEConfig) -> Routing:

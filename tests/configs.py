@@ -46,6 +46,32 @@ def deepseek_style(**sizes) -> DeaMoEConfig:
     return DeaMoEConfig(**{**fields, **sizes})
 
 
+def gpt_oss_style(**sizes) -> DeaMoEConfig:
+    """gpt-oss's FFN in department form: biases on every part, the clamped SwiGLU with a limit
+    small enough (1.0) that random unit-scale inputs clamp many neurons, a router logit bias,
+    softmax over the kept experts (norm_topk_prob), and an ungated shared expert so that the
+    shared experts' biases are exercised too (gpt-oss itself has none)."""
+    fields = {
+        "hidden_size": 32,
+        "num_departments": 4,
+        "experts_per_department": 4,
+        "shared_intermediate_size": 16,
+        "private_intermediate_size": 16,
+        "top_k": 4,
+        "top_departments": 2,
+        "shared_expert_intermediate_size": 16,
+        "ffn_bias": True,
+        "activation": "swiglu_clamped",
+        "swiglu_alpha": 1.702,
+        "swiglu_limit": 1.0,
+        "router_logit_bias": True,
+    }
+    return DeaMoEConfig(**{**fields, **sizes})
+
+
+GPT_OSS_STYLE = gpt_oss_style()
+
+
 # Widths in whole quantization groups of 16 and 32 (weight-only int8/int4 tests).
 DEEPSEEK_STYLE_GROUPED = deepseek_style(
     hidden_size=64, private_intermediate_size=32, shared_expert_intermediate_size=64

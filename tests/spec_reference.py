@@ -48,11 +48,22 @@ def spec_route(logits_row, bias, cfg):
     return departments, experts, weights
 
 
-def _swiglu(x, gate_up, down):
+def _swiglu(x, gate_up, down, cfg=None, gate_up_bias=None, down_bias=None):
     width = gate_up.shape[0] // 2
     gate = gate_up[:width] @ x
     up = gate_up[width:] @ x
-    return down @ (gate / (1.0 + np.exp(-gate)) * up)
+    if gate_up_bias is not None:
+        gate = gate + gate_up_bias[:width]
+        up = up + gate_up_bias[width:]
+    if cfg is not None and getattr(cfg, "activation", "swiglu") == "swiglu_clamped":
+        limit, alpha = cfg.swiglu_limit, cfg.swiglu_alpha
+        gate = np.minimum(gate, limit)
+        up = np.clip(up, -limit, limit)
+        hidden = (up + 1.0) * gate / (1.0 + np.exp(-alpha * gate))
+    else:
+        hidden = gate / (1.0 + np.exp(-gate)) * up
+    out = down @ hidden
+    return out if down_bias is None else out + down_bias
 
 
 def spec_forward(x, tensors, cfg):
@@ -60,9 +71,10 @@ def spec_forward(x, tensors, cfg):
     t = {name: np.asarray(v, dtype=np.float64) for name, v in tensors.items()}
     x = np.asarray(x, dtype=np.float64)
     bias = t.get("router.bias")
+    logit_bias = t.get("router.logit_bias", 0.0)
     out = np.zeros_like(x)
     for i, row in enumerate(x):
-        _, experts, weights = spec_route(t["router.weight"] @ row, bias, cfg)
+        _, experts, weights = spec_route(t["router.weight"] @ row + logit_bias, bias, cfg)
         y = np.zeros_like(row)
         department_weight: dict[int, float] = {}
         for e, w in zip(experts, weights, strict=True):
@@ -70,17 +82,30 @@ def spec_forward(x, tensors, cfg):
                 department_weight.get(e // cfg.experts_per_department, 0.0) + w
             )
             if cfg.private_intermediate_size:
-                y += w * _swiglu(row, t["experts.gate_up"][e], t["experts.down"][e])
+                y += w * _swiglu(row, t["experts.gate_up"][e], t["experts.down"][e], cfg, *_biases(t, "experts", e))
         if cfg.shared_intermediate_size:
             for j, w in department_weight.items():
-                y += w * _swiglu(row, t["departments.gate_up"][j], t["departments.down"][j])
+                y += w * _swiglu(
+                    row, t["departments.gate_up"][j], t["departments.down"][j], cfg, *_biases(t, "departments", j)
+                )
         if cfg.shared_expert_intermediate_size:
-            shared = _swiglu(row, t["shared_experts.gate_up"], t["shared_experts.down"])
+            shared = _swiglu(
+                row, t["shared_experts.gate_up"], t["shared_experts.down"], cfg, *_biases(t, "shared_experts")
+            )
             if cfg.shared_expert_gate:
                 shared = shared / (1.0 + np.exp(-(t["shared_experts.gate"][0] @ row)))
             y += shared
         out[i] = y
     return out
+
+
+def _biases(t, part, index=None):
+    """(gate_up_bias, down_bias) of one group of a part, None where absent."""
+    found = []
+    for name in ("gate_up_bias", "down_bias"):
+        value = t.get(f"{part}.{name}")
+        found.append(value if value is None or index is None else value[index])
+    return found
 
 
 def spec_bytes(cfg, expert_sets, bytes_per_weight, router_bytes_per_weight=None):

@@ -135,3 +135,14 @@ def test_router_precision_round_trips_and_old_checkpoints_load(tmp_path):
     back = DeaMoELayer.from_pretrained(tmp_path / "old")
     assert back.router.bias.dtype == torch.float32
     assert torch.equal(back.router.bias, old.router.bias.bfloat16().float())
+
+
+def test_biased_clamped_layer_round_trips_and_old_configs_read_unchanged(tmp_path):
+    from configs import GPT_OSS_STYLE
+
+    layer = DeaMoELayer.random(GPT_OSS_STYLE, seed=4, dtype=torch.float16)
+    layer.save_pretrained(tmp_path / "ckpt")
+    loaded = DeaMoELayer.from_pretrained(tmp_path / "ckpt")
+    assert loaded.config == GPT_OSS_STYLE
+    for name, tensor in layer.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name

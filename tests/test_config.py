@@ -26,6 +26,13 @@ def tiny(**changes):
         ({"norm_topk_prob": 1}, "norm_topk_prob"),
         ({"shared_expert_gate": True}, "shared_expert_gate"),
         ({"top_k": 2.0}, "top_k"),
+        ({"activation": "gelu"}, "activation"),
+        ({"activation": "swiglu_clamped", "swiglu_limit": 0.0}, "swiglu_limit"),
+        ({"activation": "swiglu_clamped", "swiglu_limit": -7.0}, "swiglu_limit"),
+        ({"activation": "swiglu_clamped", "swiglu_alpha": float("inf")}, "swiglu_alpha"),
+        ({"ffn_bias": 1}, "ffn_bias"),
+        ({"router_logit_bias": "yes"}, "router_logit_bias"),
+        ({"ffn_bias": True, "private_intermediate_size": 0}, "ffn_bias"),
     ],
 )
 def test_impossible_config_raises_one_line_naming_the_field(changes, field):
@@ -90,3 +97,13 @@ def test_differences_name_each_differing_field_in_order():
     other = tiny.replace(top_k=2, score_func="sigmoid")
     assert tiny.differences(other) == ["top_k 4 vs 2", "score_func 'softmax' vs 'sigmoid'"]
     assert tiny.differences(tiny) == []
+
+
+def test_third_wave_fields_are_written_only_when_set_and_round_trip():
+    from configs import GPT_OSS_STYLE
+
+    plain = tiny().to_dict()
+    assert not {"ffn_bias", "activation", "swiglu_alpha", "swiglu_limit", "router_logit_bias"} & set(plain)
+    data = GPT_OSS_STYLE.to_dict()
+    assert data["activation"] == "swiglu_clamped" and data["swiglu_limit"] == 1.0 and data["swiglu_alpha"] == 1.702
+    assert DeaMoEConfig.from_json(GPT_OSS_STYLE.to_json()) == GPT_OSS_STYLE

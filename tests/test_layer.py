@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from configs import QWEN2_STYLE_GATED_SHARED, TINY_SHARED_ONLY, deepseek_style
+from configs import GPT_OSS_STYLE, QWEN2_STYLE_GATED_SHARED, TINY_SHARED_ONLY, deepseek_style
 from deamoe_trt import PRESETS, DeaMoELayer, DeaMoEStack, UsageError
 from deamoe_trt.inputs import random_hidden
 from spec_reference import spec_forward
@@ -16,6 +16,8 @@ CONFIGS = {
     ),
     "qwen2-style-gated-shared": QWEN2_STYLE_GATED_SHARED,
     "shared-only": TINY_SHARED_ONLY,
+    "gpt-oss-style": GPT_OSS_STYLE,
+    "gpt-oss-style-vanilla": GPT_OSS_STYLE.vanilla(),
 }
 
 
@@ -154,3 +156,56 @@ def test_low_memory_random_draws_the_same_distribution_in_dtype():
     for (name, a), (_, b) in zip(direct.state_dict().items(), converted.state_dict().items(), strict=True):
         assert a.shape == b.shape, name
         assert float(a.float().std()) == pytest.approx(float(b.float().std()), rel=0.1), name
+
+
+def test_biased_clamped_layer_holds_the_spec_tensors_in_their_dtypes():
+    layer = DeaMoELayer.random(GPT_OSS_STYLE, seed=1, dtype=torch.bfloat16)
+    shapes = {name: (list(t.shape), t.dtype) for name, t in layer.state_dict().items()}
+    d, D, N, fs, fp, fsh = 32, 4, 16, 16, 16, 16
+    bf16, f32 = torch.bfloat16, torch.float32
+    assert shapes == {
+        "router.weight": ([N, d], bf16),
+        "router.logit_bias": ([N], f32),
+        "departments.gate_up": ([D, 2 * fs, d], bf16),
+        "departments.down": ([D, d, fs], bf16),
+        "departments.gate_up_bias": ([D, 2 * fs], bf16),
+        "experts.gate_up": ([N, 2 * fp, d], bf16),
+        "experts.down": ([N, d, fp], bf16),
+        "experts.gate_up_bias": ([N, 2 * fp], bf16),
+        "experts.down_bias": ([N, d], bf16),
+        "shared_experts.gate_up": ([2 * fsh, d], bf16),
+        "shared_experts.down": ([d, fsh], bf16),
+        "shared_experts.gate_up_bias": ([2 * fsh], bf16),
+        "shared_experts.down_bias": ([d], bf16),
+    }
+
+
+def test_clamp_limit_is_reached_by_the_test_layers_inputs():
+    """Guards the other tests: with limit 1.0 the clamp changes many pre-activations, so a
+    backend that ignores it fails them."""
+    layer = DeaMoELayer.random(GPT_OSS_STYLE, seed=3)
+    x = random_hidden(9, GPT_OSS_STYLE.hidden_size, seed=3)
+    pre = torch.nn.functional.linear(x, layer.experts.gate_up[0], layer.experts.gate_up_bias[0])
+    assert (pre.abs() > GPT_OSS_STYLE.swiglu_limit).float().mean() > 0.2
+
+
+def test_logit_bias_changes_both_choice_and_weights():
+    layer = DeaMoELayer.random(GPT_OSS_STYLE, seed=5)
+    x = random_hidden(16, GPT_OSS_STYLE.hidden_size, seed=5)
+    with torch.no_grad():
+        biased = layer.route(x)
+        layer.router.logit_bias.zero_()
+        plain = layer.route(x)
+    assert not torch.equal(biased.expert_ids, plain.expert_ids)
+    assert not torch.allclose(biased.weights, plain.weights)
+
+
+def test_quantizing_keeps_biases_and_logit_bias_exact():
+    from deamoe_trt.quant import QuantConfig
+
+    layer = DeaMoELayer.random(GPT_OSS_STYLE, seed=2)
+    q = layer.quantized(QuantConfig(bits=4, group_size=16))
+    before, after = layer.state_dict(), q.state_dict()
+    for name in before:
+        if name.endswith("bias"):
+            assert torch.equal(before[name], after[name]), name
