@@ -121,6 +121,20 @@ def spec_bytes(cfg, expert_sets, bytes_per_weight, router_bytes_per_weight=None)
     total += cfg.num_experts * d * rb + 3 * d * cfg.shared_expert_intermediate_size * b
     total += cfg.num_experts * 4 if cfg.router_bias else 0
     total += d * b if cfg.shared_expert_gate else 0
+    return total + _spec_bias_bytes(cfg, departments, experts, b)
+
+
+def _spec_bias_bytes(cfg, departments, experts, b):
+    """"Bytes per step count the biases of the parts a step loads": each loaded department's
+    2*f_s gate/up biases, each loaded expert's 2*f_p gate/up and d down biases, the shared
+    experts' 2*f_sh + d, at b bytes (the activation dtype); the logit bias N*4 (float32)."""
+    d = cfg.hidden_size
+    total = cfg.num_experts * 4 if getattr(cfg, "router_logit_bias", False) else 0
+    if getattr(cfg, "ffn_bias", False):
+        total += len(departments) * 2 * cfg.shared_intermediate_size * b
+        total += len(experts) * (2 * cfg.private_intermediate_size + d) * b
+        if cfg.shared_expert_intermediate_size:
+            total += (2 * cfg.shared_expert_intermediate_size + d) * b
     return total
 
 
@@ -167,4 +181,4 @@ def spec_quantized_bytes(cfg, expert_sets, bytes_per_weight, bits, group_size):
     total += cfg.num_experts * d * b + ffn(3 * d * cfg.shared_expert_intermediate_size)
     total += cfg.num_experts * 4 if cfg.router_bias else 0  # the selection bias is float32
     total += d * b if cfg.shared_expert_gate else 0
-    return total
+    return total + _spec_bias_bytes(cfg, departments, experts, b)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from configs import deepseek_style
+from configs import GPT_OSS_STYLE, deepseek_style
 from deamoe_trt import PRESETS, DeaMoELayer, route_logits, weights_loaded
 from deamoe_trt.inputs import random_hidden
 from deamoe_trt.routing import router_logits
@@ -75,3 +75,36 @@ def test_quantized_bytes_count_packed_codes_and_scales(name, bits, group_size):
     expert_sets = [set(spec_route(row.tolist(), None if bias is None else bias.tolist(), config)[1]) for row in logits]
     traffic = weights_loaded(config, route_logits(logits, bias, config), 2, QuantConfig(bits, group_size))
     assert traffic.total == spec_quantized_bytes(config, expert_sets, 2, bits, group_size)
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 16])
+@pytest.mark.parametrize("twin", ["deamoe", "expanded", "vanilla"])
+def test_bytes_count_the_biases_of_the_parts_a_step_loads(tokens, twin):
+    config = {"deamoe": GPT_OSS_STYLE, "expanded": GPT_OSS_STYLE.expanded(), "vanilla": GPT_OSS_STYLE.vanilla()}[twin]
+    logits = torch.randn(tokens, config.num_experts, generator=torch.Generator().manual_seed(tokens))
+    expert_sets = [set(spec_route(row.tolist(), None, config)[1]) for row in logits]
+    routing = route_logits(logits, None, config)
+    for bytes_per_weight, router_bytes in ((2, None), (4, None), (2, 4)):
+        traffic = weights_loaded(config, routing, bytes_per_weight, router_bytes_per_weight=router_bytes)
+        assert traffic.total == spec_bytes(config, expert_sets, bytes_per_weight, router_bytes)
+
+
+@pytest.mark.parametrize(("bits", "group_size"), [(4, 16), (8, 16)])
+def test_quantized_bytes_count_biases_unquantized(bits, group_size):
+    from deamoe_trt.quant import QuantConfig
+    from spec_reference import spec_quantized_bytes
+
+    config = GPT_OSS_STYLE
+    logits = torch.randn(4, config.num_experts, generator=torch.Generator().manual_seed(2))
+    expert_sets = [set(spec_route(row.tolist(), None, config)[1]) for row in logits]
+    traffic = weights_loaded(config, route_logits(logits, None, config), 2, QuantConfig(bits, group_size))
+    assert traffic.total == spec_quantized_bytes(config, expert_sets, 2, bits, group_size)
+
+
+def test_parameter_count_and_stored_bytes_include_every_bias():
+    config = GPT_OSS_STYLE
+    layer = DeaMoELayer(config, device="meta")
+    assert parameter_count(config) == sum(t.numel() for t in layer.state_dict().values())
+    # The logit bias stays float32 in a bf16 layer; the FFN biases follow the layer's dtype.
+    bf16 = DeaMoELayer(config, dtype=torch.bfloat16, device="meta")
+    assert layer_bytes(config, torch.bfloat16) == sum(t.numel() * t.element_size() for t in bf16.state_dict().values())
