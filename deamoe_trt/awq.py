@@ -11,7 +11,11 @@ the scales they are rounded with, from calibration tokens (the layer's inputs):
   two so that the fold is exact in any float dtype; one alpha per part (departments,
   experts, shared experts), chosen on a grid by the summed output error of the quantized
   down' weights. Each department's shared part and each expert's private part has its own
-  h (its own channels, its own up rows), so both fold; so do the shared experts.
+  h (its own channels, its own up rows), so both fold; so do the shared experts. An up
+  bias is part of the up pre-activation, so it folds with its row (b_u' = b_u / s); the
+  down bias is added after the scaled product and is untouched. With the clamped SwiGLU
+  (gpt-oss) h is not linear in u (u is clamped, then offset by 1), so no channel scale
+  folds exactly: such layers search clipping only (alpha = 0).
 - Every weight (gate_up, and down' after scaling): per (row, group) clipping search, the
   scale covers clip * max|w| for the clip in CLIP_RATIOS that minimises that group's output
   error on the calibration activations. gate_up's input is the layer input x, shared by the
@@ -19,7 +23,8 @@ the scales they are rounded with, from calibration tokens (the layer's inputs):
   fold a scale into: clipping is all AWQ can do for it there. In a language model x is
   the pre-FFN RMSNorm's output, which can absorb 1/s: search_input_scales chooses one s
   per channel for the layer and fold_input_scales multiplies every reader of x by it
-  (deamoe_trt.lm.quantize.quantize_lm_awq folds the norm).
+  (deamoe_trt.lm.quantize.quantize_lm_awq folds the norm); gate/up biases are added after
+  x Wg^T and are untouched by it. Biases are never quantized.
 
 Calibration tokens reach each part as the router sends them: an expert sees the tokens that
 kept it, a department the tokens with a kept expert in it, the shared experts all tokens,
@@ -38,6 +43,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn import functional as F
 
+from .activation import glu
 from .errors import UsageError
 from .quant import QuantConfig, group_scales, round_to_grid
 
@@ -112,21 +118,29 @@ def search(layer, quant: QuantConfig, x: torch.Tensor, progress=None, *, alphas=
     if layer.quant is not None:
         raise UsageError("the layer is already quantized; AWQ starts from the floating-point checkpoint")
     check_quantizable(layer.config, quant)
+    if layer.config.activation != "swiglu":
+        alphas = (0.0,)  # no channel scale folds exactly through the clamp (module docstring)
     x = x.reshape(-1, layer.config.hidden_size)
     xf = x.to(layer.dtype).float()  # what the FFN parts see
     plan = AwqPlan()
     for name, groups in receivers(layer, x).items():
         part = getattr(layer, name)
         gate_up, down = _stacked(part.gate_up), _stacked(part.down)
-        inputs = [(xf[tokens], weight.float()[:, None]) for tokens, weight in groups]
+        bias = part.gate_up_bias
+        if bias is not None:
+            bias = bias.detach() if part.gate_up.dim() == 3 else bias.detach().unsqueeze(0)
+        inputs = [
+            (xf[tokens], weight.float()[:, None], None if bias is None else bias[g].float(), layer.config)
+            for g, (tokens, weight) in enumerate(groups)
+        ]
         plan.uncalibrated[name], plan.groups[name] = sum(t.numel() == 0 for t, _ in groups), len(groups)
         scales = _search_part_scales(gate_up, down, inputs, quant, layer.dtype, alphas, progress, name)
         clip_gate_up, clip_down = [], []
-        for g, ((xg, weight), s) in enumerate(zip(inputs, scales, strict=True)):
+        for g, ((xg, weight, group_bias, config), s) in enumerate(zip(inputs, scales, strict=True)):
             width = down.shape[-1]
             folded = gate_up[g].float().clone()
             folded[width:] /= s[:, None]
-            h = _down_input(gate_up[g].float(), xg, weight)
+            h = _down_input(gate_up[g].float(), xg, weight, group_bias, config)
             clip_gate_up.append(search_clip(folded, xg * weight, quant, layer.dtype))
             clip_down.append(search_clip(down[g].float() * s, h / s, quant, layer.dtype))
             if progress is not None:
@@ -138,10 +152,11 @@ def search(layer, quant: QuantConfig, x: torch.Tensor, progress=None, *, alphas=
     return plan
 
 
-def _down_input(gate_up: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """h = silu(x Wg^T) * (x Wu^T), each token's row times the weight of its output."""
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-    return F.silu(gate) * up * weight
+def _down_input(gate_up: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias=None, config=None) -> torch.Tensor:
+    """h = a(x Wg^T + b_g, x Wu^T + b_u) (the layer's activation; silu(g) * u without a
+    config), each token's row times the weight of its output."""
+    gate, up = F.linear(x, gate_up, bias).chunk(2, dim=-1)
+    return (F.silu(gate) * up if config is None else glu(gate, up, config)) * weight
 
 
 def _search_part_scales(
@@ -153,8 +168,10 @@ def _search_part_scales(
     One alpha per part, as AWQ has one per layer: an expert sees a few hundred tokens, and an
     alpha per expert fitted to them did worse than none on held-out text (docs/quantization.md)."""
     candidates, errors = [], torch.zeros(len(alphas), dtype=torch.float64)
-    for g, (x, weight) in enumerate(inputs):
-        scales, group_errors = _scale_candidates(gate_up[g].float(), down[g].float(), x, weight, quant, dtype, alphas)
+    for g, (x, weight, bias, config) in enumerate(inputs):
+        scales, group_errors = _scale_candidates(
+            gate_up[g].float(), down[g].float(), x, weight, quant, dtype, alphas, bias, config
+        )
         candidates.append(scales)
         errors += group_errors
         if progress is not None:
@@ -163,13 +180,13 @@ def _search_part_scales(
     return [scales[best] for scales in candidates]
 
 
-def _scale_candidates(gate_up, down, x, weight, quant: QuantConfig, dtype, alphas):
+def _scale_candidates(gate_up, down, x, weight, quant: QuantConfig, dtype, alphas, bias=None, config=None):
     """One group's channel scales for each alpha and the output error of its quantized down
     with each: ([s [f]] per alpha, errors [alphas] float64). No tokens: no scaling, no error."""
     errors = torch.zeros(len(alphas), dtype=torch.float64)
     if x.shape[0] == 0:  # no calibration token: round to nearest
         return [torch.ones(down.shape[-1])] * len(alphas), errors
-    h = _down_input(gate_up, x, weight)
+    h = _down_input(gate_up, x, weight, bias, config)
     factor = _gram_factor(h)
     mean = _mean_magnitude(h)
     candidates = []
@@ -235,8 +252,8 @@ def search_clip(weight: torch.Tensor, acts: torch.Tensor, quant: QuantConfig, dt
 @torch.no_grad()
 def fold(layer, plan: AwqPlan):
     """A copy of the float layer with the plan's channel scales folded in: down' = down * s,
-    up' = up / s. Powers of two: the copy computes exactly what layer computes (barring
-    subnormals)."""
+    up' = up / s, b_u' = b_u / s. Powers of two: the copy computes exactly what layer
+    computes (barring subnormals)."""
     folded = copy.deepcopy(layer)
     for name, s in plan.channel_scales.items():
         part = getattr(folded, name)
@@ -246,6 +263,8 @@ def fold(layer, plan: AwqPlan):
         width = part.down.shape[-1]
         part.down.mul_(s.unsqueeze(-2))
         part.gate_up[..., width:, :].div_(s.unsqueeze(-1))
+        if part.gate_up_bias is not None:
+            part.gate_up_bias[..., width:].div_(s)
     return folded
 
 

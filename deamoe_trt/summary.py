@@ -106,7 +106,7 @@ def traffic_table(stack: DeaMoEStack, tokens: list[int], *, samples: int = 16, s
             for layer in stack.layers:
                 x = torch.randn(count, config.hidden_size, generator=gen)
                 bias = layer.router.bias.detach() if layer.router.bias is not None else None
-                logits = router_logits(x, layer.router.weight.detach())
+                logits = router_logits(x, layer.router.weight.detach(), layer.router.logit_bias)
                 traffic = compare_traffic(config, logits, bias, bytes_per, stack.quant, router_bytes)
                 for key in sums:
                     sums[key] += traffic[key].total

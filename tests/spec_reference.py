@@ -125,7 +125,7 @@ def spec_bytes(cfg, expert_sets, bytes_per_weight, router_bytes_per_weight=None)
 
 
 def _spec_bias_bytes(cfg, departments, experts, b):
-    """"Bytes per step count the biases of the parts a step loads": each loaded department's
+    """ "Bytes per step count the biases of the parts a step loads": each loaded department's
     2*f_s gate/up biases, each loaded expert's 2*f_p gate/up and d down biases, the shared
     experts' 2*f_sh + d, at b bytes (the activation dtype); the logit bias N*4 (float32)."""
     d = cfg.hidden_size

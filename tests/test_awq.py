@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from configs import DEEPSEEK_STYLE_GROUPED, QWEN2_STYLE_GROUPED
+from configs import DEEPSEEK_STYLE_GROUPED, GPT_OSS_STYLE, QWEN2_STYLE_GROUPED, gpt_oss_style
 from deamoe_trt import PRESETS, DeaMoELayer, DeaMoEStack, UsageError
 from deamoe_trt.awq import fold, fold_input_scales, quantize_awq, read_calibration, search, search_input_scales
 from deamoe_trt.inputs import random_hidden
@@ -179,3 +179,42 @@ def test_first_layer_inputs_reach_later_layers_through_the_float_stack(tmp_path)
     assert torch.equal(inputs[0], x)
     torch.testing.assert_close(inputs[1], x + stack.layers[0](x))
     torch.testing.assert_close(inputs[1] + stack.layers[1](inputs[1]), stack(x))
+
+
+# Biased layers (gpt-oss's FFN): plain SwiGLU with biases folds its up biases with the up
+# rows; the clamped SwiGLU admits no exact fold and searches clipping only.
+BIASED_SWIGLU = gpt_oss_style(activation="swiglu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.no_grad()
+def test_folding_channel_scales_into_up_rows_and_up_biases_keeps_the_float_function(dtype):
+    layer = salient_layer(BIASED_SWIGLU).to(dtype)
+    plan = search(layer, AWQ4, outlier_inputs(256, BIASED_SWIGLU.hidden_size, seed=1))
+    scales = plan.channel_scales["experts"].to(dtype)
+    assert bool((scales != 1).any())
+    folded = fold(layer, plan)
+    x = outlier_inputs(32, BIASED_SWIGLU.hidden_size, seed=2).to(dtype)
+    assert torch.equal(folded(x), layer(x))
+    f = BIASED_SWIGLU.private_intermediate_size
+    assert torch.equal(folded.experts.gate_up_bias[:, f:], layer.experts.gate_up_bias[:, f:] / scales)
+    assert torch.equal(folded.experts.gate_up_bias[:, :f], layer.experts.gate_up_bias[:, :f])
+    assert torch.equal(folded.experts.down_bias, layer.experts.down_bias)
+
+
+@pytest.mark.parametrize("config", [GPT_OSS_STYLE, BIASED_SWIGLU], ids=["clamped", "swiglu"])
+@torch.no_grad()
+def test_quantized_biased_layers_keep_their_biases_exact_and_run_as_the_spec(config):
+    layer = salient_layer(config)
+    x = outlier_inputs(64, config.hidden_size, seed=3)
+    awq, plan = quantize_awq(layer, AWQ4, outlier_inputs(256, config.hidden_size, seed=1))
+    if config.activation == "swiglu_clamped":
+        assert all(bool((s == 1).all()) for s in plan.channel_scales.values())
+    folded = fold(layer, plan)
+    for quantized, source in ((layer.quantized(QuantConfig(4, 16)), layer), (awq, folded)):
+        state = quantized.state_dict()
+        for name, tensor in source.state_dict().items():
+            if name.endswith("_bias") or name.startswith("router."):
+                assert torch.equal(state[name], tensor), name
+        want = spec_forward(x.numpy(), spec_dequantized_tensors(state, 4, 16), config)
+        np.testing.assert_allclose(quantized(x).numpy(), want, rtol=1e-4, atol=1e-5)

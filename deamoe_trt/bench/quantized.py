@@ -213,7 +213,7 @@ def _traffic(layer: DeaMoELayer, quant: QuantConfig, inputs: dict, warmup: int) 
         for tokens, xs in inputs.items():
             per: dict[str, list[int]] = {}
             for x in xs[warmup:]:
-                logits = router_logits(x, layer.router.weight)
+                logits = router_logits(x, layer.router.weight, layer.router.logit_bias)
                 routing = route_logits(logits, bias, config)
                 one_stage = route_logits(logits, bias, vanilla)
                 steps = {

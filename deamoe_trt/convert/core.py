@@ -144,17 +144,20 @@ def convert_layer(
         config = config.replace(shared_intermediate_size=merged_width, private_intermediate_size=0)
     router_weight = source.router.weight.detach()[order]
     router_bias = source.router.bias.detach()[order] if source.router.bias is not None else None
+    logit_bias = source.router.logit_bias.detach()[order] if source.router.logit_bias is not None else None
     if method == "naive":
         score = settings.department_score or c.department_score
         if score == "sum_top2" and m < 2:
             score = "max"
         agreement = {
             score: expert_agreement(
-                routing, route(x, router_weight, router_bias, config.replace(department_score=score)), order
+                routing,
+                route(x, router_weight, router_bias, config.replace(department_score=score), logit_bias=logit_bias),
+                order,
             )
         }
     else:
-        agreement = score_agreement(routing, x, router_weight, router_bias, config, order)
+        agreement = score_agreement(routing, x, router_weight, router_bias, config, order, logit_bias=logit_bias)
         score = settings.department_score or max(agreement, key=lambda s: (agreement[s], -DEPARTMENT_SCORES.index(s)))
     config = config.replace(department_score=score)
 
@@ -162,6 +165,10 @@ def convert_layer(
     layer.router.weight.copy_(router_weight)
     if router_bias is not None:
         layer.router.bias.copy_(router_bias)
+    if logit_bias is not None:
+        layer.router.logit_bias.copy_(logit_bias)
+    if source.experts.down_bias is not None:  # each expert keeps its own down bias
+        layer.experts.down_bias.copy_(source.experts.down_bias.detach()[order])
     if source.shared_experts is not None:
         layer.shared_experts.load_state_dict(source.shared_experts.state_dict())
     build = {"aligned": ALIGNED, "naive": NAIVE}.get(method)
@@ -221,13 +228,13 @@ def check_calibration(hidden: torch.Tensor, config: DeaMoEConfig) -> None:
 
 
 def _place(layer: DeaMoELayer, department: int, m: int, parts: DepartmentParts) -> None:
-    if parts.shared is not None:
-        gate, up, down = parts.shared
-        layer.departments.gate_up[department].copy_(torch.cat((gate, up)))
-        layer.departments.down[department].copy_(down)
-    for i, (gate, up, down) in enumerate(parts.private):
-        layer.experts.gate_up[department * m + i].copy_(torch.cat((gate, up)))
-        layer.experts.down[department * m + i].copy_(down)
+    placed = [(layer.departments, department, parts.shared)] if parts.shared is not None else []
+    placed += [(layer.experts, department * m + i, part) for i, part in enumerate(parts.private)]
+    for group, index, (gate, up, down, gate_bias, up_bias) in placed:
+        group.gate_up[index].copy_(torch.cat((gate, up)))
+        group.down[index].copy_(down)
+        if group.gate_up_bias is not None:
+            group.gate_up_bias[index].copy_(torch.cat((gate_bias, up_bias)))
 
 
 def score_agreement(
@@ -237,12 +244,16 @@ def score_agreement(
     router_bias: torch.Tensor | None,
     config: DeaMoEConfig,
     order: torch.Tensor,
+    *,
+    logit_bias: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Expert-set agreement with the source for each department score the config allows."""
     scores = [s for s in DEPARTMENT_SCORES if not (s == "sum_top2" and config.experts_per_department < 2)]
     return {
         s: expert_agreement(
-            source_routing, route(x, router_weight, router_bias, config.replace(department_score=s)), order
+            source_routing,
+            route(x, router_weight, router_bias, config.replace(department_score=s), logit_bias=logit_bias),
+            order,
         )
         for s in scores
     }

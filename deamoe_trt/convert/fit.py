@@ -23,10 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.nn import functional as F
 
 from .align import align, neuron_vectors
-from .experts import ExpertWeights
+from .experts import ExpertWeights, neuron_activations
 
 
 @dataclass(frozen=True)
@@ -46,11 +45,13 @@ NAIVE = Method("naive", align=False, select="index", weighted=False, fit=False)
 
 @dataclass
 class DepartmentParts:
-    """float32 weights: shared (gate [f_s, d], up [f_s, d], down [d, f_s]) and per expert
-    private (gate [f_p, d], up [f_p, d], down [d, f_p])."""
+    """float32 weights and neuron biases: shared (gate [f_s, d], up [f_s, d], down [d, f_s],
+    gate bias [f_s], up bias [f_s]) and per expert private (the same with f_p). A neuron's
+    biases travel with its gate and up rows: averaged with them into a shared neuron, kept
+    with them in a private one."""
 
-    shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
-    private: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    shared: tuple[torch.Tensor, ...] | None
+    private: list[tuple[torch.Tensor, ...]]
 
 
 @dataclass
@@ -78,30 +79,30 @@ def build_department(
 ) -> DepartmentParts:
     """The department of source experts `members` (tokens[i] routed to members[i])."""
     f = experts.width
-    weights = [experts.expert(e) for e in members]
+    weights = [(*experts.expert(e), *experts.neuron_biases(e)) for e in members]
     activations = [experts.activations(e, t.x) for e, t in zip(members, tokens, strict=True)]
     importance = [_importance(h, t.weight, w[2]) for h, t, w in zip(activations, tokens, weights, strict=True)]
     usage = torch.tensor([float(t.weight.sum()) for t in tokens]) + 1e-6
     usage = usage / usage.sum() if method.weighted else torch.full((len(members),), 1.0 / len(members))
 
-    vectors = [neuron_vectors(*w) for w in weights] if shared_size and method.select == "importance" else None
+    vectors = [neuron_vectors(*w[:3]) for w in weights] if shared_size and method.select == "importance" else None
     if shared_size and method.align and len(members) > 1:
         perms = align(vectors, usage)
     else:
         perms = [torch.arange(f) for _ in members]
     vectors = [v[p] for v, p in zip(vectors, perms, strict=True)] if vectors else None
-    aligned = [(g[p], u[p], dn[:, p]) for (g, u, dn), p in zip(weights, perms, strict=True)]
+    aligned = [_neurons(w, p) for w, p in zip(weights, perms, strict=True)]
     importance = [imp[p] for imp, p in zip(importance, perms, strict=True)]
     activations = [h[:, p] for h, p in zip(activations, perms, strict=True)]
 
-    mean = tuple(sum(w * part[i] for w, part in zip(usage.tolist(), aligned, strict=True)) for i in range(3))
+    mean = tuple(sum(w * part[i] for w, part in zip(usage.tolist(), aligned, strict=True)) for i in range(5))
     shared_slots, private_slots = _choose_slots(vectors, mean, importance, usage, shared_size, private_size, method)
-    shared = (mean[0][shared_slots], mean[1][shared_slots], mean[2][:, shared_slots]) if shared_size else None
-    private = [(g[s], u[s], dn[:, s]) for (g, u, dn), s in zip(aligned, private_slots, strict=True)]
+    shared = _neurons(mean, shared_slots) if shared_size else None
+    private = [_neurons(w, s) for w, s in zip(aligned, private_slots, strict=True)]
 
     exact = shared_size == 0 and private_size == f
     if method.fit and not exact:
-        shared_features = [_swiglu_hidden(t.x, shared) for t in tokens] if shared else None
+        shared_features = [neuron_activations(t.x, shared, experts.config) for t in tokens] if shared else None
         private_features = [h[:, s] for h, s in zip(activations, private_slots, strict=True)]
         targets = [h @ w[2].t() for h, w in zip(activations, aligned, strict=True)]
         shared_down, private_downs = fit_downs(
@@ -114,9 +115,19 @@ def build_department(
             ridge=ridge,
         )
         if shared:
-            shared = (shared[0], shared[1], shared_down)
-        private = [(g, u, dn) for (g, u, _), dn in zip(private, private_downs, strict=True)]
+            shared = _with_down(shared, shared_down)
+        private = [_with_down(p, dn) for p, dn in zip(private, private_downs, strict=True)]
     return DepartmentParts(shared=shared, private=private)
+
+
+def _neurons(part: tuple[torch.Tensor, ...], slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The neurons `slots` of part = (gate, up, down, gate bias, up bias)."""
+    gate, up, down, gate_bias, up_bias = part
+    return gate[slots], up[slots], down[:, slots], gate_bias[slots], up_bias[slots]
+
+
+def _with_down(part: tuple[torch.Tensor, ...], down: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return (part[0], part[1], down, *part[3:])
 
 
 def _importance(activations: torch.Tensor, weight: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
@@ -138,7 +149,7 @@ def _choose_slots(vectors, mean, importance, usage, shared_size, private_size, m
                 for imp in importance
             ]
         return shared, private
-    template = neuron_vectors(*mean)
+    template = neuron_vectors(*mean[:3])
     cost = torch.zeros(f)
     for w, v, imp in zip(usage.tolist(), vectors, importance, strict=True):
         # Importance of an unused expert is 0; give its neurons a floor so they still count.
@@ -152,11 +163,6 @@ def _choose_slots(vectors, mean, importance, usage, shared_size, private_size, m
         order = torch.sort(imp[candidates], descending=True, stable=True).indices[:private_size]
         private.append(torch.sort(candidates[order]).values)
     return shared, private
-
-
-def _swiglu_hidden(x: torch.Tensor, part) -> torch.Tensor:
-    gate, up, _ = part
-    return F.silu(x @ gate.t()) * (x @ up.t())
 
 
 def fit_downs(
@@ -248,10 +254,12 @@ def merge_department(
     up = torch.stack([weights[s][1][i] for _, s, i in chosen])
     down = torch.stack([usage[s] * weights[s][2][:, i] for _, s, i in chosen], dim=1)
     # Start from the usage-weighted sum of the kept neurons (what the merge is without data).
-    merged = (gate, up, down)
-    features = [_swiglu_hidden(t.x, merged) for t in tokens]
+    # A merged department has no private part, so its layer cannot be biased (ffn_bias needs
+    # f_p >= 1): its neurons have no biases.
+    merged = (gate, up, down, torch.zeros(width), torch.zeros(width))
+    features = [neuron_activations(t.x, merged, experts.config) for t in tokens]
     targets = [experts.forward(e, t.x) for e, t in zip(members, tokens, strict=True)]
     empty = [torch.zeros(t.x.shape[0], 0) for t in tokens]
     starts = [torch.zeros(down.shape[0], 0) for _ in tokens]
     fitted, _ = fit_downs(features, empty, targets, [t.weight for t in tokens], down, starts, ridge=ridge)
-    return DepartmentParts(shared=(gate, up, fitted), private=[])
+    return DepartmentParts(shared=_with_down(merged, fitted), private=[])

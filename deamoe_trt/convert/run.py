@@ -171,7 +171,9 @@ def _common_score(source: Source, settings: ConvertSettings, orders) -> str:
     for layer, x, order in zip(source.layers, source.calibration, orders, strict=True):
         config = settings.target_config(layer.config, width, "max")
         bias = layer.router.bias.detach()[order] if layer.router.bias is not None else None
-        agreement = score_agreement(layer.route(x), x, layer.router.weight.detach()[order], bias, config, order)
+        logit_bias = layer.router.logit_bias.detach()[order] if layer.router.logit_bias is not None else None
+        weight = layer.router.weight.detach()[order]
+        agreement = score_agreement(layer.route(x), x, weight, bias, config, order, logit_bias=logit_bias)
         for score, value in agreement.items():
             totals[score] = totals.get(score, 0.0) + value
     return max(totals, key=lambda s: totals[s])
