@@ -32,7 +32,7 @@ def emit_layer(builder: GraphBuilder, x_name: str, layer: DeaMoELayer, form: str
     prefix: prepended to the canonical weight names (e.g. "model.layers.3.mlp." gives the
     initializer "model.layers.3.mlp.router.weight") and to every generated name; weights are
     cast to the builder's dtype, except the router's (spec, "Router precision"): router.bias
-    is stored as float32, and router.weight too when the layer keeps it in float32.
+    and router.logit_bias are stored as float32, and router.weight too when the layer keeps it in float32.
     Names must be new to the graph.
     """
     emit = FORMS[check_form(form)]
@@ -72,6 +72,6 @@ def emit_layer(builder: GraphBuilder, x_name: str, layer: DeaMoELayer, form: str
 
 def _stored_dtype(name: str, tensor: torch.Tensor) -> str | None:
     """The initializer dtype of a canonical weight: None for the builder's (activation) dtype."""
-    if name == "router.bias" or (name == "router.weight" and tensor.dtype == torch.float32):
+    if name in ("router.bias", "router.logit_bias") or (name == "router.weight" and tensor.dtype == torch.float32):
         return "fp32"
     return None

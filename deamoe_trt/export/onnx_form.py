@@ -76,6 +76,8 @@ def emit(
                     per_token=c.top_departments,
                     width=c.shared_intermediate_size,
                     hidden=c.hidden_size,
+                    config=c,
+                    gate_up_bias=weights.get("departments.gate_up_bias"),
                 )
             )
     if c.private_intermediate_size:
@@ -92,6 +94,9 @@ def emit(
                     per_token=c.top_k,
                     width=c.private_intermediate_size,
                     hidden=c.hidden_size,
+                    config=c,
+                    gate_up_bias=weights.get("experts.gate_up_bias"),
+                    down_bias=weights.get("experts.down_bias"),
                 )
             )
     if c.has_shared_experts:

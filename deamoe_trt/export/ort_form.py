@@ -48,20 +48,24 @@ F32 = TensorProto.FLOAT
 MOE_DOMAIN = "com.microsoft"
 
 
-def moe_attributes(k: int, normalize: bool) -> dict:
-    """Every attribute of com.microsoft.MoE that changes the result, set to plain SwiGLU.
+def moe_attributes(k: int, normalize: bool, config: DeaMoEConfig | None = None) -> dict:
+    """Every attribute of com.microsoft.MoE that changes the result, set to the layer's SwiGLU.
 
-    SwiGLU here is silu(gate) * up: alpha 1 (the sigmoid's slope), beta 0 (no +1 on up),
-    no clamp (limit +inf), gate/up interleaved per row (the only layout the CPU kernel
-    takes: swiglu_fusion=1). Set explicitly because CUDA builds default to GPT-OSS values.
+    The op computes min(g, limit) * sigmoid(alpha * min(g, limit)) * (clip(u, -limit, limit)
+    + beta) per neuron, after its fc1 bias: exactly the spec's activations. Plain SwiGLU
+    (silu(gate) * up) is alpha 1 (the sigmoid's slope), beta 0 (no +1 on up), no clamp
+    (limit +inf); the clamped SwiGLU is the config's alpha and limit with beta 1 (gpt-oss).
+    Gate/up are interleaved per row (the only layout the CPU kernel takes: swiglu_fusion=1).
+    Set explicitly because CUDA builds default to GPT-OSS values.
     """
+    clamped = config is not None and config.activation == "swiglu_clamped"
     return {
         "k": k,
         "activation_type": "swiglu",
         "swiglu_fusion": 1,
-        "activation_alpha": 1.0,
-        "activation_beta": 0.0,
-        "swiglu_limit": math.inf,
+        "activation_alpha": config.swiglu_alpha if clamped else 1.0,
+        "activation_beta": 1.0 if clamped else 0.0,
+        "swiglu_limit": config.swiglu_limit if clamped else math.inf,
         "normalize_routing_weights": int(normalize),
         "use_sparse_mixer": 0,
     }
@@ -87,9 +91,9 @@ def emit(
     x32 = to_float32(b, x)
     parts = []
     if is_vanilla(c):
-        logits = router_logits(b, x32, weights["router.weight"])
+        logits = router_logits(b, x32, weights["router.weight"], weights.get("router.logit_bias"))
         probs = b.cast(logits, b.dtype.onnx)
-        parts.append(_moe(b, x, probs, weights, "experts", c.top_k, c.norm_topk_prob, quant))
+        parts.append(_moe(b, x, probs, weights, "experts", c.top_k, c.norm_topk_prob, quant, c))
         # MoE gives 0 for a token whose router values hold NaN; the spec's math gives NaN
         # (deamoe_trt.routing, "Non-finite tokens"). z - z is 0 for finite logits, NaN
         # otherwise: adding its row sum passes a non-finite token on and changes no other.
@@ -99,18 +103,18 @@ def emit(
         total = b.reduce("ReduceSum", routing.weights, [1], keepdims=True)  # sum(w) = sum(W)
         if c.shared_intermediate_size:
             values = _log_ratio(b, routing.department_weights)
-            out = _moe(b, x, values, weights, "departments", c.top_departments, False, quant)
+            out = _moe(b, x, values, weights, "departments", c.top_departments, False, quant, c)
             parts.append(b.op("Mul", [out, total]))
         if c.private_intermediate_size:
             full = dense_weights(b, routing.expert_ids, routing.weights, b.op("Shape", [routing.logits]))
-            out = _moe(b, x, _log_ratio(b, full), weights, "experts", c.top_k, False, quant)
+            out = _moe(b, x, _log_ratio(b, full), weights, "experts", c.top_k, False, quant, c)
             parts.append(b.op("Mul", [out, total]))
     if c.has_shared_experts and quant is None:
         parts.append(shared_experts(b, x, x32, weights, c))
     elif c.has_shared_experts:
         # One expert, router value 0: QMoE's softmax gives it weight exactly 1.
         zeros = b.op("Mul", [b.slice(x, 1, 0, 1), b.const([0.0], b.dtype.onnx)])
-        out = _moe(b, x, zeros, weights, "shared_experts", 1, False, quant)
+        out = _moe(b, x, zeros, weights, "shared_experts", 1, False, quant, c)
         parts.append(gate_shared_experts(b, out, x32, weights, c))
     y = parts[0]
     for part in parts[1:]:
@@ -136,8 +140,14 @@ def _moe(
     k: int,
     normalize: bool,
     quant: QuantConfig | None = None,
+    config: DeaMoEConfig | None = None,
 ) -> str:
-    """MoE (QMoE when quantized) over one part's stacked SwiGLU blocks -> [T, d] float32."""
+    """MoE (QMoE when quantized) over one part's stacked SwiGLU blocks -> [T, d] float32.
+
+    Biases go in as the op's fc1 bias (gate/up, interleaved like the rows) and fc2 bias
+    (down, added to each expert's output before its routing weight, as the spec's w_e * b_e)."""
+    fc1_bias, fc2_bias = _biases(b, weights, part)
+    attributes = moe_attributes(k, normalize, config)
     if quant is not None:
         out = b.op(
             "QMoE",
@@ -146,25 +156,40 @@ def _moe(
                 router_values,
                 weights[f"{part}.gate_up.qweight"],
                 weights[f"{part}.gate_up.scales"],
-                "",
+                fc1_bias,
                 weights[f"{part}.down.qweight"],
                 weights[f"{part}.down.scales"],
+                *([fc2_bias] if fc2_bias else []),
             ],
             domain=MOE_DOMAIN,
             name=f"{part}_QMoE",
             expert_weight_bits=quant.bits,
             block_size=quant.group_size,
-            **moe_attributes(k, normalize),
+            **attributes,
         )
         return to_float32(b, out)
+    inputs = [x, router_values, weights[f"{part}.gate_up"], fc1_bias, weights[f"{part}.down"]]
     out = b.op(
         "MoE",
-        [x, router_values, weights[f"{part}.gate_up"], "", weights[f"{part}.down"]],
+        inputs + ([fc2_bias] if fc2_bias else []),
         domain=MOE_DOMAIN,
         name=f"{part}_MoE",
-        **moe_attributes(k, normalize),
+        **attributes,
     )
     return to_float32(b, out)
+
+
+def _biases(b: GraphBuilder, weights: dict[str, str], part: str) -> tuple[str, str]:
+    """(fc1 bias, fc2 bias) of one part's op, "" where absent. The routed parts' gate/up
+    biases are stored interleaved (WEIGHT_LAYOUTS); the shared experts', read canonically by
+    their float Gemms, are interleaved here for their one-expert QMoE (2*f_sh values)."""
+    fc1 = weights.get(f"{part}.gate_up_bias", "")
+    fc2 = weights.get(f"{part}.down_bias", "")
+    if part == "shared_experts" and fc1:
+        pairs = b.op("Transpose", [b.reshape(fc1, [2, -1])])  # [f, 2]: gate i, up i
+        fc1 = b.reshape(pairs, [1, -1])
+        fc2 = b.unsqueeze(fc2, [0])
+    return fc1, fc2
 
 
 def interleaved_gate_up(gate_up: torch.Tensor) -> tuple[str, torch.Tensor, tuple[int, int, int]]:
@@ -178,6 +203,12 @@ def interleaved_gate_up(gate_up: torch.Tensor) -> tuple[str, torch.Tensor, tuple
     groups, rows, hidden = gate_up.shape
     paired = gate_up.view(groups, 2, rows // 2, hidden).transpose(1, 2)
     return "interleaved", paired, (groups, rows, hidden)
+
+
+def interleaved_gate_up_bias(bias: torch.Tensor) -> tuple[str, torch.Tensor, tuple[int, int]]:
+    """[G, 2f] gate entries then up entries -> g0, u0, g1, u1, ... (the interleaved rows' biases)."""
+    groups, entries = bias.shape
+    return "interleaved", bias.view(groups, 2, entries // 2).transpose(1, 2), (groups, entries)
 
 
 def one_expert(weight: torch.Tensor) -> tuple[str, torch.Tensor, tuple[int, ...]]:
@@ -201,6 +232,8 @@ def code_type(bits: int) -> int:
 WEIGHT_LAYOUTS = {
     "experts.gate_up": interleaved_gate_up,
     "departments.gate_up": interleaved_gate_up,
+    "experts.gate_up_bias": interleaved_gate_up_bias,
+    "departments.gate_up_bias": interleaved_gate_up_bias,
     **{
         f"{part}.gate_up.{field}": interleaved_gate_up
         for part in ("experts", "departments")

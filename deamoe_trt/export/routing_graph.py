@@ -37,15 +37,17 @@ class RoutingValues:
     kept_departments: str
 
 
-def router_logits(b: GraphBuilder, x32: str, router_weight: str) -> str:
-    """z = x Wr^T in float32 (x32 already float32; router_weight float32 or the model's dtype)."""
-    return b.op("Gemm", [x32, to_float32(b, router_weight)], transB=1)
+def router_logits(b: GraphBuilder, x32: str, router_weight: str, logit_bias: str | None = None) -> str:
+    """z = x Wr^T (+ b_z) in float32 (x32 already float32; router_weight float32 or the
+    model's dtype; logit_bias, router.logit_bias, float32)."""
+    bias = [to_float32(b, logit_bias)] if logit_bias is not None else []
+    return b.op("Gemm", [x32, to_float32(b, router_weight), *bias], transB=1)
 
 
 def emit_routing(b: GraphBuilder, x32: str, weights: dict[str, str], config: DeaMoEConfig) -> RoutingValues:
     """Spec steps 1-5 for tokens x32 ([T, d] float32); weights maps canonical names to initializers."""
     c = config
-    logits = router_logits(b, x32, weights["router.weight"])
+    logits = router_logits(b, x32, weights["router.weight"], weights.get("router.logit_bias"))
     scores = b.op("Softmax", [logits], axis=-1) if c.score_func == "softmax" else b.op("Sigmoid", [logits])
     selection = b.op("Add", [scores, to_float32(b, weights["router.bias"])]) if c.router_bias else scores
     selection = _finite_or_zero(b, selection)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import onnx
 import pytest
 
+from configs import GPT_OSS_STYLE
 from deamoe_trt import DeaMoEStack
 from deamoe_trt.export import MAX_OPSET, build_model
 from deamoe_trt.validation import make_session
 
-from .conftest import CONFIGS, TOKENS, TOLERANCE, layer_of, max_error
+from .conftest import CONFIGS, TOKENS, TOLERANCE, TORCH_DTYPES, layer_of, max_error
 
 CASES = [
     (form, dtype)
@@ -97,3 +98,48 @@ def test_ort_form_stores_gate_up_interleaved_so_the_runtime_transposes_nothing_p
     assert (interleaved[:, 0::2] == canonical[:, :width]).all()
     assert (interleaved[:, 1::2] == canonical[:, width:]).all()
     assert "experts.gate_up" not in stored
+
+
+# gpt-oss's FFN (biases on every part, the clamped SwiGLU clamping on these inputs, a router
+# logit bias) and its twins: the expanded one (same routing, f_s = 0) and the vanilla one
+# (one-stage top-k), which the ort form runs through MoE's own routing.
+def gpt_oss_twin(twin: str, dtype: str = "fp32"):
+    layer = layer_of(GPT_OSS_STYLE, seed=1)
+    return {"deamoe": layer, "expanded": layer.expanded(), "vanilla": layer.vanilla()}[twin].to(TORCH_DTYPES[dtype])
+
+
+GPT_OSS_CASES = [
+    pytest.param(twin, form, dtype, marks=[pytest.mark.slow] if (twin, dtype) != ("deamoe", "fp32") else [])
+    for twin in ("deamoe", "expanded", "vanilla")
+    for form in ("ort", "onnx")
+    for dtype in ("fp32", "fp16")
+]
+
+
+@pytest.mark.parametrize(("twin", "form", "dtype"), GPT_OSS_CASES)
+def test_gpt_oss_style_layer_and_twins_match_reference(twin, form, dtype):
+    layer = gpt_oss_twin(twin, dtype)
+    session = make_session(build_model(layer, form, dtype))
+    errors = {t: max_error(session, layer, t, seed=t) for t in TOKENS}
+    assert max(errors.values()) <= TOLERANCE[dtype], errors
+
+
+def test_ort_form_runs_gpt_oss_experts_in_moe_with_their_biases_and_clamp():
+    layer = gpt_oss_twin("deamoe")
+    model = build_model(layer, "ort")
+    moes = {n.name: n for n in model.graph.node if n.op_type == "MoE"}
+    assert set(moes) == {"departments_MoE", "experts_MoE"}
+    for node in moes.values():
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attributes["activation_beta"] == 1.0
+        assert attributes["swiglu_limit"] == pytest.approx(GPT_OSS_STYLE.swiglu_limit)
+        assert attributes["activation_alpha"] == pytest.approx(GPT_OSS_STYLE.swiglu_alpha)
+        assert node.input[3].endswith("gate_up_bias.interleaved")
+    assert len(moes["experts_MoE"].input) == 6 and moes["experts_MoE"].input[5] == "experts.down_bias"
+    assert len(moes["departments_MoE"].input) == 5  # departments have no down bias
+    stored = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    canonical = layer.experts.gate_up_bias.detach().numpy()
+    width = GPT_OSS_STYLE.private_intermediate_size
+    assert (stored["experts.gate_up_bias.interleaved"][:, 0::2] == canonical[:, :width]).all()
+    assert (stored["experts.gate_up_bias.interleaved"][:, 1::2] == canonical[:, width:]).all()
+    assert stored["router.logit_bias"].dtype == "float32"

@@ -9,6 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, numpy_helper
 
+from configs import GPT_OSS_STYLE
 from deamoe_trt import DeaMoEConfig, DeaMoEStack, UsageError, contract
 from deamoe_trt.export import build_model, data_path, export
 from deamoe_trt.quant import QuantConfig
@@ -172,3 +173,24 @@ def test_onnx_form_needs_opset_21_for_quantized_checkpoints():
     layer = layer_of(CONFIGS["tiny"]).quantized(QuantConfig(8, 16))
     with pytest.raises(UsageError, match="needs opset >= 21"):
         build_model(layer, "onnx", opset=18)
+
+
+@pytest.mark.parametrize(
+    ("form", "bits", "twin"),
+    [
+        pytest.param(form, bits, twin, marks=[pytest.mark.slow] if (bits, twin) != (4, "deamoe") else [])
+        for form in ("ort", "onnx")
+        for bits in (4, 8)
+        for twin in ("deamoe", "vanilla")
+    ],
+)
+def test_quantized_gpt_oss_style_layer_keeps_float_biases_and_matches_dequantized_reference(form, bits, twin):
+    layer = layer_of(GPT_OSS_STYLE, seed=1)
+    layer = (layer if twin == "deamoe" else layer.vanilla()).quantized(QuantConfig(bits, 16))
+    model = build_model(layer, form)
+    stored = {t.name: t for t in model.graph.initializer}
+    biases = [name for name in stored if "_bias" in name]
+    assert biases and all(stored[name].data_type == TensorProto.FLOAT for name in biases)
+    session = make_session(model)
+    errors = {t: max_error(session, layer, t, seed=t) for t in (1, max(TOKENS))}
+    assert max(errors.values()) <= tolerance(form, bits), errors
