@@ -204,6 +204,15 @@ class _LayerDesc(ctypes.Structure):
         ("shared_gate", ctypes.c_void_p),
         ("weight_bits", ctypes.c_int32),
         ("group_size", ctypes.c_int32),
+        ("activation", ctypes.c_int32),
+        ("swiglu_alpha", ctypes.c_float),
+        ("swiglu_limit", ctypes.c_float),
+        ("router_logit_bias", ctypes.c_void_p),
+        ("departments_bias", ctypes.c_void_p),
+        ("experts_bias", ctypes.c_void_p),
+        ("shared_bias", ctypes.c_void_p),
+        ("experts_down_bias", ctypes.c_void_p),
+        ("shared_down_bias", ctypes.c_void_p),
     ]
 
 
@@ -217,6 +226,10 @@ class CpuDeaMoE:
     A quantized layer (int8/int4, deamoe_trt.quant) keeps its FFN weights packed and
     dequantizes them in registers; its scales are held as fp32 (fp16 scales are widened,
     exactly), its router in the layer's dtype.
+
+    Biases (config.ffn_bias) are held as fp32 (widened exactly), gate/up biases in the
+    kernel's neuron-group order beside their blocks, down biases padded to dp; the router's
+    logit bias is added to the logits before routing; the activation is the layer's.
 
     routing="native" (default) routes in the kernel, one call per step, with the CUDA
     kernels' routing (deamoeRouting.cuh) that tests/cpu holds to deamoe_trt.routing's decisions. routing="torch" calls
@@ -259,6 +272,15 @@ class CpuDeaMoE:
             if shared is not None and shared.gate is not None:
                 self.shared_gate = torch.zeros(self.dp, dtype=torch.float32)
                 self.shared_gate[: self.d] = shared.gate.detach().float().reshape(-1)
+            logit_bias = layer.router.logit_bias
+            self.logit_bias = logit_bias.detach().float().contiguous() if logit_bias is not None else None
+            parts = {"departments": (layer.departments, c.num_departments), "experts": (layer.experts, c.num_experts)}
+            parts["shared"] = (shared, 1)
+            self.biases = {
+                name: self._pack_biases(part, count)
+                for name, (part, count) in parts.items()
+                if part is not None and part.gate_up_bias is not None
+            }
         self.desc = _LayerDesc(
             dtype=_DTYPE_CODES[layer.dtype],
             score_func=("softmax", "sigmoid").index(c.score_func),
@@ -283,6 +305,15 @@ class CpuDeaMoE:
             shared_gate=_ptr(self.shared_gate),
             weight_bits=self.quant.bits if self.quant else 0,
             group_size=self.quant.group_size if self.quant else 0,
+            activation=("swiglu", "swiglu_clamped").index(c.activation),
+            swiglu_alpha=c.swiglu_alpha,
+            swiglu_limit=c.swiglu_limit,
+            router_logit_bias=_ptr(self.logit_bias),
+            departments_bias=_ptr(self._bias("departments", 0)),
+            experts_bias=_ptr(self._bias("experts", 0)),
+            shared_bias=_ptr(self._bias("shared", 0)),
+            experts_down_bias=_ptr(self._bias("experts", 1)),
+            shared_down_bias=_ptr(self._bias("shared", 1)),
         )
         self._desc_ref = ctypes.byref(self.desc)
         self._buffers: dict[int, tuple[torch.Tensor, ...]] = {}
@@ -343,6 +374,26 @@ class CpuDeaMoE:
         self.nbytes += buf.nbytes
         return buf, width // self.nb
 
+    def _pack_biases(self, part, count: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A part's biases as the kernel reads them, fp32: gate/up [count, groups, R] with
+        neuron n's gate and up biases at rows 2(n % NB) and 2(n % NB) + 1 of group n // NB
+        (the packed rows' order; padding neurons 0), down [count, dp] (None: no down bias)."""
+        width = part.down.shape[-1]
+        groups = -(-width // self.nb)
+        gate, up = part.gate_up_bias.detach().float().reshape(count, 2, width).unbind(1)
+        pairs = torch.zeros(count, groups * self.nb, 2)
+        pairs[:, :width, 0], pairs[:, :width, 1] = gate, up
+        gate_up = pairs.reshape(count, groups, 2 * self.nb).contiguous()
+        if part.down_bias is None:
+            return gate_up, None
+        down = torch.zeros(count, self.dp)
+        down[:, : self.d] = part.down_bias.detach().float().reshape(count, self.d)
+        return gate_up, down
+
+    def _bias(self, name: str, which: int) -> torch.Tensor | None:
+        packed = self.biases.get(name)
+        return None if packed is None else packed[which]
+
     @staticmethod
     def _check(code: int, what: str) -> None:
         if code != 0:
@@ -385,6 +436,8 @@ class CpuDeaMoE:
             out.data_ptr(),
         )  # fmt: skip
         self._check(code, "router")
+        if self.logit_bias is not None:  # as dm_layer_forward adds it: z = x Wr^T + b_z, fp32
+            out += self.logit_bias
         return out
 
     def route(self, x: torch.Tensor) -> Routing:

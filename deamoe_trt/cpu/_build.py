@@ -27,7 +27,7 @@ SOURCE = Path(__file__).with_name("deamoe_cpu.cpp")
 # The routing is the CUDA kernels' (deamoe/deamoeRouting.cuh under the kernel sources).
 ROUTING_HEADER = "deamoe/deamoeRouting.cuh"
 FLAGS = ("-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-pthread", "-DNDEBUG")
-ABI_VERSION = 5
+ABI_VERSION = 6
 LIBRARY_NAME = "libdeamoe_cpu.so"
 
 _lib: ctypes.CDLL | None = None

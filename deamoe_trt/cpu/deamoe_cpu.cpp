@@ -19,6 +19,11 @@
 //   - neurons never materialise as a [T, f] intermediate: for each group, gate and up
 //     dot products (fp32 accumulation), silu(g) * u * w, then the group's down columns
 //     are added into the outputs while still in L1/L2.
+//   - optional biases (gpt-oss) ride along without another pass over the weights: a
+//     block's gate/up biases are R floats per neuron group beside its weights, added to
+//     the group's dot products before the activation (silu, or the clamped SwiGLU); an
+//     expert's (or the shared experts') down bias is added once per token, times its w_e,
+//     by the one slice whose share of that block starts at its first group.
 // Routing: dm_layer_forward computes the router logits and the routing itself (the CUDA
 // kernels' routeToken from deamoeRouting.cuh, held to deamoe_trt/routing.py's decisions by
 // tests/cpu and tests/plugins), so a layer step is one call; dm_moe_forward instead
@@ -120,7 +125,12 @@ constexpr int kRouterTokensPerPass = 8;
 // silu(x) = x / (1 + exp(-x)) for a vector, in registers: calling the C library's expf
 // per neuron would spill the accumulators around each call. exp is Cephes' expf: range
 // reduction by ln 2 in two parts, a degree-6 polynomial, scaling by 2^n; within 2 ulp.
-inline V vsilu(V x) {
+inline V vexp_neg(V x);
+inline V vsilu(V x) { return vdiv(x, vadd(vset1(1.0f), vexp_neg(x))); }
+inline V vsigmoid(V x) { return vdiv(vset1(1.0f), vadd(vset1(1.0f), vexp_neg(x))); }
+
+// exp(-x), with -x clamped to [-87, 88].
+inline V vexp_neg(V x) {
   const V t = vmin(vmax(vsub(vzero(), x), vset1(-87.0f)), vset1(88.0f));  // -x, clamped
   const V n = vround(vmul(t, vset1(1.44269504088896341f)));
   V r = vsub(t, vmul(n, vset1(0.693359375f)));
@@ -132,7 +142,24 @@ inline V vsilu(V x) {
   p = vfma(p, r, vset1(1.6666665459e-1f));
   p = vfma(p, r, vset1(5.0000001201e-1f));
   p = vfma(p, vmul(r, r), vadd(r, vset1(1.0f)));
-  return vdiv(x, vadd(vset1(1.0f), vexp2i(p, n)));
+  return vexp2i(p, n);
+}
+
+// The layer's activation (deamoe_trt/activation.py), one per layer.
+struct Activation {
+  int kind;  // 0 swiglu: silu(g) * u; 1 swiglu_clamped: (u' + 1) * g' * sigmoid(alpha g')
+  float alpha, limit;
+};
+
+// h = a(g, u) * w per lane; g and u already include their biases. Plain SwiGLU weighs u
+// first (silu(g) * (u * w), linear in u); the clamped one weighs the activation.
+inline V vactivate(const Activation& act, V g, V u, V w) {
+  if (act.kind == 0) return vmul(vsilu(g), vmul(u, w));
+  const V limit = vset1(act.limit);
+  g = vmin(g, limit);
+  u = vmin(vmax(u, vsub(vzero(), limit)), limit);
+  const V glu = vmul(g, vsigmoid(vmul(vset1(act.alpha), g)));
+  return vmul(vmul(glu, vadd(u, vset1(1.0f))), w);
 }
 
 // TT dot products of one weight row with TT activation rows, fp32 accumulation (the router).
@@ -166,18 +193,21 @@ inline void dot_rows(const WT* row, const float* const* xs, int64_t n, float* ou
 // Rows of a neuron group's gate/up part: gate and up of each of its NB neurons.
 constexpr int R = 2 * NB;
 
-// h = silu(g) * u * w for the NB*TT (neuron, token) pairs of a pass, as one vector, from the
-// gate (row 2n) and up (row 2n+1) accumulators; tok_w: the tokens' weights for this block.
+// h = a(g + b_g, u + b_u) * w for the NB*TT (neuron, token) pairs of a pass, as one vector,
+// from the gate (row 2n) and up (row 2n+1) accumulators; bias: the group's R gate/up biases
+// (row order) or null; tok_w: the tokens' weights for this block.
 template <int TT>
-inline void activations(const V (&acc)[R][TT], const float* tok_w, float* h) {
+inline void activations(const V (&acc)[R][TT], const float* bias, const Activation& act, const float* tok_w,
+                        float* h) {
   static_assert(NB * TT <= W, "one vector holds every (neuron, token) pair of a pass");
-  alignas(64) float g[W] = {}, u[W] = {};
+  alignas(64) float g[W] = {}, u[W] = {}, w[W] = {};
   for (int n = 0; n < NB; ++n)
     for (int t = 0; t < TT; ++t) {
-      g[n * TT + t] = vsum(acc[2 * n][t]);
-      u[n * TT + t] = vsum(acc[2 * n + 1][t]) * tok_w[t];
+      g[n * TT + t] = vsum(acc[2 * n][t]) + (bias ? bias[2 * n] : 0.0f);
+      u[n * TT + t] = vsum(acc[2 * n + 1][t]) + (bias ? bias[2 * n + 1] : 0.0f);
+      w[n * TT + t] = tok_w[t];
     }
-  vstore(h, vmul(vsilu(vload(g)), vload(u)));
+  vstore(h, vactivate(act, vload(g), vload(u), vload(w)));
 }
 
 // One neuron group for TT tokens: h = silu(x.gate) * (x.up) * weight, then y += h * down.
@@ -189,8 +219,8 @@ inline void activations(const V (&acc)[R][TT], const float* tok_w, float* h) {
 //                 2n is neuron n's gate row and row 2n+1 its up row;
 //   down part:    for each chunk c of the output: the NB neurons' down columns, chunk c.
 template <int TT, typename WT>
-inline void group_pass(const WT* group, int64_t dp, const float* const* xs, const float* tok_w,
-                       float* const* ys) {
+inline void group_pass(const WT* group, int64_t dp, const float* const* xs, const float* bias, const Activation& act,
+                       const float* tok_w, float* const* ys) {
   V acc[R][TT];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < TT; ++t) acc[r][t] = vzero();
@@ -205,7 +235,7 @@ inline void group_pass(const WT* group, int64_t dp, const float* const* xs, cons
     }
   }
   alignas(64) float h[W];
-  activations<TT>(acc, tok_w, h);
+  activations<TT>(acc, bias, act, tok_w, h);
 
   // The NB down columns are added together: one load and store of each output vector
   // per NB weight vectors keeps the output traffic (L1) below the weight traffic.
@@ -227,15 +257,15 @@ inline void group_pass(const WT* group, int64_t dp, const float* const* xs, cons
 }
 
 template <typename WT>
-void group_pass_any(int tt, const WT* group, int64_t dp, const float* const* xs, const float* tok_w,
-                    float* const* ys) {
+void group_pass_any(int tt, const WT* group, int64_t dp, const float* const* xs, const float* bias,
+                    const Activation& act, const float* tok_w, float* const* ys) {
   switch (tt) {
-    case 1: return group_pass<1>(group, dp, xs, tok_w, ys);
+    case 1: return group_pass<1>(group, dp, xs, bias, act, tok_w, ys);
     case 2:
-      if constexpr (kMaxTokensPerPass >= 2) return group_pass<2>(group, dp, xs, tok_w, ys);
+      if constexpr (kMaxTokensPerPass >= 2) return group_pass<2>(group, dp, xs, bias, act, tok_w, ys);
       break;
     case 3:
-      if constexpr (kMaxTokensPerPass >= 3) return group_pass<3>(group, dp, xs, tok_w, ys);
+      if constexpr (kMaxTokensPerPass >= 3) return group_pass<3>(group, dp, xs, bias, act, tok_w, ys);
       break;
   }
 }
@@ -407,7 +437,8 @@ inline void down_pass_q(const uint8_t* w, int64_t dp, const float* dscale, const
 // xsums[t] the sums of token t's x per quantization group. int4 kSubnormal: xs are x * 2^64.
 template <int TT, int BITS, int MODE>
 inline void group_pass_q(const uint8_t* group, int64_t dp, int64_t gs, const float* dscale, const float* const* xs,
-                         const float* const* xsums, const float* tok_w, float* const* ys) {
+                         const float* const* xsums, const float* bias, const Activation& act, const float* tok_w,
+                         float* const* ys) {
   constexpr float zero = BITS == 4 ? 8.0f : 0.0f;  // int8 codes are stored signed
   V total[R][TT];
   __m256 corr[TT];  // per row r (lane r): sum_G scale_G,r * xsum_G, for the zero point
@@ -447,13 +478,14 @@ inline void group_pass_q(const uint8_t* group, int64_t dp, int64_t gs, const flo
     const __m256 unscaled = _mm256_div_ps(corr[t], _mm256_load_ps(kInt4RowFactor));
     _mm256_store_ps(zp[t], _mm256_mul_ps(unscaled, _mm256_set1_ps(zero)));
   }
-  alignas(64) float gate[W] = {}, up[W] = {}, h[W];
+  alignas(64) float gate[W] = {}, up[W] = {}, weight[W] = {}, h[W];
   for (int n = 0; n < NB; ++n)
     for (int t = 0; t < TT; ++t) {
-      gate[n * TT + t] = vsum(total[2 * n][t]) * unit - zp[t][2 * n];
-      up[n * TT + t] = (vsum(total[2 * n + 1][t]) * unit - zp[t][2 * n + 1]) * tok_w[t];
+      gate[n * TT + t] = vsum(total[2 * n][t]) * unit - zp[t][2 * n] + (bias ? bias[2 * n] : 0.0f);
+      up[n * TT + t] = vsum(total[2 * n + 1][t]) * unit - zp[t][2 * n + 1] + (bias ? bias[2 * n + 1] : 0.0f);
+      weight[n * TT + t] = tok_w[t];
     }
-  vstore(h, vmul(vsilu(vload(gate)), vload(up)));
+  vstore(h, vactivate(act, vload(gate), vload(up), vload(weight)));
 
   // Down: y += scale_o * sum_n h_n * (q_on - zero): the NB neurons share each output's
   // scale. int4: h_n is multiplied by kInt4NeuronFactor (see there), y is in kInt4DownUnit.
@@ -475,12 +507,13 @@ inline void group_pass_q(const uint8_t* group, int64_t dp, int64_t gs, const flo
 
 template <int BITS, int MODE>
 void group_pass_q_any(int tt, const uint8_t* group, int64_t dp, int64_t gs, const float* dscale,
-                      const float* const* xs, const float* const* xsums, const float* tok_w, float* const* ys) {
+                      const float* const* xs, const float* const* xsums, const float* bias, const Activation& act,
+                      const float* tok_w, float* const* ys) {
   switch (tt) {
-    case 1: return group_pass_q<1, BITS, MODE>(group, dp, gs, dscale, xs, xsums, tok_w, ys);
+    case 1: return group_pass_q<1, BITS, MODE>(group, dp, gs, dscale, xs, xsums, bias, act, tok_w, ys);
     case 2:
       if constexpr (kMaxTokensPerPassQ >= 2)
-        return group_pass_q<2, BITS, MODE>(group, dp, gs, dscale, xs, xsums, tok_w, ys);
+        return group_pass_q<2, BITS, MODE>(group, dp, gs, dscale, xs, xsums, bias, act, tok_w, ys);
       break;
   }
 }
@@ -721,6 +754,8 @@ struct Task {
   int64_t groups;     // neuron groups in the block
   int64_t tok_begin;  // into Step::tok_idx / tok_w
   int64_t tok_count;
+  const float* gate_up_bias = nullptr;  // [groups, R] (row order), or null
+  const float* down_bias = nullptr;     // [dp], or null
 };
 
 struct Step {
@@ -737,7 +772,20 @@ struct Step {
   int int4_mode = kConvert;
   std::vector<float> x_shifted;  // int4 kSubnormal: x * 2^kSubnormalXShift, [tokens, dp]
   float* partial;           // [slices, tokens, dp]
+  Activation act{0, 1.0f, 0.0f};
 };
+
+// y_t += w_t * b * unit for the task's tokens, from the one slice whose share of the block
+// starts at its first group (split gives slice 0 group 0; a later slice starts there only
+// while the earlier ones are empty), so the bias is added once whatever the slice count.
+inline void add_down_bias(const Step& s, const Task& task, int64_t g0, int64_t g1, float* mine, float unit) {
+  if (!task.down_bias || g0 != 0 || g1 == 0) return;
+  for (int64_t i = 0; i < task.tok_count; ++i) {
+    float* y = mine + s.tok_idx[task.tok_begin + i] * s.dp;
+    const V w = vset1(s.tok_w[task.tok_begin + i] * unit);
+    for (int64_t c = 0; c < s.dp; c += W) vstore(y + c, vfma(w, vload(task.down_bias + c), vload(y + c)));
+  }
+}
 
 // Slice `slice` of `slices`: the same share of every block's groups, into its own partial.
 template <typename WT>
@@ -760,8 +808,12 @@ void run_tasks(const Step& s, int slice, int slices) {
         ys[t] = mine + token * dp;
       }
       const float* w = s.tok_w.data() + task.tok_begin + t0;
-      for (int64_t g = g0; g < g1; ++g) group_pass_any<WT>(tt, base + g * group_elems, dp, xs, w, ys);
+      for (int64_t g = g0; g < g1; ++g) {
+        const float* bias = task.gate_up_bias ? task.gate_up_bias + g * R : nullptr;
+        group_pass_any<WT>(tt, base + g * group_elems, dp, xs, bias, s.act, w, ys);
+      }
     }
+    add_down_bias(s, task, g0, g1, mine, 1.0f);
   }
 }
 
@@ -788,9 +840,14 @@ void run_tasks_q(const Step& s, int slice, int slices) {
         ys[t] = mine + token * dp;
       }
       const float* w = s.tok_w.data() + task.tok_begin + t0;
-      for (int64_t g = g0; g < g1; ++g)
-        group_pass_q_any<BITS, MODE>(tt, base + g * group_bytes, dp, gs, dscales + g * NB / gs * dp, xs, xsums, w, ys);
+      for (int64_t g = g0; g < g1; ++g) {
+        const float* bias = task.gate_up_bias ? task.gate_up_bias + g * R : nullptr;
+        group_pass_q_any<BITS, MODE>(tt, base + g * group_bytes, dp, gs, dscales + g * NB / gs * dp, xs, xsums, bias,
+                                     s.act, w, ys);
+      }
     }
+    // The partial outputs of int4 steps are in kInt4DownUnit (see there).
+    add_down_bias(s, task, g0, g1, mine, BITS == 4 ? kInt4DownUnit[MODE] : 1.0f);
   }
 }
 
@@ -881,7 +938,7 @@ void busy_job(void* ctx, int, int) {
 
 extern "C" {
 
-int dm_abi_version() { return 5; }
+int dm_abi_version() { return 6; }
 // The int4 code-to-float mode (see kConvert / kSubnormal): set it with 0 or 1 (tests run
 // both), pass -1 to only read it. Returns the mode in force.
 int dm_int4_mode(int mode) {
@@ -1060,6 +1117,15 @@ struct dm_layer {
   const float* shared_gate;   // [dp] fp32 Qwen2-style gate of the shared experts, or null (a = 1)
   int32_t weight_bits;        // 0: FFN weights of dtype; 4 or 8: quantized, packed by dm_pack_q
   int32_t group_size;         // columns per scale when quantized
+  // Biases and the activation (spec, "Extensions (third wave)"), all fp32; null when absent.
+  int32_t activation;               // 0 swiglu, 1 swiglu_clamped
+  float swiglu_alpha, swiglu_limit;
+  const float* router_logit_bias;   // [N], added to the logits before routing
+  const float* departments_bias;    // gate/up biases, [D, groups_s, R] (row order of the groups)
+  const float* experts_bias;        // [N, groups_p, R]
+  const float* shared_bias;         // [groups_sh, R]
+  const float* experts_down_bias;   // [N, dp]
+  const float* shared_down_bias;    // [dp]
 };
 
 }  // extern "C"
@@ -1107,6 +1173,7 @@ bool valid(const dm_layer& L) {
          L.experts_per_department > 0 && L.top_k > 0 && L.top_departments > 0 &&
          L.top_departments <= L.num_departments && L.top_k <= L.top_departments * L.experts_per_department &&
          (L.router_dtype == 0 || L.router_dtype == 1) && L.router != nullptr &&
+         (L.activation == 0 || (L.activation == 1 && L.swiglu_limit > 0 && L.swiglu_alpha > 0)) &&
          (L.weight_bits == 0 || ((L.weight_bits == 4 || L.weight_bits == 8) && L.group_size > 0 &&
                                  L.group_size % W == 0 && L.group_size % NB == 0 && L.d == L.dp &&
                                  L.d % L.group_size == 0));
@@ -1127,6 +1194,7 @@ void run_step(Pool* pool, const dm_layer& L, const float* x, int64_t tokens, con
   s.tokens = tokens;
   s.x = x;
   s.partial = scratch;
+  s.act = Activation{L.activation, L.swiglu_alpha, L.swiglu_limit};
   if (L.weight_bits == 4) {  // once per step, for every row of every block
     const int64_t gs = L.group_size;
     s.xsum.resize(static_cast<size_t>(tokens * (dp / gs)));
@@ -1176,7 +1244,8 @@ void run_step(Pool* pool, const dm_layer& L, const float* x, int64_t tokens, con
           s.tok_w.push_back(dw[t * D + j]);
         }
       const int64_t count = static_cast<int64_t>(s.tok_idx.size()) - begin;
-      if (count) s.tasks.push_back(Task{block(L.departments, j, L.groups_s), L.groups_s, begin, count});
+      const float* bias = L.departments_bias ? L.departments_bias + j * L.groups_s * R : nullptr;
+      if (count) s.tasks.push_back(Task{block(L.departments, j, L.groups_s), L.groups_s, begin, count, bias});
     }
   }
   if (L.experts && L.groups_p > 0) {
@@ -1195,7 +1264,9 @@ void run_step(Pool* pool, const dm_layer& L, const float* x, int64_t tokens, con
     }
     for (int64_t e = 0; e < N; ++e)
       if (first[e + 1] > first[e])
-        s.tasks.push_back(Task{block(L.experts, e, L.groups_p), L.groups_p, base + first[e], first[e + 1] - first[e]});
+        s.tasks.push_back(Task{block(L.experts, e, L.groups_p), L.groups_p, base + first[e], first[e + 1] - first[e],
+                               L.experts_bias ? L.experts_bias + e * L.groups_p * R : nullptr,
+                               L.experts_down_bias ? L.experts_down_bias + e * dp : nullptr});
   }
   if (L.shared && L.groups_sh > 0) {
     const int64_t begin = static_cast<int64_t>(s.tok_idx.size());
@@ -1203,7 +1274,7 @@ void run_step(Pool* pool, const dm_layer& L, const float* x, int64_t tokens, con
       s.tok_idx.push_back(t);
       s.tok_w.push_back(shared_w ? shared_w[t] : 1.0f);
     }
-    s.tasks.push_back(Task{L.shared, L.groups_sh, begin, tokens});
+    s.tasks.push_back(Task{L.shared, L.groups_sh, begin, tokens, L.shared_bias, L.shared_down_bias});
   }
 
   const int slices = step_slices(pool->size());
@@ -1264,6 +1335,9 @@ int dm_layer_forward(void* pool_handle, const dm_layer* layer, const float* x, i
   const int64_t N = L.num_departments * L.experts_per_department;
   RouterJob router{L.router_dtype, L.router, N, L.dp, tokens, x, logits};
   router_job(&router, 0, 1);
+  if (L.router_logit_bias)
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t i = 0; i < N; ++i) logits[t * N + i] += L.router_logit_bias[i];
   route_all(L, logits, tokens, ids, w, nullptr, nullptr);
   std::vector<float> shared_w;
   if (L.shared_gate) {
