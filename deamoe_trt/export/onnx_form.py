@@ -6,6 +6,7 @@ w_e) each run through swiglu_graph.grouped_swiglu, which gathers the selected we
 token while that is cheap (decoding) and runs every group densely otherwise, so the graph
 is right and bounded in memory for any token count. A kept department that got no expert
 has W_j = 0 and adds nothing, as the spec says (it is still computed in this form).
+Biases and the clamped SwiGLU are swiglu_graph's; the router logit bias routing_graph's.
 
 A quantized checkpoint's weights are stored as they are in the checkpoint (uint4 or uint8
 codes, per-group scales) and dequantized in the graph by DequantizeLinear's blocked form

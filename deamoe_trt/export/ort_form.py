@@ -25,6 +25,11 @@ int4/int8 weights stay packed too. ONNX Runtime 1.32's CPU QMoE keeps float acti
 so int8 models differ from the dequantized reference by about 1% of the output's scale
 there; validation checks them at that tolerance and says so.
 
+Biased experts and the clamped SwiGLU (gpt-oss) run in the same ops, exactly: the gate/up
+biases are their fc1 biases (interleaved like the rows), the experts' down biases their fc2
+biases (added before the routing weight, the spec's w_e * b_e), and the activation their
+SwiGLU attributes (moe_attributes). The router logit bias is the router Gemm's C input.
+
 Needs an ONNX Runtime whose MoE takes weights as [experts, out, in] (1.23 and later) and,
 on the CUDA EP, one that honours the SwiGLU attributes below: older CUDA kernels ignore
 them and apply GPT-OSS's alpha 1.702 / beta 1 / clamp 7 (microsoft/onnxruntime#28738),
