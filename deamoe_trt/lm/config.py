@@ -122,6 +122,11 @@ class LMConfig:
             return 0
         return window - 1
 
+    def cached_keys(self, layer: int, length: int) -> int:
+        """The cache length of block `layer` after `length` tokens."""
+        keep = self.cache_keep(layer)
+        return min(length, keep) if keep else length
+
     def position_layer(self) -> int | None:
         """The first block whose cache holds every key (its length is the position), if any."""
         return next((i for i in range(self.num_layers) if not self.window(i)), None)

@@ -129,3 +129,13 @@ def test_onnx_runtime_decodes_sinks_and_windowed_caches_like_pytorch(model, form
         want = model(ids).logits.numpy()
     got = np.concatenate(steps, axis=1)
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_tensorrt_decode_profile_of_a_sliding_block_stops_at_its_kept_keys():
+    from deamoe_trt.lm.onnx_export import past_names
+    from deamoe_trt.lm.trt import DECODE, lm_profiles
+
+    decode = lm_profiles(SINKS)[DECODE]
+    longest = [decode[past_names(i)[0]][2][2] for i in range(3)]
+    assert longest == [3, SINKS.max_position_embeddings - 1, 3]
+    assert [SINKS.cached_keys(i, 10) for i in range(3)] == [3, 10, 3]
