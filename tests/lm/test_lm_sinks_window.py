@@ -1,6 +1,6 @@
 """Attention sinks and sliding-window blocks whose KV cache keeps only the window, in PyTorch
 and after export-lm on ONNX Runtime (transformers' gpt-oss is the end-to-end reference in
-tests/importers/test_gpt_oss.py)."""
+tests/importers/families/test_gpt_oss.py)."""
 
 from __future__ import annotations
 

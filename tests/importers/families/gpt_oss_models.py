@@ -94,7 +94,10 @@ def build_gpt_oss(directory: Path, *, seed: int = 0, mxfp4: bool = False):
                     getattr(layer.mlp.experts, proj).copy_(decoded)
         save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
         config = json.loads((directory / "config.json").read_text())
-        config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
+        config["quantization_config"] = {
+            "quant_method": "mxfp4",
+            "modules_to_not_convert": ["model.layers.*.self_attn"],
+        }
         (directory / "config.json").write_text(json.dumps(config, indent=2))
     make_tokenizer().save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(
