@@ -9,6 +9,10 @@ A tensor W [..., rows, cols] is stored as two uint8 tensors:
 An E2M1 code is a sign bit and three magnitude bits that index 0, 0.5, 1, 1.5, 2, 3, 4, 6, so
 every decoded value is a small integer times a power of two: exact in float32 and bfloat16
 (whose exponent range is float32's), the values transformers' own dequantization gives.
+
+`encode_mxfp4` is the inverse up to rounding (round to nearest, per block the smallest power
+of two that keeps every value within +-6): how tests build MXFP4 checkpoints and how
+docs/quantization.md measures what MXFP4 -> int4 costs.
 """
 
 from __future__ import annotations
@@ -48,3 +52,18 @@ def decode_mxfp4(
     values = lut[codes].flatten(-3)  # [..., G * 32]
     exponents = (scales.int() - SCALE_BIAS).repeat_interleave(BLOCK, dim=-1)
     return torch.ldexp(values, exponents).to(dtype)
+
+
+def encode_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [..., cols] (cols a multiple of 32) -> (blocks [..., cols / 32, 16], scales [..., cols / 32])."""
+    if w.shape[-1] % BLOCK:
+        raise UsageError(f"MXFP4 needs a multiple of {BLOCK} columns, got {w.shape[-1]}")
+    groups = w.float().reshape(*w.shape[:-1], -1, BLOCK)
+    amax = groups.abs().amax(-1, keepdim=True).clamp_min(2.0**-126)
+    exponent = torch.ceil(torch.log2(amax / E2M1[-1])).clamp(-SCALE_BIAS, SCALE_BIAS)
+    scaled = groups / torch.exp2(exponent)
+    magnitudes = torch.tensor(E2M1)
+    code = (scaled.abs()[..., None] - magnitudes).abs().argmin(-1) | ((scaled < 0).long() << 3)
+    pairs = code.reshape(*code.shape[:-1], BLOCK // 2, 2)
+    blocks = (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
+    return blocks, (exponent[..., 0] + SCALE_BIAS).to(torch.uint8)

@@ -47,3 +47,18 @@ def test_a_nan_scale_or_mismatched_shapes_are_refused():
         decode_mxfp4(blocks, scales)
     with pytest.raises(UsageError, match="do not match"):
         decode_mxfp4(blocks[..., :8], scales)
+
+
+def test_encoding_keeps_mxfp4_values_and_rounds_others_to_the_nearest_code():
+    from deamoe_trt.importers.mxfp4 import encode_mxfp4
+
+    blocks, scales = _random(seed=2)
+    scales = scales.clamp(100, 150)
+    values = decode_mxfp4(blocks, scales, torch.float32)
+    again = decode_mxfp4(*encode_mxfp4(values), torch.float32)
+    # a block whose largest magnitude is not 6 * 2^e may take a smaller scale: same values
+    assert torch.equal(again, values)
+    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(3))
+    decoded = decode_mxfp4(*encode_mxfp4(w), torch.float32)
+    step = torch.exp2(torch.ceil(torch.log2(w.reshape(8, 2, 32).abs().amax(-1) / 6))).repeat_interleave(32, -1)
+    assert ((decoded - w).abs() <= step + 1e-7).all()  # the widest gap between codes, 4 -> 6, is 2 steps

@@ -2,7 +2,7 @@
 downloaded one: both layer types (sliding blocks 0 and 2, a full block 1), sinks, biases on
 every projection and expert, YaRN without truncation, and a SwiGLU limit small enough that
 the clamp acts on many neurons. With mxfp4=True its experts are stored as MXFP4 blocks and
-scales (quantized here by round to nearest) and the returned model holds the values
+scales (deamoe_trt.importers.mxfp4.encode_mxfp4, round to nearest) and the returned model holds the values
 transformers' own dequantization gives."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import torch
 
+from deamoe_trt.importers.mxfp4 import encode_mxfp4
+
 from ..hf_lm_models import CHAT_TEMPLATE, VOCAB, make_tokenizer
 
 LIMIT = 0.3  # the experts' gate/up pre-activations here spread over about +-1
-E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
 def gpt_oss_config():
@@ -49,20 +50,6 @@ def gpt_oss_config():
     )
 
 
-def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [..., cols] (cols a multiple of 32) -> blocks [..., cols/32, 16], scales [..., cols/32]:
-    per 32 values the power of two that brings the largest to at most 6, then each value to
-    the nearest E2M1 magnitude, low nibble first."""
-    groups = w.float().reshape(*w.shape[:-1], -1, 32)
-    amax = groups.abs().amax(-1, keepdim=True).clamp_min(2.0**-100)
-    exponent = torch.ceil(torch.log2(amax / 6.0))
-    scaled = groups / torch.exp2(exponent)
-    code = (scaled.abs()[..., None] - E2M1).abs().argmin(-1) | ((scaled < 0).long() << 3)
-    pairs = code.reshape(*code.shape[:-1], 16, 2)
-    blocks = (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
-    return blocks, (exponent[..., 0] + 127).to(torch.uint8)
-
-
 def build_gpt_oss(directory: Path, *, seed: int = 0, mxfp4: bool = False):
     """The random model saved in directory; returns it (eval, fp32, MXFP4 values when mxfp4)."""
     import transformers as T
@@ -87,7 +74,7 @@ def build_gpt_oss(directory: Path, *, seed: int = 0, mxfp4: bool = False):
         for i, layer in enumerate(model.model.layers):
             for proj in ("gate_up_proj", "down_proj"):
                 name = f"model.layers.{i}.mlp.experts.{proj}"
-                blocks, scales = quantize_mxfp4(state.pop(name).transpose(1, 2))  # stored as [E, rows, cols]
+                blocks, scales = encode_mxfp4(state.pop(name).transpose(1, 2))  # stored as [E, rows, cols]
                 state[name + "_blocks"], state[name + "_scales"] = blocks, scales
                 with torch.no_grad():
                     decoded = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
