@@ -150,3 +150,29 @@ def test_what_gpt_oss_cannot_be_is_refused_in_one_line(tmp_path, changes, messag
         import_hf_lm(_config(tmp_path, **changes), tmp_path / "out")
     assert "\n" not in str(error.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_import_hf_then_quantize_int8_and_int4_from_mxfp4_experts(tmp_path, capsys):
+    from deamoe_trt.cli.main import main
+
+    hf = build_gpt_oss(tmp_path / "hf", mxfp4=True)
+    assert main(["import-hf", str(tmp_path / "hf"), "-o", str(tmp_path / "lm")]) == 0
+    float_model = load_lm(tmp_path / "lm").model
+    ids = torch.tensor([prompt_ids(32, seed=4)])
+    with torch.no_grad():
+        want = hf(ids).logits
+        errors = {}
+        for bits in (8, 4):
+            out = tmp_path / f"int{bits}"
+            assert (
+                main(["quantize", str(tmp_path / "lm"), "-o", str(out), "--bits", str(bits), "--group-size", "32"]) == 0
+            )
+            model = load_lm(out).model
+            mlp, source = model.layers[0].mlp, float_model.layers[0].mlp
+            assert model.config.quantization.bits == bits
+            assert torch.equal(mlp.experts.gate_up_bias, source.experts.gate_up_bias)  # biases stay float
+            assert torch.equal(mlp.experts.down_bias, source.experts.down_bias)
+            assert torch.equal(mlp.router.logit_bias, source.router.logit_bias)
+            errors[bits] = float((model(ids).logits - want).abs().max() / want.abs().max())
+    assert errors[8] < 0.02 and errors[8] < errors[4] < 0.3, errors  # measured: 0.4% and 15%
+    capsys.readouterr()
