@@ -1,4 +1,4 @@
-"""A whole Hugging Face MoE language model (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE) as a
+"""A whole Hugging Face MoE language model (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, gpt-oss) as a
 deamoe-trt language-model checkpoint, streamed tensor by tensor.
 
 Everything is read from the directory's config.json and safetensors; transformers is not
