@@ -186,3 +186,50 @@ def _mxfp4(name: str, shape: tuple[int, int, int], arrange) -> Derived:
             yield arrange(decode_mxfp4(b[expert], s[expert], torch.float32, name=name))
 
     return Derived((blocks, scales), make)
+
+
+# One MoE block from a loaded transformers model (import-hf --layers-only) ---------------------
+
+
+def layer_from_hf(module: torch.nn.Module, *, dtype: torch.dtype | None = None):
+    """A DeaMoELayer (D = 1, f_s = 0) with the same outputs as a transformers GptOssMLP whose
+    float weights are loaded. dtype: default the experts'; a float32 router stays float32."""
+    from ...layer import SUPPORTED_DTYPES, DeaMoELayer
+
+    router, experts = module.router, module.experts
+    name = type(module).__name__
+    gate_up = experts.gate_up_proj
+    if not gate_up.is_floating_point():
+        raise UsageError(f"{name} holds packed MXFP4 experts; import the whole model (import-hf without --layers-only)")
+    n, d = router.weight.shape
+    try:
+        config = DeaMoEConfig(
+            hidden_size=d,
+            num_departments=1,
+            experts_per_department=n,
+            shared_intermediate_size=0,
+            private_intermediate_size=experts.intermediate_size,
+            top_k=router.top_k,
+            top_departments=1,
+            norm_topk_prob=True,
+            ffn_bias=True,
+            activation="swiglu_clamped",
+            swiglu_alpha=float(experts.alpha),
+            swiglu_limit=float(experts.limit),
+            router_logit_bias=True,
+        )
+    except ConfigError as exc:
+        raise UsageError(f"{name} has no DeaMoE equivalent: {exc}") from None
+    dtype = gate_up.dtype if dtype is None else dtype
+    if dtype not in SUPPORTED_DTYPES:
+        raise UsageError(f"{name}: cannot make a {dtype} layer; use float32, float16 or bfloat16")
+    router_dtype = torch.float32 if router.weight.dtype == torch.float32 else dtype
+    layer = DeaMoELayer(config, dtype=dtype, device=gate_up.device, router_dtype=router_dtype)
+    with torch.no_grad():
+        layer.router.weight.copy_(router.weight)
+        layer.router.logit_bias.copy_(router.bias)
+        layer.experts.gate_up.copy_(torch.stack(list(_gate_up(gate_up))))
+        layer.experts.down.copy_(experts.down_proj.transpose(1, 2))
+        layer.experts.gate_up_bias.copy_(next(_split_bias(experts.gate_up_proj_bias)))
+        layer.experts.down_bias.copy_(experts.down_proj_bias)
+    return layer.eval()

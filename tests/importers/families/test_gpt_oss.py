@@ -176,3 +176,27 @@ def test_import_hf_then_quantize_int8_and_int4_from_mxfp4_experts(tmp_path, caps
             errors[bits] = float((model(ids).logits - want).abs().max() / want.abs().max())
     assert errors[8] < 0.02 and errors[8] < errors[4] < 0.3, errors  # measured: 0.4% and 15%
     capsys.readouterr()
+
+
+def test_one_gpt_oss_block_imports_as_a_layer_with_transformers_outputs(tmp_path):
+    from deamoe_trt.importers.hf import from_hf, from_hf_model
+
+    hf = build_gpt_oss(tmp_path / "hf")
+    block = hf.model.layers[1].mlp
+    x = torch.randn(1, 16, 32, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want, _ = block(x)
+        got = from_hf(block)(x.reshape(16, 32)).reshape_as(want)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    assert len(from_hf_model(hf).layers) == 3
+
+
+def test_layers_only_import_of_gpt_oss_writes_a_layer_checkpoint(tmp_path, capsys):
+    from deamoe_trt.cli.main import main
+    from deamoe_trt.layer import DeaMoEStack
+
+    build_gpt_oss(tmp_path / "hf")
+    assert main(["import-hf", str(tmp_path / "hf"), "-o", str(tmp_path / "layers"), "--layers", "0,2"]) == 0
+    stack = DeaMoEStack.from_pretrained(tmp_path / "layers")
+    assert len(stack.layers) == 2 and stack.layers[0].config.activation == "swiglu_clamped"
+    capsys.readouterr()
