@@ -139,3 +139,11 @@ def test_tensorrt_decode_profile_of_a_sliding_block_stops_at_its_kept_keys():
     longest = [decode[past_names(i)[0]][2][2] for i in range(3)]
     assert longest == [3, SINKS.max_position_embeddings - 1, 3]
     assert [SINKS.cached_keys(i, 10) for i in range(3)] == [3, 10, 3]
+
+
+def test_export_lm_validate_checks_the_windowed_presents(model, tmp_path, capsys):
+    from deamoe_trt.cli.main import main
+
+    checkpoint = model.save_pretrained(tmp_path / "sinks-lm")
+    assert main(["export-lm", str(checkpoint), "-o", str(tmp_path / "m.onnx"), "--form", "onnx", "--validate"]) == 0
+    assert "present.0.key" in capsys.readouterr().out
