@@ -7,8 +7,9 @@ It is streamed from the safetensors shards tensor by tensor, so it needs about o
 memory, not the model's; the peak resident memory is printed.
 
 With --layers-only (or --layers) only the MoE layers are imported, as a layer checkpoint
-(Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3, gpt-oss with float experts), through transformers. Pickled *.bin weights
-and models that need trust_remote_code are refused in either mode.
+(Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3, gpt-oss with float experts), through
+transformers. Pickled *.bin weights and models that need trust_remote_code are refused in
+either mode.
 """
 
 from __future__ import annotations
