@@ -7,6 +7,7 @@ experts and with MXFP4 experts."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -200,3 +201,26 @@ def test_layers_only_import_of_gpt_oss_writes_a_layer_checkpoint(tmp_path, capsy
     stack = DeaMoEStack.from_pretrained(tmp_path / "layers")
     assert len(stack.layers) == 2 and stack.layers[0].config.activation == "swiglu_clamped"
     capsys.readouterr()
+
+
+def test_a_checkpoint_that_disagrees_with_its_config_is_refused_before_writing(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    build_gpt_oss(tmp_path / "hf", mxfp4=True)
+    weights = tmp_path / "hf" / "model.safetensors"
+    state = load_file(weights)
+    name = "model.layers.0.mlp.experts.down_proj_scales"
+    state[name] = state[name].float()  # MXFP4 scales must stay uint8
+    save_file(state, weights)
+    with pytest.raises(UsageError, match=re.escape(f"{name} is F32; layers.0.mlp.experts.down reads it as U8")):
+        import_hf_lm(tmp_path / "hf", tmp_path / "out")
+    state[name] = state[name].to(torch.uint8)
+    state["model.layers.0.mlp.experts.down_proj_bias"] = state["model.layers.0.mlp.experts.down_proj_bias"][
+        :, :16
+    ].clone()
+    save_file(state, weights)
+    with pytest.raises(
+        UsageError, match=re.escape("down_proj_bias has shape [4, 16], but config.json implies [4, 32]")
+    ):
+        import_hf_lm(tmp_path / "hf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
