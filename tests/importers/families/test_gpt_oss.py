@@ -224,3 +224,29 @@ def test_a_checkpoint_that_disagrees_with_its_config_is_refused_before_writing(t
     ):
         import_hf_lm(tmp_path / "hf", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_bf16_block_picks_transformers_bf16_experts_wherever_the_choice_is_clear():
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+
+    from deamoe_trt.importers.hf import from_hf
+
+    from .gpt_oss_models import gpt_oss_config
+
+    config = gpt_oss_config()
+    config.num_local_experts, config.num_experts_per_tok = 32, 4
+    torch.manual_seed(0)
+    block = GptOssMLP(config)
+    with torch.no_grad():
+        for param in block.parameters():
+            param.copy_(0.1 * torch.randn_like(param))
+    block = block.to(torch.bfloat16)
+    x = torch.randn(4096, 32).to(torch.bfloat16)
+    with torch.no_grad():
+        logits, _, want = block.router(x)  # bf16 logits with the bf16 bias, as transformers routes
+        got = from_hf(block).route(x).expert_ids.reshape(4096, -1)
+    top = logits.float().topk(5, dim=-1).values
+    clear = top[:, 3] - top[:, 4] > 1e-2
+    same = (want.sort(-1).values == got.sort(-1).values).all(-1)
+    assert clear.float().mean() > 0.8
+    assert same[clear].all()
