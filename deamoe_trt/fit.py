@@ -42,6 +42,7 @@ class WholeModel:
     moe_layers: int
     other_params: int  # everything outside the MoE layers' FFN weights and routers, kept fp16
     kv_bytes_per_token: int  # fp16 KV cache, all layers
+    kv_fixed_bytes: int = 0  # fp16 caches that stop growing: sliding-window layers keep their window
 
     def weight_bytes(self, quant: QuantConfig | None) -> int:
         return self.moe_layers * stored_bytes(self.moe, FP16, quant) + self.other_params * FP16
@@ -136,12 +137,79 @@ def deepseek_v3(
     return WholeModel(name, moe or vanilla, moe_layers, other, kv)
 
 
+def gpt_oss(
+    name: str,
+    *,
+    hidden_size: int = 2880,
+    num_hidden_layers: int = 24,
+    num_attention_heads: int = 64,
+    num_key_value_heads: int = 8,
+    head_dim: int = 64,
+    vocab_size: int = 201088,
+    num_local_experts: int = 32,
+    intermediate_size: int = 2880,
+    num_experts_per_tok: int = 4,
+    sliding_window: int = 128,
+    moe: DeaMoEConfig | None = None,
+) -> WholeModel:
+    """A gpt-oss model from its config.json numbers (defaults: gpt-oss-20b's): q/k/v/o
+    biases, one sink per head, every other layer (half of them) sliding over 128 tokens,
+    whose KV cache keeps only its window (deamoe_trt.lm.config.LMConfig.cache_keep)."""
+    d, q, kv = hidden_size, num_attention_heads * head_dim, num_key_value_heads * head_dim
+    attention = d * q + q + 2 * (d * kv + kv) + q * d + d + num_attention_heads
+    per_layer = attention + 2 * d
+    vanilla = DeaMoEConfig(
+        hidden_size=d,
+        num_departments=1,
+        experts_per_department=num_local_experts,
+        shared_intermediate_size=0,
+        private_intermediate_size=intermediate_size,
+        top_k=num_experts_per_tok,
+        top_departments=1,
+        norm_topk_prob=True,
+        ffn_bias=True,
+        activation="swiglu_clamped",
+        router_logit_bias=True,
+    )
+    sliding, full = num_hidden_layers // 2, num_hidden_layers - num_hidden_layers // 2
+    per_layer_token = 2 * kv * FP16
+    other = num_hidden_layers * per_layer + 2 * vocab_size * d + d
+    return WholeModel(
+        name,
+        moe or vanilla,
+        num_hidden_layers,
+        other,
+        full * per_layer_token,
+        sliding * (sliding_window - 1) * per_layer_token,
+    )
+
+
+# gpt-oss-20b's MoE layer in DeaMoE form: 32 experts of width 2880 as 4 departments of 8,
+# 1536 of each expert's neurons shared in its department (1536 and 1344: whole groups of 64),
+# top-4 from the top-2 departments.
+GPT_OSS_20B_DEAMOE = DeaMoEConfig(
+    hidden_size=2880,
+    num_departments=4,
+    experts_per_department=8,
+    shared_intermediate_size=1536,
+    private_intermediate_size=1344,
+    top_k=4,
+    top_departments=2,
+    norm_topk_prob=True,
+    ffn_bias=True,
+    activation="swiglu_clamped",
+    router_logit_bias=True,
+)
+
+
 def whole_models() -> list[WholeModel]:
     return [
         qwen3_moe("Qwen3-30B-A3B"),
         qwen3_moe("Qwen3-30B-A3B, DeaMoE form (qwen3-30b-a3b-layer x 48)", moe=PRESETS["qwen3-30b-a3b-layer"]),
         deepseek_v3("DeepSeek-V3 (671B)"),
         deepseek_v3("DeepSeek-V3, DeaMoE form (deepseek-v3-layer x 58)", moe=PRESETS["deepseek-v3-layer"]),
+        gpt_oss("gpt-oss-20b"),
+        gpt_oss("gpt-oss-20b, DeaMoE form (4 departments of 8, f_s 1536, f_p 1344)", moe=GPT_OSS_20B_DEAMOE),
     ]
 
 
@@ -164,7 +232,7 @@ def fit_table(models: list[WholeModel] | None = None) -> str:
     for model in models:
         for label, quant in PRECISIONS:
             weights = model.weight_bytes(quant)
-            need = weights + model.kv_bytes_per_token * KV_TOKENS + RESERVE_BYTES
+            need = weights + model.kv_bytes_per_token * KV_TOKENS + model.kv_fixed_bytes + RESERVE_BYTES
             cells = [f"{'yes' if memory >= need else 'no'}" for _, memory in DEVICES]
             rows.append((model.name, label, format_count(model.params), format_bytes(weights), *cells))
     return format_table(

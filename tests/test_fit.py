@@ -28,3 +28,21 @@ def test_fit_is_weights_plus_kv_cache_plus_reserve():
     assert verdicts == ["yes" if memory >= need else "no" for _, memory in DEVICES]
     assert verdicts == ["no", "no", "yes", "yes", "yes"]  # ~18.5 GB: from AGX Orin 32 GB on
     assert DEVICES[2][1] == 32 * GIB
+
+
+def test_gpt_oss_20b_has_its_published_20_9b_parameters_and_a_windowed_kv_cache():
+    from deamoe_trt.fit import GPT_OSS_20B_DEAMOE, gpt_oss
+
+    model = gpt_oss("gpt-oss-20b")
+    assert model.params == pytest.approx(20.9e9, rel=0.005)
+    # 12 full layers grow 2 * 8 * 64 fp16 values per token; 12 sliding layers hold 127 tokens each.
+    assert model.kv_bytes_per_token == 12 * 2 * 8 * 64 * 2
+    assert model.kv_fixed_bytes == 12 * 127 * 2 * 8 * 64 * 2
+    need = model.weight_bytes(QuantConfig(4, 64)) + model.kv_bytes_per_token * KV_TOKENS + model.kv_fixed_bytes
+    int4 = next(line for line in fit_table([model]).splitlines() if " int4 " in line)
+    verdicts = int4.split()[-len(DEVICES) :]
+    assert verdicts == ["yes" if memory >= need + RESERVE_BYTES else "no" for _, memory in DEVICES]
+    assert verdicts[1] == "yes"  # fits 16 GB at int4, as gpt-oss-20b is known to
+    converted = gpt_oss("gpt-oss-20b, DeaMoE form", moe=GPT_OSS_20B_DEAMOE)
+    assert converted.params < model.params
+    assert "gpt-oss-20b, DeaMoE form" in fit_table()

@@ -1,14 +1,15 @@
 """`deamoe-trt import-hf`: a local Hugging Face MoE model as a deamoe-trt checkpoint.
 
-By default the whole model (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE) becomes a language-model
+By default the whole model (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, gpt-oss) becomes a language-model
 checkpoint that `generate` and `export-lm` read: attention, norms, dense layers, embeddings
 and head copied, each MoE block a DeaMoE layer with the same outputs, tokenizer.json kept.
 It is streamed from the safetensors shards tensor by tensor, so it needs about one tensor's
 memory, not the model's; the peak resident memory is printed.
 
 With --layers-only (or --layers) only the MoE layers are imported, as a layer checkpoint
-(Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3), through transformers. Pickled *.bin weights
-and models that need trust_remote_code are refused in either mode.
+(Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3, gpt-oss with float experts), through
+transformers. Pickled *.bin weights and models that need trust_remote_code are refused in
+either mode.
 """
 
 from __future__ import annotations

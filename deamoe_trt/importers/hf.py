@@ -39,9 +39,10 @@ SUPPORTED_MODULES = {
     "Qwen2MoeSparseMoeBlock": "qwen2_moe",
     "Qwen3MoeSparseMoeBlock": "qwen3_moe",
     "DeepseekV3MoE": "deepseek_v3",
+    "GptOssMLP": "gpt_oss",
 }
 # Hugging Face config.model_type values whose MoE blocks are the ones above.
-SUPPORTED_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+SUPPORTED_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
@@ -86,6 +87,10 @@ def from_hf(module: nn.Module, *, dtype: torch.dtype | None = None) -> DeaMoELay
     name = type(module).__name__
     if family is None:
         raise UsageError(f"unsupported Hugging Face module {name}; supported: {', '.join(SUPPORTED_MODULES)}")
+    if family == "gpt_oss":  # biases, the clamped SwiGLU and interleaved experts: its own mapping
+        from .families.gpt_oss import layer_from_hf
+
+        return layer_from_hf(module, dtype=dtype)
     if family == "deepseek_v3":
         config, weights = _read_deepseek_v3(module, name)
     else:

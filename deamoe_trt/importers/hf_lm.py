@@ -1,4 +1,4 @@
-"""A whole Hugging Face MoE language model (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE) as a
+"""A whole Hugging Face MoE language model (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, gpt-oss) as a
 deamoe-trt language-model checkpoint, streamed tensor by tensor.
 
 Everything is read from the directory's config.json and safetensors; transformers is not
@@ -37,6 +37,8 @@ from ..checkpoint import CONFIG_FILE, DTYPES, WEIGHTS_FILE, dtype_name
 from ..config import ConfigError, DeaMoEConfig
 from ..errors import UsageError
 from ..lm.config import LMConfig
+from .derived import Derived
+from .families import gpt_oss
 from .hf_dir import check_not_quantized, read_config_json, safetensors_files
 from .safetensors_io import ST_DTYPES, ShardReader, StreamingWriter, index_checkpoint
 
@@ -46,6 +48,7 @@ SUPPORTED_LM_TYPES = {
     "qwen2_moe": "Qwen2-MoE",
     "mixtral": "Mixtral",
     "olmoe": "OLMoE",
+    "gpt_oss": "gpt-oss",
 }
 # rope_theta when a config names none (each family's transformers default).
 _DEFAULT_THETA = {"qwen3_moe": 10000.0, "qwen2_moe": 10000.0, "mixtral": 1e6, "olmoe": 10000.0}
@@ -85,13 +88,18 @@ def read_config(model_dir: Path) -> dict[str, Any]:
         )
     if model_type not in SUPPORTED_LM_TYPES:
         raise UsageError(f"unsupported architecture {model_type!r} in {path}; supported: {supported_list()}")
-    check_not_quantized(config, model_dir)
+    if model_type == gpt_oss.MODEL_TYPE:
+        gpt_oss.check_quantization(config, model_dir)  # its MXFP4 experts are read exactly
+    else:
+        check_not_quantized(config, model_dir)
     return config
 
 
 def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
     """The LMConfig of a Hugging Face config.json (a dict), or a one-line UsageError."""
     t = hf["model_type"]
+    if t == gpt_oss.MODEL_TYPE:
+        return gpt_oss.lm_config(hf, where)
 
     def get(name: str, default: Any = None) -> Any:
         value = hf.get(name)
@@ -221,6 +229,10 @@ def _block_sources(config: LMConfig, model_type: str, index: dict, i: int) -> di
         out[f"self_attn.{proj}.bias"] = src + f"self_attn.{proj}.bias"
     for norm in ("q_norm", "k_norm"):
         out[f"self_attn.{norm}.weight"] = src + f"self_attn.{norm}.weight"
+    out["self_attn.sinks"] = src + "self_attn.sinks"
+    if model_type == gpt_oss.MODEL_TYPE:
+        out.update(gpt_oss.moe_sources(config, index, src + "mlp."))
+        return out
     if config.is_dense(i):
         for proj in ("gate_proj", "up_proj", "down_proj"):
             out[f"mlp.{proj}.weight"] = src + f"mlp.{proj}.weight"
@@ -262,7 +274,10 @@ def _plan(config: LMConfig, model_type: str, index: dict, schema: dict) -> dict[
             info = index.get(source)
             if info is None:
                 raise UsageError(f"the checkpoint lacks {source} (needed for {name}); incomplete or another variant?")
-            if info.dtype not in ST_DTYPES:
+            allowed = next(s.dtypes for s in recipe.sources if s.name == source) if isinstance(recipe, Derived) else ()
+            if allowed and info.dtype not in allowed:
+                raise UsageError(f"{source} is {info.dtype}; {name} reads it as {' or '.join(allowed)}")
+            if not allowed and info.dtype not in ST_DTYPES:
                 raise UsageError(f"{source} is {info.dtype}; import float32, float16 or bfloat16 weights")
             if want is not None and info.shape != want:
                 raise UsageError(f"{source} has shape {list(info.shape)}, but config.json implies {list(want)}")
@@ -280,6 +295,8 @@ def _source_shapes(recipe: Any, shape: tuple[int, ...]) -> list[tuple[str, tuple
     """(source name, its expected shape) for every source tensor a recipe reads."""
     if isinstance(recipe, str):
         return [(recipe, tuple(shape))]
+    if isinstance(recipe, Derived):
+        return [(s.name, s.shape) for s in recipe.sources]
     kind, sources = recipe
     if kind == "fused":
         return [(sources, tuple(shape))]
@@ -291,6 +308,11 @@ def _source_shapes(recipe: Any, shape: tuple[int, ...]) -> list[tuple[str, tuple
 
 
 def _write_tensor(writer: StreamingWriter, reader: ShardReader, name: str, recipe: Any) -> None:
+    if isinstance(recipe, Derived):
+        writer.begin(name)
+        for piece in recipe.make(*(reader.get(s.name) for s in recipe.sources)):
+            writer.append(piece)
+        return
     if isinstance(recipe, str) or recipe[0] == "fused":
         source = recipe if isinstance(recipe, str) else recipe[1]
         writer.write(name, reader.get(source))

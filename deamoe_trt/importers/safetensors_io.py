@@ -29,6 +29,8 @@ from ..errors import UsageError
 # safetensors dtype names <-> torch dtypes, for the dtypes a model's weights can have.
 ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
 ST_NAMES = {v: k for k, v in ST_DTYPES.items()}
+# Dtypes of packed (quantized) source tensors that an importer decodes itself, e.g. MXFP4 blocks.
+RAW_DTYPES = {"U8": torch.uint8}
 INDEX_FILE = "model.safetensors.index.json"
 
 
@@ -134,7 +136,7 @@ class ShardReader:
 
     def get(self, name: str) -> torch.Tensor:
         info = self.index[name]
-        dtype = ST_DTYPES[info.dtype]
+        dtype = ST_DTYPES.get(info.dtype) or RAW_DTYPES[info.dtype]
         count = 1
         for n in info.shape:
             count *= n

@@ -1,10 +1,15 @@
 """Causal self-attention of the language model: grouped-query heads, rotary embeddings, a KV
 cache, and the variants of imported Hugging Face models (q/k/v and output biases, q/k
-RMSNorm per head or over the whole projection, q/k/v clipping, sliding window).
+RMSNorm per head or over the whole projection, q/k/v clipping, sliding window, attention
+sinks).
 
 The order of operations is Hugging Face's: project (+ bias) -> [full q/k norm] -> [clip] -> [per-head
 q/k norm] -> rotate
 -> append to the cache -> softmax(q k^T * head_dim^-0.5 + mask) v -> output projection.
+
+With sinks (gpt-oss) each head's softmax also covers one more logit, the head's sink, whose
+probability is dropped: p_j = exp(s_j) / (sum_k exp(s_k) + exp(sink)). A sliding block's
+cache keeps only the keys a later query can see (LMConfig.cache_keep).
 """
 
 from __future__ import annotations
@@ -61,6 +66,9 @@ class Attention(nn.Module):
             per_head = config.qk_norm == "head"
             self.q_norm = RMSNorm(hd if per_head else config.q_dim, config.rms_norm_eps, **factory)
             self.k_norm = RMSNorm(hd if per_head else config.kv_dim, config.rms_norm_eps, **factory)
+        self.keep = config.cache_keep(layer)
+        if config.attention_sinks:
+            self.sinks = nn.Parameter(torch.zeros(config.num_heads, **factory))
 
     def forward(
         self,
@@ -86,12 +94,18 @@ class Attention(nn.Module):
         if past is not None:
             k = torch.cat((past[0], k), dim=2)
             v = torch.cat((past[1], v), dim=2)
-        present = (k, v)
+        present = (k, v) if not self.keep else (k[:, :, -self.keep :].contiguous(), v[:, :, -self.keep :].contiguous())
         groups = c.num_heads // c.num_key_value_heads
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        # The mask depends on distances only, so the kept keys' count stands in for the position.
         past_len = k.shape[2] - tokens
         scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(c.head_dim)
         scores = scores.masked_fill(hidden_keys(tokens, past_len, self.window, x.device), -torch.inf)
-        out = (torch.softmax(scores, dim=-1) @ v.float()).to(x.dtype)
+        if c.attention_sinks:
+            sink = self.sinks.float().view(1, -1, 1, 1).expand(batch, -1, tokens, 1)
+            probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
+        out = (probs @ v.float()).to(x.dtype)
         return self.o_proj(out.transpose(1, 2).reshape(batch, tokens, -1)), present

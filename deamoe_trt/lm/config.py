@@ -35,7 +35,14 @@ class LMConfig:
       Hugging Face keys (see deamoe_trt.lm.rope);
     - sliding_window: keys at distance >= window are hidden (0: off), in the blocks listed in
       sliding_window_layers (None: every block);
-    - tie_word_embeddings: the LM head is the embedding matrix (no lm_head.weight stored).
+    - tie_word_embeddings: the LM head is the embedding matrix (no lm_head.weight stored);
+    - attention_sinks: every head has one learned sink logit (self_attn.sinks [num_heads], gpt-oss)
+      that joins the softmax over the keys and takes probability mass but adds no value.
+      Written to JSON only when set.
+
+    The KV cache of a sliding-window block keeps only the window - 1 newest keys (all a later
+    query can see) when some block attends to every key: that block's cache length is the
+    position (see `cache_keep`). A model whose every block slides keeps full caches.
 
     `quantization`: None, or how every DeaMoE FFN's weights are stored (deamoe_trt.quant,
     docs/quantization.md); attention, embeddings, norms, dense MLPs and routers stay in the
@@ -63,6 +70,7 @@ class LMConfig:
     dense_intermediate_size: int = 0
     tie_word_embeddings: bool = False
     quantization: QuantConfig | None = None
+    attention_sinks: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):
@@ -104,6 +112,25 @@ class LMConfig:
         layers = self.sliding_window_layers
         return self.sliding_window if layers is None or layer in layers else 0
 
+    def cache_keep(self, layer: int) -> int:
+        """How many of its newest keys block `layer` keeps in its KV cache (0: all of them).
+
+        A sliding block keeps window - 1: a later query at position p sees keys after p - window
+        only. Only while some block keeps all its keys, whose cache length is the position."""
+        window = self.window(layer)
+        if window < 2 or self.position_layer() is None:
+            return 0
+        return window - 1
+
+    def cached_keys(self, layer: int, length: int) -> int:
+        """The cache length of block `layer` after `length` tokens."""
+        keep = self.cache_keep(layer)
+        return min(length, keep) if keep else length
+
+    def position_layer(self) -> int | None:
+        """The first block whose cache holds every key (its length is the position), if any."""
+        return next((i for i in range(self.num_layers) if not self.window(i)), None)
+
     # Twins, as DeaMoEConfig.expanded()/vanilla() for the FFN of every block -----------------
 
     def expanded(self) -> LMConfig:
@@ -123,6 +150,8 @@ class LMConfig:
         for name in ("sliding_window_layers", "dense_layers"):
             if data[name] is not None:
                 data[name] = list(data[name])
+        if not self.attention_sinks:
+            del data["attention_sinks"]
         if self.quantization is None:
             del data["quantization"]
         else:
@@ -176,7 +205,7 @@ def _validate(cfg: LMConfig) -> None:
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
-    for name in ("qkv_bias", "o_bias", "tie_word_embeddings"):
+    for name in ("qkv_bias", "o_bias", "tie_word_embeddings", "attention_sinks"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(f"{name} must be true or false, got {getattr(cfg, name)!r}")
     if cfg.qk_norm not in QK_NORMS:

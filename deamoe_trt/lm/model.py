@@ -9,9 +9,9 @@ layers.{i}.self_attn.{q,k,v,o}_proj.weight, layers.{i}.post_attention_layernorm.
 layers.{i}.mlp.<the spec's canonical DeaMoE tensors>, norm.weight, lm_head.weight.
 
 The KV cache is a list of (key, value) per block, each [B, num_key_value_heads, P, head_dim]
-with keys already rotated; a forward over T new tokens at positions P..P+T-1 returns the
-cache extended to P+T (Hugging Face's legacy past_key_values, and the ONNX export's
-past/present inputs and outputs).
+with keys already rotated (a sliding block's only its newest LMConfig.cache_keep keys); a
+forward over T new tokens at positions P..P+T-1 returns the cache extended to P+T (Hugging
+Face's legacy past_key_values, and the ONNX export's past/present inputs and outputs).
 """
 
 from __future__ import annotations
@@ -158,6 +158,8 @@ class DeaMoELM(nn.Module):
                     param.fill_(1.0)
                 elif name.startswith("self_attn.") and name.endswith(".bias"):
                     param.zero_()
+                elif name == "self_attn.sinks":
+                    normal_(param, 1.0)
         self.norm.weight.fill_(1.0)
         if not c.tie_word_embeddings:
             normal_(self.lm_head.weight, 1.0 / math.sqrt(c.hidden_size))
@@ -190,7 +192,7 @@ class DeaMoELM(nn.Module):
         if input_ids.dim() != 2 or input_ids.shape[1] < 1:
             raise UsageError(f"input_ids must have shape [batch, tokens >= 1], got {list(input_ids.shape)}")
         c = self.config
-        past_len = cache_length(past_key_values)
+        past_len = cache_length(past_key_values, c)
         tokens = input_ids.shape[1]
         if past_len + tokens > c.max_position_embeddings:
             raise UsageError(
@@ -296,5 +298,10 @@ class DeaMoELM(nn.Module):
         return load_lm(directory, device=device).model
 
 
-def cache_length(cache: KVCache | None) -> int:
-    return 0 if not cache else int(cache[0][0].shape[2])
+def cache_length(cache: KVCache | None, config: LMConfig | None = None) -> int:
+    """The position after the cache: the length of a block that keeps every key (config's
+    position_layer; block 0 without a config)."""
+    if not cache:
+        return 0
+    layer = 0 if config is None else config.position_layer() or 0
+    return int(cache[layer][0].shape[2])

@@ -13,6 +13,9 @@ its If node): the past length P and the new-token count T are both dynamic, P ma
 Prefill feeds the prompt with past = 0 (empty tensors); each decode step feeds one token
 and the previous step's present.* as past_key_values.*. Keys in the cache are already
 rotated. Positions are past .. past + tokens - 1; everything is left-aligned (no padding).
+A sliding block whose cache keeps only its window (LMConfig.cache_keep) has present of
+min(past + tokens, keep) keys; the position is then the past length of the first block that
+keeps every key (LMConfig.position_layer).
 
 Why one graph rather than a prefill graph and a decode graph: the weights are stored and
 loaded once (two graphs would carry them twice, or need shared external data that
@@ -144,9 +147,9 @@ def build_lm_model(
             stored[name] = b.weight(name, state[name])
         return stored[name]
 
-    # Shapes and positions: P from the first cache input, B and T from input_ids.
+    # Shapes and positions: P from the first cache input that keeps every key, B and T from input_ids.
     bt = b.op("Shape", [ids])  # [B, T]
-    past_len = b.op("Gather", [b.op("Shape", [pasts[0][0]]), b.i64(2)])  # [1]
+    past_len = b.op("Gather", [b.op("Shape", [pasts[c.position_layer() or 0][0]]), b.i64(2)])  # [1]
     tokens = b.op("Gather", [bt, b.i64(1)])  # [1]
     total = b.op("Add", [past_len, tokens])  # [1]
     positions = b.op("Range", [b.squeeze(past_len, [0]), b.squeeze(total, [0]), b.const(1, I64, shape=())])  # [T]
@@ -160,8 +163,15 @@ def build_lm_model(
     hidden_mask = b.op("Greater", [key_pos, query_pos])  # [T, S] bool
     window_masks = {0: hidden_mask}
     for window in sorted({c.window(i) for i in range(c.num_layers)} - {0}):
-        too_far = b.op("LessOrEqual", [key_pos, b.op("Sub", [query_pos, b.const(window, I64, shape=())])])
-        window_masks[window] = b.op("Or", [hidden_mask, too_far])
+        keys, hidden = key_pos, hidden_mask
+        first = next(i for i in range(c.num_layers) if c.window(i) == window)
+        if c.cache_keep(first):  # its keys are the kept past's and the new ones: positions total - S .. total - 1
+            kept = b.op("Gather", [b.op("Shape", [pasts[first][0]]), b.i64(2)])
+            start = b.squeeze(b.op("Sub", [past_len, kept]), [0])
+            keys = b.op("Range", [start, b.squeeze(total, [0]), b.const(1, I64, shape=())])
+            hidden = b.op("Greater", [keys, query_pos])
+        too_far = b.op("LessOrEqual", [keys, b.op("Sub", [query_pos, b.const(window, I64, shape=())])])
+        window_masks[window] = b.op("Or", [hidden, too_far])
     neg_inf = b.scalar(-math.inf)
     q_shape = b.op("Concat", [bt, b.i64(c.num_heads, hd)], axis=0)  # [B, T, H, hd]
     kv_shape = b.op("Concat", [bt, b.i64(kvh, hd)], axis=0)
@@ -195,6 +205,15 @@ def build_lm_model(
     def clip(x: str) -> str:
         return b.op("Clip", [x, clip_low, clip_high]) if c.clip_qkv else x
 
+    def sink_softmax(scores: str, name: str) -> str:
+        # softmax over the keys and the head's sink logit, the sink's share dropped:
+        # exp(s - m) / (sum exp(s - m) + exp(sink - m)), m the larger of both maxima.
+        sink = b.reshape(to_float32(b, w(name)), [1, kvh, groups, 1, 1])
+        top = b.op("Max", [b.reduce("ReduceMax", scores, [-1], keepdims=True), sink])
+        e = b.op("Exp", [b.op("Sub", [scores, top])])
+        denom = b.op("Add", [b.reduce("ReduceSum", e, [-1], keepdims=True), b.op("Exp", [b.op("Sub", [sink, top])])])
+        return b.op("Div", [e, denom])
+
     def dense_mlp(x: str, p: str) -> str:  # SwiGLU with Hugging Face's gate_proj/up_proj/down_proj
         gate = linear(x, p + "mlp.gate_proj.weight")
         hidden = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate])]), linear(x, p + "mlp.up_proj.weight")])
@@ -215,15 +234,25 @@ def build_lm_model(
             if c.qk_norm == "head":
                 q, k = rms_norm(q, p + "self_attn.q_norm.weight"), rms_norm(k, p + "self_attn.k_norm.weight")
             q, k = rope(q), rope(k)
-            k_all = b.op("Concat", [pasts[i][0], k], axis=2, outputs=[present_names(i)[0]])[0]
-            v_all = b.op("Concat", [pasts[i][1], v], axis=2, outputs=[present_names(i)[1]])[0]
+            keep = c.cache_keep(i)
+            if keep:  # attend over past + new, keep the newest `keep` keys
+                k_all, v_all = b.op("Concat", [pasts[i][0], k], axis=2), b.op("Concat", [pasts[i][1], v], axis=2)
+                for name, kv in zip(present_names(i), (k_all, v_all), strict=True):
+                    b.op("Slice", [kv, b.i64(-keep), b.i64(2**62), b.i64(2)], outputs=[name])
+            else:
+                k_all = b.op("Concat", [pasts[i][0], k], axis=2, outputs=[present_names(i)[0]])[0]
+                v_all = b.op("Concat", [pasts[i][1], v], axis=2, outputs=[present_names(i)[1]])[0]
             # Grouped-query attention: q [B, kvh, g, T, hd] against k, v [B, kvh, 1, S, hd].
             q5 = b.op("Reshape", [q, b.i64(0, kvh, groups, -1, hd)])
             k5, v5 = b.unsqueeze(to_float32(b, k_all), [2]), b.unsqueeze(to_float32(b, v_all), [2])
             scores = b.op(
                 "Mul", [b.op("MatMul", [to_float32(b, q5), b.op("Transpose", [k5], perm=[0, 1, 2, 4, 3])]), scale]
             )
-            probs = b.op("Softmax", [b.op("Where", [window_masks[c.window(i)], neg_inf, scores])], axis=-1)
+            scores = b.op("Where", [window_masks[c.window(i)], neg_inf, scores])
+            if c.attention_sinks:
+                probs = sink_softmax(scores, p + "self_attn.sinks")
+            else:
+                probs = b.op("Softmax", [scores], axis=-1)
             ctx = b.op("MatMul", [probs, v5])  # [B, kvh, g, T, hd] float32
             ctx = b.op("Reshape", [ctx, b.i64(0, c.num_heads, -1, hd)])  # [B, H, T, hd]
             ctx = b.reshape(b.op("Transpose", [ctx], perm=[0, 2, 1, 3]), [-1, c.num_heads * hd])
@@ -242,7 +271,7 @@ def build_lm_model(
     b.add_output(logits, ["batch", "tokens", c.vocab_size], F32, name=LOGITS)
     for i in range(c.num_layers):
         for name in present_names(i):
-            b.add_output(name, ["batch", kvh, "total", hd])
+            b.add_output(name, ["batch", kvh, "kept" if c.cache_keep(i) else "total", hd])
 
     info = LMExportInfo(
         form=form,

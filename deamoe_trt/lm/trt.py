@@ -40,7 +40,12 @@ def lm_profiles(config: LMConfig, batch: int = 1) -> list[dict[str, tuple[tuple[
     for i in range(c.num_layers):
         for name in past_names(i):
             prefill[name] = ((*kv, 0, c.head_dim),) * 3
-            decode[name] = ((*kv, 1, c.head_dim), (*kv, context // 2, c.head_dim), (*kv, context - 1, c.head_dim))
+            longest = c.cached_keys(i, context - 1)  # a sliding block's cache stops at its window
+            decode[name] = (
+                (*kv, 1, c.head_dim),
+                (*kv, min(context // 2, longest), c.head_dim),
+                (*kv, longest, c.head_dim),
+            )
     return [prefill, decode]
 
 
@@ -149,7 +154,7 @@ class TrtDecoder:
         context.set_tensor_address(INPUT_IDS, self.ids.data_ptr())
         for i in range(c.num_layers):
             for j, (past_name, present_name) in enumerate(zip(past_names(i), present_names(i), strict=True)):
-                context.set_input_shape(past_name, (1, c.num_key_value_heads, past, c.head_dim))
+                context.set_input_shape(past_name, (1, c.num_key_value_heads, c.cached_keys(i, past), c.head_dim))
                 context.set_tensor_address(past_name, reads[2 * i + j].data_ptr())
                 context.set_tensor_address(present_name, writes[2 * i + j].data_ptr())
         context.set_tensor_address(LOGITS, self.logits.data_ptr())
@@ -158,8 +163,8 @@ class TrtDecoder:
             raise DeaMoEError("TensorRT execution failed (see its errors above)")
         self.stream.synchronize()
         self.current, self.length = 1 - self.current, past + tokens
-        # present is [1, kv, past + tokens, hd] packed at the start of each buffer: the next
-        # step reads exactly that as its past of length past + tokens.
+        # present is [1, kv, past + tokens, hd] (a sliding block's: its kept keys) packed at the
+        # start of each buffer: the next step reads exactly that as its past.
         return self.logits.view(-1)[(tokens - 1) * c.vocab_size : tokens * c.vocab_size].cpu().numpy()
 
     def prefill(self, ids: list[int]) -> np.ndarray:
