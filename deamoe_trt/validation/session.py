@@ -10,6 +10,7 @@ from pathlib import Path
 import onnx
 
 from ..errors import MissingDependencyError, UsageError, one_line
+from ..export import save as export_save
 from ..export.metadata import load_model
 from .plugin_op import for_reference, has_plugin_nodes, register_reference_ops
 
@@ -37,6 +38,9 @@ def session_options(threads: int | None = None, *, spinning: bool | None = None)
 def make_session(model: str | Path | onnx.ModelProto, provider: str = "cpu", *, options=None):
     """An onnxruntime.InferenceSession for model (a path or a ModelProto) on provider.
 
+    A ModelProto too large for one protobuf message is opened from a temporary copy with
+    external data (and left as it was).
+
     The one way deamoe-trt opens a model on ONNX Runtime (validation, the LM, the bench).
     Plugin-form models run their DeaMoE nodes through the PyTorch reference op
     (plugin_op.for_reference); other forms run as written. A model whose weights sit in
@@ -47,6 +51,17 @@ def make_session(model: str | Path | onnx.ModelProto, provider: str = "cpu", *, 
 
     providers = _providers(provider, ort.get_available_providers())
     options = options if options is not None else session_options()
+    if isinstance(model, onnx.ModelProto) and _too_large_to_serialise(model):
+        # Protobuf cannot serialise 2 GiB or more, so a model built in memory (generate and
+        # bench-lm export on the fly) at that size is opened as users open it: written with
+        # external data to a temporary directory. ONNX Runtime has read the weights once the
+        # session exists, so the files can go, after the caller's model gets its weights back.
+        with tempfile.TemporaryDirectory(prefix="deamoe-trt-session-") as tmp:
+            path = export_save.save_model(model, Path(tmp) / "model.onnx")
+            try:
+                return make_session(path, provider, options=options)
+            finally:
+                onnx.external_data_helper.load_external_data_for_model(model, tmp)
     where = str(model) if not isinstance(model, onnx.ModelProto) else "the model"
     proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
     try:
@@ -75,6 +90,11 @@ def _providers(provider: str, available: list[str]) -> list[str]:
             "for cuda install onnxruntime-gpu on a machine with a CUDA GPU"
         )
     return wanted
+
+
+def _too_large_to_serialise(model: onnx.ModelProto) -> bool:
+    """Whether model's weights pass the size at which exports move them to external data."""
+    return export_save.initializer_bytes(model) > export_save.EXTERNAL_DATA_THRESHOLD
 
 
 def _has_external_data(model: onnx.ModelProto) -> bool:

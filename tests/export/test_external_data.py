@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import pytest
+from onnx import helper
 
 from deamoe_trt.export import data_path, export
 from deamoe_trt.validation import make_session
@@ -41,3 +43,46 @@ def test_failed_export_leaves_no_file(tmp_path):
     with pytest.raises(Exception, match="bf16"):
         export(layer, tmp_path / "m.onnx", "ort", "bf16", external_data_threshold=0)
     assert list(tmp_path.iterdir()) == []
+
+
+def _gather_model(rows: int, cols: int) -> tuple[onnx.ModelProto, np.ndarray]:
+    """ids [n] -> rows of a [rows, cols] fp16 table whose row i holds i % 2048 (exact in fp16)."""
+    table = np.empty((rows, cols), dtype=np.float16)
+    table[:] = (np.arange(rows) % 2048).astype(np.float16)[:, None]
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"])],
+        "gather",
+        [helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["n"])],
+        [helper.make_tensor_value_info("rows", onnx.TensorProto.FLOAT16, ["n", cols])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    # Filled in place: onnx.helper copies tensors through protobuf, which refuses 2 GiB.
+    tensor = model.graph.initializer.add()
+    tensor.name, tensor.data_type = "table", onnx.TensorProto.FLOAT16
+    tensor.dims.extend(table.shape)
+    tensor.raw_data = table.tobytes()
+    return model, table
+
+
+def test_in_memory_model_past_the_threshold_opens_through_external_data(monkeypatch):
+    from deamoe_trt.export import save
+
+    model, table = _gather_model(64, 256)
+    monkeypatch.setattr(save, "EXTERNAL_DATA_THRESHOLD", 10_000)
+    session = make_session(model)
+    ids = np.array([3, 63, 0])
+    np.testing.assert_array_equal(session.run(None, {"ids": ids})[0], table[ids])
+    # The caller's model keeps its weights inside it.
+    assert all(t.data_location == onnx.TensorProto.DEFAULT and t.raw_data for t in model.graph.initializer)
+
+
+@pytest.mark.slow
+def test_in_memory_model_over_two_gigabytes_opens_on_onnx_runtime():
+    """Protobuf's 2 GiB limit: serialising such a model in memory fails ("narrowing_error"
+    from ONNX Runtime); make_session opens it through external data instead."""
+    rows, cols = 2**20 + 2**16, 1024  # 2.15 GiB of fp16
+    model, table = _gather_model(rows, cols)
+    assert len(model.graph.initializer[0].raw_data) > 2**31
+    session = make_session(model)
+    ids = np.array([rows - 1, 2047, 2048, 5])
+    np.testing.assert_array_equal(session.run(None, {"ids": ids})[0], table[ids])
