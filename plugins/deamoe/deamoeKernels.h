@@ -120,7 +120,7 @@ Status route(LayerParams const& params, DataType dtype, void const* hidden, void
 Status forward(LayerParams const& params, LayerWeights const& weights, DataType dtype, void const* hidden,
     void* output, int32_t numTokens, void* workspace, size_t workspaceBytes, cudaStream_t stream) noexcept;
 
-// ---- Additions (kernel engineer, issue 5); everything above is unchanged. ----
+// ---- Tiling, workspace, streams and quantized weights. ----
 // plugins/deamoe/KERNELS.md documents the design, workspace and stream behaviour.
 
 // forward() processes the batch in tiles of this many tokens: within a tile every used
