@@ -31,7 +31,7 @@ from .options import step_seed
 from .tables import TIMING_HEADERS, _x, timing_cells
 from .timing import interleaved, summary
 
-# Issue 15's targets for int4, qwen3-30b-a3b-layer, 1 token per step, on a CPU.
+# The CPU targets for int4, qwen3-30b-a3b-layer, 1 token per step.
 TARGETS = {"vs QMoE vanilla": 1.45, "of roof": 0.70, "vs fp32 DeaMoE": 3.0}
 # Largest output difference a contender may show against its PyTorch reference, relative to
 # the reference's scale (ORT's int8 QMoE quantizes activations: about 2%).
@@ -265,7 +265,7 @@ def _targets(result: dict) -> str:
     main = f"DeaMoE int{s['bits']}, CPU kernel"
     one = next((r for r in result["results"] if r["contender"] == main and r["tokens"] == 1), None)
     if one is None or s["bits"] != 4:
-        return "Targets (issue 15) apply to int4 at 1 token."
+        return "Targets apply to int4 at 1 token."
     got = {
         "vs QMoE vanilla": one["speedup_vs_anchor"],
         "of roof": one["roof_fraction"],

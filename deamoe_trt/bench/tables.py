@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..report import format_bytes, format_table
 
-# Issue 4's targets for the qwen3-30b-a3b-layer preset, fp32, 1 token per step, on a CPU.
+# The CPU targets for the qwen3-30b-a3b-layer preset, fp32, 1 token per step.
 TARGET_SPEEDUP = 1.45
 TARGET_ROOF_FRACTION = 0.70
 
@@ -66,7 +66,7 @@ def contenders_table(section: dict) -> str:
 
 
 def targets(section: dict) -> list[str]:
-    """Issue 4's targets, checked where the run has the figures (1 token per step)."""
+    """The CPU targets, checked where the run has the figures (1 token per step)."""
     rows = {r["contender"]: r for r in section.get("results", []) if r["tokens"] == 1}
     fast = rows.get("deamoe/cpu")
     if not fast:
@@ -120,7 +120,7 @@ def format_result(result: dict) -> str:
         )
         lines = targets(layer)
         if lines and s["preset"] == "qwen3-30b-a3b-layer" and s["dtype"] == "fp32":
-            out += ["", "Issue 4 targets (1 token per step):", *lines]
+            out += ["", "Targets (1 token per step):", *lines]
     stack = result.get("stack", {})
     out.append("")
     if stack.get("status") == "ok":

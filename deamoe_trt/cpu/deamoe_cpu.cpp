@@ -197,8 +197,7 @@ constexpr int R = 2 * NB;
 // from the gate (row 2n) and up (row 2n+1) accumulators; bias: the group's R gate/up biases
 // (row order) or null; tok_w: the tokens' weights for this block.
 template <int TT>
-inline void activations(const V (&acc)[R][TT], const float* bias, const Activation& act, const float* tok_w,
-                        float* h) {
+inline void activations(const V (&acc)[R][TT], const float* bias, const Activation& act, const float* tok_w, float* h) {
   static_assert(NB * TT <= W, "one vector holds every (neuron, token) pair of a pass");
   alignas(64) float g[W] = {}, u[W] = {}, w[W] = {};
   for (int n = 0; n < NB; ++n)
@@ -313,8 +312,12 @@ static_assert(R == 8 && NB == 4, "int4 lanes hold R = 8 gate/up codes and NB = 4
 #if defined(__AVX512F__)
 using VI = __m512i;
 inline VI load_lanes(const uint8_t* p) { return _mm512_loadu_si512(p); }  // W 32-bit lanes
-inline VI load_u16(const uint8_t* p) { return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-inline VI load_s8(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline VI load_u16(const uint8_t* p) {
+  return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline VI load_s8(const uint8_t* p) {
+  return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 inline VI iand(VI a, uint32_t mask) { return _mm512_and_si512(a, _mm512_set1_epi32(static_cast<int>(mask))); }
 inline VI isrl(VI a, int n) { return _mm512_srli_epi32(a, n); }
 inline V to_float(VI v) { return _mm512_cvtepi32_ps(v); }
@@ -322,8 +325,12 @@ inline V as_float(VI v) { return _mm512_castsi512_ps(v); }
 #else
 using VI = __m256i;
 inline VI load_lanes(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-inline VI load_u16(const uint8_t* p) { return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-inline VI load_s8(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline VI load_u16(const uint8_t* p) {
+  return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline VI load_s8(const uint8_t* p) {
+  return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
 inline VI iand(VI a, uint32_t mask) { return _mm256_and_si256(a, _mm256_set1_epi32(static_cast<int>(mask))); }
 inline VI isrl(VI a, int n) { return _mm256_srli_epi32(a, n); }
 inline V to_float(VI v) { return _mm256_cvtepi32_ps(v); }
@@ -366,11 +373,14 @@ inline V int4_row_value(VI lanes, VI high) {
 // 2 KiB ahead (into L1) took it to ~14 GB/s on Zen 4 (1 KiB: 13, 4 KiB: 14, 8 KiB: 13).
 constexpr int64_t kPrefetchBytes = 2048;
 inline void prefetch_ahead(const uint8_t* p, int64_t bytes) {
-  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + i), _MM_HINT_T0);
+  for (int64_t i = 0; i < bytes; i += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + i), _MM_HINT_T0);
 }
 
 template <int BITS>
-inline int64_t q_chunk_bytes() { return BITS == 4 ? 4 * W : R * W; }  // one gate/up column chunk
+inline int64_t q_chunk_bytes() {
+  return BITS == 4 ? 4 * W : R * W;
+}  // one gate/up column chunk
 inline int64_t q_gate_up_bytes(int bits, int64_t gs, int64_t dp) { return dp / gs * R * 4 + R * dp * bits / 8; }
 inline int64_t q_group_bytes(int bits, int64_t gs, int64_t dp) {
   return q_gate_up_bytes(bits, gs, dp) + NB * dp * bits / 8;
@@ -506,9 +516,9 @@ inline void group_pass_q(const uint8_t* group, int64_t dp, int64_t gs, const flo
 }
 
 template <int BITS, int MODE>
-void group_pass_q_any(int tt, const uint8_t* group, int64_t dp, int64_t gs, const float* dscale,
-                      const float* const* xs, const float* const* xsums, const float* bias, const Activation& act,
-                      const float* tok_w, float* const* ys) {
+void group_pass_q_any(int tt, const uint8_t* group, int64_t dp, int64_t gs, const float* dscale, const float* const* xs,
+                      const float* const* xsums, const float* bias, const Activation& act, const float* tok_w,
+                      float* const* ys) {
   switch (tt) {
     case 1: return group_pass_q<1, BITS, MODE>(group, dp, gs, dscale, xs, xsums, bias, act, tok_w, ys);
     case 2:
@@ -771,7 +781,7 @@ struct Step {
   std::vector<float> xsum;  // int4: [tokens, dp / group_size], each group's sum of x (its zero point's share)
   int int4_mode = kConvert;
   std::vector<float> x_shifted;  // int4 kSubnormal: x * 2^kSubnormalXShift, [tokens, dp]
-  float* partial;           // [slices, tokens, dp]
+  float* partial;                // [slices, tokens, dp]
   Activation act{0, 1.0f, 0.0f};
 };
 
@@ -1105,27 +1115,27 @@ struct dm_layer {
   int64_t d, dp;             // hidden size, padded row length
   int64_t num_departments, experts_per_department, top_k, top_departments;
   float routed_scaling_factor;
-  int32_t router_dtype;       // router rows: 0 fp32, 1 fp16 (float32 or the weights' dtype)
-  const void* router;         // [N, dp] router rows
-  const float* router_bias;   // [N] fp32 selection bias, or null
-  const void* departments;    // packed shared parts of the D departments, groups_s groups each, or null
+  int32_t router_dtype;      // router rows: 0 fp32, 1 fp16 (float32 or the weights' dtype)
+  const void* router;        // [N, dp] router rows
+  const float* router_bias;  // [N] fp32 selection bias, or null
+  const void* departments;   // packed shared parts of the D departments, groups_s groups each, or null
   int64_t groups_s;
-  const void* experts;        // packed private parts of the N experts, groups_p groups each, or null
+  const void* experts;  // packed private parts of the N experts, groups_p groups each, or null
   int64_t groups_p;
-  const void* shared;         // packed always-on shared experts, groups_sh groups, or null
+  const void* shared;  // packed always-on shared experts, groups_sh groups, or null
   int64_t groups_sh;
-  const float* shared_gate;   // [dp] fp32 Qwen2-style gate of the shared experts, or null (a = 1)
-  int32_t weight_bits;        // 0: FFN weights of dtype; 4 or 8: quantized, packed by dm_pack_q
-  int32_t group_size;         // columns per scale when quantized
+  const float* shared_gate;  // [dp] fp32 Qwen2-style gate of the shared experts, or null (a = 1)
+  int32_t weight_bits;       // 0: FFN weights of dtype; 4 or 8: quantized, packed by dm_pack_q
+  int32_t group_size;        // columns per scale when quantized
   // Biases and the activation (spec, "Extensions (third wave)"), all fp32; null when absent.
-  int32_t activation;               // 0 swiglu, 1 swiglu_clamped
+  int32_t activation;  // 0 swiglu, 1 swiglu_clamped
   float swiglu_alpha, swiglu_limit;
-  const float* router_logit_bias;   // [N], added to the logits before routing
-  const float* departments_bias;    // gate/up biases, [D, groups_s, R] (row order of the groups)
-  const float* experts_bias;        // [N, groups_p, R]
-  const float* shared_bias;         // [groups_sh, R]
-  const float* experts_down_bias;   // [N, dp]
-  const float* shared_down_bias;    // [dp]
+  const float* router_logit_bias;  // [N], added to the logits before routing
+  const float* departments_bias;   // gate/up biases, [D, groups_s, R] (row order of the groups)
+  const float* experts_bias;       // [N, groups_p, R]
+  const float* shared_bias;        // [groups_sh, R]
+  const float* experts_down_bias;  // [N, dp]
+  const float* shared_down_bias;   // [dp]
 };
 
 }  // extern "C"
@@ -1174,9 +1184,9 @@ bool valid(const dm_layer& L) {
          L.top_departments <= L.num_departments && L.top_k <= L.top_departments * L.experts_per_department &&
          (L.router_dtype == 0 || L.router_dtype == 1) && L.router != nullptr &&
          (L.activation == 0 || (L.activation == 1 && L.swiglu_limit > 0 && L.swiglu_alpha > 0)) &&
-         (L.weight_bits == 0 || ((L.weight_bits == 4 || L.weight_bits == 8) && L.group_size > 0 &&
-                                 L.group_size % W == 0 && L.group_size % NB == 0 && L.d == L.dp &&
-                                 L.d % L.group_size == 0));
+         (L.weight_bits == 0 ||
+          ((L.weight_bits == 4 || L.weight_bits == 8) && L.group_size > 0 && L.group_size % W == 0 &&
+           L.group_size % NB == 0 && L.d == L.dp && L.d % L.group_size == 0));
 }
 
 // Run the blocks a routing asks for. Department j runs once for the tokens with any kept
@@ -1326,8 +1336,8 @@ int dm_moe_forward(void* pool, const dm_layer* layer, const float* x, int64_t to
 // The whole layer in one call: router logits (on this thread, while the pool's workers wake
 // up), routing, shared-expert gate, the experts. logits [tokens, N], ids and w [tokens, k]
 // receive the router's outputs and the decisions.
-int dm_layer_forward(void* pool_handle, const dm_layer* layer, const float* x, int64_t tokens, float* y,
-                     float* scratch, float* logits, int64_t* ids, float* w) {
+int dm_layer_forward(void* pool_handle, const dm_layer* layer, const float* x, int64_t tokens, float* y, float* scratch,
+                     float* logits, int64_t* ids, float* w) {
   if (!layer || !valid(*layer) || tokens <= 0) return -1;
   const dm_layer& L = *layer;
   auto* pool = static_cast<Pool*>(pool_handle);

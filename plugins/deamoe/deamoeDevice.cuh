@@ -287,8 +287,8 @@ struct QuantRow
 template <int BITS, class S>
 DEAMOE_DEVICE QuantRow<S> quantRow(uint8_t const* codes, S const* scales, size_t row, int cols, int groupShift)
 {
-    return QuantRow<S>{codes + row * static_cast<size_t>(cols * BITS / 8),
-        scales + row * static_cast<size_t>(cols >> groupShift)};
+    return QuantRow<S>{
+        codes + row * static_cast<size_t>(cols * BITS / 8), scales + row * static_cast<size_t>(cols >> groupShift)};
 }
 
 DEAMOE_DEVICE uint32_t word(uint4 v, int i)

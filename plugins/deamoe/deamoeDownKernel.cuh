@@ -32,7 +32,7 @@ struct DownArgs
     T* output;              // [tile][d]
     // Quantized FFN weights (downKernel's BITS > 0): codes and scales instead of the T
     // down matrices above.
-    int32_t groupShift; // log2(weightGroupSize)
+    int32_t groupShift;                 // log2(weightGroupSize)
     uint8_t const* departmentDownCodes; // [D][d][f_s * BITS / 8]
     T const* departmentDownScales;      // [D][d][f_s / G]
     uint8_t const* expertDownCodes;     // [N][d][f_p * BITS / 8]
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
     constexpr int E = Elems16<T>::value;
     constexpr int G = kDownPartsPerGroup;
     constexpr int R = kDownRowsPerWarp;
-    __shared__ T const* partDown[G]; // the part's down matrix [d][width]
+    __shared__ T const* partDown[G];     // the part's down matrix [d][width]
     __shared__ QuantRow<T> partQuant[G]; // BITS > 0: its codes and scales instead
     __shared__ float const* partH[G];
     __shared__ int partWidth[G];

@@ -29,11 +29,11 @@
 #pragma once
 
 // The pieces, in dependency order (each header also includes what it needs):
-#include "deamoeDevice.cuh"               // device math: dtypes, loads, PDL, warp GEMV rows
-#include "deamoeGemv.cuh"                 // gate/up blocks and down rows shared by the kernels
-#include "deamoeRouterSharedKernel.cuh"   // K1
-#include "deamoeRoutedKernel.cuh"         // K2
-#include "deamoeDownKernel.cuh"           // K3
-#include "deamoeRouteKernel.cuh"          // route()
+#include "deamoeDevice.cuh"                // device math: dtypes, loads, PDL, warp GEMV rows
+#include "deamoeGemv.cuh"                  // gate/up blocks and down rows shared by the kernels
+#include "deamoeRouterSharedKernel.cuh"    // K1
+#include "deamoeRoutedKernel.cuh"          // K2
+#include "deamoeDownKernel.cuh"            // K3
+#include "deamoeRouteKernel.cuh"           // route()
 #include "deamoeRouterRowsFloatKernel.cuh" // float32 router rows
-#include "deamoeLaunch.cuh"               // launchers and typed entry points
+#include "deamoeLaunch.cuh"                // launchers and typed entry points

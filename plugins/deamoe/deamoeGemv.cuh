@@ -275,7 +275,8 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
 // projection [d][f], accumulated per token, then reduced across the warp.
 
 template <class T>
-DEAMOE_DEVICE void downRowPointers(T const* down, int width, int hidden, int firstRow, T const* (&rows)[kDownRowsPerWarp])
+DEAMOE_DEVICE void downRowPointers(
+    T const* down, int width, int hidden, int firstRow, T const* (&rows)[kDownRowsPerWarp])
 {
 #pragma unroll
     for (int r = 0; r < kDownRowsPerWarp; ++r)
@@ -295,8 +296,8 @@ DEAMOE_DEVICE void downQuantRows(uint8_t const* codes, S const* scales, int widt
 // Reduces acc over the warp (fixed butterfly) and hands each (token t < numTokens, row)
 // value to store(t, row, value), called by one lane per value.
 template <int TT, class Store>
-DEAMOE_DEVICE void storeRows(float (&acc)[kDownRowsPerWarp][TT], int firstRow, int hidden, int numTokens,
-    Store const& store)
+DEAMOE_DEVICE void storeRows(
+    float (&acc)[kDownRowsPerWarp][TT], int firstRow, int hidden, int numTokens, Store const& store)
 {
     constexpr int R = kDownRowsPerWarp;
     static_assert(R * TT <= kWarpSize, "one lane per stored value");

@@ -18,22 +18,22 @@ namespace detail
 {
 
 // Launch geometry. Changing these changes performance only, never results.
-constexpr int kGemvThreads = 128;                     // every forward block: 4 warps
+constexpr int kGemvThreads = 128; // every forward block: 4 warps
 constexpr int kGemvWarps = kGemvThreads / kWarpSize;
 constexpr int kDownRowsPerWarp = 2;
 constexpr int kDownRowsPerTile = kGemvWarps * kDownRowsPerWarp; // 8 output rows per down block
-constexpr int kTokensPerRoutingBlock = kGemvWarps;    // one warp per token
-constexpr int kDownPartsPerGroup = 32;                // parts whose metadata a down block stages at once
-constexpr int kRouteThreads = 128;                    // route(): one warp per token
-constexpr size_t kSmemBudget = 48 * 1024;             // no opt-in attribute needed anywhere
+constexpr int kTokensPerRoutingBlock = kGemvWarps;              // one warp per token
+constexpr int kDownPartsPerGroup = 32;                          // parts whose metadata a down block stages at once
+constexpr int kRouteThreads = 128;                              // route(): one warp per token
+constexpr size_t kSmemBudget = 48 * 1024;                       // no opt-in attribute needed anywhere
 constexpr size_t kAlign = 256;
 
 // The step's synchronisation words (workspace `counters`), zeroed by K1 for K2.
 enum Counter : int32_t
 {
-    kCounterTicket = 0,        // K2 blocks take their role in start order
-    kCounterRoutedBlocks = 1,  // K2 routing blocks done; the last builds the plan
-    kCounterPlanReady = 2,     // 1 once the plan is written (release / acquire)
+    kCounterTicket = 0,       // K2 blocks take their role in start order
+    kCounterRoutedBlocks = 1, // K2 routing blocks done; the last builds the plan
+    kCounterPlanReady = 2,    // 1 once the plan is written (release / acquire)
     kNumCounters = 3,
 };
 
@@ -99,8 +99,8 @@ bool programmaticLaunchUsable() noexcept;
 // What one dtype's translation unit provides. Pointers are already validated.
 struct TypedOps
 {
-    Status (*forward)(LayerParams const& p, LayerWeights const& w, void const* hidden, void* output,
-        int32_t numTokens, void* workspace, cudaStream_t stream);
+    Status (*forward)(LayerParams const& p, LayerWeights const& w, void const* hidden, void* output, int32_t numTokens,
+        void* workspace, cudaStream_t stream);
     Status (*route)(LayerParams const& p, void const* hidden, void const* routerWeight, void const* routerBias,
         int32_t numTokens, RoutingOutputs const& out, void* workspace, cudaStream_t stream);
     Status (*routerLogits)(LayerParams const& p, void const* hidden, void const* routerWeight, int32_t numTokens,

@@ -95,8 +95,7 @@ struct Widths
     Width items[4];
     explicit Widths(LayerParams const& p)
         : items{{"hidden_size", p.hidden}, {"shared_intermediate_size", p.sharedWidth},
-            {"private_intermediate_size", p.privateWidth},
-            {"shared_expert_intermediate_size", p.sharedExpertWidth}}
+              {"private_intermediate_size", p.privateWidth}, {"shared_expert_intermediate_size", p.sharedExpertWidth}}
     {
     }
     Width const* begin() const { return items; }
@@ -124,8 +123,8 @@ Status checkVectorizable(LayerParams const& p, DataType dtype)
         {
             if (s.value % columns != 0)
                 return fail(Status::kUNSUPPORTED,
-                    "%s %d must be a multiple of %d for int%d weights (rows of whole 16-byte vectors of codes)",
-                    s.name, s.value, columns, p.weightBits);
+                    "%s %d must be a multiple of %d for int%d weights (rows of whole 16-byte vectors of codes)", s.name,
+                    s.value, columns, p.weightBits);
         }
     }
     return Status::kSUCCESS;
@@ -197,8 +196,7 @@ Status checkLaunch(char const* what, cudaError_t launched) noexcept
     // The launch's error is ours: clear it. An error some earlier, unrelated call left
     // pending is not ours to report or clear, so a successful launch touches nothing.
     (void) cudaGetLastError();
-    return fail(
-        Status::kCUDA_ERROR, "%s: %s (%s)", what, cudaGetErrorName(launched), cudaGetErrorString(launched));
+    return fail(Status::kCUDA_ERROR, "%s: %s (%s)", what, cudaGetErrorName(launched), cudaGetErrorString(launched));
 }
 
 size_t routedSmemBytes(LayerParams const& p)
@@ -458,8 +456,8 @@ Status checkSupported(LayerParams const& params, DataType dtype) noexcept
     return Status::kSUCCESS;
 }
 
-Status forward(LayerParams const& params, LayerWeights const& weights, DataType dtype, void const* hidden,
-    void* output, int32_t numTokens, void* workspace, size_t workspaceBytes, cudaStream_t stream) noexcept
+Status forward(LayerParams const& params, LayerWeights const& weights, DataType dtype, void const* hidden, void* output,
+    int32_t numTokens, void* workspace, size_t workspaceBytes, cudaStream_t stream) noexcept
 {
     DEAMOE_RETURN_IF_FAILED(checkSupported(params, dtype));
     if (numTokens < 0)
@@ -492,8 +490,7 @@ Status forward(LayerParams const& params, LayerWeights const& weights, DataType 
     {
         if (params.sharedWidth)
         {
-            DEAMOE_RETURN_IF_FAILED(
-                detail::checkPointer(weights.departmentGateUpScales, "departments.gate_up.scales"));
+            DEAMOE_RETURN_IF_FAILED(detail::checkPointer(weights.departmentGateUpScales, "departments.gate_up.scales"));
             DEAMOE_RETURN_IF_FAILED(detail::checkPointer(weights.departmentDownScales, "departments.down.scales"));
         }
         if (params.privateWidth)
@@ -503,8 +500,7 @@ Status forward(LayerParams const& params, LayerWeights const& weights, DataType 
         }
         if (params.sharedExpertWidth)
         {
-            DEAMOE_RETURN_IF_FAILED(
-                detail::checkPointer(weights.sharedGateUpScales, "shared_experts.gate_up.scales"));
+            DEAMOE_RETURN_IF_FAILED(detail::checkPointer(weights.sharedGateUpScales, "shared_experts.gate_up.scales"));
             DEAMOE_RETURN_IF_FAILED(detail::checkPointer(weights.sharedDownScales, "shared_experts.down.scales"));
         }
     }

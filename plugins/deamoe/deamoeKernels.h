@@ -39,23 +39,23 @@ enum class DepartmentScore : int32_t
 // Sizes and routing of one layer; field for field the Python DeaMoEConfig.
 struct LayerParams
 {
-    int32_t hidden;                 // d
-    int32_t numDepartments;         // D
-    int32_t expertsPerDepartment;   // m
-    int32_t sharedWidth;            // f_s (0: no department shared part)
-    int32_t privateWidth;           // f_p (0: no private part)
-    int32_t topK;                   // k
-    int32_t topDepartments;         // g
+    int32_t hidden;               // d
+    int32_t numDepartments;       // D
+    int32_t expertsPerDepartment; // m
+    int32_t sharedWidth;          // f_s (0: no department shared part)
+    int32_t privateWidth;         // f_p (0: no private part)
+    int32_t topK;                 // k
+    int32_t topDepartments;       // g
     ScoreFunc scoreFunc;
     DepartmentScore departmentScore;
-    int32_t normTopkProb;           // bool
+    int32_t normTopkProb; // bool
     float routedScalingFactor;
-    int32_t hasRouterBias;          // bool
-    int32_t sharedExpertWidth;      // f_sh (0: none)
-    int32_t sharedExpertGate;       // bool
-    int32_t weightBits;             // 0: float FFN weights; 4 or 8: packed codes (docs/quantization.md)
-    int32_t weightGroupSize;        // input columns per scale (0 when weightBits is 0)
-    int32_t routerWeightFloat32;    // bool: router.weight is float32 (else the activation dtype)
+    int32_t hasRouterBias;       // bool
+    int32_t sharedExpertWidth;   // f_sh (0: none)
+    int32_t sharedExpertGate;    // bool
+    int32_t weightBits;          // 0: float FFN weights; 4 or 8: packed codes (docs/quantization.md)
+    int32_t weightGroupSize;     // input columns per scale (0 when weightBits is 0)
+    int32_t routerWeightFloat32; // bool: router.weight is float32 (else the activation dtype)
 };
 
 // Device pointers in the canonical layouts of the spec ([out, in], gate rows then up
@@ -64,15 +64,15 @@ struct LayerParams
 // are nullptr.
 struct LayerWeights
 {
-    void const* routerWeight;       // [N, d]
-    void const* routerBias;         // [N] float32 or nullptr
-    void const* departmentGateUp;   // [D, 2*f_s, d] or nullptr
-    void const* departmentDown;     // [D, d, f_s] or nullptr
-    void const* expertGateUp;       // [N, 2*f_p, d] or nullptr
-    void const* expertDown;         // [N, d, f_p] or nullptr
-    void const* sharedGateUp;       // [2*f_sh, d] or nullptr
-    void const* sharedDown;         // [d, f_sh] or nullptr
-    void const* sharedGate;         // [1, d] or nullptr
+    void const* routerWeight;     // [N, d]
+    void const* routerBias;       // [N] float32 or nullptr
+    void const* departmentGateUp; // [D, 2*f_s, d] or nullptr
+    void const* departmentDown;   // [D, d, f_s] or nullptr
+    void const* expertGateUp;     // [N, 2*f_p, d] or nullptr
+    void const* expertDown;       // [N, d, f_p] or nullptr
+    void const* sharedGateUp;     // [2*f_sh, d] or nullptr
+    void const* sharedDown;       // [d, f_sh] or nullptr
+    void const* sharedGate;       // [1, d] or nullptr
     // weightBits > 0: the six FFN weights above are packed codes [..., rows, cols * bits / 8]
     // bytes and these their scales [..., rows, cols / weightGroupSize] in the activation dtype.
     void const* departmentGateUpScales; // [D, 2*f_s, d/G] or nullptr
@@ -95,10 +95,10 @@ struct RoutingOutputs
 enum class Status : int32_t
 {
     kSUCCESS = 0,
-    kINVALID_PARAMS = 1,     // a LayerParams that DeaMoEConfig would reject
-    kINVALID_ARGUMENT = 2,   // null pointer, tokens < 0, workspace too small
-    kUNSUPPORTED = 3,        // dtype or size this build cannot run
-    kCUDA_ERROR = 4,         // a launch failed; lastErrorMessage() names it and the CUDA error
+    kINVALID_PARAMS = 1,   // a LayerParams that DeaMoEConfig would reject
+    kINVALID_ARGUMENT = 2, // null pointer, tokens < 0, workspace too small
+    kUNSUPPORTED = 3,      // dtype or size this build cannot run
+    kCUDA_ERROR = 4,       // a launch failed; lastErrorMessage() names it and the CUDA error
 };
 
 char const* statusString(Status status) noexcept;
@@ -117,10 +117,10 @@ Status route(LayerParams const& params, DataType dtype, void const* hidden, void
 // The whole layer: route, plan (distinct departments/experts with their tokens), grouped
 // SwiGLU over the plan reading every weight row once, deterministic weighted sum.
 // hidden and output are [numTokens, d] in dtype.
-Status forward(LayerParams const& params, LayerWeights const& weights, DataType dtype, void const* hidden,
-    void* output, int32_t numTokens, void* workspace, size_t workspaceBytes, cudaStream_t stream) noexcept;
+Status forward(LayerParams const& params, LayerWeights const& weights, DataType dtype, void const* hidden, void* output,
+    int32_t numTokens, void* workspace, size_t workspaceBytes, cudaStream_t stream) noexcept;
 
-// ---- Additions (kernel engineer, issue 5); everything above is unchanged. ----
+// ---- Tiling, workspace, streams and quantized weights. ----
 // plugins/deamoe/KERNELS.md documents the design, workspace and stream behaviour.
 
 // forward() processes the batch in tiles of this many tokens: within a tile every used
@@ -160,26 +160,24 @@ bool programmaticLaunch() noexcept;
 // C ABI for ctypes (deamoe_trt.cuda). Same semantics; returns a Status as int32_t.
 extern "C"
 {
-    int32_t deamoe_validate(deamoe::LayerParams const* params);
-    size_t deamoe_workspace_size(deamoe::LayerParams const* params, int32_t max_tokens, int32_t dtype);
-    int32_t deamoe_route(deamoe::LayerParams const* params, int32_t dtype, void const* hidden,
-        void const* router_weight, void const* router_bias, int32_t num_tokens, int32_t* expert_ids, float* weights,
-        int32_t* department_ids, int32_t* kept_departments, void* workspace, size_t workspace_bytes,
-        cudaStream_t stream);
-    int32_t deamoe_forward(deamoe::LayerParams const* params, deamoe::LayerWeights const* weights, int32_t dtype,
-        void const* hidden, void* output, int32_t num_tokens, void* workspace, size_t workspace_bytes,
-        cudaStream_t stream);
-    char const* deamoe_status_string(int32_t status);
+int32_t deamoe_validate(deamoe::LayerParams const* params);
+size_t deamoe_workspace_size(deamoe::LayerParams const* params, int32_t max_tokens, int32_t dtype);
+int32_t deamoe_route(deamoe::LayerParams const* params, int32_t dtype, void const* hidden, void const* router_weight,
+    void const* router_bias, int32_t num_tokens, int32_t* expert_ids, float* weights, int32_t* department_ids,
+    int32_t* kept_departments, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+int32_t deamoe_forward(deamoe::LayerParams const* params, deamoe::LayerWeights const* weights, int32_t dtype,
+    void const* hidden, void* output, int32_t num_tokens, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+char const* deamoe_status_string(int32_t status);
 
-    // Additions (see above).
-    int32_t deamoe_max_tile_tokens(void);
-    char const* deamoe_last_error(void);
-    int32_t deamoe_check_supported(deamoe::LayerParams const* params, int32_t dtype);
-    int32_t deamoe_router_logits(deamoe::LayerParams const* params, int32_t dtype, void const* hidden,
-        void const* router_weight, int32_t num_tokens, float* logits, cudaStream_t stream);
-    int32_t deamoe_route_logits(deamoe::LayerParams const* params, int32_t dtype, float const* logits,
-        void const* router_bias, int32_t num_tokens, int32_t* expert_ids, float* weights, int32_t* department_ids,
-        int32_t* kept_departments, cudaStream_t stream);
-    void deamoe_set_programmatic_launch(int32_t enabled);
-    int32_t deamoe_programmatic_launch(void);
+// Additions (see above).
+int32_t deamoe_max_tile_tokens(void);
+char const* deamoe_last_error(void);
+int32_t deamoe_check_supported(deamoe::LayerParams const* params, int32_t dtype);
+int32_t deamoe_router_logits(deamoe::LayerParams const* params, int32_t dtype, void const* hidden,
+    void const* router_weight, int32_t num_tokens, float* logits, cudaStream_t stream);
+int32_t deamoe_route_logits(deamoe::LayerParams const* params, int32_t dtype, float const* logits,
+    void const* router_bias, int32_t num_tokens, int32_t* expert_ids, float* weights, int32_t* department_ids,
+    int32_t* kept_departments, cudaStream_t stream);
+void deamoe_set_programmatic_launch(int32_t enabled);
+int32_t deamoe_programmatic_launch(void);
 }

@@ -28,8 +28,8 @@ inline int ceilDiv(int a, int b)
 // stream's previous kernel when that is enabled and the GPU is sm_90 or newer. Returns the
 // launch's result, for checkLaunch().
 template <class Args>
-cudaError_t launchKernel(void (*kernel)(Args), unsigned grid, unsigned block, size_t smem, cudaStream_t stream,
-    Args const& args)
+cudaError_t launchKernel(
+    void (*kernel)(Args), unsigned grid, unsigned block, size_t smem, cudaStream_t stream, Args const& args)
 {
     cudaLaunchAttribute attribute[1];
     cudaLaunchConfig_t config{};
@@ -123,9 +123,9 @@ struct Geometry
 // K1: router rows in the activation dtype (numExperts of them, 0 for none) and the shared
 // experts' gate row (logit column numExperts) and gate/up (BITS > 0: quantized, from quant).
 template <class T, int TT, int BITS>
-Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeight, int numExperts,
-    T const* sharedGate, int numTokens, float* logits, int logitsStride, T const* sharedGateUp, float* hShared,
-    int32_t* counters, QuantWeights<T> const& quant, cudaStream_t stream)
+Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeight, int numExperts, T const* sharedGate,
+    int numTokens, float* logits, int logitsStride, T const* sharedGateUp, float* hShared, int32_t* counters,
+    QuantWeights<T> const& quant, cudaStream_t stream)
 {
     // The router rows (T) set the slices; quantized shared-expert rows, 1/2 or 1/4 as many
     // chunks, are cut into as many slices (short per-warp streams, the K1 grid stays full).
@@ -158,7 +158,8 @@ Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeig
     }
     int const sharedBlocks = sharedGateUp ? ceilDiv(p.sharedExpertWidth, geo.neuronsPerBlock) : 0;
     return checkLaunch("router/shared gate-up kernel",
-        DEAMOE_LAUNCH((routerSharedKernel<T, TT, BITS>), args.routerBlocks + sharedBlocks, kGemvThreads, 0, stream, args));
+        DEAMOE_LAUNCH(
+            (routerSharedKernel<T, TT, BITS>), args.routerBlocks + sharedBlocks, kGemvThreads, 0, stream, args));
 }
 
 // K1 (counters: zeroed for K2, or nullptr for route()). A float32 router weight in a
@@ -174,11 +175,11 @@ Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* rou
     {
         // Float32 router rows on their own; K1 below then does only the shared experts'
         // gate row (as logit column N) and gate/up.
-        RouterRowsArgs<T> rows{hidden, static_cast<float const*>(routerWeight), p.hidden, numExperts, numTokens,
-            logits, logitsStride, counters};
+        RouterRowsArgs<T> rows{hidden, static_cast<float const*>(routerWeight), p.hidden, numExperts, numTokens, logits,
+            logitsStride, counters};
         Status const status = checkLaunch("float32 router kernel",
-            DEAMOE_LAUNCH((routerRowsFloatKernel<T, TT>), ceilDiv(numExperts, kGemvWarps), kGemvThreads, 0,
-                stream, rows));
+            DEAMOE_LAUNCH(
+                (routerRowsFloatKernel<T, TT>), ceilDiv(numExperts, kGemvWarps), kGemvThreads, 0, stream, rows));
         if (status != Status::kSUCCESS || (sharedGate == nullptr && sharedGateUp == nullptr))
             return status;
         return launchGateUpK1<T, TT, BITS>(p, hidden, nullptr, 0, sharedGate, numTokens, logits + numExperts,
@@ -209,8 +210,8 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
     T const* sharedGate = p.sharedExpertGate ? static_cast<T const*>(w.sharedGate) : nullptr;
 
     // K1
-    Status status = launchRouterLogits<T, TT, BITS>(p, hidden, w.routerWeight, sharedGate, numTokens,
-        logits, L.logitsStride, sharedGateUp, hShared, counters, stream, quant);
+    Status status = launchRouterLogits<T, TT, BITS>(p, hidden, w.routerWeight, sharedGate, numTokens, logits,
+        L.logitsStride, sharedGateUp, hShared, counters, stream, quant);
     if (status != Status::kSUCCESS)
         return status;
 
@@ -280,7 +281,8 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
             + static_cast<long long>(L.maxDepartmentParts) * gu.departmentBlocksPerPart
             + static_cast<long long>(L.maxExpertParts) * gu.expertBlocksPerPart;
         status = checkLaunch("routing/routed gate-up kernel",
-            DEAMOE_LAUNCH((routedKernel<T, TT, BITS>), static_cast<unsigned>(blocks), kGemvThreads, smem, stream, args));
+            DEAMOE_LAUNCH(
+                (routedKernel<T, TT, BITS>), static_cast<unsigned>(blocks), kGemvThreads, smem, stream, args));
         if (status != Status::kSUCCESS)
             return status;
     }
@@ -312,7 +314,8 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
             args.expertDownScales = quant.expertDownScales;
         }
         status = checkLaunch("down kernel",
-            DEAMOE_LAUNCH((downKernel<T, TT, BITS>), static_cast<unsigned>(L.downTiles), kGemvThreads, 0, stream, args));
+            DEAMOE_LAUNCH(
+                (downKernel<T, TT, BITS>), static_cast<unsigned>(L.downTiles), kGemvThreads, 0, stream, args));
     }
     return status;
 }
@@ -407,8 +410,8 @@ Status routeTyped(LayerParams const& p, void const* hidden, void const* routerWe
 }
 
 template <class T>
-Status routerLogitsTyped(
-    LayerParams const& p, void const* hidden, void const* routerWeight, int32_t numTokens, float* logits, cudaStream_t stream)
+Status routerLogitsTyped(LayerParams const& p, void const* hidden, void const* routerWeight, int32_t numTokens,
+    float* logits, cudaStream_t stream)
 {
     int const N = p.numDepartments * p.expertsPerDepartment;
     for (int first = 0; first < numTokens; first += kMaxTileTokens)

@@ -46,9 +46,9 @@ struct PlanConfig
 // maxExpertParts >= min(N, T*k); entries are [part][kMaxTileTokens].
 struct PlanView
 {
-    int32_t* counts;              // [2]: used departments U_d, used experts U_e
-    int32_t* departments;         // [maxDepartmentParts], ascending
-    int32_t* experts;             // [maxExpertParts], ascending
+    int32_t* counts;                // [2]: used departments U_d, used experts U_e
+    int32_t* departments;           // [maxDepartmentParts], ascending
+    int32_t* experts;               // [maxExpertParts], ascending
     int32_t* departmentEntryCounts; // [maxDepartmentParts]
     int32_t* expertEntryCounts;     // [maxExpertParts]
     PlanEntry* departmentEntries;   // [maxDepartmentParts][kMaxTileTokens]
@@ -100,9 +100,9 @@ DEAMOE_HD int compactNonzero(Warp const& warp, uint32_t const* masks, int n, int
 // inFirstWarp); both must be entered by every thread of `block`. On the host pass
 // SerialLanes for both and inFirstWarp = true.
 template <class Block, class Warp>
-DEAMOE_HD void buildPlan(Block const& block, Warp const& warp, bool inFirstWarp, PlanConfig const& cfg,
-    int numTokens, int32_t const* expertIds, float const* weights, int32_t const* keptDepartments,
-    uint32_t* scratch, PlanView const& plan)
+DEAMOE_HD void buildPlan(Block const& block, Warp const& warp, bool inFirstWarp, PlanConfig const& cfg, int numTokens,
+    int32_t const* expertIds, float const* weights, int32_t const* keptDepartments, uint32_t* scratch,
+    PlanView const& plan)
 {
     int const N = cfg.numExperts;
     int const D = cfg.numDepartments;

@@ -67,8 +67,8 @@ DeaMoEPlugin::DeaMoEPlugin(DeaMoEPlugin const& other)
 
 nvinfer1::IPluginCapability* DeaMoEPlugin::getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept
 {
-    return guarded<nvinfer1::IPluginCapability*>("getCapabilityInterface", nullptr,
-        [&]() -> nvinfer1::IPluginCapability* {
+    return guarded<nvinfer1::IPluginCapability*>(
+        "getCapabilityInterface", nullptr, [&]() -> nvinfer1::IPluginCapability* {
             switch (type)
             {
             case nvinfer1::PluginCapabilityType::kCORE: return static_cast<nvinfer1::IPluginV3OneCore*>(this);
@@ -115,8 +115,8 @@ int32_t DeaMoEPlugin::getOutputDataTypes(
         }
         if (nbInputs != static_cast<int32_t>(mInputs.size()))
         {
-            fail("layer '" + mLayerName + "' has " + std::to_string(nbInputs) + " inputs; its attributes ("
-                + mMetadata + ") need " + std::to_string(mInputs.size()));
+            fail("layer '" + mLayerName + "' has " + std::to_string(nbInputs) + " inputs; its attributes (" + mMetadata
+                + ") need " + std::to_string(mInputs.size()));
         }
         outputTypes[0] = inputTypes[0]; // output = hidden_states' dtype
         return 0;
@@ -133,8 +133,8 @@ int32_t DeaMoEPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInputs,
         }
         if (nbInputs != static_cast<int32_t>(mInputs.size()))
         {
-            fail("layer '" + mLayerName + "' has " + std::to_string(nbInputs) + " inputs; its attributes ("
-                + mMetadata + ") need " + std::to_string(mInputs.size()));
+            fail("layer '" + mLayerName + "' has " + std::to_string(nbInputs) + " inputs; its attributes (" + mMetadata
+                + ") need " + std::to_string(mInputs.size()));
         }
         if (inputs[0].nbDims != 2)
         {
@@ -168,8 +168,8 @@ bool DeaMoEPlugin::supportsFormatCombination(
         {
             return isSupportedType(desc.type);
         }
-        InputRole const role = pos < nbInputs && pos < static_cast<int32_t>(mInputs.size()) ? mInputs[pos]
-                                                                                           : InputRole::kHIDDEN;
+        InputRole const role
+            = pos < nbInputs && pos < static_cast<int32_t>(mInputs.size()) ? mInputs[pos] : InputRole::kHIDDEN;
         TrtType const activation = inOut[0].desc.type;
         switch (inputType(mParams, role))
         {
@@ -223,8 +223,9 @@ void DeaMoEPlugin::checkTensors(
         case InputType::kCODES:
             if (in[i].type != kCODES_TYPE)
             {
-                fail(input + typeName(in[i].type) + "; a quantized node (weight_bits " + std::to_string(mParams.weightBits)
-                    + ") carries its FFN weights as " + typeName(kCODES_TYPE) + " words of packed codes");
+                fail(input + typeName(in[i].type) + "; a quantized node (weight_bits "
+                    + std::to_string(mParams.weightBits) + ") carries its FFN weights as " + typeName(kCODES_TYPE)
+                    + " words of packed codes");
             }
             break;
         case InputType::kFLOAT32_OR_ACTIVATION:
@@ -316,64 +317,66 @@ int32_t DeaMoEPlugin::onShapeChange(
 int32_t DeaMoEPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /*outputDesc*/,
     void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept
 {
-    return guarded<int32_t>("enqueue", -1, [&]() -> int32_t {
-        if (inputDesc == nullptr || inputs == nullptr || outputs == nullptr)
-        {
-            fail("null inputs or outputs");
-        }
-        int64_t const tokens = inputDesc[0].dims.d[0];
-        if (tokens == 0)
-        {
-            return 0; // an empty step: nothing to route, nothing to write
-        }
-        if (tokens < 0 || tokens > std::numeric_limits<int32_t>::max())
-        {
-            fail("hidden_states has " + std::to_string(tokens) + " tokens");
-        }
-        deamoe::DataType const dtype = toKernelType(inputDesc[0].type);
-
-        LayerParams params = mParams;
-        LayerWeights weights{};
-        for (size_t i = 1; i < mInputs.size(); ++i)
-        {
-            void const* ptr = inputs[i];
-            switch (mInputs[i])
+    return guarded<int32_t>(
+        "enqueue", -1,
+        [&]() -> int32_t {
+            if (inputDesc == nullptr || inputs == nullptr || outputs == nullptr)
             {
-            case InputRole::kROUTER_WEIGHT:
-                weights.routerWeight = ptr;
-                params.routerWeightFloat32 = inputDesc[i].type == TrtType::kFLOAT ? 1 : 0;
-                break;
-            case InputRole::kROUTER_BIAS: weights.routerBias = ptr; break;
-            case InputRole::kDEPARTMENT_GATE_UP: weights.departmentGateUp = ptr; break;
-            case InputRole::kDEPARTMENT_DOWN: weights.departmentDown = ptr; break;
-            case InputRole::kEXPERT_GATE_UP: weights.expertGateUp = ptr; break;
-            case InputRole::kEXPERT_DOWN: weights.expertDown = ptr; break;
-            case InputRole::kSHARED_GATE_UP: weights.sharedGateUp = ptr; break;
-            case InputRole::kSHARED_DOWN: weights.sharedDown = ptr; break;
-            case InputRole::kSHARED_GATE: weights.sharedGate = ptr; break;
-            case InputRole::kDEPARTMENT_GATE_UP_SCALES: weights.departmentGateUpScales = ptr; break;
-            case InputRole::kDEPARTMENT_DOWN_SCALES: weights.departmentDownScales = ptr; break;
-            case InputRole::kEXPERT_GATE_UP_SCALES: weights.expertGateUpScales = ptr; break;
-            case InputRole::kEXPERT_DOWN_SCALES: weights.expertDownScales = ptr; break;
-            case InputRole::kSHARED_GATE_UP_SCALES: weights.sharedGateUpScales = ptr; break;
-            case InputRole::kSHARED_DOWN_SCALES: weights.sharedDownScales = ptr; break;
-            case InputRole::kHIDDEN: break;
+                fail("null inputs or outputs");
             }
-        }
-        // enqueue is not told the workspace's size. TensorRT gave us at least
-        // getWorkspaceSize() for the profile's max tokens, which covers this step's tokens,
-        // so the bytes forward() may use are exactly what it asks for at this size.
-        int32_t const numTokens = static_cast<int32_t>(tokens);
-        size_t const workspaceBytes = deamoe::workspaceSize(params, numTokens, dtype);
-        Status const status = deamoe::forward(
-            params, weights, dtype, inputs[0], outputs[0], numTokens, workspace, workspaceBytes, stream);
-        if (status != Status::kSUCCESS)
-        {
-            fail("layer '" + mLayerName + "': deamoe::forward failed for " + std::to_string(tokens)
-                + " token(s): " + kernelError(status));
-        }
-        return 0;
-    },
+            int64_t const tokens = inputDesc[0].dims.d[0];
+            if (tokens == 0)
+            {
+                return 0; // an empty step: nothing to route, nothing to write
+            }
+            if (tokens < 0 || tokens > std::numeric_limits<int32_t>::max())
+            {
+                fail("hidden_states has " + std::to_string(tokens) + " tokens");
+            }
+            deamoe::DataType const dtype = toKernelType(inputDesc[0].type);
+
+            LayerParams params = mParams;
+            LayerWeights weights{};
+            for (size_t i = 1; i < mInputs.size(); ++i)
+            {
+                void const* ptr = inputs[i];
+                switch (mInputs[i])
+                {
+                case InputRole::kROUTER_WEIGHT:
+                    weights.routerWeight = ptr;
+                    params.routerWeightFloat32 = inputDesc[i].type == TrtType::kFLOAT ? 1 : 0;
+                    break;
+                case InputRole::kROUTER_BIAS: weights.routerBias = ptr; break;
+                case InputRole::kDEPARTMENT_GATE_UP: weights.departmentGateUp = ptr; break;
+                case InputRole::kDEPARTMENT_DOWN: weights.departmentDown = ptr; break;
+                case InputRole::kEXPERT_GATE_UP: weights.expertGateUp = ptr; break;
+                case InputRole::kEXPERT_DOWN: weights.expertDown = ptr; break;
+                case InputRole::kSHARED_GATE_UP: weights.sharedGateUp = ptr; break;
+                case InputRole::kSHARED_DOWN: weights.sharedDown = ptr; break;
+                case InputRole::kSHARED_GATE: weights.sharedGate = ptr; break;
+                case InputRole::kDEPARTMENT_GATE_UP_SCALES: weights.departmentGateUpScales = ptr; break;
+                case InputRole::kDEPARTMENT_DOWN_SCALES: weights.departmentDownScales = ptr; break;
+                case InputRole::kEXPERT_GATE_UP_SCALES: weights.expertGateUpScales = ptr; break;
+                case InputRole::kEXPERT_DOWN_SCALES: weights.expertDownScales = ptr; break;
+                case InputRole::kSHARED_GATE_UP_SCALES: weights.sharedGateUpScales = ptr; break;
+                case InputRole::kSHARED_DOWN_SCALES: weights.sharedDownScales = ptr; break;
+                case InputRole::kHIDDEN: break;
+                }
+            }
+            // enqueue is not told the workspace's size. TensorRT gave us at least
+            // getWorkspaceSize() for the profile's max tokens, which covers this step's tokens,
+            // so the bytes forward() may use are exactly what it asks for at this size.
+            int32_t const numTokens = static_cast<int32_t>(tokens);
+            size_t const workspaceBytes = deamoe::workspaceSize(params, numTokens, dtype);
+            Status const status = deamoe::forward(
+                params, weights, dtype, inputs[0], outputs[0], numTokens, workspace, workspaceBytes, stream);
+            if (status != Status::kSUCCESS)
+            {
+                fail("layer '" + mLayerName + "': deamoe::forward failed for " + std::to_string(tokens)
+                    + " token(s): " + kernelError(status));
+            }
+            return 0;
+        },
         mErrorRecorder);
 }
 
@@ -390,35 +393,36 @@ nvinfer1::IPluginV3* DeaMoEPlugin::attachToContext(nvinfer1::IPluginResourceCont
 
 PluginFieldCollection const* DeaMoEPlugin::getFieldsToSerialize() noexcept
 {
-    return guarded<PluginFieldCollection const*>("getFieldsToSerialize", nullptr, [&]() -> PluginFieldCollection const* {
-        // The same names and types the ONNX parser passes, so createPlugin() reads an engine's
-        // fields exactly as it reads a node's.
-        mScoreFuncName = scoreFuncName(mParams.scoreFunc);
-        mDepartmentScoreName = departmentScoreName(mParams.departmentScore);
-        auto const text = [](std::string const& s) { return static_cast<int32_t>(s.size() + 1); };
-        mSerialFields = {
-            PluginField("hidden_size", &mParams.hidden, PluginFieldType::kINT32, 1),
-            PluginField("num_departments", &mParams.numDepartments, PluginFieldType::kINT32, 1),
-            PluginField("experts_per_department", &mParams.expertsPerDepartment, PluginFieldType::kINT32, 1),
-            PluginField("shared_intermediate_size", &mParams.sharedWidth, PluginFieldType::kINT32, 1),
-            PluginField("private_intermediate_size", &mParams.privateWidth, PluginFieldType::kINT32, 1),
-            PluginField("top_k", &mParams.topK, PluginFieldType::kINT32, 1),
-            PluginField("top_departments", &mParams.topDepartments, PluginFieldType::kINT32, 1),
-            PluginField("score_func", mScoreFuncName.c_str(), PluginFieldType::kCHAR, text(mScoreFuncName)),
-            PluginField("department_score", mDepartmentScoreName.c_str(), PluginFieldType::kCHAR,
-                text(mDepartmentScoreName)),
-            PluginField("norm_topk_prob", &mParams.normTopkProb, PluginFieldType::kINT32, 1),
-            PluginField("routed_scaling_factor", &mParams.routedScalingFactor, PluginFieldType::kFLOAT32, 1),
-            PluginField("router_bias", &mParams.hasRouterBias, PluginFieldType::kINT32, 1),
-            PluginField("shared_expert_intermediate_size", &mParams.sharedExpertWidth, PluginFieldType::kINT32, 1),
-            PluginField("shared_expert_gate", &mParams.sharedExpertGate, PluginFieldType::kINT32, 1),
-            PluginField("weight_bits", &mParams.weightBits, PluginFieldType::kINT32, 1),
-            PluginField("weight_group_size", &mParams.weightGroupSize, PluginFieldType::kINT32, 1),
-        };
-        mSerialFC.nbFields = static_cast<int32_t>(mSerialFields.size());
-        mSerialFC.fields = mSerialFields.data();
-        return &mSerialFC;
-    });
+    return guarded<PluginFieldCollection const*>(
+        "getFieldsToSerialize", nullptr, [&]() -> PluginFieldCollection const* {
+            // The same names and types the ONNX parser passes, so createPlugin() reads an engine's
+            // fields exactly as it reads a node's.
+            mScoreFuncName = scoreFuncName(mParams.scoreFunc);
+            mDepartmentScoreName = departmentScoreName(mParams.departmentScore);
+            auto const text = [](std::string const& s) { return static_cast<int32_t>(s.size() + 1); };
+            mSerialFields = {
+                PluginField("hidden_size", &mParams.hidden, PluginFieldType::kINT32, 1),
+                PluginField("num_departments", &mParams.numDepartments, PluginFieldType::kINT32, 1),
+                PluginField("experts_per_department", &mParams.expertsPerDepartment, PluginFieldType::kINT32, 1),
+                PluginField("shared_intermediate_size", &mParams.sharedWidth, PluginFieldType::kINT32, 1),
+                PluginField("private_intermediate_size", &mParams.privateWidth, PluginFieldType::kINT32, 1),
+                PluginField("top_k", &mParams.topK, PluginFieldType::kINT32, 1),
+                PluginField("top_departments", &mParams.topDepartments, PluginFieldType::kINT32, 1),
+                PluginField("score_func", mScoreFuncName.c_str(), PluginFieldType::kCHAR, text(mScoreFuncName)),
+                PluginField("department_score", mDepartmentScoreName.c_str(), PluginFieldType::kCHAR,
+                    text(mDepartmentScoreName)),
+                PluginField("norm_topk_prob", &mParams.normTopkProb, PluginFieldType::kINT32, 1),
+                PluginField("routed_scaling_factor", &mParams.routedScalingFactor, PluginFieldType::kFLOAT32, 1),
+                PluginField("router_bias", &mParams.hasRouterBias, PluginFieldType::kINT32, 1),
+                PluginField("shared_expert_intermediate_size", &mParams.sharedExpertWidth, PluginFieldType::kINT32, 1),
+                PluginField("shared_expert_gate", &mParams.sharedExpertGate, PluginFieldType::kINT32, 1),
+                PluginField("weight_bits", &mParams.weightBits, PluginFieldType::kINT32, 1),
+                PluginField("weight_group_size", &mParams.weightGroupSize, PluginFieldType::kINT32, 1),
+            };
+            mSerialFC.nbFields = static_cast<int32_t>(mSerialFields.size());
+            mSerialFC.fields = mSerialFields.data();
+            return &mSerialFC;
+        });
 }
 
 // ---------------------------------------------------------------------------------------

@@ -237,8 +237,8 @@ void checkQuantization(LayerParams const& p)
     int32_t const G = p.weightGroupSize;
     if (G != 16 && G != 32 && G != 64 && G != 128)
     {
-        fail("field 'weight_group_size' must be 16, 32, 64 or 128 when weight_bits is "
-            + std::to_string(p.weightBits) + ", got " + std::to_string(G));
+        fail("field 'weight_group_size' must be 16, 32, 64 or 128 when weight_bits is " + std::to_string(p.weightBits)
+            + ", got " + std::to_string(G));
     }
     // Every quantized weight's input columns are cut into whole groups.
     struct Width
@@ -351,8 +351,8 @@ LayerParams paramsFromFields(PluginFieldCollection const& fc)
 std::string describe(LayerParams const& p)
 {
     std::ostringstream out;
-    out << "d=" << p.hidden << " D=" << p.numDepartments << " m=" << p.expertsPerDepartment
-        << " f_s=" << p.sharedWidth << " f_p=" << p.privateWidth << " k=" << p.topK << " g=" << p.topDepartments
+    out << "d=" << p.hidden << " D=" << p.numDepartments << " m=" << p.expertsPerDepartment << " f_s=" << p.sharedWidth
+        << " f_p=" << p.privateWidth << " k=" << p.topK << " g=" << p.topDepartments
         << " score_func=" << scoreFuncName(p.scoreFunc)
         << " department_score=" << departmentScoreName(p.departmentScore) << " norm_topk_prob=" << p.normTopkProb
         << " routed_scaling_factor=" << p.routedScalingFactor << " router_bias=" << p.hasRouterBias

@@ -90,7 +90,6 @@ void reportError(char const* where, char const* what, nvinfer1::IErrorRecorder* 
     }
 }
 
-
 [[noreturn]] void fail(std::string const& message)
 {
     throw std::invalid_argument(message);

@@ -47,7 +47,7 @@ struct RoutedArgs
     int32_t* keptDepartments; // [tile][g]
     // Shared experts' down blocks (the next sharedDownBlocks tickets)
     int32_t sharedDownBlocks;
-    T const* sharedDown; // [d][f_sh] or nullptr
+    T const* sharedDown;            // [d][f_sh] or nullptr
     uint8_t const* sharedDownCodes; // quantized (BITS > 0): [d][f_sh * BITS / 8] instead
     T const* sharedDownScales;      // [d][f_sh / G]
     int32_t hidden;
@@ -71,8 +71,8 @@ DEAMOE_DEVICE void routingBlock(RoutedArgs<T> const& args, int block)
     int const g = cfg.topDepartments;
     int const warp = static_cast<int>(threadIdx.x) / kWarpSize;
     uint32_t* planScratch = reinterpret_cast<uint32_t*>(dynamicSmem());
-    float* scratch = reinterpret_cast<float*>(planScratch + planScratchWords(args.planConfig))
-        + warp * routingScratchFloats(cfg);
+    float* scratch
+        = reinterpret_cast<float*>(planScratch + planScratchWords(args.planConfig)) + warp * routingScratchFloats(cfg);
     int const t = block * kTokensPerRoutingBlock + warp;
     if (t < args.numTokens)
     {
@@ -127,8 +127,9 @@ DEAMOE_DEVICE void sharedDownBlock(RoutedArgs<T> const& args, int block)
         QuantRow<T> rows[kDownRowsPerWarp];
         downQuantRows<BITS>(args.sharedDownCodes, args.sharedDownScales, args.sharedWidth, args.hidden,
             args.gateUp.groupShift, firstRow, rows);
-        accumulateQuantRows<BITS, QuantUnroll<TT, true>::value, T, float, kDownRowsPerWarp, TT>(rows, args.gateUp.groupShift, 0,
-            args.sharedWidth * BITS / 128, args.hShared, offset, firstTokens(args.numTokens), acc);
+        accumulateQuantRows<BITS, QuantUnroll<TT, true>::value, T, float, kDownRowsPerWarp, TT>(rows,
+            args.gateUp.groupShift, 0, args.sharedWidth * BITS / 128, args.hShared, offset, firstTokens(args.numTokens),
+            acc);
     }
     else
     {

@@ -25,8 +25,8 @@ struct GateUpMinBlocks
 };
 
 template <class T, int TT, int BITS>
-__global__ void __launch_bounds__(kGemvThreads, GateUpMinBlocks<TT, BITS>::value) routerSharedKernel(
-    GateUpArgs<T> const args)
+__global__ void __launch_bounds__(kGemvThreads, GateUpMinBlocks<TT, BITS>::value)
+    routerSharedKernel(GateUpArgs<T> const args)
 {
     beginDependentKernel();
     // K2 takes tickets and counts routing blocks on these: zero them for it. The

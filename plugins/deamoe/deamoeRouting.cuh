@@ -108,8 +108,8 @@ DEAMOE_HD void routeToken(Lanes const& lanes, RoutingConfig const& cfg, float co
     int const lane = lanes.lane();
     int const width = lanes.width();
 
-    float* selection = scratch;             // [N]
-    float* departmentScores = scratch + N;  // [D]
+    float* selection = scratch;                                  // [N]
+    float* departmentScores = scratch + N;                       // [D]
     int32_t* kept = reinterpret_cast<int32_t*>(scratch + N + D); // [g]
 
     // Step 1: scores.

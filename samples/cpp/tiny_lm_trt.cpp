@@ -176,14 +176,8 @@ size_t elementSize(nvinfer1::DataType type)
 struct DeviceBuffer
 {
     void* ptr = nullptr;
-    explicit DeviceBuffer(size_t bytes)
-    {
-        checkCuda(cudaMalloc(&ptr, std::max<size_t>(bytes, 1)), "cudaMalloc");
-    }
-    ~DeviceBuffer()
-    {
-        cudaFree(ptr);
-    }
+    explicit DeviceBuffer(size_t bytes) { checkCuda(cudaMalloc(&ptr, std::max<size_t>(bytes, 1)), "cudaMalloc"); }
+    ~DeviceBuffer() { cudaFree(ptr); }
     DeviceBuffer(DeviceBuffer const&) = delete;
     DeviceBuffer& operator=(DeviceBuffer const&) = delete;
 };
@@ -225,7 +219,8 @@ Sizes readSizes(nvinfer1::ICudaEngine const& engine)
     s.kvHeads = static_cast<int>(past.d[1]);
     s.headDim = static_cast<int>(past.d[3]);
     s.vocab = static_cast<int>(logits.d[2]);
-    s.context = static_cast<int>(engine.getProfileShape("input_ids", kPrefill, nvinfer1::OptProfileSelector::kMAX).d[1]);
+    s.context
+        = static_cast<int>(engine.getProfileShape("input_ids", kPrefill, nvinfer1::OptProfileSelector::kMAX).d[1]);
     s.cacheType = engine.getTensorDataType(pastName(0, 0).c_str());
     return s;
 }
@@ -252,10 +247,7 @@ public:
                 set.emplace_back(std::make_unique<DeviceBuffer>(cacheBytes));
     }
 
-    ~Decoder()
-    {
-        cudaStreamDestroy(mStream);
-    }
+    ~Decoder() { cudaStreamDestroy(mStream); }
 
     // Feeds ids after the cached ones; returns the greedy next token.
     int64_t run(std::vector<int64_t> const& ids, int profile)
@@ -281,8 +273,10 @@ public:
         context.setTensorAddress("logits", mLogits.ptr);
         if (!context.enqueueV3(mStream))
             fail("TensorRT execution failed (see its messages above)");
-        auto const* last = static_cast<char const*>(mLogits.ptr) + sizeof(float) * static_cast<size_t>(tokens - 1) * mSizes.vocab;
-        checkCuda(cudaMemcpyAsync(mHostLogits.data(), last, sizeof(float) * mSizes.vocab, cudaMemcpyDeviceToHost, mStream),
+        auto const* last
+            = static_cast<char const*>(mLogits.ptr) + sizeof(float) * static_cast<size_t>(tokens - 1) * mSizes.vocab;
+        checkCuda(
+            cudaMemcpyAsync(mHostLogits.data(), last, sizeof(float) * mSizes.vocab, cudaMemcpyDeviceToHost, mStream),
             "copy logits");
         checkCuda(cudaStreamSynchronize(mStream), "cudaStreamSynchronize");
         mCurrent = 1 - mCurrent;
@@ -290,10 +284,7 @@ public:
         return std::max_element(mHostLogits.begin(), mHostLogits.end()) - mHostLogits.begin();
     }
 
-    int length() const
-    {
-        return mLength;
-    }
+    int length() const { return mLength; }
 
     // Forget the cache: the next run is a prefill again.
     void reset()
@@ -335,7 +326,8 @@ int main(int argc, char** argv)
     std::unique_ptr<nvinfer1::IRuntime> runtime(nvinfer1::createInferRuntime(logger));
     std::unique_ptr<nvinfer1::ICudaEngine> engine(runtime->deserializeCudaEngine(blob.data(), blob.size()));
     if (!engine)
-        fail(args.engine + " is not an engine this TensorRT (" + std::to_string(getInferLibVersion()) + ") can load", 2);
+        fail(
+            args.engine + " is not an engine this TensorRT (" + std::to_string(getInferLibVersion()) + ") can load", 2);
     Sizes const sizes = readSizes(*engine);
     if (static_cast<int>(prompt.size()) >= sizes.context)
         fail("the prompt is " + std::to_string(prompt.size()) + " tokens but the model's context holds "

@@ -1,16 +1,18 @@
+import json
 import subprocess
 import sys
 
 import pytest
 
 from deamoe_trt import DeaMoEStack
+from deamoe_trt.cli.demo_cmd import BENCH_PRESET, _bench_summary
 from deamoe_trt.cli.main import main
 
 
-def run_cli(*args):
+def run_cli(*args, timeout=300):
     """Run the real console entry in a subprocess: exit codes and stderr as users see them."""
     return subprocess.run(
-        [sys.executable, "-m", "deamoe_trt", *args], capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, "-m", "deamoe_trt", *args], capture_output=True, text=True, timeout=timeout, check=False
     )
 
 
@@ -54,7 +56,8 @@ def test_bad_input_gets_one_line_and_exit_code_2(args, message):
 
 @pytest.mark.slow
 def test_demo_runs_the_main_job(tmp_path):
-    result = run_cli("demo", "-o", str(tmp_path))
+    # A couple of minutes on two idle cores; more on a loaded machine.
+    result = run_cli("demo", "-o", str(tmp_path), timeout=900)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "Routing of random tokens" in out
@@ -64,3 +67,41 @@ def test_demo_runs_the_main_job(tmp_path):
         assert (tmp_path / f"tiny-{form}-{'fp16' if form == 'onnx' else 'fp32'}.onnx").is_file()
     assert (tmp_path / "bench.json").is_file() and (tmp_path / "bench.png").is_file()
     assert "same tokens as deamoe" in out  # the expanded twin decodes the shipped LM identically
+    assert "what the tiny models can and cannot show" in out
+    # The speed step runs a layer where bytes set the time, and reports what the run measured.
+    layer = json.loads((tmp_path / "bench.json").read_text())["layer"]
+    assert layer["preset"] == BENCH_PRESET
+    assert layer["status"] == "ok", layer.get("reason")
+    rows = {(r["contender"], r["tokens"]): r for r in layer["results"]}
+    assert {name for name, _ in rows} == {"deamoe/cpu", "expanded/cpu"}
+    for tokens in (1, 4):
+        ours, twin = rows["deamoe/cpu", tokens], rows["expanded/cpu", tokens]
+        assert ours["bytes_per_step_mean"] < twin["bytes_per_step_mean"]
+        assert f"{tokens} token(s) per step: {ours['bytes_per_step_mean'] / 1e6:.1f} MB vs" in out
+
+
+def _bench_row(contender, tokens, megabytes, ms):
+    return {"contender": contender, "tokens": tokens, "bytes_per_step_mean": megabytes * 1e6, "median_s": ms / 1e3}
+
+
+def test_demo_bench_summary_gives_bytes_saved_their_bound_and_the_measured_ratio(tmp_path):
+    result = {
+        "layer": {
+            "status": "ok",
+            "preset": "qwen3-30b-a3b-layer",
+            "dtype": "fp16",
+            "results": [_bench_row("deamoe/cpu", 1, 50.0, 3.0), _bench_row("expanded/cpu", 1, 80.0, 4.5)],
+        }
+    }
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(result))
+    text = _bench_summary(path)
+    # 50 MB against 80 MB: 1 - 50/80 = 37.5% fewer bytes, a 1.6x bound; 4.5 ms / 3.0 ms = 1.5x measured.
+    assert "1 token(s) per step: 50.0 MB vs 80.0 MB (38% fewer bytes, at most 1.60x faster)" in text
+    assert "median 3.00 ms vs 4.50 ms (1.50x)" in text
+
+
+def test_demo_bench_summary_says_why_when_the_layer_was_skipped(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"layer": {"status": "skipped", "reason": "needs 5.2 GB, 3.1 GB available"}}))
+    assert _bench_summary(path) == "(benchmark skipped: needs 5.2 GB, 3.1 GB available)"

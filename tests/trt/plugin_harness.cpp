@@ -121,7 +121,6 @@ Status forward(LayerParams const& params, LayerWeights const& weights, DataType 
 }
 } // namespace deamoe
 
-
 // ---------------------------------------------------------------------------------------
 // Test scaffolding
 // ---------------------------------------------------------------------------------------
@@ -161,10 +160,7 @@ public:
 class Finder : public ILoggerFinder
 {
 public:
-    ILogger* findLogger() override
-    {
-        return &logger;
-    }
+    ILogger* findLogger() override { return &logger; }
     CaptureLogger logger;
 };
 
@@ -179,39 +175,18 @@ bool lastErrorHas(std::string const& needle)
 class FakeErrorRecorder : public IErrorRecorder
 {
 public:
-    int32_t getNbErrors() const noexcept override
-    {
-        return static_cast<int32_t>(mErrors.size());
-    }
-    ErrorCode getErrorCode(int32_t i) const noexcept override
-    {
-        return mErrors.at(i).first;
-    }
-    ErrorDesc getErrorDesc(int32_t i) const noexcept override
-    {
-        return mErrors.at(i).second.c_str();
-    }
-    bool hasOverflowed() const noexcept override
-    {
-        return false;
-    }
-    void clear() noexcept override
-    {
-        mErrors.clear();
-    }
+    int32_t getNbErrors() const noexcept override { return static_cast<int32_t>(mErrors.size()); }
+    ErrorCode getErrorCode(int32_t i) const noexcept override { return mErrors.at(i).first; }
+    ErrorDesc getErrorDesc(int32_t i) const noexcept override { return mErrors.at(i).second.c_str(); }
+    bool hasOverflowed() const noexcept override { return false; }
+    void clear() noexcept override { mErrors.clear(); }
     bool reportError(ErrorCode code, ErrorDesc desc) noexcept override
     {
         mErrors.emplace_back(code, desc);
         return false;
     }
-    RefCount incRefCount() noexcept override
-    {
-        return 1;
-    }
-    RefCount decRefCount() noexcept override
-    {
-        return 0;
-    }
+    RefCount incRefCount() noexcept override { return 1; }
+    RefCount decRefCount() noexcept override { return 0; }
 
 private:
     std::vector<std::pair<ErrorCode, std::string>> mErrors;
@@ -220,14 +195,8 @@ private:
 class FakeResourceContext : public IPluginResourceContext
 {
 public:
-    IGpuAllocator* getGpuAllocator() const noexcept override
-    {
-        return nullptr;
-    }
-    IErrorRecorder* getErrorRecorder() const noexcept override
-    {
-        return recorder;
-    }
+    IGpuAllocator* getGpuAllocator() const noexcept override { return nullptr; }
+    IErrorRecorder* getErrorRecorder() const noexcept override { return recorder; }
     IErrorRecorder* recorder = nullptr;
 };
 
@@ -398,10 +367,7 @@ struct FakeBuffers
 
 struct PluginDeleter
 {
-    void operator()(IPluginV3* p) const
-    {
-        delete p;
-    }
+    void operator()(IPluginV3* p) const { delete p; }
 };
 using PluginPtr = std::unique_ptr<IPluginV3, PluginDeleter>;
 
@@ -428,8 +394,8 @@ Dims dims(std::vector<int64_t> const& values)
     return d;
 }
 
-PluginTensorDesc desc(std::vector<int64_t> const& shape, DataType type = DataType::kHALF,
-    TensorFormat format = TensorFormat::kLINEAR)
+PluginTensorDesc desc(
+    std::vector<int64_t> const& shape, DataType type = DataType::kHALF, TensorFormat format = TensorFormat::kLINEAR)
 {
     PluginTensorDesc d{};
     d.dims = dims(shape);
@@ -439,8 +405,8 @@ PluginTensorDesc desc(std::vector<int64_t> const& shape, DataType type = DataTyp
     return d;
 }
 
-DynamicPluginTensorDesc dyn(std::vector<int64_t> const& shape, DataType type = DataType::kHALF,
-    int64_t minTokens = 1, int64_t maxTokens = 16)
+DynamicPluginTensorDesc dyn(
+    std::vector<int64_t> const& shape, DataType type = DataType::kHALF, int64_t minTokens = 1, int64_t maxTokens = 16)
 {
     DynamicPluginTensorDesc d{};
     d.desc = desc(shape, type);
@@ -464,8 +430,7 @@ std::vector<std::vector<int64_t>> tinyShapes(int64_t tokens)
 
 std::vector<std::vector<int64_t>> fullShapes(int64_t tokens)
 {
-    return {{tokens, 32}, {8, 32}, {8}, {2, 16, 32}, {2, 32, 8}, {8, 8, 32}, {8, 32, 4}, {32, 32}, {32, 16},
-        {1, 32}};
+    return {{tokens, 32}, {8, 32}, {8}, {2, 16, 32}, {2, 32, 8}, {8, 8, 32}, {8, 32, 4}, {32, 32}, {32, 16}, {1, 32}};
 }
 
 std::string paramsOf(IPluginV3* plugin)
@@ -494,10 +459,10 @@ void testCreatorIdentity()
     check(std::strcmp(c.getPluginNamespace(), "") == 0, "plugin namespace empty");
     PluginFieldCollection const* names = c.getFieldNames();
     check(names != nullptr && names->nbFields == 16, "16 field names (DeaMoEConfig's and the quantization's)");
-    char const* expected[] = {"hidden_size", "num_departments", "experts_per_department",
-        "shared_intermediate_size", "private_intermediate_size", "top_k", "top_departments", "score_func",
-        "department_score", "norm_topk_prob", "routed_scaling_factor", "router_bias",
-        "shared_expert_intermediate_size", "shared_expert_gate", "weight_bits", "weight_group_size"};
+    char const* expected[] = {"hidden_size", "num_departments", "experts_per_department", "shared_intermediate_size",
+        "private_intermediate_size", "top_k", "top_departments", "score_func", "department_score", "norm_topk_prob",
+        "routed_scaling_factor", "router_bias", "shared_expert_intermediate_size", "shared_expert_gate", "weight_bits",
+        "weight_group_size"};
     for (int i = 0; i < 16 && names; ++i)
     {
         check(std::strcmp(names->fields[i].name, expected[i]) == 0, std::string("field ") + expected[i]);
@@ -518,8 +483,8 @@ void testCreateFromParserFields()
     {
         return;
     }
-    check(paramsOf(plugin.get()).find("d=64 D=4 m=4 f_s=32 f_p=16 k=4 g=2 score_func=softmax department_score=max")
-            == 0,
+    check(
+        paramsOf(plugin.get()).find("d=64 D=4 m=4 f_s=32 f_p=16 k=4 g=2 score_func=softmax department_score=max") == 0,
         "fields mapped to LayerParams: " + paramsOf(plugin.get()));
     auto* core = static_cast<IPluginV3OneCore*>(plugin->getCapabilityInterface(PluginCapabilityType::kCORE));
     check(core != nullptr && std::strcmp(core->getPluginName(), "DeaMoE") == 0, "core capability");
@@ -553,8 +518,9 @@ void testCreateFromParserFields()
     check(other != nullptr, "int64 fields, strings without NUL, defaults for optional fields");
     if (other)
     {
-        check(paramsOf(other.get()).find("score_func=sigmoid department_score=max norm_topk_prob=1 "
-                                         "routed_scaling_factor=1 router_bias=0 f_sh=0 shared_expert_gate=0")
+        check(paramsOf(other.get())
+                    .find("score_func=sigmoid department_score=max norm_topk_prob=1 "
+                          "routed_scaling_factor=1 router_bias=0 f_sh=0 shared_expert_gate=0")
                 != std::string::npos,
             "defaults as DeaMoEConfig: " + paramsOf(other.get()));
     }
@@ -577,18 +543,17 @@ void testCreateRejects()
     cases.push_back({"bool out of range", tinyFields().without("router_bias").i32("router_bias", 2), "router_bias"});
     cases.push_back({"int as string", tinyFields().without("top_k").str("top_k", "4"), "top_k"});
     cases.push_back({"duplicate field", tinyFields().i32("top_k", 4), "twice"});
-    cases.push_back({"invalid layer (k > g*m)", tinyFields().without("top_k").i32("top_k", 9),
-        "invalid DeaMoE layer"});
-    cases.push_back({"the kernels' reason is passed on", tinyFields().without("top_k").i32("top_k", 9),
-        "stub: top_k must be"});
+    cases.push_back({"invalid layer (k > g*m)", tinyFields().without("top_k").i32("top_k", 9), "invalid DeaMoE layer"});
+    cases.push_back(
+        {"the kernels' reason is passed on", tinyFields().without("top_k").i32("top_k", 9), "stub: top_k must be"});
     cases.push_back(
         {"int64 overflow", tinyFields().without("hidden_size").i64("hidden_size", int64_t{1} << 40), "int32"});
     cases.push_back({"weight_bits 3", quantFields(4, 16).without("weight_bits").i32("weight_bits", 3),
         "field 'weight_bits' must be 0 (float weights), 4 or 8, got 3"});
     cases.push_back({"group size 48", quantFields(4, 16).without("weight_group_size").i32("weight_group_size", 48),
         "field 'weight_group_size' must be 16, 32, 64 or 128 when weight_bits is 4, got 48"});
-    cases.push_back({"group size 0 when quantized",
-        quantFields(8, 16).without("weight_group_size"), "must be 16, 32, 64 or 128 when weight_bits is 8, got 0"});
+    cases.push_back({"group size 0 when quantized", quantFields(8, 16).without("weight_group_size"),
+        "must be 16, 32, 64 or 128 when weight_bits is 8, got 0"});
     cases.push_back({"a width not a whole number of groups", quantFields(4, 64),
         "field 'hidden_size' is 32, not divisible by weight_group_size 64"});
     cases.push_back({"a group size in a float node", tinyFields().i32("weight_group_size", 32),
@@ -615,7 +580,8 @@ void testSerialisationRoundTrip()
             check(false, "create for round trip");
             continue;
         }
-        auto* runtime = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+        auto* runtime
+            = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
         PluginFieldCollection const* fc = runtime->getFieldsToSerialize();
         check(fc != nullptr && fc->nbFields == 16, "16 serialized fields");
         PluginPtr back(creator().createPlugin("layer0", fc, TensorRTPhase::kRUNTIME));
@@ -661,8 +627,8 @@ void testTypesAndFormats()
     auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
     check(build->getNbOutputs() == 1, "one output");
 
-    DataType in[6] = {DataType::kBF16, DataType::kBF16, DataType::kBF16, DataType::kBF16, DataType::kBF16,
-        DataType::kBF16};
+    DataType in[6]
+        = {DataType::kBF16, DataType::kBF16, DataType::kBF16, DataType::kBF16, DataType::kBF16, DataType::kBF16};
     DataType out[1] = {DataType::kFLOAT};
     check(build->getOutputDataTypes(out, 1, in, 6) == 0 && out[0] == DataType::kBF16, "output dtype = input 0's");
     gFinder.logger.last.clear();
@@ -870,8 +836,8 @@ void testWorkspaceAndEnqueue()
 
     gForwardResult = deamoe::Status::kCUDA_ERROR;
     gFinder.logger.last.clear();
-    check(runtime->enqueue(rin.data(), &rout, inputs, outputs, workspace, nullptr) != 0
-            && lastErrorHas("CUDA error") && lastErrorHas("stub launch failure"),
+    check(runtime->enqueue(rin.data(), &rout, inputs, outputs, workspace, nullptr) != 0 && lastErrorHas("CUDA error")
+            && lastErrorHas("stub launch failure"),
         "a failing kernel is reported with the CUDA error: " + gFinder.logger.last);
 
     // Attached to an execution context, enqueue failures also reach its error recorder.
@@ -879,8 +845,7 @@ void testWorkspaceAndEnqueue()
     FakeResourceContext context;
     context.recorder = &recorder;
     PluginPtr attached(runtime->attachToContext(&context));
-    auto* arun
-        = static_cast<IPluginV3OneRuntime*>(attached->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    auto* arun = static_cast<IPluginV3OneRuntime*>(attached->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
     check(arun->enqueue(rin.data(), &rout, inputs, outputs, workspace, nullptr) != 0 && recorder.getNbErrors() == 1
             && recorder.getErrorCode(0) == ErrorCode::kFAILED_EXECUTION
             && std::string(recorder.getErrorDesc(0)).find("stub launch failure") != std::string::npos,
@@ -960,14 +925,13 @@ void testQuantized()
             "unpacked codes shape rejected, the packed one named" + tag + ": " + gFinder.logger.last);
         in[5] = dyn(shapes[5], DataType::kHALF);
         gFinder.logger.last.clear();
-        check(build->configurePlugin(in.data(), 16, &out, 1) != 0 && lastErrorHas("input 5 (experts.gate_up) is float16")
-                && lastErrorHas("int32 words of packed codes"),
+        check(build->configurePlugin(in.data(), 16, &out, 1) != 0
+                && lastErrorHas("input 5 (experts.gate_up) is float16") && lastErrorHas("int32 words of packed codes"),
             "float codes rejected, the codes type named" + tag + ": " + gFinder.logger.last);
         in[5] = dyn(shapes[5], DataType::kINT32);
         in[13] = dyn({8, 32, 1});
         gFinder.logger.last.clear();
-        check(build->configurePlugin(in.data(), 16, &out, 1) != 0
-                && lastErrorHas("input 13 (experts.down.scales)"),
+        check(build->configurePlugin(in.data(), 16, &out, 1) != 0 && lastErrorHas("input 13 (experts.down.scales)"),
             "wrong scales shape rejected" + tag + ": " + gFinder.logger.last);
 
         // enqueue: codes and scales land on their LayerWeights members, the quantization in params.

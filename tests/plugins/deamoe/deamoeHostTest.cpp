@@ -41,8 +41,8 @@ int32_t deamoe_host_max_tile_tokens()
 
 // Routing of numTokens tokens from float32 logits [T, N]; bias [N] or null.
 // Returns 0, or 1 for an invalid config / argument.
-int32_t deamoe_host_route_logits(RoutingConfig const* cfg, float const* logits, float const* bias,
-    int32_t numTokens, int32_t* expertIds, float* weights, int32_t* departmentIds, int32_t* keptDepartments)
+int32_t deamoe_host_route_logits(RoutingConfig const* cfg, float const* logits, float const* bias, int32_t numTokens,
+    int32_t* expertIds, float* weights, int32_t* departmentIds, int32_t* keptDepartments)
 {
     if (!cfg || !validRouting(*cfg) || numTokens < 0 || (numTokens > 0 && !logits))
         return 1;
@@ -50,9 +50,9 @@ int32_t deamoe_host_route_logits(RoutingConfig const* cfg, float const* logits, 
     std::vector<float> scratch(deamoe::detail::routingScratchFloats(c));
     for (int t = 0; t < numTokens; ++t)
     {
-        deamoe::detail::routeToken(SerialLanes{}, c, logits + static_cast<size_t>(t) * c.numExperts,
-            FloatBias{bias}, scratch.data(), expertIds + t * c.topK, weights + t * c.topK,
-            departmentIds + t * c.topK, keptDepartments + t * c.topDepartments);
+        deamoe::detail::routeToken(SerialLanes{}, c, logits + static_cast<size_t>(t) * c.numExperts, FloatBias{bias},
+            scratch.data(), expertIds + t * c.topK, weights + t * c.topK, departmentIds + t * c.topK,
+            keptDepartments + t * c.topDepartments);
     }
     return 0;
 }
@@ -77,8 +77,7 @@ int32_t deamoe_host_route(RoutingConfig const* cfg, int32_t hidden, float const*
             logits[static_cast<size_t>(t) * N + n] = static_cast<float>(acc);
         }
     }
-    return deamoe_host_route_logits(
-        cfg, logits, bias, numTokens, expertIds, weights, departmentIds, keptDepartments);
+    return deamoe_host_route_logits(cfg, logits, bias, numTokens, expertIds, weights, departmentIds, keptDepartments);
 }
 
 // The plan of one tile (numTokens <= deamoe_host_max_tile_tokens()) from its routing.
@@ -86,16 +85,16 @@ int32_t deamoe_host_route(RoutingConfig const* cfg, int32_t hidden, float const*
 // entries [capacity][max_tile_tokens], departmentSlots [T].
 int32_t deamoe_host_plan(PlanConfig const* cfg, int32_t numTokens, int32_t const* expertIds, float const* weights,
     int32_t const* keptDepartments, int32_t* counts, int32_t* departments, int32_t* experts,
-    int32_t* departmentEntryCounts, int32_t* expertEntryCounts, PlanEntry* departmentEntries,
-    PlanEntry* expertEntries, int32_t* departmentSlots)
+    int32_t* departmentEntryCounts, int32_t* expertEntryCounts, PlanEntry* departmentEntries, PlanEntry* expertEntries,
+    int32_t* departmentSlots)
 {
     if (!cfg || numTokens < 0 || numTokens > deamoe::detail::kMaxTileTokens)
         return 1;
     std::vector<uint32_t> scratch(deamoe::detail::planScratchWords(*cfg));
     PlanView const view{counts, departments, experts, departmentEntryCounts, expertEntryCounts, departmentEntries,
         expertEntries, departmentSlots};
-    deamoe::detail::buildPlan(SerialLanes{}, SerialLanes{}, true, *cfg, numTokens, expertIds, weights,
-        keptDepartments, scratch.data(), view);
+    deamoe::detail::buildPlan(
+        SerialLanes{}, SerialLanes{}, true, *cfg, numTokens, expertIds, weights, keptDepartments, scratch.data(), view);
     return 0;
 }
 

@@ -49,7 +49,11 @@ constexpr int kWarp = 32;
 
 struct Warp
 {
-    explicit Warp(int lanes) : barrier(lanes), alive(lanes) {}
+    explicit Warp(int lanes)
+        : barrier(lanes)
+        , alive(lanes)
+    {
+    }
     std::barrier<> barrier;
     std::atomic<int> alive;
     uint64_t slots[kWarp] = {};
@@ -57,7 +61,9 @@ struct Warp
 
 struct Block
 {
-    Block(int threads, size_t smemBytes) : barrier(threads), smem(smemBytes / 16 + 1)
+    Block(int threads, size_t smemBytes)
+        : barrier(threads)
+        , smem(smemBytes / 16 + 1)
     {
         std::memset(smem.data(), 0xff, smem.size() * sizeof(float4)); // poison: NaN floats, -1 ints
         for (int w = 0; w < threads / kWarp; ++w)
@@ -187,7 +193,7 @@ cudaError_t launchChecked(unsigned grid, unsigned threads, size_t smemBytes, Bod
 // An expression, as the CUDA one: the launch's cudaError_t.
 #define DEAMOE_LAUNCH(kernel, grid, block, smem, stream, args)                                                         \
     ((void) (stream),                                                                                                  \
-        ::simt::launchChecked(static_cast<unsigned>(grid), static_cast<unsigned>(block), static_cast<size_t>(smem),   \
+        ::simt::launchChecked(static_cast<unsigned>(grid), static_cast<unsigned>(block), static_cast<size_t>(smem),    \
             [&] { kernel(args); }))
 
 // ---- CUDA device functions the kernels use ----
