@@ -24,12 +24,6 @@ from ..hf_lm_models import prompt_ids
 from .gpt_oss_models import LIMIT, build_gpt_oss
 
 NEW_TOKENS = 32
-# The biased, clamped FFN on the CPU kernel, in the ONNX forms and in the plugin node's
-# attributes is those backends' part; strict, so that this marker goes once they have it.
-FFN_BACKEND_BIASES = pytest.mark.xfail(
-    strict=True,
-    reason="the CPU kernel, the ONNX FFN forms and the plugin contract do not carry FFN biases and the clamp yet",
-)
 
 
 @pytest.fixture(autouse=True)
@@ -111,7 +105,6 @@ def test_greedy_generation_equals_transformers_generate(imported):
     assert generate(TorchDecoder(loaded.model), prompt_ids(), NEW_TOKENS).new_ids == expected
 
 
-@FFN_BACKEND_BIASES
 def test_greedy_generation_on_the_cpu_kernel_equals_transformers(imported):
     from deamoe_trt.lm.cpu import CpuDecoder
 
@@ -120,7 +113,6 @@ def test_greedy_generation_on_the_cpu_kernel_equals_transformers(imported):
 
 
 @pytest.mark.slow
-@FFN_BACKEND_BIASES
 @pytest.mark.parametrize("form", ["ort", "onnx", "plugin"])
 def test_greedy_generation_on_onnx_runtime_equals_transformers(imported, form):
     _, loaded, expected = imported
