@@ -101,3 +101,16 @@ def export_edgellm(lm_dir: str | Path, output: str | Path, *, dtype: str = "fp16
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return output
+
+
+def installed_version(python: Path) -> str:
+    """tensorrt_edgellm.__version__ in python (DeaMoEError when it cannot be imported there)."""
+    command = [str(python), "-c", "import tensorrt_edgellm; print(tensorrt_edgellm.__version__)"]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise DeaMoEError(f"{python} cannot run: {exc}") from None
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines()
+        raise DeaMoEError(f"{python} cannot import tensorrt_edgellm: {lines[-1] if lines else result.returncode}")
+    return result.stdout.strip()
