@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from ... import contract
-from ...errors import DeaMoEError, UsageError, one_line
+from ...errors import DeaMoEError, one_line
 from . import SIDECAR, check_version
 
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except ModuleNotFoundError as exc:
-        print(f"error: {one_line(UsageError(f'Edge-LLM export needs {exc.name}: {exc}'))}", file=sys.stderr)
+        print(f"error: Edge-LLM export needs {exc.name}: {one_line(exc)}", file=sys.stderr)
         return 1
     except Exception as exc:  # Edge-LLM's own failures: one line, and the traceback above it
         import traceback

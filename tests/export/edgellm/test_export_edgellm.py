@@ -222,3 +222,34 @@ def test_failed_export_leaves_no_partial_directory(tmp_path):
     with pytest.raises(DeaMoEError, match="needs tensorrt_edgellm"):
         export_edgellm(tmp_path / "lm", tmp_path / "out", python=sys.executable)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "lm"]
+
+
+EAGER_SCRIPT = """
+import torch
+from deamoe_trt import DeaMoELayer, get_preset
+from deamoe_trt.export.edgellm.family import DeaMoEBlock
+from deamoe_trt.quant import QuantConfig
+
+for quant in (None, QuantConfig(4, 16)):
+    layer = DeaMoELayer.random(get_preset("tiny"), seed=3)
+    layer = layer.quantized(quant) if quant else layer
+    x = (torch.randn(9, 64, generator=torch.Generator().manual_seed(4)) * 0.5).half()
+    got = DeaMoEBlock(layer)(x).float()
+    half = layer.to(torch.float16)
+    want = half.forward_routed(x, half.route(x)).float()
+    print(float((got - want).abs().max()))
+"""
+
+
+@needs_edgellm
+@pytest.mark.slow
+def test_the_custom_ops_eager_kernel_is_the_reference():
+    """Edge-LLM may run the model eagerly (its quantizer does): the op then computes the layer."""
+    root = Path(__file__).resolve().parents[3]
+    env = {"PYTHONPATH": str(root), "OMP_NUM_THREADS": "2", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(
+        [str(EDGELLM_PYTHON), "-c", EAGER_SCRIPT], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    errors = [float(line) for line in result.stdout.split()]
+    assert len(errors) == 2 and max(errors) <= 1e-3
