@@ -15,3 +15,12 @@ if .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "nvi
 else
     echo "setup.sh: the nvidia-pytriton wheel did not install; the serving tests will skip" >&2
 fi
+# TensorRT Edge-LLM's exporter for export-edgellm and its tests (tests/export/edgellm). It pins
+# transformers 5.14, onnx 1.19 and numpy 2.2, which clash with .venv's, so it gets .venv-edgellm;
+# deamoe-trt runs its exporter there as a subprocess with this tree on PYTHONPATH.
+if python3 -m venv .venv-edgellm &&
+    .venv-edgellm/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" "tensorrt-edgellm[export]==0.11.0"; then
+    :
+else
+    echo "setup.sh: tensorrt-edgellm did not install; the Edge-LLM export tests will skip" >&2
+fi

@@ -29,6 +29,7 @@ SUBCOMMANDS = (
     "deamoe_trt.cli.convert_cmd",
     "deamoe_trt.cli.triton_repo_cmd",
     "deamoe_trt.cli.serve_bench_cmd",
+    "deamoe_trt.cli.export_edgellm_cmd",
 )
 
 

@@ -142,6 +142,8 @@ class HFTokenizer:
     def chat(self, user: str) -> str:
         """user's message in the model's chat template, ready for the assistant's reply."""
         template = self.settings.get("chat_template")
+        if template is None and (self.directory / "chat_template.jinja").is_file():  # transformers 5 keeps it there
+            template = (self.directory / "chat_template.jinja").read_text()
         if isinstance(template, list):  # named templates: use "default"
             template = next((t.get("template") for t in template if t.get("name") == "default"), None)
         if not isinstance(template, str):
@@ -205,7 +207,15 @@ class NoTokenizer:
         return {"type": "none", "vocab_size": self.vocab_size}
 
 
-HF_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# chat_template.jinja: where transformers 5 saves the chat template; generation_config.json:
+# the stop tokens runtimes such as Edge-LLM read beside the tokenizer.
+HF_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 Tokenizer = ByteTokenizer | HFTokenizer | NoTokenizer
 
 

@@ -224,6 +224,24 @@ def kernel_self_test() -> str:
     return f"tiny preset, fp32 and fp16, 1/4/16 tokens: max |error| {worst:.1e} vs the PyTorch reference"
 
 
+def check_edgellm() -> Check:
+    """Edge-LLM's exporter (export-edgellm) and its version, from the Python that would run it."""
+    from ..export.edgellm import TESTED_VERSIONS, check_version, edgellm_python, installed_version
+
+    name = "TensorRT Edge-LLM"
+    fix = f"only for export-edgellm: scripts/setup.sh makes .venv-edgellm (tensorrt-edgellm=={TESTED_VERSIONS[-1]})"
+    try:
+        python = edgellm_python()
+        version = installed_version(python)
+    except DeaMoEError as exc:
+        return Check(name, MISSING, one_line(exc), fix, needed=False)
+    try:
+        check_version(version)
+    except DeaMoEError as exc:
+        return Check(name, FAILED, one_line(exc), fix, needed=False)
+    return Check(name, OK, f"{version} ({python})", needed=False)
+
+
 def check_nvcc() -> Check:
     nvcc = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if Path(p).is_file()), None)
     if nvcc is None:
@@ -332,4 +350,5 @@ def run_doctor(plugin: str | None = None, *, query_gpu: Callable[[], tg.GpuInfo]
     add(_guard("kernel self-test", True, check_kernels))
     add(_guard("CUDA toolkit (nvcc)", False, check_nvcc))
     add(_guard("TensorRT headers", False, check_tensorrt_headers))
+    add(_guard("TensorRT Edge-LLM", False, check_edgellm))
     return report

@@ -40,3 +40,22 @@ def test_json_round_trip_and_checks():
         ByteTokenizer.from_dict({"type": "bpe"})
     with pytest.raises(UsageError):
         ByteTokenizer(vocab_size=100)
+
+
+def test_chat_template_jinja_is_read_and_travels_with_the_tokenizer(tmp_path):
+    """transformers 5 saves the chat template as chat_template.jinja, not in tokenizer_config.json."""
+    from importers.hf_lm_models import CHAT_TEMPLATE, make_tokenizer
+
+    from deamoe_trt.lm.tokenizer import HFTokenizer
+
+    source, copy = tmp_path / "source", tmp_path / "copy"
+    source.mkdir()
+    make_tokenizer().save(str(source / "tokenizer.json"))
+    (source / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    (source / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    (source / "generation_config.json").write_text('{"eos_token_id": 2}')
+    assert HFTokenizer(source, 96).chat("w5") == "<|im_start|> user w5 </s> <|im_start|> w1 "
+    copy.mkdir()
+    HFTokenizer(source, 96).save(copy)
+    assert (copy / "chat_template.jinja").read_text() == CHAT_TEMPLATE
+    assert (copy / "generation_config.json").is_file()

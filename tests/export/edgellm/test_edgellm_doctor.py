@@ -1,0 +1,28 @@
+"""`deamoe-trt doctor`'s Edge-LLM line: the version where it is installed, missing where not."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from deamoe_trt.errors import MissingDependencyError
+from deamoe_trt.export.edgellm import PYTHON_ENV, edgellm_python
+from deamoe_trt.trt.doctor import MISSING, OK, check_edgellm
+
+
+def test_doctor_reports_the_installed_edgellm_version():
+    try:
+        python = edgellm_python()
+    except MissingDependencyError as exc:
+        pytest.skip(str(exc))
+    check = check_edgellm()
+    assert check.status == OK and check.detail.startswith("0.11.") and str(python) in check.detail
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_edgellm") is not None, reason="this Python has Edge-LLM")
+def test_doctor_reports_edgellm_missing_from_the_python_it_is_pointed_at(monkeypatch):
+    monkeypatch.setenv(PYTHON_ENV, sys.executable)
+    check = check_edgellm()
+    assert check.status == MISSING and "tensorrt_edgellm" in check.detail and not check.blocking
