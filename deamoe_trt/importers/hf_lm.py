@@ -1,4 +1,5 @@
-"""A whole Hugging Face MoE language model (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE) as a
+"""A whole Hugging Face MoE language model (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE; Granite MoE,
+ERNIE-4.5-MoE and DeepSeek-V2/V3 through deamoe_trt.importers.families) as a
 deamoe-trt language-model checkpoint, streamed tensor by tensor.
 
 Everything is read from the directory's config.json and safetensors; transformers is not
@@ -37,6 +38,8 @@ from ..checkpoint import CONFIG_FILE, DTYPES, WEIGHTS_FILE, dtype_name
 from ..config import ConfigError, DeaMoEConfig
 from ..errors import UsageError
 from ..lm.config import LMConfig
+from .families import FAMILIES
+from .families.common import Derived
 from .hf_dir import check_not_quantized, read_config_json, safetensors_files
 from .safetensors_io import ST_DTYPES, ShardReader, StreamingWriter, index_checkpoint
 
@@ -46,6 +49,7 @@ SUPPORTED_LM_TYPES = {
     "qwen2_moe": "Qwen2-MoE",
     "mixtral": "Mixtral",
     "olmoe": "OLMoE",
+    **{t: family.name for t, family in FAMILIES.items()},
 }
 # rope_theta when a config names none (each family's transformers default).
 _DEFAULT_THETA = {"qwen3_moe": 10000.0, "qwen2_moe": 10000.0, "mixtral": 1e6, "olmoe": 10000.0}
@@ -77,11 +81,11 @@ def read_config(model_dir: Path) -> dict[str, Any]:
             "deamoe-trt never runs code from a model directory"
         )
     model_type = config.get("model_type")
-    if model_type == "deepseek_v3" or any(k in config for k in _MLA_FIELDS):
+    if model_type not in FAMILIES and any(k in config for k in _MLA_FIELDS):
         raise UsageError(
-            f"{path}: {model_type} uses multi-head latent attention (MLA: low-rank compressed KV and queries, "
-            "decoupled rotary heads), which deamoe-trt's language model does not implement; import its MoE "
-            "layers alone with --layers-only"
+            f"{path}: {model_type} uses multi-head latent attention (MLA) in an architecture deamoe-trt's language "
+            "model does not implement (it runs DeepSeek-V2's and DeepSeek-V3's); import its MoE layers alone with "
+            "--layers-only"
         )
     if model_type not in SUPPORTED_LM_TYPES:
         raise UsageError(f"unsupported architecture {model_type!r} in {path}; supported: {supported_list()}")
@@ -92,6 +96,11 @@ def read_config(model_dir: Path) -> dict[str, Any]:
 def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
     """The LMConfig of a Hugging Face config.json (a dict), or a one-line UsageError."""
     t = hf["model_type"]
+    if t in FAMILIES:
+        try:
+            return FAMILIES[t].lm_config(hf, where)
+        except (ConfigError, TypeError, ValueError) as exc:
+            raise UsageError(f"{where} has no deamoe-trt equivalent: {exc}") from None
 
     def get(name: str, default: Any = None) -> Any:
         value = hf.get(name)
@@ -208,9 +217,11 @@ def _dense_layers(hf: dict[str, Any], t: str, layers: int, experts: int) -> list
 # Weights -----------------------------------------------------------------------------------
 
 
-def _block_sources(config: LMConfig, model_type: str, index: dict, i: int) -> dict[str, Any]:
+def _block_sources(config: LMConfig, model_type: str, index: dict, i: int, hf: dict | None = None) -> dict[str, Any]:
     """Our tensor name (under layers.{i}.) -> how to make it from source tensors: a source
-    name, or ("experts", kind, [names per expert]) / ("fused", name, kind) for expert stacks."""
+    name, ("experts", [names per expert]) / ("fused", name) for expert stacks, or a Derived."""
+    if model_type in FAMILIES:
+        return FAMILIES[model_type].block_sources(hf or {"model_type": model_type}, config, index, i)
     src = f"model.layers.{i}."
     out: dict[str, Any] = {
         "input_layernorm.weight": src + "input_layernorm.weight",
@@ -244,13 +255,13 @@ def _block_sources(config: LMConfig, model_type: str, index: dict, i: int) -> di
     return out
 
 
-def _plan(config: LMConfig, model_type: str, index: dict, schema: dict) -> dict[str, Any]:
+def _plan(config: LMConfig, model_type: str, index: dict, schema: dict, hf: dict | None = None) -> dict[str, Any]:
     """Our name -> source recipe for every tensor of the schema, checked against the index."""
     plan: dict[str, Any] = {"embed_tokens.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
     if not config.tie_word_embeddings:
         plan["lm_head.weight"] = "lm_head.weight"
     for i in range(config.num_layers):
-        plan.update({f"layers.{i}.{k}": v for k, v in _block_sources(config, model_type, index, i).items()})
+        plan.update({f"layers.{i}.{k}": v for k, v in _block_sources(config, model_type, index, i, hf).items()})
     plan = {name: plan[name] for name in schema if name in plan}
     lacking = [name for name in schema if name not in plan]
     if lacking:  # a schema tensor no recipe makes: a bug here, not bad input
@@ -280,6 +291,8 @@ def _source_shapes(recipe: Any, shape: tuple[int, ...]) -> list[tuple[str, tuple
     """(source name, its expected shape) for every source tensor a recipe reads."""
     if isinstance(recipe, str):
         return [(recipe, tuple(shape))]
+    if isinstance(recipe, Derived):
+        return [(recipe.source, recipe.source_shape)]
     kind, sources = recipe
     if kind == "fused":
         return [(sources, tuple(shape))]
@@ -291,6 +304,9 @@ def _source_shapes(recipe: Any, shape: tuple[int, ...]) -> list[tuple[str, tuple
 
 
 def _write_tensor(writer: StreamingWriter, reader: ShardReader, name: str, recipe: Any) -> None:
+    if isinstance(recipe, Derived):
+        writer.write(name, recipe.fn(reader.get(recipe.source)))
+        return
     if isinstance(recipe, str) or recipe[0] == "fused":
         source = recipe if isinstance(recipe, str) else recipe[1]
         writer.write(name, reader.get(source))
@@ -350,7 +366,7 @@ def import_hf_lm(
     skeleton = DeaMoELM(config, dtype=dtype, device="meta")
     schema = {name: (tuple(t.shape), t.dtype) for name, t in expected_tensors(skeleton).items()}
     del skeleton
-    plan = _plan(config, hf["model_type"], index, schema)
+    plan = _plan(config, hf["model_type"], index, schema, hf)
 
     if output.exists() and not output.is_dir():
         raise UsageError(f"-o {output} exists and is not a directory")

@@ -1,0 +1,109 @@
+"""Granite MoE, ERNIE-4.5-MoE and DeepSeek-V2/V3 (MLA) imported as whole models decode
+exactly as transformers does.
+
+For each variant of hf_lm_families (every code path: Granite's scalings, shared experts,
+dense blocks, each routing method, q LoRA on and off, interleaved and half rotary, YaRN with
+mscale) the import must give fp32 logits within 1e-5 relative of transformers' forward
+(prompt at once, and through the cache one token at a time) and the same 32 greedy tokens
+as transformers' generate in PyTorch, with the FFNs on the CPU kernel, and (slow) on ONNX
+Runtime after export-lm in each form.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from deamoe_trt.importers.hf_lm import import_hf_lm
+from deamoe_trt.lm import load_lm
+from deamoe_trt.lm.generate import TorchDecoder, generate
+from deamoe_trt.lm.ort import OrtDecoder
+
+from .hf_lm_families import MLA_VARIANTS, VARIANTS, build_family_model
+from .hf_lm_models import prompt_ids
+
+NEW_TOKENS = 32
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def imported(request, tmp_path_factory):
+    """(variant, HF model, loaded lm checkpoint, transformers' 32 greedy tokens)."""
+    root = tmp_path_factory.mktemp(request.param)
+    hf = build_family_model(request.param, root / "hf")
+    import_hf_lm(root / "hf", root / "lm")
+    prompt = torch.tensor([prompt_ids()])
+    with torch.no_grad():
+        expected = hf.generate(prompt, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    return request.param, hf, load_lm(root / "lm"), expected[0, prompt.shape[1] :].tolist()
+
+
+def test_logits_match_transformers(imported):
+    variant, hf, loaded, _ = imported
+    ids = torch.tensor([prompt_ids(48, seed=2), prompt_ids(48, seed=3)])
+    with torch.no_grad():
+        want = hf(ids).logits
+        got = loaded.model(ids).logits
+        cache = loaded.model(ids[:, :40]).past_key_values
+        steps = []
+        for t in range(40, 48):
+            out = loaded.model(ids[:, t : t + 1], cache)
+            cache = out.past_key_values
+            steps.append(out.logits)
+    scale = want.abs().max()
+    assert (got - want).abs().max() / scale < 1e-5, variant
+    assert (torch.cat(steps, dim=1) - want[:, 40:]).abs().max() / scale < 1e-5, variant
+
+
+def test_the_import_keeps_the_blocks_transformers_built(imported):
+    variant, hf, loaded, _ = imported
+    config = loaded.model.config
+    for i, layer in enumerate(hf.model.layers):
+        moe = getattr(layer, "block_sparse_moe", None) or layer.mlp
+        assert config.is_dense(i) == (not hasattr(moe, "experts")), (variant, i)
+    assert config.tie_word_embeddings == (hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr())
+
+
+def test_greedy_generation_equals_transformers_generate(imported):
+    variant, _, loaded, expected = imported
+    assert generate(TorchDecoder(loaded.model), prompt_ids(), NEW_TOKENS).new_ids == expected, variant
+
+
+def test_greedy_generation_on_the_cpu_kernel_equals_transformers(imported):
+    from deamoe_trt.lm.cpu import CpuDecoder
+
+    variant, _, loaded, expected = imported
+    result = generate(CpuDecoder(loaded.model, threads=1), prompt_ids(), NEW_TOKENS)
+    assert result.new_ids == expected, variant
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["ort", "onnx", "plugin"])
+def test_greedy_generation_on_onnx_runtime_equals_transformers(imported, form):
+    variant, _, loaded, expected = imported
+    decoder = OrtDecoder.from_model(loaded.model, form=form, tokenizer=loaded.tokenizer)
+    assert generate(decoder, prompt_ids(), NEW_TOKENS).new_ids == expected, (variant, form)
+
+
+@pytest.mark.parametrize("variant", MLA_VARIANTS)
+def test_the_mla_cache_holds_the_latent_and_the_rotary_key_per_token(variant, tmp_path):
+    build_family_model(variant, tmp_path / "hf")
+    import_hf_lm(tmp_path / "hf", tmp_path / "lm")
+    model = load_lm(tmp_path / "lm").model
+    c = model.config
+    with torch.no_grad():
+        cache = model(torch.tensor([prompt_ids(5)])).past_key_values
+    assert len(cache) == c.num_layers
+    for latent, rotary in cache:
+        assert tuple(latent.shape) == (1, 1, 5, 16)  # kv_lora_rank of hf_lm_families.MLA
+        assert tuple(rotary.shape) == (1, 1, 5, 8)  # qk_rope_head_dim
+    assert c.kv_cache_values_per_token() == 3 * (16 + 8)
