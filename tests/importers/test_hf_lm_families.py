@@ -107,3 +107,56 @@ def test_the_mla_cache_holds_the_latent_and_the_rotary_key_per_token(variant, tm
         assert tuple(latent.shape) == (1, 1, 5, 16)  # kv_lora_rank of hf_lm_families.MLA
         assert tuple(rotary.shape) == (1, 1, 5, 8)  # qk_rope_head_dim
     assert c.kv_cache_values_per_token() == 3 * (16 + 8)
+
+
+REFUSALS = [
+    ("ernie4_5_moe", {"use_bias": True}, r"use_bias = True is not supported"),
+    ("ernie4_5_moe", {"moe_norm_min": 0.01}, r"moe_norm_min = 0\.01 is not supported"),
+    ("granitemoe", {"hidden_act": "gelu"}, r"hidden_act 'gelu' is not supported"),
+    ("deepseek_v2_greedy", {"norm_topk_prob": True}, r"norm_topk_prob = True is not supported"),
+    ("deepseek_v2_greedy", {"topk_method": "noaux_tc"}, r"topk_method = 'noaux_tc' is not supported"),
+    ("deepseek_v2_greedy", {"moe_layer_freq": 2}, r"moe_layer_freq = 2 is not supported"),
+    ("deepseek_v3", {"scoring_func": "softmax"}, r"scoring_func = 'softmax' is not supported"),
+    ("deepseek_v3", {"num_key_value_heads": 2}, r"num_key_value_heads = 2 is not supported"),
+    ("deepseek_v3", {"attention_bias": True}, r"attention_bias = True is not supported"),
+    ("deepseek_v3", {"n_group": 3}, r"n_group = 3 is not supported; 8 experts must split"),
+]
+
+
+@pytest.mark.parametrize(("variant", "change", "message"), REFUSALS)
+def test_variants_without_an_exact_equivalent_are_refused_in_one_line_naming_the_field(
+    variant, change, message, tmp_path, capsys
+):
+    import json
+    import re
+
+    from deamoe_trt.cli.main import main
+
+    from .hf_lm_families import hf_config
+
+    src = tmp_path / "m"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({**json.loads(hf_config(variant).to_json_string()), **change}))
+    (src / "model.safetensors").write_text("never opened")
+    capsys.readouterr()
+    code = main(["import-hf", str(src), "-o", str(tmp_path / "lm")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and re.search(message, err), err
+    assert not (tmp_path / "lm").exists()
+
+
+def test_info_counts_the_latent_cache_bytes_per_token(tmp_path, capsys):
+    import re
+
+    from deamoe_trt.cli.main import main
+
+    build_family_model("deepseek_v3", tmp_path / "hf")
+    import_hf_lm(tmp_path / "hf", tmp_path / "lm")
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "lm")]) == 0
+    out = capsys.readouterr().out
+    assert "multi-head latent attention" in out
+    # 3 blocks x (kv_lora_rank 16 + qk_rope_head_dim 8) float32 values; expanded: 3 x 4 heads x (16 + 12)
+    assert re.search(r"latent \(c_kv 16 \+ rotary key 8 per block\)\s+72\s+288 B", out), out
+    assert re.search(r"expanded K/V instead .*\s336\s+1\.34 KB", out), out
