@@ -110,3 +110,16 @@ def test_quantized_mla_model_on_every_runtime_matches_the_dequantized_model(quan
         assert np.abs(got - want).max() / scale < 5e-2
     else:
         np.testing.assert_allclose(got, want, atol=1e-5 * scale, rtol=1e-4)
+
+
+def test_export_lm_validates_an_mla_model_and_tensorrt_profiles_size_the_latent_cache(tmp_path, capsys):
+    from deamoe_trt.cli.main import main
+    from deamoe_trt.lm.trt import DECODE, PREFILL, lm_profiles
+
+    checkpoint = save_lm(DeaMoELM.random(mla_config(0), seed=4), tmp_path / "mla")
+    assert main(["export-lm", str(checkpoint), "-o", str(tmp_path / "onnx" / "m.onnx"), "--validate"]) == 0, (
+        capsys.readouterr().err
+    )
+    profiles = lm_profiles(mla_config())
+    assert profiles[PREFILL]["past_key_values.1.key"] == ((1, 1, 0, 16),) * 3  # c_kv: kv_lora_rank
+    assert profiles[DECODE]["past_key_values.1.value"] == ((1, 1, 1, 8), (1, 1, 24, 8), (1, 1, 47, 8))  # k_pe
