@@ -160,3 +160,27 @@ def test_info_counts_the_latent_cache_bytes_per_token(tmp_path, capsys):
     # 3 blocks x (kv_lora_rank 16 + qk_rope_head_dim 8) float32 values; expanded: 3 x 4 heads x (16 + 12)
     assert re.search(r"latent \(c_kv 16 \+ rotary key 8 per block\)\s+72\s+288 B", out), out
     assert re.search(r"expanded K/V instead .*\s336\s+1\.34 KB", out), out
+
+
+def test_convert_makes_departments_of_an_imported_granite_model_and_keeps_its_scalings(tmp_path, capsys):
+    from deamoe_trt.cli.main import main
+
+    build_family_model("granitemoeshared", tmp_path / "hf")
+    source = import_hf_lm(tmp_path / "hf", tmp_path / "lm")[0]
+    args = ["--departments", "2", "--shared-size", "8", "--top-departments", "1", "--calibration-tokens", "256"]
+    assert main(["convert", str(tmp_path / "lm"), "-o", str(tmp_path / "cv"), "--no-compare", *args]) == 0
+    converted = load_lm(tmp_path / "cv").model.config
+    assert (converted.moe.num_departments, converted.moe.shared_intermediate_size) == (2, 8)
+    assert converted.replace(moe=source.moe) == source  # attention, scalings and the rest as imported
+
+
+def test_convert_refuses_language_models_with_dense_blocks_in_one_line(tmp_path, capsys):
+    from deamoe_trt.cli.main import main
+
+    build_family_model("ernie4_5_moe", tmp_path / "hf")
+    import_hf_lm(tmp_path / "hf", tmp_path / "lm")
+    capsys.readouterr()
+    args = ["--departments", "2", "--shared-size", "8", "--top-departments", "1"]
+    assert main(["convert", str(tmp_path / "lm"), "-o", str(tmp_path / "cv"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has dense blocks (0, 2)" in err and not (tmp_path / "cv").exists()
