@@ -48,6 +48,8 @@ class LMConfig:
     q_lora_rank (0: one q_proj), qk_nope_head_dim, qk_rope_head_dim (the rotary part of
     every query and key head; head_dim equals it), v_head_dim; num_key_value_heads equals
     num_heads. The cache holds the compressed c_kv and the rotated key part per token.
+    float32_router: every DeaMoE router weight stays float32 in a half-precision model, as
+    transformers keeps DeepSeek's and ERNIE's gate.weight (the spec's "Router precision").
     These fields are written to JSON only when set.
 
     `quantization`: None, or how every DeaMoE FFN's weights are stored (deamoe_trt.quant,
@@ -85,6 +87,7 @@ class LMConfig:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    float32_router: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):
@@ -259,7 +262,7 @@ def _validate(cfg: LMConfig) -> None:
 QK_NORMS = ("none", "head", "full")
 _SCALINGS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")
 _MLA_SIZES = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-_OPTIONAL_FIELDS = _SCALINGS + _MLA_SIZES
+_OPTIONAL_FIELDS = _SCALINGS + _MLA_SIZES + ("float32_router",)
 
 
 def _validate_families(cfg: LMConfig) -> None:
@@ -271,6 +274,8 @@ def _validate_families(cfg: LMConfig) -> None:
             raise ConfigError(f"{name} must be a finite number, got {value!r}")
         if value < 0 if low == 0 else value <= 0:
             raise ConfigError(f"{name} must be > 0{' (0: head_dim^-0.5)' if low == 0 else ''}, got {value!r}")
+    if not isinstance(cfg.float32_router, bool):
+        raise ConfigError(f"float32_router must be true or false, got {cfg.float32_router!r}")
     for name in _MLA_SIZES:
         if not _is_int(getattr(cfg, name)) or getattr(cfg, name) < 0:
             raise ConfigError(f"{name} must be an integer >= 0, got {getattr(cfg, name)!r}")

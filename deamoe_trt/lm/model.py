@@ -70,7 +70,8 @@ class Block(nn.Module):
         if config.is_dense(layer):
             self.mlp: nn.Module = DenseMLP(config.hidden_size, config.dense_intermediate_size, **factory)
         else:
-            self.mlp = DeaMoELayer(config.moe, quant=config.quantization, **factory)
+            router = torch.float32 if config.float32_router else None
+            self.mlp = DeaMoELayer(config.moe, quant=config.quantization, router_dtype=router, **factory)
 
     @property
     def is_moe(self) -> bool:
@@ -134,7 +135,7 @@ class DeaMoELM(nn.Module):
         model = cls(config, dtype=torch.float32, device=device)
         model.reset_parameters(seed)
         for block in model.layers:
-            if isinstance(block.mlp, DeaMoELayer):
+            if isinstance(block.mlp, DeaMoELayer) and not config.float32_router:
                 block.mlp.router.cast_weight(dtype)  # a float32 router would otherwise stay float32
         return model.to(dtype)
 

@@ -184,3 +184,29 @@ def test_convert_refuses_language_models_with_dense_blocks_in_one_line(tmp_path,
     assert main(["convert", str(tmp_path / "lm"), "-o", str(tmp_path / "cv"), *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has dense blocks (0, 2)" in err and not (tmp_path / "cv").exists()
+
+
+@pytest.mark.parametrize("variant", ["deepseek_v2_groups", "deepseek_v3", "ernie4_5_moe"])
+def test_bf16_imports_route_like_transformers_bf16_models_on_clear_margin_tokens(variant, tmp_path):
+    """transformers keeps these families' gate.weight (and correction bias) float32 in bf16
+    models; the import keeps the routers float32 too (float32_router)."""
+    import transformers as T
+
+    from .hf_util import id_sets
+    from .test_bf16_router_parity import clear_margin
+
+    build_family_model(variant, tmp_path / "hf")
+    hf = T.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.bfloat16).eval()
+    import_hf_lm(tmp_path / "hf", tmp_path / "lm", dtype=torch.bfloat16)
+    model = load_lm(tmp_path / "lm").model
+    i = model.moe_layers()[0]
+    layer, gate = model.layers[i].mlp, hf.model.layers[i].mlp.gate
+    assert layer.dtype == torch.bfloat16 and layer.router_dtype == torch.float32 == gate.weight.dtype
+    x = torch.randn(4096, 32, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    with torch.no_grad():
+        theirs = gate(x)[2]
+        ours = layer.route(x).expert_ids
+    clear = clear_margin(layer, x)
+    same = torch.tensor([a == b for a, b in zip(id_sets(ours), id_sets(theirs), strict=True)])
+    assert int(clear.sum()) >= 1000
+    assert bool(same[clear].all())

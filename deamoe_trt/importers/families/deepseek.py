@@ -136,6 +136,7 @@ def lm_config(hf: dict[str, Any], where: str) -> LMConfig:
         qk_nope_head_dim=nope,
         qk_rope_head_dim=rope,
         v_head_dim=v,
+        float32_router=True,  # transformers keeps gate.weight float32 in half models
     )
 
 

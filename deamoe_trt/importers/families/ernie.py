@@ -92,6 +92,7 @@ def lm_config(hf: dict[str, Any], where: str) -> LMConfig:
         dense_layers=dense,
         dense_intermediate_size=cfg.int("intermediate_size") if dense else 0,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        float32_router=True,  # transformers keeps gate.weight float32 in half models
     )
 
 
