@@ -278,7 +278,10 @@ def _plan(config: LMConfig, model_type: str, index: dict, schema: dict, hf: dict
             if want is not None and info.shape != want:
                 raise UsageError(f"{source} has shape {list(info.shape)}, but config.json implies {list(want)}")
             used.add(source)
-    unused = sorted(n for n in index if n not in used and not n.endswith(_IGNORED_SUFFIXES))
+    ignored = FAMILIES[model_type].ignored(hf or {}) if model_type in FAMILIES else ()
+    unused = sorted(
+        n for n in index if n not in used and not n.endswith(_IGNORED_SUFFIXES) and not n.startswith(ignored)
+    )
     if unused:
         raise UsageError(
             f"the checkpoint has {len(unused)} tensor(s) this import would drop, first {unused[0]} "

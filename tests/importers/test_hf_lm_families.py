@@ -210,3 +210,23 @@ def test_bf16_imports_route_like_transformers_bf16_models_on_clear_margin_tokens
     same = torch.tensor([a == b for a, b in zip(id_sets(ours), id_sets(theirs), strict=True)])
     assert int(clear.sum()) >= 1000
     assert bool(same[clear].all())
+
+
+def test_deepseek_v3_multi_token_prediction_blocks_are_skipped_and_other_extra_tensors_refused(tmp_path):
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from deamoe_trt.errors import UsageError
+
+    build_family_model("deepseek_v3", tmp_path / "hf")
+    weights = tmp_path / "hf" / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["model.layers.3.eh_proj.weight"] = torch.zeros(32, 64)  # block L = 3: the MTP module
+    save_file(tensors, weights, metadata={"format": "pt"})
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["num_nextn_predict_layers"] == 1
+    import_hf_lm(tmp_path / "hf", tmp_path / "lm")
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 0}))
+    with pytest.raises(UsageError, match=r"1 tensor\(s\) this import would drop, first model\.layers\.3\.eh_proj"):
+        import_hf_lm(tmp_path / "hf", tmp_path / "lm2")

@@ -20,7 +20,8 @@ all times routed_scaling_factor. transformers' V2 router never renormalises, so 
 with norm_topk_prob true (which DeepSeek's own code would honour) is refused rather than
 guessed; so are DeepSeek's original fields that transformers ignores when they ask for
 something else (moe_layer_freq != 1, scoring_func other than the family's).
-V3's multi-token-prediction layers (num_nextn_predict_layers) are not part of the model.
+V3's multi-token-prediction layers (num_nextn_predict_layers, stored as blocks after the last
+one) are not part of the model: transformers skips them, and so does the import.
 """
 
 from __future__ import annotations
@@ -175,3 +176,9 @@ def block_sources(hf: dict[str, Any], config: LMConfig, index: dict, i: int) -> 
     out.update(routed_experts(moe, index, config.moe.num_experts))
     out.update(shared_mlp(moe + "shared_experts."))
     return out
+
+
+def ignored(hf: dict[str, Any]) -> tuple[str, ...]:
+    """DeepSeek-V3's multi-token-prediction blocks, model.layers.{L}... after the L blocks."""
+    layers, extra = int(hf.get("num_hidden_layers") or 0), int(hf.get("num_nextn_predict_layers") or 0)
+    return tuple(f"model.layers.{layers + k}." for k in range(extra))
