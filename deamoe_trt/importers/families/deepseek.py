@@ -57,6 +57,22 @@ def softmax_scale(qk_head_dim: int, scaling: dict[str, Any] | None) -> float:
     return scale
 
 
+def v3_routing(experts: int, n_group: int, topk_group: int, top_k: int, norm: bool, scale: float) -> dict[str, Any]:
+    """DeepSeek-V3's noaux_tc routing as DeaMoE fields (the spec's DeepSeek-V3 special case):
+    n_group departments scored by the sum of their two best selection scores, topk_group kept,
+    sigmoid scores; the selection bias is router_bias (whether the checkpoint has one)."""
+    return dict(
+        num_departments=n_group,
+        experts_per_department=experts // n_group,
+        top_k=top_k,
+        top_departments=topk_group,
+        score_func="sigmoid",
+        department_score="sum_top2",
+        norm_topk_prob=norm,
+        routed_scaling_factor=scale,
+    )
+
+
 def _routing(cfg: HFConfig, v3: bool, experts: int) -> dict[str, Any]:
     top_k = cfg.int("num_experts_per_tok")
     scale = float(cfg.get("routed_scaling_factor", 2.5 if v3 else 1.0))
@@ -64,8 +80,6 @@ def _routing(cfg: HFConfig, v3: bool, experts: int) -> dict[str, Any]:
         cfg.require("scoring_func", ("sigmoid",), "sigmoid", "DeepSeek-V3 scores experts with sigmoid")
         cfg.require("topk_method", ("noaux_tc",), "noaux_tc", "DeepSeek-V3 routes with noaux_tc")
         groups, kept = cfg.int("n_group", 1), cfg.int("topk_group", 1)
-        score = dict(score_func="sigmoid", department_score="sum_top2", router_bias=True)
-        norm = bool(cfg.get("norm_topk_prob", True))
     else:
         cfg.require("scoring_func", ("softmax",), "softmax", "DeepSeek-V2 scores experts with softmax")
         methods = ("greedy", "group_limited_greedy")
@@ -73,18 +87,21 @@ def _routing(cfg: HFConfig, v3: bool, experts: int) -> dict[str, Any]:
         if cfg.get("norm_topk_prob", False):
             raise cfg.refuse("norm_topk_prob", "transformers' DeepSeek-V2 router never renormalises its top-k weights")
         groups, kept = (cfg.int("n_group"), cfg.int("topk_group")) if method == "group_limited_greedy" else (1, 1)
-        score = dict(score_func="softmax", department_score="max", router_bias=False)
-        norm = False
     if groups < 1 or experts % groups:
         raise cfg.refuse("n_group", f"{experts} experts must split into n_group equal groups")
+    if v3:
+        norm = bool(cfg.get("norm_topk_prob", True))
+        return {**v3_routing(experts, groups, kept, top_k, norm, scale), "router_bias": True}
     return dict(
         num_departments=groups,
         experts_per_department=experts // groups,
         top_k=top_k,
         top_departments=kept,
-        norm_topk_prob=norm,
+        score_func="softmax",
+        department_score="max",
+        norm_topk_prob=False,
         routed_scaling_factor=scale,
-        **score,
+        router_bias=False,
     )
 
 
