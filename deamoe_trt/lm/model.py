@@ -11,7 +11,9 @@ layers.{i}.mlp.<the spec's canonical DeaMoE tensors>, norm.weight, lm_head.weigh
 The KV cache is a list of (key, value) per block, each [B, num_key_value_heads, P, head_dim]
 with keys already rotated; a forward over T new tokens at positions P..P+T-1 returns the
 cache extended to P+T (Hugging Face's legacy past_key_values, and the ONNX export's
-past/present inputs and outputs).
+past/present inputs and outputs). With multi-head latent attention (DeepSeek,
+deamoe_trt.lm.mla) the pair is (c_kv [B, 1, P, kv_lora_rank], rotated key part
+[B, 1, P, qk_rope_head_dim]): LMConfig.cache_shapes() says which.
 """
 
 from __future__ import annotations

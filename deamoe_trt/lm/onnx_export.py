@@ -10,6 +10,10 @@ its If node): the past length P and the new-token count T are both dynamic, P ma
              present.{i}.key             dtype [batch, kv_heads, past + tokens, head_dim]
              present.{i}.value           dtype [batch, kv_heads, past + tokens, head_dim]
 
+With multi-head latent attention (DeepSeek) the ".key" and ".value" tensors are the latent
+cache, c_kv [batch, 1, past, kv_lora_rank] and the rotated key part [batch, 1, past,
+qk_rope_head_dim] (LMConfig.cache_shapes(); deamoe_trt.lm.mla).
+
 Prefill feeds the prompt with past = 0 (empty tensors); each decode step feeds one token
 and the previous step's present.* as past_key_values.*. Keys in the cache are already
 rotated. Positions are past .. past + tokens - 1; everything is left-aligned (no padding).
