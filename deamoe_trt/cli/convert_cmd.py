@@ -87,7 +87,6 @@ def _run(args) -> int:
     from ..convert.report import report_table, write_plot
     from ..convert.run import SWEEP, convert_model
     from ..convert.sources import lm_source, read_calibration_tensor, read_text, stack_source
-    from ..errors import UsageError
     from ..lm.checkpoint import is_lm_checkpoint
 
     torch.manual_seed(args.seed)
@@ -115,14 +114,8 @@ def _run(args) -> int:
             text = read_calibration_tensor(args.calibration, "input_ids")
         else:
             text = read_text(args.calibration)
-        dense = loaded.model.config.dense_layers
-        if dense:
-            raise UsageError(
-                f"{args.source} has dense blocks ({', '.join(map(str, dense))}); converting language models "
-                "with dense blocks is not supported yet: convert its MoE layers (import-hf --layers-only)"
-            )
-        for layer in loaded.model.layers:
-            settings.check(layer.mlp.config)
+        for i in loaded.model.moe_layers():  # dense blocks stay as they are
+            settings.check(loaded.model.layers[i].mlp.config)
         source = lm_source(loaded.model, loaded.tokenizer, text)
     else:
         from ..layer import DeaMoEStack

@@ -174,16 +174,19 @@ def test_convert_makes_departments_of_an_imported_granite_model_and_keeps_its_sc
     assert converted.replace(moe=source.moe) == source  # attention, scalings and the rest as imported
 
 
-def test_convert_refuses_language_models_with_dense_blocks_in_one_line(tmp_path, capsys):
+def test_convert_keeps_the_dense_blocks_of_an_imported_ernie_model(tmp_path, capsys):
     from deamoe_trt.cli.main import main
 
     build_family_model("ernie4_5_moe", tmp_path / "hf")
     import_hf_lm(tmp_path / "hf", tmp_path / "lm")
-    capsys.readouterr()
-    args = ["--departments", "2", "--shared-size", "8", "--top-departments", "1"]
-    assert main(["convert", str(tmp_path / "lm"), "-o", str(tmp_path / "cv"), *args]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "has dense blocks (0, 2)" in err and not (tmp_path / "cv").exists()
+    args = ["--departments", "2", "--shared-size", "8", "--top-departments", "1", "--calibration-tokens", "256"]
+    assert main(["convert", str(tmp_path / "lm"), "-o", str(tmp_path / "cv"), "--no-compare", *args]) == 0
+    source, converted = load_lm(tmp_path / "lm").model, load_lm(tmp_path / "cv").model
+    assert converted.config.dense_layers == (0, 2) and converted.moe_layers() == [1, 3]
+    assert converted.config.moe.num_departments == 2
+    for name, tensor in source.state_dict().items():
+        if not name.startswith(("layers.1.mlp.", "layers.3.mlp.")):
+            assert torch.equal(tensor, converted.state_dict()[name]), name
 
 
 @pytest.mark.parametrize("variant", ["deepseek_v2_groups", "deepseek_v3", "ernie4_5_moe"])
