@@ -39,7 +39,7 @@ from ..config import ConfigError, DeaMoEConfig
 from ..errors import UsageError
 from ..lm.config import LMConfig
 from .families import FAMILIES
-from .families.common import Derived
+from .families.common import Derived, rope_from_hf
 from .hf_dir import check_not_quantized, read_config_json, safetensors_files
 from .safetensors_io import ST_DTYPES, ShardReader, StreamingWriter, index_checkpoint
 
@@ -118,14 +118,7 @@ def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
     heads = int(need("num_attention_heads"))
     hidden = int(need("hidden_size"))
 
-    # Rotary: transformers 5 writes rope_parameters, 4.x rope_theta + rope_scaling.
-    rope = dict(get("rope_parameters", {}) or {})
-    theta = float(rope.pop("rope_theta", get("rope_theta", _DEFAULT_THETA[t])))
-    scaling = rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None
-    if scaling is None and get("rope_scaling"):
-        scaling = dict(hf["rope_scaling"])
-    if get("partial_rotary_factor", 1.0) != 1.0 or (scaling or {}).get("partial_rotary_factor", 1.0) != 1.0:
-        raise UsageError(f"{where}: partial rotary embeddings are not supported")
+    theta, scaling = rope_from_hf(hf, _DEFAULT_THETA[t], where)
 
     # Attention variants.
     qkv_bias = o_bias = bool(get("attention_bias", False))
