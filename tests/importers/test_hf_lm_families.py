@@ -119,6 +119,7 @@ REFUSALS = [
     ("deepseek_v3", {"scoring_func": "softmax"}, r"scoring_func = 'softmax' is not supported"),
     ("deepseek_v3", {"num_key_value_heads": 2}, r"num_key_value_heads = 2 is not supported"),
     ("deepseek_v3", {"attention_bias": True}, r"attention_bias = True is not supported"),
+    ("deepseek_v2_groups", {"mlp_bias": True}, r"mlp_bias = True is not supported"),
     ("deepseek_v3", {"n_group": 3}, r"n_group = 3 is not supported; 8 experts must split"),
 ]
 
