@@ -102,17 +102,22 @@ def deepseek_v3(
     n_group: int = 8,
     topk_group: int = 4,
     num_attention_heads: int = 128,
-    q_lora_rank: int = 1536,
+    q_lora_rank: int | None = 1536,
     kv_lora_rank: int = 512,
     qk_nope_head_dim: int = 128,
     qk_rope_head_dim: int = 64,
     v_head_dim: int = 128,
     vocab_size: int = 129280,
     moe: DeaMoEConfig | None = None,
+    routed_scaling_factor: float = 2.5,
+    routing: str = "noaux_tc",
 ) -> WholeModel:
-    """DeepSeek-V3 from its config.json numbers (MLA attention, 3 dense layers; no MTP module)."""
+    """DeepSeek-V3 from its config.json numbers (MLA attention, 3 dense layers; no MTP module);
+    q_lora_rank None: one q_proj (V2-Lite, Moonlight); routing "greedy": DeepSeek-V2's softmax
+    top-k over all experts (n_group 1)."""
     d, h = hidden_size, num_attention_heads
-    attention = d * q_lora_rank + q_lora_rank + q_lora_rank * h * (qk_nope_head_dim + qk_rope_head_dim)
+    qk = qk_nope_head_dim + qk_rope_head_dim
+    attention = d * q_lora_rank + q_lora_rank + q_lora_rank * h * qk if q_lora_rank else d * h * qk
     attention += d * (kv_lora_rank + qk_rope_head_dim) + kv_lora_rank
     attention += kv_lora_rank * h * (qk_nope_head_dim + v_head_dim) + h * v_head_dim * d
     per_layer = attention + 2 * d
@@ -126,10 +131,11 @@ def deepseek_v3(
         private_intermediate_size=moe_intermediate_size,
         top_k=num_experts_per_tok,
         top_departments=topk_group,
-        score_func="sigmoid",
-        department_score="sum_top2",
-        routed_scaling_factor=2.5,
-        router_bias=True,
+        score_func="sigmoid" if routing == "noaux_tc" else "softmax",
+        department_score="sum_top2" if routing == "noaux_tc" else "max",
+        norm_topk_prob=routing == "noaux_tc",
+        routed_scaling_factor=routed_scaling_factor,
+        router_bias=routing == "noaux_tc",
         shared_expert_intermediate_size=n_shared_experts * moe_intermediate_size,
     )
     other = num_hidden_layers * per_layer + dense + 2 * vocab_size * d + d
@@ -202,6 +208,104 @@ GPT_OSS_20B_DEAMOE = DeaMoEConfig(
 )
 
 
+def gqa_moe(
+    name: str,
+    *,
+    hidden_size: int,
+    num_hidden_layers: int,
+    num_attention_heads: int,
+    num_key_value_heads: int,
+    vocab_size: int,
+    num_experts: int,
+    moe_intermediate_size: int,
+    num_experts_per_tok: int,
+    shared_intermediate_size: int = 0,
+    dense_layers: int = 0,
+    intermediate_size: int = 0,
+    tie_word_embeddings: bool = False,
+    router_bias: bool = False,
+) -> WholeModel:
+    """A Llama-attention MoE (ERNIE-4.5-MoE, Granite MoE) from its config.json numbers:
+    dense_layers blocks with a dense MLP of intermediate_size, the others MoE."""
+    d, hd = hidden_size, hidden_size // num_attention_heads
+    attention = 2 * d * num_attention_heads * hd + 2 * d * num_key_value_heads * hd
+    per_layer = attention + 2 * d
+    embeddings = vocab_size * d * (1 if tie_word_embeddings else 2)
+    moe = DeaMoEConfig(
+        hidden_size=d,
+        num_departments=1,
+        experts_per_department=num_experts,
+        shared_intermediate_size=0,
+        private_intermediate_size=moe_intermediate_size,
+        top_k=num_experts_per_tok,
+        top_departments=1,
+        norm_topk_prob=True,
+        router_bias=router_bias,
+        shared_expert_intermediate_size=shared_intermediate_size,
+    )
+    other = num_hidden_layers * per_layer + dense_layers * 3 * d * intermediate_size + embeddings + d
+    kv = 2 * num_hidden_layers * num_key_value_heads * hd * FP16
+    return WholeModel(name, moe, num_hidden_layers - dense_layers, other, kv)
+
+
+def edge_models() -> list[WholeModel]:
+    """The edge-sized members of the imported families, shapes typed from their public config.json."""
+    lite = dict(
+        hidden_size=2048,
+        num_hidden_layers=27,
+        first_k_dense_replace=1,
+        moe_intermediate_size=1408,
+        n_routed_experts=64,
+        n_shared_experts=2,
+        num_experts_per_tok=6,
+        n_group=1,
+        topk_group=1,
+        num_attention_heads=16,
+        q_lora_rank=None,
+    )
+    return [
+        deepseek_v3(
+            "DeepSeek-V2-Lite (16B)",
+            **lite,
+            intermediate_size=10944,
+            vocab_size=102400,
+            routed_scaling_factor=1.0,
+            routing="greedy",
+        ),
+        deepseek_v3(
+            "Moonlight-16B-A3B", **lite, intermediate_size=11264, vocab_size=163840, routed_scaling_factor=2.446
+        ),
+        gqa_moe(
+            "ERNIE-4.5-21B-A3B",
+            hidden_size=2560,
+            num_hidden_layers=28,
+            num_attention_heads=20,
+            num_key_value_heads=4,
+            vocab_size=103424,
+            num_experts=64,
+            moe_intermediate_size=1536,
+            num_experts_per_tok=6,
+            shared_intermediate_size=2 * 1536,
+            dense_layers=1,
+            intermediate_size=12288,
+            tie_word_embeddings=True,
+            router_bias=True,
+        ),
+        gqa_moe(
+            "Granite-3.0-3B-A800M",
+            hidden_size=1536,
+            num_hidden_layers=32,
+            num_attention_heads=24,
+            num_key_value_heads=8,
+            vocab_size=49155,
+            num_experts=40,
+            moe_intermediate_size=512,
+            num_experts_per_tok=8,
+            tie_word_embeddings=True,
+        ),
+    ]
+
+
 def whole_models() -> list[WholeModel]:
     return [
         qwen3_moe("Qwen3-30B-A3B"),
@@ -210,6 +314,7 @@ def whole_models() -> list[WholeModel]:
         deepseek_v3("DeepSeek-V3, DeaMoE form (deepseek-v3-layer x 58)", moe=PRESETS["deepseek-v3-layer"]),
         gpt_oss("gpt-oss-20b"),
         gpt_oss("gpt-oss-20b, DeaMoE form (4 departments of 8, f_s 1536, f_p 1344)", moe=GPT_OSS_20B_DEAMOE),
+        *edge_models(),
     ]
 
 

@@ -46,3 +46,18 @@ def test_gpt_oss_20b_has_its_published_20_9b_parameters_and_a_windowed_kv_cache(
     converted = gpt_oss("gpt-oss-20b, DeaMoE form", moe=GPT_OSS_20B_DEAMOE)
     assert converted.params < model.params
     assert "gpt-oss-20b, DeaMoE form" in fit_table()
+
+
+def test_edge_family_models_have_their_published_sizes_and_mla_caches_the_latent():
+    from deamoe_trt.fit import edge_models
+
+    models = {m.name: m for m in edge_models()}
+    lite = models["DeepSeek-V2-Lite (16B)"]
+    assert lite.params == pytest.approx(15.7e9, rel=0.005)  # model card: 15.7B total
+    assert models["Moonlight-16B-A3B"].params == pytest.approx(16e9, rel=0.01)
+    assert models["Granite-3.0-3B-A800M"].params == pytest.approx(3.3e9, rel=0.01)
+    # the latent cache: 576 fp16 values per token and block, 27 blocks
+    assert lite.kv_bytes_per_token == 27 * (512 + 64) * 2
+    assert lite.moe.top_departments == 1 and lite.moe.score_func == "softmax" and not lite.moe.norm_topk_prob
+    table = fit_table(edge_models())
+    assert "ERNIE-4.5-21B-A3B" in table and table.count(" int4 ") == 4

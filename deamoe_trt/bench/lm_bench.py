@@ -21,6 +21,9 @@ plus every other weight a step reads (attention, norms, router, LM head, one emb
 row; in float32 on the CPU runtime, which runs that part in float32, see deamoe_trt.lm.cpu).
 The roof: the CPU kernel's streaming read bandwidth measured before and after.
 
+`--attention mla`: the blocks have DeepSeek-V2-Lite's multi-head latent attention instead
+(16 heads, latent cache of 512 + 64 values per token; deamoe_trt.lm.mla), same FFNs.
+
 `--quantized 4|8`: the same model with every DeaMoE FFN (and so every twin's) quantized,
 round to nearest, fp16 scales (deamoe_trt.lm.quantize); the ort runtime runs
 com.microsoft.QMoE, the CPU kernel its quantized path, and the FFN bytes are the packed
@@ -50,10 +53,28 @@ TWINS = ("deamoe", "expanded", "vanilla")
 RUNTIMES = ("cpu", "ort")
 
 
-def bench_config(layers: int = 2, departments: int = 4, vocab: int = 8192, context: int = 512):
+ATTENTIONS = ("gqa", "mla")
+# DeepSeek-V2-Lite's multi-head latent attention (d = 2048 as Qwen3-30B-A3B's): 16 heads, no
+# q LoRA, kv_lora_rank 512, 128 nope + 64 rotary query/key dims, 128 value dims.
+V2_LITE_MLA = dict(
+    num_heads=16,
+    num_key_value_heads=16,
+    head_dim=0,
+    qk_norm="none",
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    attention_multiplier=192**-0.5,
+)
+
+
+def bench_config(layers: int = 2, departments: int = 4, vocab: int = 8192, context: int = 512, attention: str = "gqa"):
+    if attention not in ATTENTIONS:
+        raise UsageError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
     layer = get_preset("qwen3-30b-a3b-layer")
     moe = DeaMoEConfig.from_dict({**layer.to_dict(), "num_departments": departments})
-    return LMConfig(
+    config = LMConfig(
         vocab_size=vocab,
         hidden_size=layer.hidden_size,
         num_layers=layers,
@@ -65,6 +86,7 @@ def bench_config(layers: int = 2, departments: int = 4, vocab: int = 8192, conte
         rope_theta=1e6,
         moe=moe,
     )
+    return config.replace(**V2_LITE_MLA) if attention == "mla" else config
 
 
 @dataclass
@@ -146,8 +168,11 @@ def memory_estimate(config, runtime: str) -> int:
 
 def _other_bytes(config, bytes_per_weight: int) -> int:
     """Weights a step reads outside the DeaMoE FFNs (per token): attention, norms, head, an embedding row."""
+    from ..lm.model import Block
+
     d = config.hidden_size
-    attention = (config.q_dim * 2 + config.kv_dim * 2) * d + 2 * config.head_dim + 2 * d
+    block = Block(config, 0, device="meta")  # attention and norms: every weight outside the FFN
+    attention = sum(p.numel() for name, p in block.named_parameters() if not name.startswith("mlp."))
     return (config.num_layers * attention + d + config.vocab_size * d + d) * bytes_per_weight
 
 
@@ -164,12 +189,13 @@ def run_lm_bench(
     progress=print,
     max_memory: float = 8 * 2**30,
     quant: QuantConfig | None = None,
+    attention: str = "gqa",
 ) -> dict:
     progress = progress or (lambda *_: None)
     from ..lm.model import DeaMoELM
     from .bandwidth import kernel_bandwidth
 
-    config = bench_config(layers, departments).replace(quantization=quant)
+    config = bench_config(layers, departments, attention=attention).replace(quantization=quant)
     dtype = torch.float16
     b = BYTES_PER_WEIGHT[dtype]
     need = max(memory_estimate(config, r) for r in runtimes)
@@ -283,7 +309,8 @@ def lm_bench_table(result: dict) -> str:
     c = result["config"]
     weights = _weights(LMConfig.from_dict(c))
     title = (
-        f"Whole-model TPOT: {c['num_layers']} blocks, d={c['hidden_size']}, {c['moe']['num_departments']} x "
+        f"Whole-model TPOT: {c['num_layers']} blocks, d={c['hidden_size']}"
+        f"{', MLA' if c.get('kv_lora_rank') else ''}, {c['moe']['num_departments']} x "
         f"{c['moe']['experts_per_department']} experts, {weights}, {result['threads']} threads, "
         f"{result['steps']} interleaved steps (median), peak RSS {format_bytes(result['peak_rss_bytes'])}"
     )

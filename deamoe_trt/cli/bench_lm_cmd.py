@@ -41,6 +41,12 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--group-size", type=int, choices=GROUP_SIZES, default=64, help="with --quantized: columns per scale (def. 64)"
     )
+    parser.add_argument(
+        "--attention",
+        choices=("gqa", "mla"),
+        default="gqa",
+        help="gqa: Qwen3-30B-A3B's attention (default); mla: DeepSeek-V2-Lite's latent attention",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the raw result here")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot here")
     parser.set_defaults(func=run)
@@ -62,6 +68,7 @@ def run(args) -> int:
         runtimes=runtimes,
         max_memory=args.max_memory_gb * 2**30,
         quant=QuantConfig(args.quantized, args.group_size) if args.quantized else None,
+        attention=args.attention,
     )
     print(lm_bench_table(result))
     if args.json:

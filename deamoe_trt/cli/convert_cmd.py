@@ -114,8 +114,8 @@ def _run(args) -> int:
             text = read_calibration_tensor(args.calibration, "input_ids")
         else:
             text = read_text(args.calibration)
-        for layer in loaded.model.layers:
-            settings.check(layer.mlp.config)
+        for i in loaded.model.moe_layers():  # dense blocks stay as they are
+            settings.check(loaded.model.layers[i].mlp.config)
         source = lm_source(loaded.model, loaded.tokenizer, text)
     else:
         from ..layer import DeaMoEStack

@@ -30,7 +30,11 @@ def run(args) -> int:
 
     if args.checkpoint is None and not args.fit:
         raise UsageError("give a checkpoint directory, or --fit for the device memory-fit table")
-    if args.checkpoint is not None:
+    from ..lm.checkpoint import is_lm_checkpoint
+
+    if args.checkpoint is not None and is_lm_checkpoint(args.checkpoint):
+        _lm_info(args)
+    elif args.checkpoint is not None:
         from ..layer import DeaMoEStack
         from ..summary import bit_width_table, config_table, parameter_table, traffic_table
 
@@ -46,3 +50,18 @@ def run(args) -> int:
             print()
         print(fit_table())
     return 0
+
+
+def _lm_info(args) -> None:
+    """A language model: its FFN config and what its attention caches and reads per token."""
+    from ..checkpoint import DTYPES
+    from ..lm.cache_report import cache_table
+    from ..lm.checkpoint import read_lm_header
+    from ..summary import config_table
+
+    header = read_lm_header(args.checkpoint)
+    config = header["config"]
+    attention = "multi-head latent attention" if config.is_mla else "grouped-query attention"
+    print(f"language model: {config.num_layers} blocks, d={config.hidden_size}, {attention}, {header['dtype']}")
+    print(config_table(config.moe), end="\n\n")
+    print(cache_table(config, DTYPES[header["dtype"]].itemsize))

@@ -85,7 +85,7 @@ def heal_lm(
     windows [W, L]; the FFNs' parts and routers train, everything else stays."""
     if steps <= 0:
         return []
-    params = [p for block in model.layers for p in block.mlp.parameters()]
+    params = [p for i in model.moe_layers() for p in model.layers[i].mlp.parameters()]
     frozen = [p for p in model.parameters() if all(p is not q for q in params)]
     for p in frozen:
         p.requires_grad_(False)

@@ -54,13 +54,13 @@ class Variant:
 
 
 def source_lm_hidden(lm, windows: torch.Tensor) -> list[torch.Tensor]:
-    """Each block's FFN input (post-attention RMSNorm output) on windows, [W*L, d] per block."""
+    """Each DeaMoE block's FFN input (post-attention RMSNorm output) on windows, [W*L, d] per block."""
     captured: list[torch.Tensor] = []
     hooks = [
-        block.post_attention_layernorm.register_forward_hook(
+        lm.layers[i].post_attention_layernorm.register_forward_hook(
             lambda _m, _i, out: captured.append(out.detach().reshape(-1, out.shape[-1]))
         )
-        for block in lm.layers
+        for i in lm.moe_layers()
     ]
     try:
         with torch.no_grad():
@@ -211,18 +211,20 @@ def _heal(source: Source, aligned: Variant, settings: ConvertSettings, progress:
             seed=settings.seed,
             progress=bar,
         )
-        healed.layers = [block.mlp for block in healed.lm.layers]
+        healed.layers = [healed.lm.layers[i].mlp for i in healed.lm.moe_layers()]
     return healed
 
 
 def _lm_with(lm, layers: list[DeaMoELayer]):
-    """A copy of the language model lm with its FFNs replaced by layers (all of one config)."""
+    """A copy of the language model lm with its DeaMoE FFNs replaced by layers (all of one
+    config; its dense blocks kept)."""
     from ..lm import DeaMoELM
 
     config = lm.config.replace(moe=layers[0].config)
     model = DeaMoELM(config, dtype=lm.dtype)
-    state = {k: v for k, v in lm.state_dict().items() if ".mlp." not in k}
-    for i, layer in enumerate(layers):
+    moe = lm.moe_layers()
+    state = {k: v for k, v in lm.state_dict().items() if not k.startswith(tuple(f"layers.{i}.mlp." for i in moe))}
+    for i, layer in zip(moe, layers, strict=True):
         state.update({f"layers.{i}.mlp.{k}": v for k, v in layer.state_dict().items()})
     model.load_state_dict(state)
     return model.eval()

@@ -55,7 +55,7 @@ def lm_source(lm, tokenizer, text: str | torch.Tensor, *, seq_len: int = 128) ->
     calibration = windows_of(ids[:cut], length, CALIBRATION_WINDOWS)
     heldout = windows_of(ids[cut:], length, HELDOUT_WINDOWS)
     return Source(
-        layers=[block.mlp for block in lm.layers],
+        layers=[lm.layers[i].mlp for i in lm.moe_layers()],  # dense blocks stay as they are
         calibration=source_lm_hidden(lm, calibration[:, :-1]),
         heldout=source_lm_hidden(lm, heldout[:, :-1]),
         lm=lm,

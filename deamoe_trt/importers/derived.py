@@ -25,3 +25,9 @@ class Derived:
 
     sources: tuple[Source, ...]
     make: Callable[..., Iterable[torch.Tensor]]
+
+
+def transformed(source: str, shape: tuple[int, ...], fn: Callable[[torch.Tensor], torch.Tensor]) -> Derived:
+    """The tensor fn(source) for one source tensor of that shape; fn must be exact (a reshape,
+    a row permutation: no rounding)."""
+    return Derived((Source(source, tuple(shape)),), lambda t: (fn(t),))

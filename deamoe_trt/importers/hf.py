@@ -211,6 +211,8 @@ def _read_softmax_topk(module: nn.Module, name: str, family: str) -> tuple[DeaMo
 
 def _read_deepseek_v3(module: nn.Module, name: str) -> tuple[DeaMoEConfig, _Weights]:
     """DeepSeek-V3: sigmoid, selection bias, group-limited routing, ungated shared experts."""
+    from .families.deepseek import v3_routing
+
     router = _router(module, name)
     weights = _experts(module, name, router)
     num_experts, hidden = router.weight.shape
@@ -234,16 +236,9 @@ def _read_deepseek_v3(module: nn.Module, name: str) -> tuple[DeaMoEConfig, _Weig
     _read_shared(module, name, weights, "shared_experts", gated=False)
     fields = dict(
         hidden_size=hidden,
-        num_departments=n_group,
-        experts_per_department=num_experts // n_group,
         shared_intermediate_size=0,
         private_intermediate_size=weights.down.shape[-1],
-        top_k=top_k,
-        top_departments=topk_group,
-        score_func="sigmoid",
-        department_score="sum_top2",
-        norm_topk_prob=norm,
-        routed_scaling_factor=scale,
+        **v3_routing(num_experts, n_group, topk_group, top_k, norm, scale),
         router_bias=bias is not None,
         shared_expert_intermediate_size=0 if weights.shared_down is None else weights.shared_down.shape[-1],
         shared_expert_gate=False,

@@ -1,4 +1,5 @@
-"""A whole Hugging Face MoE language model (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, gpt-oss) as a
+"""A whole Hugging Face MoE language model (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, gpt-oss;
+Granite MoE, ERNIE-4.5-MoE and DeepSeek-V2/V3 through deamoe_trt.importers.families) as a
 deamoe-trt language-model checkpoint, streamed tensor by tensor.
 
 Everything is read from the directory's config.json and safetensors; transformers is not
@@ -38,7 +39,8 @@ from ..config import ConfigError, DeaMoEConfig
 from ..errors import UsageError
 from ..lm.config import LMConfig
 from .derived import Derived
-from .families import gpt_oss
+from .families import FAMILIES, gpt_oss
+from .families.common import rope_from_hf
 from .hf_dir import check_not_quantized, read_config_json, safetensors_files
 from .safetensors_io import ST_DTYPES, ShardReader, StreamingWriter, index_checkpoint
 
@@ -49,6 +51,7 @@ SUPPORTED_LM_TYPES = {
     "mixtral": "Mixtral",
     "olmoe": "OLMoE",
     "gpt_oss": "gpt-oss",
+    **{t: family.name for t, family in FAMILIES.items()},
 }
 # rope_theta when a config names none (each family's transformers default).
 _DEFAULT_THETA = {"qwen3_moe": 10000.0, "qwen2_moe": 10000.0, "mixtral": 1e6, "olmoe": 10000.0}
@@ -80,11 +83,11 @@ def read_config(model_dir: Path) -> dict[str, Any]:
             "deamoe-trt never runs code from a model directory"
         )
     model_type = config.get("model_type")
-    if model_type == "deepseek_v3" or any(k in config for k in _MLA_FIELDS):
+    if model_type not in FAMILIES and any(k in config for k in _MLA_FIELDS):
         raise UsageError(
-            f"{path}: {model_type} uses multi-head latent attention (MLA: low-rank compressed KV and queries, "
-            "decoupled rotary heads), which deamoe-trt's language model does not implement; import its MoE "
-            "layers alone with --layers-only"
+            f"{path}: {model_type} uses multi-head latent attention (MLA) in an architecture deamoe-trt's language "
+            "model does not implement (it runs DeepSeek-V2's and DeepSeek-V3's); import its MoE layers alone with "
+            "--layers-only"
         )
     if model_type not in SUPPORTED_LM_TYPES:
         raise UsageError(f"unsupported architecture {model_type!r} in {path}; supported: {supported_list()}")
@@ -100,6 +103,11 @@ def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
     t = hf["model_type"]
     if t == gpt_oss.MODEL_TYPE:
         return gpt_oss.lm_config(hf, where)
+    if t in FAMILIES:
+        try:
+            return FAMILIES[t].lm_config(hf, where)
+        except (ConfigError, TypeError, ValueError) as exc:
+            raise UsageError(f"{where} has no deamoe-trt equivalent: {exc}") from None
 
     def get(name: str, default: Any = None) -> Any:
         value = hf.get(name)
@@ -117,14 +125,7 @@ def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
     heads = int(need("num_attention_heads"))
     hidden = int(need("hidden_size"))
 
-    # Rotary: transformers 5 writes rope_parameters, 4.x rope_theta + rope_scaling.
-    rope = dict(get("rope_parameters", {}) or {})
-    theta = float(rope.pop("rope_theta", get("rope_theta", _DEFAULT_THETA[t])))
-    scaling = rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None
-    if scaling is None and get("rope_scaling"):
-        scaling = dict(hf["rope_scaling"])
-    if get("partial_rotary_factor", 1.0) != 1.0 or (scaling or {}).get("partial_rotary_factor", 1.0) != 1.0:
-        raise UsageError(f"{where}: partial rotary embeddings are not supported")
+    theta, scaling = rope_from_hf(hf, _DEFAULT_THETA[t], where)
 
     # Attention variants.
     qkv_bias = o_bias = bool(get("attention_bias", False))
@@ -216,9 +217,11 @@ def _dense_layers(hf: dict[str, Any], t: str, layers: int, experts: int) -> list
 # Weights -----------------------------------------------------------------------------------
 
 
-def _block_sources(config: LMConfig, model_type: str, index: dict, i: int) -> dict[str, Any]:
+def _block_sources(config: LMConfig, model_type: str, index: dict, i: int, hf: dict | None = None) -> dict[str, Any]:
     """Our tensor name (under layers.{i}.) -> how to make it from source tensors: a source
-    name, or ("experts", kind, [names per expert]) / ("fused", name, kind) for expert stacks."""
+    name, ("experts", [names per expert]) / ("fused", name) for expert stacks, or a Derived."""
+    if model_type in FAMILIES:
+        return FAMILIES[model_type].block_sources(hf or {"model_type": model_type}, config, index, i)
     src = f"model.layers.{i}."
     out: dict[str, Any] = {
         "input_layernorm.weight": src + "input_layernorm.weight",
@@ -256,13 +259,13 @@ def _block_sources(config: LMConfig, model_type: str, index: dict, i: int) -> di
     return out
 
 
-def _plan(config: LMConfig, model_type: str, index: dict, schema: dict) -> dict[str, Any]:
+def _plan(config: LMConfig, model_type: str, index: dict, schema: dict, hf: dict | None = None) -> dict[str, Any]:
     """Our name -> source recipe for every tensor of the schema, checked against the index."""
     plan: dict[str, Any] = {"embed_tokens.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
     if not config.tie_word_embeddings:
         plan["lm_head.weight"] = "lm_head.weight"
     for i in range(config.num_layers):
-        plan.update({f"layers.{i}.{k}": v for k, v in _block_sources(config, model_type, index, i).items()})
+        plan.update({f"layers.{i}.{k}": v for k, v in _block_sources(config, model_type, index, i, hf).items()})
     plan = {name: plan[name] for name in schema if name in plan}
     lacking = [name for name in schema if name not in plan]
     if lacking:  # a schema tensor no recipe makes: a bug here, not bad input
@@ -282,7 +285,10 @@ def _plan(config: LMConfig, model_type: str, index: dict, schema: dict) -> dict[
             if want is not None and info.shape != want:
                 raise UsageError(f"{source} has shape {list(info.shape)}, but config.json implies {list(want)}")
             used.add(source)
-    unused = sorted(n for n in index if n not in used and not n.endswith(_IGNORED_SUFFIXES))
+    ignored = FAMILIES[model_type].ignored(hf or {}) if model_type in FAMILIES else ()
+    unused = sorted(
+        n for n in index if n not in used and not n.endswith(_IGNORED_SUFFIXES) and not n.startswith(ignored)
+    )
     if unused:
         raise UsageError(
             f"the checkpoint has {len(unused)} tensor(s) this import would drop, first {unused[0]} "
@@ -372,7 +378,7 @@ def import_hf_lm(
     skeleton = DeaMoELM(config, dtype=dtype, device="meta")
     schema = {name: (tuple(t.shape), t.dtype) for name, t in expected_tensors(skeleton).items()}
     del skeleton
-    plan = _plan(config, hf["model_type"], index, schema)
+    plan = _plan(config, hf["model_type"], index, schema, hf)
 
     if output.exists() and not output.is_dir():
         raise UsageError(f"-o {output} exists and is not a directory")

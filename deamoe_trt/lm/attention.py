@@ -52,6 +52,13 @@ def hidden_keys(tokens: int, past_len: int, window: int, device=None) -> torch.T
     return hidden
 
 
+def softmax_scale(scores: torch.Tensor, config: LMConfig) -> torch.Tensor:
+    """q k^T times the config's attention_multiplier, or divided by sqrt(head_dim) without one."""
+    if config.attention_multiplier:
+        return scores * config.attention_multiplier
+    return scores / math.sqrt(config.head_dim)
+
+
 class Attention(nn.Module):
     def __init__(self, config: LMConfig, layer: int = 0, **factory):
         super().__init__()
@@ -100,7 +107,7 @@ class Attention(nn.Module):
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         # The mask depends on distances only, so the kept keys' count stands in for the position.
         past_len = k.shape[2] - tokens
-        scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(c.head_dim)
+        scores = softmax_scale(q.float() @ k.float().transpose(-1, -2), c)
         scores = scores.masked_fill(hidden_keys(tokens, past_len, self.window, x.device), -torch.inf)
         if c.attention_sinks:
             sink = self.sinks.float().view(1, -1, 1, 1).expand(batch, -1, tokens, 1)

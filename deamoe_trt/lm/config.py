@@ -44,6 +44,21 @@ class LMConfig:
     query can see) when some block attends to every key: that block's cache length is the
     position (see `cache_keep`). A model whose every block slides keeps full caches.
 
+    Granite's scalings (1.0, or 0.0 for the attention scale, leave a block as Llama's):
+    - embedding_multiplier: the token embeddings are multiplied by it;
+    - residual_multiplier: each block adds attention and FFN outputs times it to the residual;
+    - attention_multiplier: the softmax scale of q k^T (0: head_dim^-0.5; MLA models store
+      theirs, (qk_nope_head_dim + qk_rope_head_dim)^-0.5 times YaRN's mscale^2);
+    - logits_scaling: the logits are divided by it.
+
+    Multi-head latent attention (DeepSeek-V2/V3, deamoe_trt.lm.mla) when kv_lora_rank > 0:
+    q_lora_rank (0: one q_proj), qk_nope_head_dim, qk_rope_head_dim (the rotary part of
+    every query and key head; head_dim equals it), v_head_dim; num_key_value_heads equals
+    num_heads. The cache holds the compressed c_kv and the rotated key part per token.
+    float32_router: every DeaMoE router weight stays float32 in a half-precision model, as
+    transformers keeps DeepSeek's and ERNIE's gate.weight (the spec's "Router precision").
+    These fields are written to JSON only when set.
+
     `quantization`: None, or how every DeaMoE FFN's weights are stored (deamoe_trt.quant,
     docs/quantization.md); attention, embeddings, norms, dense MLPs and routers stay in the
     model's dtype. Written to JSON only when set, so float configs read and write unchanged.
@@ -71,6 +86,16 @@ class LMConfig:
     tie_word_embeddings: bool = False
     quantization: QuantConfig | None = None
     attention_sinks: bool = False
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float = 0.0
+    logits_scaling: float = 1.0
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    float32_router: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):
@@ -86,12 +111,32 @@ class LMConfig:
                 object.__setattr__(self, name, tuple(value))
         if isinstance(self.rope_scaling, dict):
             object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))
+        if _is_int(self.kv_lora_rank) and self.kv_lora_rank > 0 and self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.qk_rope_head_dim)  # MLA: the rotary heads' width
         _validate(self)
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
         object.__setattr__(self, "rms_norm_eps", float(self.rms_norm_eps))
         object.__setattr__(self, "clip_qkv", float(self.clip_qkv))
+        for name in _SCALINGS:
+            object.__setattr__(self, name, float(getattr(self, name)))
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether the attention is multi-head latent attention (deamoe_trt.lm.mla)."""
+        return self.kv_lora_rank > 0
+
+    def cache_shapes(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(heads, width) of the two cache tensors of a block, [B, heads, P, width] each:
+        key and value, or MLA's c_kv and rotated key part (one head each)."""
+        if self.is_mla:
+            return (1, self.kv_lora_rank), (1, self.qk_rope_head_dim)
+        return (self.num_key_value_heads, self.head_dim), (self.num_key_value_heads, self.head_dim)
+
+    def kv_cache_values_per_token(self) -> int:
+        """Values the KV cache holds per token over all blocks."""
+        return self.num_layers * sum(heads * width for heads, width in self.cache_shapes())
 
     @property
     def kv_dim(self) -> int:
@@ -150,8 +195,9 @@ class LMConfig:
         for name in ("sliding_window_layers", "dense_layers"):
             if data[name] is not None:
                 data[name] = list(data[name])
-        if not self.attention_sinks:
-            del data["attention_sinks"]
+        for f in dataclasses.fields(self):
+            if f.name in _OPTIONAL_FIELDS and data[f.name] == f.default:
+                del data[f.name]
         if self.quantization is None:
             del data["quantization"]
         else:
@@ -192,6 +238,7 @@ def _validate(cfg: LMConfig) -> None:
         raise ConfigError(f"moe.hidden_size ({cfg.moe.hidden_size}) must equal hidden_size ({cfg.hidden_size})")
     if not _is_int(cfg.head_dim) or cfg.head_dim < 0:
         raise ConfigError(f"head_dim must be an integer >= 0 (0: hidden_size / num_heads), got {cfg.head_dim!r}")
+    _validate_families(cfg)
     if cfg.head_dim == 0 and cfg.hidden_size % cfg.num_heads:
         raise ConfigError(f"hidden_size ({cfg.hidden_size}) must be a multiple of num_heads ({cfg.num_heads})")
     head_dim = cfg.head_dim or cfg.hidden_size // cfg.num_heads
@@ -240,6 +287,46 @@ def _validate(cfg: LMConfig) -> None:
 
 
 QK_NORMS = ("none", "head", "full")
+_SCALINGS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")
+_MLA_SIZES = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+_OPTIONAL_FIELDS = ("attention_sinks",) + _SCALINGS + _MLA_SIZES + ("float32_router",)
+
+
+def _validate_families(cfg: LMConfig) -> None:
+    """The Granite scalings and the MLA sizes."""
+    for name in _SCALINGS:
+        value = getattr(cfg, name)
+        low = 0 if name == "attention_multiplier" else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number, got {value!r}")
+        if value < 0 if low == 0 else value <= 0:
+            raise ConfigError(f"{name} must be > 0{' (0: head_dim^-0.5)' if low == 0 else ''}, got {value!r}")
+    if not isinstance(cfg.float32_router, bool):
+        raise ConfigError(f"float32_router must be true or false, got {cfg.float32_router!r}")
+    for name in _MLA_SIZES:
+        if not _is_int(getattr(cfg, name)) or getattr(cfg, name) < 0:
+            raise ConfigError(f"{name} must be an integer >= 0, got {getattr(cfg, name)!r}")
+    if not cfg.kv_lora_rank:
+        others = [name for name in _MLA_SIZES[1:] if getattr(cfg, name)]
+        if others:
+            raise ConfigError(f"{others[0]} is set but kv_lora_rank is 0 (MLA needs kv_lora_rank >= 1)")
+        return
+    for name in ("qk_rope_head_dim", "v_head_dim"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"multi-head latent attention needs {name} >= 1")
+    if cfg.qk_rope_head_dim % 2:
+        raise ConfigError(f"qk_rope_head_dim ({cfg.qk_rope_head_dim}) must be even for rotary embeddings")
+    if cfg.head_dim != cfg.qk_rope_head_dim:
+        raise ConfigError(f"with MLA head_dim ({cfg.head_dim}) must equal qk_rope_head_dim ({cfg.qk_rope_head_dim})")
+    if cfg.num_key_value_heads != cfg.num_heads:
+        raise ConfigError(
+            f"with MLA num_key_value_heads ({cfg.num_key_value_heads}) must equal num_heads ({cfg.num_heads})"
+        )
+    for name in ("qkv_bias", "o_bias", "clip_qkv", "sliding_window"):
+        if getattr(cfg, name):
+            raise ConfigError(f"{name} is not supported with multi-head latent attention")
+    if cfg.qk_norm != "none":
+        raise ConfigError("qk_norm is not supported with multi-head latent attention")
 
 
 def _is_int(value: Any) -> bool:

@@ -11,7 +11,9 @@ layers.{i}.mlp.<the spec's canonical DeaMoE tensors>, norm.weight, lm_head.weigh
 The KV cache is a list of (key, value) per block, each [B, num_key_value_heads, P, head_dim]
 with keys already rotated (a sliding block's only its newest LMConfig.cache_keep keys); a
 forward over T new tokens at positions P..P+T-1 returns the cache extended to P+T (Hugging
-Face's legacy past_key_values, and the ONNX export's past/present inputs and outputs).
+Face's legacy past_key_values, and the ONNX export's past/present inputs and outputs). With
+multi-head latent attention (DeepSeek, deamoe_trt.lm.mla) the pair is (c_kv [B, 1, P,
+kv_lora_rank], rotated key part [B, 1, P, qk_rope_head_dim]): LMConfig.cache_shapes() says which.
 """
 
 from __future__ import annotations
@@ -59,12 +61,19 @@ class Block(nn.Module):
     def __init__(self, config: LMConfig, layer: int = 0, **factory):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
-        self.self_attn = Attention(config, layer, **factory)
+        if config.is_mla:
+            from .mla import LatentAttention
+
+            self.self_attn: nn.Module = LatentAttention(config, **factory)
+        else:
+            self.self_attn = Attention(config, layer, **factory)
+        self.residual_multiplier = config.residual_multiplier
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
         if config.is_dense(layer):
             self.mlp: nn.Module = DenseMLP(config.hidden_size, config.dense_intermediate_size, **factory)
         else:
-            self.mlp = DeaMoELayer(config.moe, quant=config.quantization, **factory)
+            router = torch.float32 if config.float32_router else None
+            self.mlp = DeaMoELayer(config.moe, quant=config.quantization, router_dtype=router, **factory)
 
     @property
     def is_moe(self) -> bool:
@@ -74,15 +83,19 @@ class Block(nn.Module):
         """ffn: a callable [N, d] -> [N, d] run instead of this block's DeaMoE FFN (another
         runtime's kernel, e.g. deamoe_trt.cpu.CpuDeaMoE); its routing is not returned."""
         attn, present = self.self_attn(self.input_layernorm(x), cos, sin, past)
-        h = x + attn
+        h = x + self._scaled(attn)
         y = self.post_attention_layernorm(h).reshape(-1, h.shape[-1])
         if ffn is not None:
-            return h + ffn(y).to(h.dtype).view_as(h), present, None
+            return h + self._scaled(ffn(y).to(h.dtype).view_as(h)), present, None
         if not self.is_moe:
-            return h + self.mlp(y).view_as(h), present, None
+            return h + self._scaled(self.mlp(y).view_as(h)), present, None
         routing = self.mlp.route(y)
         ffn = self.mlp.forward_routed(y, routing).to(h.dtype).view_as(h)
-        return h + ffn, present, routing
+        return h + self._scaled(ffn), present, routing
+
+    def _scaled(self, branch: torch.Tensor) -> torch.Tensor:
+        """A residual branch times Granite's residual_multiplier (1: as it is)."""
+        return branch if self.residual_multiplier == 1 else branch * self.residual_multiplier
 
 
 @dataclass
@@ -124,7 +137,7 @@ class DeaMoELM(nn.Module):
         model = cls(config, dtype=torch.float32, device=device)
         model.reset_parameters(seed)
         for block in model.layers:
-            if isinstance(block.mlp, DeaMoELayer):
+            if isinstance(block.mlp, DeaMoELayer) and not config.float32_router:
                 block.mlp.router.cast_weight(dtype)  # a float32 router would otherwise stay float32
         return model.to(dtype)
 
@@ -141,9 +154,11 @@ class DeaMoELM(nn.Module):
         residual = 1.0 / math.sqrt(2 * c.num_layers)
         normal_(self.embed_tokens.weight, 1.0)
         for i, block in enumerate(self.layers):
-            for proj in (block.self_attn.q_proj, block.self_attn.k_proj, block.self_attn.v_proj):
-                normal_(proj.weight, 1.0 / math.sqrt(c.hidden_size))
-            normal_(block.self_attn.o_proj.weight, residual / math.sqrt(c.hidden_size))
+            for name, proj in block.self_attn.named_children():
+                if isinstance(proj, nn.Linear):  # q/k/v (MLA: its down and up projections), o_proj
+                    scale = residual if name == "o_proj" else 1.0
+                    fan_in = proj.in_features if c.is_mla else c.hidden_size
+                    normal_(proj.weight, scale / math.sqrt(fan_in))
             if block.is_moe:
                 block.mlp.reset_parameters(seed * 1000 + i + 1)
                 for part in (block.mlp.departments, block.mlp.experts, block.mlp.shared_experts):
@@ -203,6 +218,8 @@ class DeaMoELM(nn.Module):
         cos = self.rope_cos[past_len : past_len + tokens]
         sin = self.rope_sin[past_len : past_len + tokens]
         x = self.embed_tokens(input_ids)
+        if c.embedding_multiplier != 1:
+            x = x * c.embedding_multiplier
         presents: KVCache = []
         routings: list[Routing] = []
         for i, block in enumerate(self.layers):
@@ -212,16 +229,18 @@ class DeaMoELM(nn.Module):
             if routing is not None:
                 routings.append(routing)
         logits = self.lm_head(self.norm(x)).float()
+        if c.logits_scaling != 1:
+            logits = logits / c.logits_scaling
         return LMOutput(logits=logits, past_key_values=presents, routings=routings)
 
     def empty_cache(self, batch: int = 1) -> KVCache:
         """A cache of length 0 (what a prefill starts from; the ONNX graph takes it as input)."""
         c = self.config
-        shape = (batch, c.num_key_value_heads, 0, c.head_dim)
+        (kh, kw), (vh, vw) = c.cache_shapes()
         return [
             (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros((batch, kh, 0, kw), dtype=self.dtype, device=self.device),
+                torch.zeros((batch, vh, 0, vw), dtype=self.dtype, device=self.device),
             )
             for _ in range(c.num_layers)
         ]

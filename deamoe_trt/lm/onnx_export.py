@@ -10,6 +10,10 @@ its If node): the past length P and the new-token count T are both dynamic, P ma
              present.{i}.key             dtype [batch, kv_heads, past + tokens, head_dim]
              present.{i}.value           dtype [batch, kv_heads, past + tokens, head_dim]
 
+With multi-head latent attention (DeepSeek) the ".key" and ".value" tensors are the latent
+cache, c_kv [batch, 1, past, kv_lora_rank] and the rotated key part [batch, 1, past,
+qk_rope_head_dim] (LMConfig.cache_shapes(); deamoe_trt.lm.mla).
+
 Prefill feeds the prompt with past = 0 (empty tensors); each decode step feeds one token
 and the previous step's present.* as past_key_values.*. Keys in the cache are already
 rotated. Positions are past .. past + tokens - 1; everything is left-aligned (no padding).
@@ -36,6 +40,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import onnx
 import torch
@@ -48,6 +53,7 @@ from ..export.layer_graph import check_form
 from ..export.onnx_form import export_opset
 from ..export.routing_graph import to_float32
 from .config import LMConfig
+from .mla import emit_latent_attention
 from .model import DeaMoELM
 from .tokenizer import HFTokenizer, Tokenizer, default_tokenizer, tokenizer_from_dict
 
@@ -136,8 +142,14 @@ def build_lm_model(
 
     ids = b.add_input(INPUT_IDS, ["batch", "tokens"], I64)
     pasts = []
+    cache_shapes = c.cache_shapes()
     for i in range(c.num_layers):
-        pasts.append(tuple(b.add_input(n, ["batch", kvh, "past", hd]) for n in past_names(i)))
+        pasts.append(
+            tuple(
+                b.add_input(n, ["batch", cache_heads, "past", width])
+                for n, (cache_heads, width) in zip(past_names(i), cache_shapes, strict=True)
+            )
+        )
     state = model.state_dict()
 
     stored: dict[str, str] = {}
@@ -175,7 +187,7 @@ def build_lm_model(
     neg_inf = b.scalar(-math.inf)
     q_shape = b.op("Concat", [bt, b.i64(c.num_heads, hd)], axis=0)  # [B, T, H, hd]
     kv_shape = b.op("Concat", [bt, b.i64(kvh, hd)], axis=0)
-    scale = b.scalar(1.0 / math.sqrt(hd))
+    scale = b.scalar(c.attention_multiplier or 1.0 / math.sqrt(hd))
 
     def rms_norm(x: str, weight: str) -> str:  # over the last axis
         xf = to_float32(b, x)
@@ -220,8 +232,37 @@ def build_lm_model(
         return linear(hidden, p + "mlp.down_proj.weight")
 
     x = b.reshape(b.op("Gather", [w("embed_tokens.weight"), ids], axis=0), [-1, c.hidden_size])  # [N, d]
+    if c.embedding_multiplier != 1:
+        x = b.op("Mul", [x, b.scalar(c.embedding_multiplier, act)])
+
+    def residual(branch: str) -> str:  # Granite's residual_multiplier
+        return branch if c.residual_multiplier == 1 else b.op("Mul", [branch, b.scalar(c.residual_multiplier, act)])
+
     for i, block in enumerate(model.layers):
         p = f"layers.{i}."
+        if c.is_mla:  # DeepSeek's latent attention (deamoe_trt.lm.mla); the FFN as below
+            helpers = SimpleNamespace(
+                linear=linear,
+                rope=rope,
+                heads=heads,
+                bt=bt,
+                mask=window_masks[0],
+                act=act,
+                w=w,
+                f32=lambda t: to_float32(b, t),
+                past=pasts[i],
+                present=present_names(i),
+            )
+            with b.scope(p):
+                h = rms_norm(x, p + "input_layernorm.weight")
+                x = b.op("Add", [x, residual(emit_latent_attention(b, block.self_attn, h, p, helpers))])
+                h = rms_norm(x, p + "post_attention_layernorm.weight")
+                y = None if block.is_moe else dense_mlp(h, p)
+            if block.is_moe:
+                y = emit_layer(b, h, block.mlp, form, prefix=p + "mlp.")
+            with b.scope(p):
+                x = b.op("Add", [x, residual(y)], name="ffn_residual")
+            continue
         with b.scope(p):
             h = rms_norm(x, p + "input_layernorm.weight")
             q = linear(h, p + "self_attn.q_proj.weight")
@@ -257,21 +298,23 @@ def build_lm_model(
             ctx = b.op("Reshape", [ctx, b.i64(0, c.num_heads, -1, hd)])  # [B, H, T, hd]
             ctx = b.reshape(b.op("Transpose", [ctx], perm=[0, 2, 1, 3]), [-1, c.num_heads * hd])
             ctx = b.cast(ctx, act) if act != F32 else ctx
-            x = b.op("Add", [x, linear(ctx, p + "self_attn.o_proj.weight")], name="attn_residual")
+            x = b.op("Add", [x, residual(linear(ctx, p + "self_attn.o_proj.weight"))], name="attn_residual")
             h = rms_norm(x, p + "post_attention_layernorm.weight")
             if not block.is_moe:
                 y = dense_mlp(h, p)
         if block.is_moe:
             y = emit_layer(b, h, block.mlp, form, prefix=p + "mlp.")
         with b.scope(p):
-            x = b.op("Add", [x, y], name="ffn_residual")
+            x = b.op("Add", [x, residual(y)], name="ffn_residual")
     head = "embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
     logits = linear(rms_norm(x, "norm.weight"), head)  # [N, V]
     logits = b.op("Reshape", [to_float32(b, logits), b.op("Concat", [bt, b.i64(c.vocab_size)], axis=0)])
+    if c.logits_scaling != 1:
+        logits = b.op("Div", [logits, b.scalar(c.logits_scaling)])
     b.add_output(logits, ["batch", "tokens", c.vocab_size], F32, name=LOGITS)
     for i in range(c.num_layers):
-        for name in present_names(i):
-            b.add_output(name, ["batch", kvh, "kept" if c.cache_keep(i) else "total", hd])
+        for name, (cache_heads, width) in zip(present_names(i), cache_shapes, strict=True):
+            b.add_output(name, ["batch", cache_heads, "kept" if c.cache_keep(i) else "total", width])
 
     info = LMExportInfo(
         form=form,

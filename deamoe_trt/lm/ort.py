@@ -74,8 +74,8 @@ class OrtDecoder:
 
     def empty_cache(self, batch: int = 1) -> list[np.ndarray]:
         c = self.info.config
-        shape = (batch, c.num_key_value_heads, 0, c.head_dim)
-        return [np.zeros(shape, dtype=self.np_dtype) for _ in range(2 * c.num_layers)]
+        shapes = [(batch, heads, 0, width) for heads, width in c.cache_shapes()]
+        return [np.zeros(shapes[j % 2], dtype=self.np_dtype) for j in range(2 * c.num_layers)]
 
     def prefill(self, ids: list[int]) -> np.ndarray:
         logits, self.cache = self.run(np.asarray([ids], dtype=np.int64), self.empty_cache())

@@ -34,18 +34,14 @@ def lm_profiles(config: LMConfig, batch: int = 1) -> list[dict[str, tuple[tuple[
     """(min, opt, max) shapes of every input for the prefill and the decode profile."""
     c = config
     context = c.max_position_embeddings
-    kv = (batch, c.num_key_value_heads)
     prefill = {INPUT_IDS: ((batch, 1), (batch, min(64, context)), (batch, context))}
     decode = {INPUT_IDS: ((batch, 1), (batch, 1), (batch, 1))}
     for i in range(c.num_layers):
-        for name in past_names(i):
-            prefill[name] = ((*kv, 0, c.head_dim),) * 3
+        for name, (heads, width) in zip(past_names(i), c.cache_shapes(), strict=True):
+            kv = (batch, heads)
+            prefill[name] = ((*kv, 0, width),) * 3
             longest = c.cached_keys(i, context - 1)  # a sliding block's cache stops at its window
-            decode[name] = (
-                (*kv, 1, c.head_dim),
-                (*kv, min(context // 2, longest), c.head_dim),
-                (*kv, longest, c.head_dim),
-            )
+            decode[name] = ((*kv, 1, width), (*kv, min(context // 2, longest), width), (*kv, longest, width))
     return [prefill, decode]
 
 
@@ -130,9 +126,10 @@ class TrtDecoder:
             self.contexts.append(context)
         dtype = self._torch_dtype(trt, self.engine.get_tensor_dtype(past_names(0)[0]))
         c, dev = config, "cuda"
-        shape = (1, c.num_key_value_heads, self.max_context, c.head_dim)
+        self.cache_shapes = c.cache_shapes()  # (heads, width) of the two tensors of a block
+        shapes = [(1, heads, self.max_context, width) for heads, width in self.cache_shapes]
         self.buffers = [
-            [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(2 * c.num_layers)] for _ in range(2)
+            [torch.zeros(shapes[j % 2], dtype=dtype, device=dev) for j in range(2 * c.num_layers)] for _ in range(2)
         ]
         self.logits = torch.zeros((1, self.max_context, c.vocab_size), dtype=torch.float32, device=dev)
         self.ids = torch.zeros((1, self.max_context), dtype=torch.int64, device=dev)
@@ -154,7 +151,8 @@ class TrtDecoder:
         context.set_tensor_address(INPUT_IDS, self.ids.data_ptr())
         for i in range(c.num_layers):
             for j, (past_name, present_name) in enumerate(zip(past_names(i), present_names(i), strict=True)):
-                context.set_input_shape(past_name, (1, c.num_key_value_heads, c.cached_keys(i, past), c.head_dim))
+                heads, width = self.cache_shapes[j]
+                context.set_input_shape(past_name, (1, heads, c.cached_keys(i, past), width))
                 context.set_tensor_address(past_name, reads[2 * i + j].data_ptr())
                 context.set_tensor_address(present_name, writes[2 * i + j].data_ptr())
         context.set_tensor_address(LOGITS, self.logits.data_ptr())

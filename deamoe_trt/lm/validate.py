@@ -50,8 +50,8 @@ class LMReferenceRunner(BaseRunner):
         c = self.model.config
         meta = TensorMetadata().add(INPUT_IDS, dtype=np.dtype(np.int64), shape=["batch", "tokens"])
         for i in range(c.num_layers):
-            for name in past_names(i):
-                meta.add(name, dtype=self.np_dtype, shape=["batch", c.num_key_value_heads, "past", c.head_dim])
+            for name, (heads, width) in zip(past_names(i), c.cache_shapes(), strict=True):
+                meta.add(name, dtype=self.np_dtype, shape=["batch", heads, "past", width])
         return meta
 
     def infer_impl(self, feed_dict):

@@ -48,3 +48,16 @@ def test_quantized_bench_counts_packed_codes_and_scales():
     assert rows["deamoe"]["ffn_bytes_per_token"] == (2 + 8) * 3 * d * 384 * per_weight + router
     assert rows["expanded"]["ffn_bytes_per_token"] == 8 * 3 * d * 768 * per_weight + router
     assert "FFNs int4 group 64" in lm_bench_table(result)
+
+
+def test_mla_bench_config_has_deepseek_v2_lite_attention_and_counts_its_weights():
+    from deamoe_trt.bench.lm_bench import _other_bytes
+
+    gqa, mla = bench_config(layers=1), bench_config(layers=1, attention="mla")
+    assert mla.is_mla and mla.moe == gqa.moe and mla.kv_cache_values_per_token() == 512 + 64
+    d, v = 2048, gqa.vocab_size
+    # q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj, two block norms (V2-Lite's config.json shapes)
+    attention = d * 16 * 192 + d * 576 + 512 + 512 * 16 * 256 + 16 * 128 * d + 2 * d
+    assert _other_bytes(mla, 2) == (attention + d + v * d + d) * 2
+    # Qwen3-30B-A3B's: q/k/v/o, q/k norms, two block norms
+    assert _other_bytes(gqa, 2) == ((32 * 128 * 2 + 4 * 128 * 2) * d + 2 * 128 + 2 * d + d + v * d + d) * 2

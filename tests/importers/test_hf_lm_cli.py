@@ -89,7 +89,7 @@ def test_bad_model_dirs_fail_in_one_line_with_nothing_written(qwen3_dir, tmp_pat
     if case == "llama":
         _dir(src, {"model_type": "llama"}, ["model.safetensors"])
     elif case == "deepseek":
-        _dir(src, {"model_type": "deepseek_v3", "kv_lora_rank": 512}, ["model.safetensors"])
+        _dir(src, {"model_type": "deepseek_v32", "kv_lora_rank": 512}, ["model.safetensors"])
     elif case == "remote":
         _dir(src, {**hf_config, "auto_map": {"AutoModelForCausalLM": "modeling_x.X"}})
     elif case == "pickled":
