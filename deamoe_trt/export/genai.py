@@ -43,8 +43,10 @@ BYTE_EOS = 0
 
 def tested_range() -> str:
     (lo_major, lo_minor), (hi_major, hi_minor) = TESTED_VERSIONS
-    return f"{lo_major}.{lo_minor}.x" if TESTED_VERSIONS[0] == TESTED_VERSIONS[1] else (
-        f"{lo_major}.{lo_minor}.x to {hi_major}.{hi_minor}.x"
+    return (
+        f"{lo_major}.{lo_minor}.x"
+        if TESTED_VERSIONS[0] == TESTED_VERSIONS[1]
+        else (f"{lo_major}.{lo_minor}.x to {hi_major}.{hi_minor}.x")
     )
 
 
