@@ -4,6 +4,7 @@ the refusals (plugin form, dtypes, versions) that leave nothing behind."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +67,7 @@ def ort_greedy(folder: Path, prompt_ids: list[list[int]], new_tokens: int) -> li
 def test_byte_level_tokenizer_json_encodes_and_decodes_like_the_byte_tokenizer(tiny_lm):
     from tokenizers import Tokenizer
 
-    hf = Tokenizer.from_str(__import__("json").dumps(genai.byte_level_tokenizer_json(tiny_lm.tokenizer)))
+    hf = Tokenizer.from_str(json.dumps(genai.byte_level_tokenizer_json(tiny_lm.tokenizer)))
     text = PRINTABLE_ASCII + "  two  spaces\n\nand a blank line "
     ids = hf.encode(text, add_special_tokens=False).ids
     assert ids == tiny_lm.tokenizer.encode(text)
@@ -150,3 +151,24 @@ def test_loading_with_an_untested_installed_genai_is_refused_before_the_model_lo
     monkeypatch.setattr(og, "__version__", "0.99.0")
     with pytest.raises(UsageError, match=r"0\.99\.0 is outside"):
         genai.load_genai(tmp_path / "no-such-folder")
+
+
+@pytest.mark.slow
+def test_genai_batched_greedy_equals_ort_generate_on_an_imported_qwen3_moe(tmp_path):
+    """The imported family with the most options (q/k norms, a dense layer, YaRN, a sliding
+    window) and a Hugging Face tokenizer's eos/bos ids in the config. Ids, not text: the test
+    model's WordLevel tokenizer is one GenAI's tokenizer does not read."""
+    og_or_skip()
+    pytest.importorskip("transformers")
+    from importers.hf_lm_models import build_hf_model, prompt_ids
+
+    from deamoe_trt.importers.hf_lm import import_hf_lm
+
+    build_hf_model("qwen3_moe", tmp_path / "hf")
+    import_hf_lm(tmp_path / "hf", tmp_path / "lm")
+    loaded = load_lm(tmp_path / "lm")
+    folder = genai.export_genai(loaded.model, tmp_path / "genai", tokenizer=loaded.tokenizer)
+    config = json.loads((folder / genai.CONFIG_FILE).read_text())["model"]
+    assert (config["eos_token_id"], config["bos_token_id"]) == tuple(loaded.tokenizer.encode("</s> <s>"))
+    prompts = [prompt_ids(7, seed) for seed in (1, 2)]
+    assert genai_greedy(folder, prompts, NEW_TOKENS) == ort_greedy(folder, prompts, NEW_TOKENS)
