@@ -85,9 +85,10 @@ def test_genai_tokenizer_reads_the_folder_and_gives_the_byte_ids(tiny_lm, tmp_pa
     assert tokenizer.decode(np.asarray(ids, dtype=np.int32)) == text
 
 
-def test_genai_batched_greedy_equals_ort_generate_fp32(tiny_lm, tmp_path, capsys):
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_genai_batched_greedy_equals_ort_generate(tiny_lm, tmp_path, capsys, dtype):
     og_or_skip()
-    code, err = cli(capsys, "export-lm", TINY_LM, "-o", tmp_path / "genai", "--target", "genai")
+    code, err = cli(capsys, "export-lm", TINY_LM, "-o", tmp_path / "genai", "--target", "genai", "--dtype", dtype)
     assert code == 0, err
     prompt_ids = [tiny_lm.tokenizer.encode(p) for p in PROMPTS]
     expected = ort_greedy(tmp_path / "genai", prompt_ids, NEW_TOKENS)
