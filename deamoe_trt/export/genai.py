@@ -1,19 +1,19 @@
 """A language model as an ONNX Runtime GenAI model folder (`onnxruntime_genai.Model(folder)`).
 
-The folder holds the whole-LM graph of deamoe_trt.lm.onnx_export unchanged (model.onnx, its
-deamoe_trt metadata kept, so `OrtDecoder.from_file` decodes the very same file), a
-genai_config.json that maps GenAI's decoder inputs and outputs onto the graph's names, and
-the tokenizer files GenAI's tokenizer reads:
+The folder holds the whole-LM graph of deamoe_trt.lm.onnx_export with two inputs GenAI
+feeds (model.onnx), a genai_config.json that maps GenAI's decoder inputs and outputs onto
+the graph's names, and the tokenizer files GenAI's tokenizer reads:
 
 - a Hugging Face tokenizer travels as its own tokenizer.json / tokenizer_config.json;
 - the byte tokenizer becomes a byte-level BPE tokenizer.json with no merges (GPT-2's
   byte-to-character table, token id = byte value), so GenAI and the `tokenizers` library
   split text into the same ids as deamoe_trt.lm.tokenizer.ByteTokenizer.
 
-The graph has no attention_mask or position_ids input: positions are the past length
-onwards and nothing is padded. GenAI feeds a mask only to graphs that declare one, so a batch
-decodes exactly when its prompts have equal token counts (GenAI pads shorter prompts, and
-this graph would attend to the padding).
+GenAI batches prompts of different lengths by padding them and masking the padding, so the
+graph gains attention_mask [batch, past + tokens] (0 at padding) and position_ids
+[batch, tokens]: rotary embeddings read position_ids instead of past .. past + tokens - 1,
+and each attention's causal mask also hides the keys whose attention_mask is 0. Everything
+else, weights included, is the graph `export-lm` writes.
 
 The byte tokenizer has no end-of-text token; the config names byte 0 (NUL, never in the
 alphabet) as eos so generation runs to max_length, as `deamoe-trt generate` does.
@@ -27,10 +27,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
 from ..errors import MissingDependencyError, UsageError, one_line
 from ..lm.model import DeaMoELM
-from ..lm.onnx_export import INPUT_IDS, LOGITS, export_lm
+from ..lm.onnx_export import INPUT_IDS, LOGITS, build_lm_model
 from ..lm.tokenizer import ByteTokenizer, HFTokenizer, NoTokenizer, Tokenizer, default_tokenizer
+from .save import save_model
 
 MODEL_FILE = "model.onnx"
 CONFIG_FILE = "genai_config.json"
@@ -39,6 +44,7 @@ TESTED_VERSIONS = ((0, 18), (0, 18))
 FORMS = ("ort", "onnx")  # the plugin form needs TensorRT's DeaMoE plugin, which GenAI's sessions lack
 DTYPES = ("fp32", "fp16")
 BYTE_EOS = 0
+ATTENTION_MASK, POSITION_IDS = "attention_mask", "position_ids"
 
 
 def tested_range() -> str:
@@ -137,6 +143,8 @@ def genai_config(model: DeaMoELM, tokenizer: Tokenizer, *, eos_ids: list[int], b
                 "num_hidden_layers": c.num_layers,
                 "inputs": {
                     "input_ids": INPUT_IDS,
+                    "attention_mask": ATTENTION_MASK,
+                    "position_ids": POSITION_IDS,
                     "past_key_names": "past_key_values.%d.key",
                     "past_value_names": "past_key_values.%d.value",
                 },
@@ -204,8 +212,11 @@ def export_genai(
     except OSError as exc:
         raise UsageError(f"cannot write {folder}: {one_line(exc)}") from None
     try:
-        export_lm(model, staging / MODEL_FILE, form, dtype, opset, tokenizer=tokenizer, twin=twin)
+        proto = build_lm_model(model, form, dtype, opset, tokenizer=tokenizer, twin=twin)
+        add_padding_inputs(proto)
+        save_model(proto, staging / MODEL_FILE)
         if isinstance(tokenizer, HFTokenizer):
+            tokenizer.save(staging)
             eos_ids = tokenizer.eos_ids() or [BYTE_EOS]
             bos = tokenizer.tokenizer.token_to_id(_special(tokenizer, "bos_token") or "")
             pad = tokenizer.tokenizer.token_to_id(_special(tokenizer, "pad_token") or "")
@@ -229,6 +240,60 @@ def export_genai(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def add_padding_inputs(proto: onnx.ModelProto) -> None:
+    """Give the whole-LM graph GenAI's attention_mask and position_ids inputs (in place).
+
+    The rotary tables are gathered at position_ids ([B, T, half], broadcast over heads) and
+    every attention's mask (the input of the Where that feeds its Softmax) is or-ed with
+    attention_mask == 0 over the key axis ([B, 1, 1, 1, S] against scores [B, kvh, g, T, S]).
+    """
+    graph = proto.graph
+    consumers: dict[str, list[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node.op_type)
+    graph.input.extend(
+        [
+            helper.make_tensor_value_info(ATTENTION_MASK, TensorProto.INT64, ["batch", "total"]),
+            helper.make_tensor_value_info(POSITION_IDS, TensorProto.INT64, ["batch", "tokens"]),
+        ]
+    )
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([1], np.int64), "genai.heads_axis"),
+            numpy_helper.from_array(np.array([1, 2, 3], np.int64), "genai.mask_axes"),
+            numpy_helper.from_array(np.array(0, np.int64), "genai.zero"),
+        ]
+    )
+    padding = [
+        helper.make_node("Equal", [ATTENTION_MASK, "genai.zero"], ["genai.padding"], name="genai.padding"),
+        helper.make_node("Unsqueeze", ["genai.padding", "genai.mask_axes"], ["genai.padding5"], name="genai.padding5"),
+    ]
+    nodes, masks, tables = [], {}, 0
+    for node in graph.node:
+        if node.op_type == "Gather" and node.input[0] in ("rope.cos", "rope.sin"):
+            out = node.output[0]
+            node.input[1], node.output[0] = POSITION_IDS, out + ".per_row"
+            nodes += [node, helper.make_node("Unsqueeze", [out + ".per_row", "genai.heads_axis"], [out])]
+            tables += 1
+            continue
+        attention = node.name.startswith("layers.") and ".mlp." not in node.name  # not a router's softmax
+        if node.op_type == "Where" and attention and consumers.get(node.output[0]) == ["Softmax"]:
+            mask = node.input[0]
+            if mask not in masks:
+                masks[mask] = mask + ".padded"
+                nodes.append(helper.make_node("Or", [mask, "genai.padding5"], [masks[mask]]))
+            node.input[0] = masks[mask]
+        nodes.append(node)
+    if tables != 2 or not masks:  # the graph's layout changed: fail here rather than decode wrongly
+        raise UsageError(
+            f"the language-model graph has {tables} rotary tables and {len(masks)} attention masks where GenAI's "
+            "padding inputs expect 2 and at least 1; this deamoe-trt cannot write GenAI folders for it"
+        )
+    del graph.node[:]
+    graph.node.extend(padding + nodes)
 
 
 def _special(tokenizer: HFTokenizer, key: str) -> str | None:

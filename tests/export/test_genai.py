@@ -22,8 +22,8 @@ from deamoe_trt.lm.tokenizer import PRINTABLE_ASCII
 from deamoe_trt.quant import QuantConfig
 
 TINY_LM = Path(__file__).resolve().parents[2] / "samples" / "models" / "tiny-lm"
-# Equal token counts: the graph has no attention mask, so GenAI must not pad (see export.genai).
-PROMPTS = ("It was a truth ", "Anne Elliot was", "The Musgroves, ")
+# Different lengths, so GenAI pads the batch and the graph's attention_mask must hide the padding.
+PROMPTS = ("It was a truth ", "Anne", "The Musgroves had ")
 NEW_TOKENS = 24
 
 
@@ -44,23 +44,24 @@ def og_or_skip():
     return pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (the test extra has it)")
 
 
-def genai_greedy(folder: Path, prompt_ids: list[list[int]], new_tokens: int) -> list[list[int]]:
-    """GenAI's greedy search over all prompts in one batch: each sequence's new ids."""
+def genai_greedy(folder: Path, prompt_ids: list[list[int]], new_tokens: int, pad_id: int) -> list[list[int]]:
+    """GenAI's greedy search over all prompts in one batch (right-padded with pad_id, as its
+    tokenizer's encode_batch pads): each sequence's new ids."""
     og = og_or_skip()
     model = genai.load_genai(folder)
+    longest = max(len(ids) for ids in prompt_ids)
     params = og.GeneratorParams(model)
-    length = len(prompt_ids[0])
-    params.set_search_options(do_sample=False, max_length=length + new_tokens, batch_size=len(prompt_ids))
+    params.set_search_options(do_sample=False, max_length=longest + new_tokens, batch_size=len(prompt_ids))
     generator = og.Generator(model, params)
-    generator.append_tokens(np.asarray(prompt_ids, dtype=np.int32))
+    generator.append_tokens(np.asarray([ids + [pad_id] * (longest - len(ids)) for ids in prompt_ids], np.int32))
     while not generator.is_done():
         generator.generate_next_token()
-    return [[int(t) for t in generator.get_sequence(i)][length:] for i in range(len(prompt_ids))]
+    return [[int(t) for t in generator.get_sequence(i)][longest:] for i in range(len(prompt_ids))]
 
 
-def ort_greedy(folder: Path, prompt_ids: list[list[int]], new_tokens: int) -> list[list[int]]:
-    """`deamoe-trt generate --runtime ort`'s decoding, one prompt at a time, on the folder's model.onnx."""
-    decoder = OrtDecoder.from_file(folder / genai.MODEL_FILE, threads=1)
+def ort_greedy(model, prompt_ids: list[list[int]], new_tokens: int, **export) -> list[list[int]]:
+    """`deamoe-trt generate --runtime ort`'s decoding of the same model, one prompt at a time."""
+    decoder = OrtDecoder.from_model(model, threads=1, **export)
     return [generate(decoder, ids, new_tokens).new_ids for ids in prompt_ids]
 
 
@@ -91,9 +92,9 @@ def test_genai_batched_greedy_equals_ort_generate(tiny_lm, tmp_path, capsys, dty
     code, err = cli(capsys, "export-lm", TINY_LM, "-o", tmp_path / "genai", "--target", "genai", "--dtype", dtype)
     assert code == 0, err
     prompt_ids = [tiny_lm.tokenizer.encode(p) for p in PROMPTS]
-    expected = ort_greedy(tmp_path / "genai", prompt_ids, NEW_TOKENS)
+    expected = ort_greedy(tiny_lm.model, prompt_ids, NEW_TOKENS, dtype=dtype)
     assert len({tuple(e) for e in expected}) == len(PROMPTS)  # distinct continuations: no row mixed up
-    assert genai_greedy(tmp_path / "genai", prompt_ids, NEW_TOKENS) == expected
+    assert genai_greedy(tmp_path / "genai", prompt_ids, NEW_TOKENS, genai.BYTE_EOS) == expected
 
 
 def test_genai_batched_greedy_equals_ort_generate_int4_ort_form(tiny_lm, tmp_path):
@@ -102,8 +103,9 @@ def test_genai_batched_greedy_equals_ort_generate_int4_ort_form(tiny_lm, tmp_pat
     folder = genai.export_genai(quantized, tmp_path / "genai4", "ort", tokenizer=tiny_lm.tokenizer)
     ops = {node.op_type for node in onnx.load(folder / genai.MODEL_FILE).graph.node}
     assert "QMoE" in ops  # the int4 weights run as ONNX Runtime's quantized MoE inside GenAI
-    prompt_ids = [tiny_lm.tokenizer.encode(p) for p in PROMPTS[:2]]
-    assert genai_greedy(folder, prompt_ids, NEW_TOKENS) == ort_greedy(folder, prompt_ids, NEW_TOKENS)
+    prompt_ids = [tiny_lm.tokenizer.encode(p) for p in PROMPTS]
+    expected = ort_greedy(quantized, prompt_ids, NEW_TOKENS, form="ort")
+    assert genai_greedy(folder, prompt_ids, NEW_TOKENS, genai.BYTE_EOS) == expected
 
 
 def test_a_second_export_replaces_the_folder_contents_atomically(tiny_lm, tmp_path):
@@ -130,7 +132,7 @@ def test_a_failed_export_leaves_no_folder(tiny_lm, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(genai, "export_lm", broken)
+    monkeypatch.setattr(genai, "save_model", broken)
     with pytest.raises(UsageError, match="disk full"):
         genai.export_genai(tiny_lm.model, tmp_path / "genai", tokenizer=tiny_lm.tokenizer)
     assert list(tmp_path.iterdir()) == []
@@ -171,5 +173,8 @@ def test_genai_batched_greedy_equals_ort_generate_on_an_imported_qwen3_moe(tmp_p
     folder = genai.export_genai(loaded.model, tmp_path / "genai", tokenizer=loaded.tokenizer)
     config = json.loads((folder / genai.CONFIG_FILE).read_text())["model"]
     assert (config["eos_token_id"], config["bos_token_id"]) == tuple(loaded.tokenizer.encode("</s> <s>"))
+    # Equal lengths: without a pad token the config pads with eos, an id the random model may emit.
     prompts = [prompt_ids(7, seed) for seed in (1, 2)]
-    assert genai_greedy(folder, prompts, NEW_TOKENS) == ort_greedy(folder, prompts, NEW_TOKENS)
+    assert genai_greedy(folder, prompts, NEW_TOKENS, config["pad_token_id"]) == ort_greedy(
+        loaded.model, prompts, NEW_TOKENS
+    )
