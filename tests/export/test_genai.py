@@ -16,6 +16,7 @@ from deamoe_trt.errors import UsageError
 from deamoe_trt.export import genai
 from deamoe_trt.lm.checkpoint import load_lm
 from deamoe_trt.lm.generate import generate
+from deamoe_trt.lm.onnx_export import build_lm_model
 from deamoe_trt.lm.ort import OrtDecoder
 from deamoe_trt.lm.quantize import quantize_lm
 from deamoe_trt.lm.tokenizer import PRINTABLE_ASCII
@@ -178,3 +179,38 @@ def test_genai_batched_greedy_equals_ort_generate_on_an_imported_qwen3_moe(tmp_p
     assert genai_greedy(folder, prompts, NEW_TOKENS, config["pad_token_id"]) == ort_greedy(
         loaded.model, prompts, NEW_TOKENS
     )
+
+
+def test_padded_rows_give_the_logits_of_the_unpadded_prompt_in_prefill_and_decode(tiny_lm):
+    """The graph alone (no GenAI): a right-padded row whose padding attention_mask hides and
+    whose positions position_ids gives decodes as that prompt alone does."""
+    import onnxruntime as ort
+
+    proto = build_lm_model(tiny_lm.model, "ort", tokenizer=tiny_lm.tokenizer)
+    genai.add_padding_inputs(proto)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    c = tiny_lm.model.config
+    long, short = tiny_lm.tokenizer.encode("It was a truth "), tiny_lm.tokenizer.encode("Anne")
+    pad = len(long) - len(short)
+    names = [o.name for o in session.get_outputs()]
+    empty = np.zeros((2, c.num_key_value_heads, 0, c.head_dim), np.float32)
+    feeds = {name.replace("present", "past_key_values"): empty for name in names[1:]}
+    feeds |= {
+        "input_ids": np.asarray([long, short + [0] * pad], np.int64),
+        "attention_mask": np.asarray([[1] * len(long), [1] * len(short) + [0] * pad], np.int64),
+        "position_ids": np.asarray([range(len(long)), list(range(len(short))) + [0] * pad], np.int64),
+    }
+    logits, *cache = session.run(names, feeds)
+    step = {n.replace("present", "past_key_values"): v for n, v in zip(names[1:], cache, strict=True)}
+    step |= {
+        "input_ids": np.asarray([[32], [32]], np.int64),
+        "attention_mask": np.asarray([[1] * (len(long) + 1), [1] * len(short) + [0] * pad + [1]], np.int64),
+        "position_ids": np.asarray([[len(long)], [len(short)]], np.int64),
+    }
+    next_logits = session.run(names[:1], step)[0]
+
+    alone = OrtDecoder.from_model(tiny_lm.model, threads=1)
+    expected, expected_cache = alone.run(np.asarray([short]), alone.empty_cache())
+    expected_next, _ = alone.run(np.asarray([[32]]), expected_cache)
+    np.testing.assert_allclose(logits[1, : len(short)], expected[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(next_logits[1, 0], expected_next[0, 0], rtol=1e-5, atol=1e-5)
