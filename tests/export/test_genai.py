@@ -120,7 +120,11 @@ def test_a_second_export_replaces_the_folder_contents_atomically(tiny_lm, tmp_pa
 
 @pytest.mark.parametrize(
     ("flags", "message"),
-    [(("--form", "plugin"), "writes the ort or onnx form, not 'plugin'"), (("--dtype", "bf16"), "not bf16")],
+    [
+        (("--form", "plugin"), "writes the ort or onnx form, not 'plugin'"),
+        (("--dtype", "bf16"), "not bf16"),
+        (("--validate",), "--validate checks a single ONNX file"),
+    ],
 )
 def test_export_refuses_what_genai_cannot_run_in_one_line_writing_nothing(tmp_path, capsys, flags, message):
     code, err = cli(capsys, "export-lm", TINY_LM, "-o", tmp_path / "genai", "--target", "genai", *flags)
