@@ -49,11 +49,9 @@ ATTENTION_MASK, POSITION_IDS = "attention_mask", "position_ids"
 
 def tested_range() -> str:
     (lo_major, lo_minor), (hi_major, hi_minor) = TESTED_VERSIONS
-    return (
-        f"{lo_major}.{lo_minor}.x"
-        if TESTED_VERSIONS[0] == TESTED_VERSIONS[1]
-        else (f"{lo_major}.{lo_minor}.x to {hi_major}.{hi_minor}.x")
-    )
+    if (lo_major, lo_minor) == (hi_major, hi_minor):
+        return f"{lo_major}.{lo_minor}.x"
+    return f"{lo_major}.{lo_minor}.x to {hi_major}.{hi_minor}.x"
 
 
 def check_genai_version(version: str) -> None:
@@ -123,7 +121,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-def genai_config(model: DeaMoELM, tokenizer: Tokenizer, *, eos_ids: list[int], bos_id: int, pad_id: int) -> dict:
+def genai_config(model: DeaMoELM, *, eos_ids: list[int], bos_id: int, pad_id: int) -> dict:
     c = model.config
     return {
         "model": {
@@ -227,7 +225,7 @@ def export_genai(
                 json.dumps({"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, "model_max_length": 10**6})
             )
             eos_ids, bos_id, pad_id = [BYTE_EOS], BYTE_EOS, BYTE_EOS
-        config = genai_config(model, tokenizer, eos_ids=eos_ids, bos_id=bos_id, pad_id=pad_id)
+        config = genai_config(model, eos_ids=eos_ids, bos_id=bos_id, pad_id=pad_id)
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         folder.mkdir(exist_ok=True)
         names = sorted(p.name for p in staging.iterdir())
