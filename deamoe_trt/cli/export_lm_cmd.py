@@ -12,7 +12,14 @@ def register(subparsers) -> None:
         description=__doc__,
     )
     common.add_checkpoint(parser, help="language-model checkpoint directory (e.g. samples/models/tiny-lm)")
-    common.add_output(parser, help="ONNX file to write")
+    parser.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="PATH",
+        type=_output_path,
+        help="ONNX file to write (--target genai: the model folder)",
+    )
     parser.add_argument(
         "--form",
         choices=("plugin", "ort", "onnx"),
@@ -32,7 +39,21 @@ def register(subparsers) -> None:
         action="store_true",
         help="then compare logits and cache with the PyTorch model (ort/onnx forms fast)",
     )
+    parser.add_argument(
+        "--target",
+        choices=("onnx", "genai"),
+        default="onnx",
+        help="onnx: one ONNX file (default); genai: an ONNX Runtime GenAI model folder (model.onnx, "
+        "genai_config.json, tokenizer files)",
+    )
     parser.set_defaults(func=run)
+
+
+def _output_path(text: str) -> str:
+    """A writable file, or a writable existing folder (what --target genai fills)."""
+    from pathlib import Path
+
+    return common.writable_directory(text) if Path(text).is_dir() else common.writable_path(text)
 
 
 def run(args) -> int:
@@ -44,6 +65,8 @@ def run(args) -> int:
     from ..report import format_bytes
 
     loaded = load_lm(args.checkpoint)
+    if args.target == "genai":
+        return _run_genai(args, loaded)
     path = export_lm(
         loaded.model.twin(args.twin),
         Path(args.output),
@@ -62,4 +85,27 @@ def run(args) -> int:
         print(report.table())
         if not report.passed:
             raise DeaMoEError(report.failure())
+    return 0
+
+
+def _run_genai(args, loaded) -> int:
+    from pathlib import Path
+
+    from ..errors import UsageError
+    from ..export.genai import MODEL_FILE, export_genai
+    from ..report import format_bytes
+
+    if args.validate:
+        raise UsageError("--validate checks a single ONNX file; with --target genai, run export-lm without it")
+    folder = export_genai(
+        loaded.model.twin(args.twin),
+        Path(args.output),
+        args.form,
+        args.dtype,
+        args.opset,
+        tokenizer=loaded.tokenizer,
+        twin=args.twin,
+    )
+    size = sum(p.stat().st_size for p in folder.glob(MODEL_FILE + "*"))
+    print(f"wrote GenAI folder {folder} ({args.twin}, {args.form} form, {args.dtype}, {format_bytes(size)})")
     return 0

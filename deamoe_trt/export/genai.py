@@ -1,0 +1,301 @@
+"""A language model as an ONNX Runtime GenAI model folder (`onnxruntime_genai.Model(folder)`).
+
+The folder holds the whole-LM graph of deamoe_trt.lm.onnx_export with two inputs GenAI
+feeds (model.onnx), a genai_config.json that maps GenAI's decoder inputs and outputs onto
+the graph's names, and the tokenizer files GenAI's tokenizer reads:
+
+- a Hugging Face tokenizer travels as its own tokenizer.json / tokenizer_config.json;
+- the byte tokenizer becomes a byte-level BPE tokenizer.json with no merges (GPT-2's
+  byte-to-character table, token id = byte value), so GenAI and the `tokenizers` library
+  split text into the same ids as deamoe_trt.lm.tokenizer.ByteTokenizer.
+
+GenAI batches prompts of different lengths by padding them and masking the padding, so the
+graph gains attention_mask [batch, past + tokens] (0 at padding) and position_ids
+[batch, tokens]: rotary embeddings read position_ids instead of past .. past + tokens - 1,
+and each attention's causal mask also hides the keys whose attention_mask is 0. Everything
+else, weights included, is the graph `export-lm` writes.
+
+The byte tokenizer has no end-of-text token; the config names byte 0 (NUL, never in the
+alphabet) as eos so generation runs to max_length, as `deamoe-trt generate` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ..errors import MissingDependencyError, UsageError, one_line
+from ..lm.model import DeaMoELM
+from ..lm.onnx_export import INPUT_IDS, LOGITS, build_lm_model
+from ..lm.tokenizer import ByteTokenizer, HFTokenizer, NoTokenizer, Tokenizer, default_tokenizer
+from .save import save_model
+
+MODEL_FILE = "model.onnx"
+CONFIG_FILE = "genai_config.json"
+# onnxruntime-genai releases whose config schema and decoder I/O this export was checked against.
+TESTED_VERSIONS = ((0, 18), (0, 18))
+FORMS = ("ort", "onnx")  # the plugin form needs TensorRT's DeaMoE plugin, which GenAI's sessions lack
+DTYPES = ("fp32", "fp16")
+BYTE_EOS = 0
+ATTENTION_MASK, POSITION_IDS = "attention_mask", "position_ids"
+
+
+def tested_range() -> str:
+    (lo_major, lo_minor), (hi_major, hi_minor) = TESTED_VERSIONS
+    if (lo_major, lo_minor) == (hi_major, hi_minor):
+        return f"{lo_major}.{lo_minor}.x"
+    return f"{lo_major}.{lo_minor}.x to {hi_major}.{hi_minor}.x"
+
+
+def check_genai_version(version: str) -> None:
+    """A UsageError unless version (onnxruntime_genai.__version__) is in TESTED_VERSIONS."""
+    try:
+        major_minor = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        raise UsageError(f"onnxruntime-genai reports version {version!r}, which deamoe-trt cannot read") from None
+    if not TESTED_VERSIONS[0] <= major_minor <= TESTED_VERSIONS[1]:
+        raise UsageError(
+            f"onnxruntime-genai {version} is outside the versions deamoe-trt's GenAI folders were tested with "
+            f"({tested_range()}); install one of those: pip install 'onnxruntime-genai>=0.18,<0.19'"
+        )
+
+
+def load_genai(folder: str | Path):
+    """onnxruntime_genai.Model(folder), after checking the installed GenAI's version."""
+    try:
+        import onnxruntime_genai as og
+    except ImportError:
+        raise MissingDependencyError(
+            "running a GenAI folder needs onnxruntime-genai: pip install 'onnxruntime-genai>=0.18,<0.19'"
+        ) from None
+    check_genai_version(og.__version__)
+    return og.Model(str(folder))
+
+
+def byte_level_tokenizer_json(tokenizer: ByteTokenizer) -> dict:
+    """tokenizer.json (Hugging Face `tokenizers` format) that maps each byte to its own id."""
+    table = _bytes_to_unicode()
+    vocab = {table[i]: i for i in range(256)}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [],
+        },
+    }
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-to-character table: printable bytes stand for themselves, the rest are
+    shifted past 255 so every byte has a visible, whitespace-free character."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    table, shifted = {}, 0
+    for byte in range(256):
+        if byte in keep:
+            table[byte] = chr(byte)
+        else:
+            table[byte] = chr(256 + shifted)
+            shifted += 1
+    return table
+
+
+def genai_config(model: DeaMoELM, *, eos_ids: list[int], bos_id: int, pad_id: int) -> dict:
+    c = model.config
+    return {
+        "model": {
+            "type": "llama",
+            "bos_token_id": bos_id,
+            "eos_token_id": eos_ids if len(eos_ids) > 1 else eos_ids[0],
+            "pad_token_id": pad_id,
+            "context_length": c.max_position_embeddings,
+            "vocab_size": c.vocab_size,
+            "decoder": {
+                "filename": MODEL_FILE,
+                "session_options": {"log_id": "deamoe-trt", "provider_options": []},
+                "head_size": c.head_dim,
+                "hidden_size": c.hidden_size,
+                "num_attention_heads": c.num_heads,
+                "num_key_value_heads": c.num_key_value_heads,
+                "num_hidden_layers": c.num_layers,
+                "inputs": {
+                    "input_ids": INPUT_IDS,
+                    "attention_mask": ATTENTION_MASK,
+                    "position_ids": POSITION_IDS,
+                    "past_key_names": "past_key_values.%d.key",
+                    "past_value_names": "past_key_values.%d.value",
+                },
+                "outputs": {
+                    "logits": LOGITS,
+                    "present_key_names": "present.%d.key",
+                    "present_value_names": "present.%d.value",
+                },
+            },
+        },
+        "search": {
+            "do_sample": False,
+            "num_beams": 1,
+            "num_return_sequences": 1,
+            "max_length": c.max_position_embeddings,
+            "min_length": 0,
+            "past_present_share_buffer": False,
+            "repetition_penalty": 1.0,
+            "temperature": 1.0,
+            "top_k": 1,
+            "top_p": 1.0,
+        },
+    }
+
+
+def check_genai_model(model: DeaMoELM, form: str, dtype: str, tokenizer: Tokenizer) -> None:
+    """A UsageError naming what GenAI cannot run: the plugin form, dtypes other than fp32/fp16."""
+    if form not in FORMS:
+        raise UsageError(
+            f"--target genai writes the ort or onnx form, not {form!r}: GenAI runs on ONNX Runtime, which has no "
+            "TensorRT DeaMoE plugin; use --form ort"
+        )
+    if dtype not in DTYPES:
+        raise UsageError(f"--target genai writes fp32 or fp16, not {dtype}")
+    if isinstance(tokenizer, NoTokenizer):
+        raise UsageError(
+            "this model has no tokenizer, and a GenAI folder needs one; import it again from a Hugging Face "
+            "directory with tokenizer.json"
+        )
+
+
+def export_genai(
+    model: DeaMoELM,
+    folder: str | Path,
+    form: str = "ort",
+    dtype: str = "fp32",
+    opset: int | None = None,
+    *,
+    tokenizer: Tokenizer | None = None,
+    twin: str = "deamoe",
+) -> Path:
+    """Write the GenAI model folder (see the module docstring); returns folder.
+
+    Everything is written to a temporary folder beside it first, then moved in file by
+    file with genai_config.json last, so a failed export leaves no folder GenAI would load.
+    """
+    folder = Path(folder)
+    tokenizer = tokenizer or default_tokenizer(model.config.vocab_size)
+    check_genai_model(model, form, dtype, tokenizer)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"cannot write the GenAI folder {folder}: a file is in the way")
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    except OSError as exc:
+        raise UsageError(f"cannot write {folder}: {one_line(exc)}") from None
+    try:
+        proto = build_lm_model(model, form, dtype, opset, tokenizer=tokenizer, twin=twin)
+        add_padding_inputs(proto)
+        save_model(proto, staging / MODEL_FILE)
+        if isinstance(tokenizer, HFTokenizer):
+            tokenizer.save(staging)
+            eos_ids = tokenizer.eos_ids() or [BYTE_EOS]
+            bos = tokenizer.tokenizer.token_to_id(_special(tokenizer, "bos_token") or "")
+            pad = tokenizer.tokenizer.token_to_id(_special(tokenizer, "pad_token") or "")
+            bos_id, pad_id = (bos if bos is not None else eos_ids[0]), (pad if pad is not None else eos_ids[0])
+        else:
+            (staging / "tokenizer.json").write_text(json.dumps(byte_level_tokenizer_json(tokenizer)))
+            (staging / "tokenizer_config.json").write_text(
+                json.dumps({"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, "model_max_length": 10**6})
+            )
+            eos_ids, bos_id, pad_id = [BYTE_EOS], BYTE_EOS, BYTE_EOS
+        config = genai_config(model, eos_ids=eos_ids, bos_id=bos_id, pad_id=pad_id)
+        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        folder.mkdir(exist_ok=True)
+        names = sorted(p.name for p in staging.iterdir())
+        for name in sorted(names, key=lambda n: n == CONFIG_FILE):
+            os.replace(staging / name, folder / name)
+        if MODEL_FILE + ".data" not in names:  # a stale one from an earlier, larger export
+            (folder / (MODEL_FILE + ".data")).unlink(missing_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot write {folder}: {one_line(exc)}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+def add_padding_inputs(proto: onnx.ModelProto) -> None:
+    """Give the whole-LM graph GenAI's attention_mask and position_ids inputs (in place).
+
+    The rotary tables are gathered at position_ids ([B, T, half], broadcast over heads) and
+    every attention's mask (the input of the Where that feeds its Softmax) is or-ed with
+    attention_mask == 0 over the key axis ([B, 1, 1, 1, S] against scores [B, kvh, g, T, S]).
+    """
+    graph = proto.graph
+    consumers: dict[str, list[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node.op_type)
+    graph.input.extend(
+        [
+            helper.make_tensor_value_info(ATTENTION_MASK, TensorProto.INT64, ["batch", "total"]),
+            helper.make_tensor_value_info(POSITION_IDS, TensorProto.INT64, ["batch", "tokens"]),
+        ]
+    )
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([1], np.int64), "genai.heads_axis"),
+            numpy_helper.from_array(np.array([1, 2, 3], np.int64), "genai.mask_axes"),
+            numpy_helper.from_array(np.array(0, np.int64), "genai.zero"),
+        ]
+    )
+    padding = [
+        helper.make_node("Equal", [ATTENTION_MASK, "genai.zero"], ["genai.padding"], name="genai.padding"),
+        helper.make_node("Unsqueeze", ["genai.padding", "genai.mask_axes"], ["genai.padding5"], name="genai.padding5"),
+    ]
+    nodes, masks, tables = [], {}, 0
+    for node in graph.node:
+        if node.op_type == "Gather" and node.input[0] in ("rope.cos", "rope.sin"):
+            out = node.output[0]
+            node.input[1], node.output[0] = POSITION_IDS, out + ".per_row"
+            nodes += [node, helper.make_node("Unsqueeze", [out + ".per_row", "genai.heads_axis"], [out])]
+            tables += 1
+            continue
+        attention = node.name.startswith("layers.") and ".mlp." not in node.name  # not a router's softmax
+        if node.op_type == "Where" and attention and consumers.get(node.output[0]) == ["Softmax"]:
+            mask = node.input[0]
+            if mask not in masks:
+                masks[mask] = mask + ".padded"
+                nodes.append(helper.make_node("Or", [mask, "genai.padding5"], [masks[mask]]))
+            node.input[0] = masks[mask]
+        nodes.append(node)
+    if tables != 2 or not masks:  # the graph's layout changed: fail here rather than decode wrongly
+        raise UsageError(
+            f"the language-model graph has {tables} rotary tables and {len(masks)} attention masks where GenAI's "
+            "padding inputs expect 2 and at least 1; this deamoe-trt cannot write GenAI folders for it"
+        )
+    del graph.node[:]
+    graph.node.extend(padding + nodes)
+
+
+def _special(tokenizer: HFTokenizer, key: str) -> str | None:
+    token = tokenizer.settings.get(key)
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) else None
