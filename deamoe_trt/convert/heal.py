@@ -21,6 +21,8 @@ LAYER_BATCH = 512
 
 
 def _ffn_parameters(layer: DeaMoELayer) -> list[torch.nn.Parameter]:
+    if hasattr(layer, "ffn_parameters"):  # a baseline of another structure names its own
+        return layer.ffn_parameters()
     return [p for part in (layer.departments, layer.experts) if part is not None for p in part.parameters()]
 
 
@@ -80,12 +82,15 @@ def heal_lm(
     batch_size: int = 8,
     seed: int = 0,
     progress: Progress | None = None,
+    blocks: list[int] | None = None,
 ) -> list[float]:
     """End-to-end logit distillation of model (a DeaMoELM, in place) to source on token
-    windows [W, L]; the FFNs' parts and routers train, everything else stays."""
+    windows [W, L]; the FFNs' parts and routers train (those of `blocks`, default its DeaMoE
+    blocks), everything else stays."""
     if steps <= 0:
         return []
-    params = [p for i in model.moe_layers() for p in model.layers[i].mlp.parameters()]
+    blocks = model.moe_layers() if blocks is None else blocks
+    params = [p for i in blocks for p in model.layers[i].mlp.parameters()]
     frozen = [p for p in model.parameters() if all(p is not q for q in params)]
     for p in frozen:
         p.requires_grad_(False)
