@@ -42,6 +42,7 @@ class Source:
     lm: object | None = None  # DeaMoELM
     calibration_windows: torch.Tensor | None = None  # [W, L] token ids
     heldout_windows: torch.Tensor | None = None
+    heal_windows: torch.Tensor | None = None  # end-to-end healing's windows (default calibration_windows)
 
 
 @dataclass
@@ -213,7 +214,7 @@ def _heal(source: Source, aligned: Variant, settings: ConvertSettings, progress:
         healed.heal_losses["lm"] = heal_lm(
             healed.lm,
             source.lm,
-            source.calibration_windows,
+            source.calibration_windows if source.heal_windows is None else source.heal_windows,
             settings.heal_steps,
             lr=settings.heal_lr,
             seed=settings.seed,
