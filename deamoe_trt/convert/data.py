@@ -133,7 +133,7 @@ def read_tokens(
     if start < 2 * window or held < window:
         raise UsageError(
             f"data {path} has too few tokens: {len(ids)}{' within the budget' if budget else ''}; "
-            f"a held-out split of {heldout_fraction:.0%} with windows of {window} tokens needs at least {need}"
+            f"a held-out fraction of {heldout_fraction:g} with windows of {window} tokens needs at least {need}"
         )
     summary = {
         "path": str(path),

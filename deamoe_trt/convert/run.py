@@ -220,9 +220,21 @@ def _heal(source: Source, aligned: Variant, settings: ConvertSettings, progress:
             seed=settings.seed,
             progress=bar,
             blocks=source.lm.moe_layers(),
+            batch_size=settings.heal_batch,
+            checkpoint=_checkpoint_path(settings, healed),
+            checkpoint_every=settings.heal_checkpoint_every,
+            device=settings.heal_device,
         )
         healed.layers = [healed.lm.layers[i].mlp for i in source.lm.moe_layers()]
     return healed
+
+
+def _checkpoint_path(settings: ConvertSettings, variant: Variant) -> str | None:
+    """One checkpoint file per healed variant and shared fraction in the folder asked for."""
+    if settings.heal_checkpoint is None:
+        return None
+    name = "".join(c if c.isalnum() else "-" for c in variant.name)
+    return f"{settings.heal_checkpoint}/{name}-fs{variant.fraction:.4f}.safetensors"
 
 
 def _lm_with(lm, layers: list[DeaMoELayer]):

@@ -123,3 +123,22 @@ def test_two_gloo_processes_heal_as_one_process_does(tmp_path):
         torch.testing.assert_close(two[name], tensor, rtol=1e-4, atol=1e-5)
         moved = max(moved, float((tensor - start[name]).abs().max()))
     assert moved > 1e-3  # the comparison means something: healing changed the weights
+
+
+def test_convert_writes_healing_checkpoints_and_a_rerun_on_them_gives_the_same_model(tmp_path):
+    from deamoe_trt.cli.main import main as cli
+    from deamoe_trt.lm import load_lm
+
+    src = DeaMoELM.random(VANILLA, seed=5).save_pretrained(tmp_path / "src")
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    argv = ["convert", str(src), "--departments", "2", "--shared-fraction", "0.5", "--top-departments", "1"]
+    argv += ["--no-compare", "--calibration", str(text), "--heal-steps", "3", "--heal-batch", "4"]
+    argv += ["--heal-checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", "2"]
+    assert cli([*argv, "-o", str(tmp_path / "a")]) == 0
+    assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["converted---healed-fs0.5000.safetensors"]
+    assert cli([*argv, "-o", str(tmp_path / "b")]) == 0  # resumes at the last step: the same model
+    ids = torch.tensor([ByteTokenizer().encode(TEXT[:40])])
+    with torch.no_grad():
+        a, b = (load_lm(tmp_path / n).model(ids).logits for n in ("a", "b"))
+    assert torch.equal(a, b)
