@@ -4,7 +4,6 @@ split kept apart and reported, and bad data refused in one line."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,7 @@ from deamoe_trt.cli.main import main as cli
 from deamoe_trt.convert.data import read_tokens
 from deamoe_trt.lm import ByteTokenizer, DeaMoELM
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_convert_lm import TEXT, VANILLA  # noqa: E402
+from .test_convert_lm import TEXT, VANILLA
 
 DOCUMENTS = [TEXT[i : i + 2500] for i in range(0, 20000, 2500)]
 WINDOW = 33

@@ -4,7 +4,6 @@ another run are refused, and two processes on gloo give one process's result."""
 from __future__ import annotations
 
 import socket
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,7 @@ from deamoe_trt.convert.distill import DistillSettings, distill_lm
 from deamoe_trt.errors import UsageError
 from deamoe_trt.lm import ByteTokenizer, DeaMoELM
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_convert_lm import MICRO, TEXT, VANILLA  # noqa: E402
+from .test_convert_lm import MICRO, TEXT, VANILLA
 
 
 def models():
