@@ -156,3 +156,16 @@ def test_source_with_shared_parts_is_refused(tmp_path, capsys):
     ]
     assert cli(argv) == 2
     assert "already has department shared parts" in capsys.readouterr().err
+
+
+def test_the_fine_grained_recipe_trains_deterministically_and_converts():
+    from deamoe_trt.convert.testmodels import fine_grained, make_fine_grained
+
+    config = fine_grained(layers=2, hidden=32, experts=8, width=16, top_k=2, context=48)
+    runs = [make_fine_grained(3, config=config, seed=1, progress=False, seq_len=32) for _ in range(2)]
+    assert runs[0].val_loss == runs[1].val_loss
+    model = runs[0].model.eval()
+    assert [model.layers[i].mlp.config.num_experts for i in model.moe_layers()] == [8, 8]
+    source = lm_source(model, ByteTokenizer(), TEXT, seq_len=32)
+    result, _ = convert_model(source, ConvertSettings(2, 1, shared_size=8), compare=False, progress=False)
+    assert result.lm.config.moe.shared_intermediate_size == 8
