@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from configs import GPT_OSS_STYLE
-
 from deamoe_trt import DeaMoEConfig, DeaMoELayer, contract
 from deamoe_trt.cuda import _abi
 from deamoe_trt.dtypes import DTYPES
@@ -150,11 +149,13 @@ def test_biased_inputs_are_the_biased_state_dict(quantized):
     for item in inputs:
         if item.name in biases:
             assert contract.shape_of(item, GPT_OSS_STYLE, tokens=3, quant=quant) == tuple(state[item.name].shape)
-            assert contract.dtype_of(item, quant) == (contract.FLOAT32 if item.name.startswith("router.") else contract.ACTIVATION)
+            router = item.name.startswith("router.")
+            assert contract.dtype_of(item, quant) == (contract.FLOAT32 if router else contract.ACTIVATION), item.name
     unbiased = GPT_OSS_STYLE.replace(ffn_bias=False, router_logit_bias=False)
     assert not set(biases) & set(plugin_node.weight_inputs(unbiased, quant)), "no biases when both flags are off"
     no_shared = GPT_OSS_STYLE.replace(shared_intermediate_size=0, shared_expert_intermediate_size=0)
-    assert [i.name for i in contract.present_inputs(no_shared)[-3:]] == biases[:1] + biases[2:4], "absent parts: no biases"
+    tail = [i.name for i in contract.present_inputs(no_shared)[-3:]]
+    assert tail == biases[:1] + biases[2:4], "absent parts: no biases"
 
 
 @pytest.mark.parametrize("bits", BITS)

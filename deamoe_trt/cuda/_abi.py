@@ -77,8 +77,8 @@ PROTOTYPES = {
     "deamoe_workspace_size": (ctypes.c_size_t, [_P(LayerParams), _I32, _I32]),
     "deamoe_route": (
         _I32,
-        [_P(LayerParams), _I32, _VOID, _VOID, _VOID, _VOID, _I32, _VOID, _VOID, _VOID, _VOID, _VOID, ctypes.c_size_t]
-        + [_VOID],
+        # params, dtype, hidden, router weight, bias, logit bias, tokens, 4 outputs, workspace, size, stream
+        [_P(LayerParams), _I32, _VOID, _VOID, _VOID, _VOID, _I32, *[_VOID] * 5, ctypes.c_size_t, _VOID],
     ),
     "deamoe_forward": (
         _I32,
