@@ -193,5 +193,8 @@ def same_config(a: DeaMoEConfig, b: DeaMoEConfig) -> bool:
 
 
 def as_float32(config: DeaMoEConfig) -> DeaMoEConfig:
-    floats = (a.name for a in contract.CONFIG_ATTRIBUTES if a.kind == "float")
+    """config as a node gives it back: the float attributes it writes rounded to float32 (one
+    it leaves out reads as DeaMoEConfig's default, exactly)."""
+    written = config.to_dict()
+    floats = (a.name for a in contract.CONFIG_ATTRIBUTES if a.kind == "float" and a.name in written)
     return config.replace(**{name: float(np.float32(getattr(config, name))) for name in floats})

@@ -185,6 +185,8 @@ def _scalar(name: str, value: Any) -> int | float:
 def config_from_attrs(values: dict[str, Any]) -> DeaMoEConfig:
     fields = {}
     for attribute in contract.CONFIG_ATTRIBUTES:
+        if attribute.name not in values:
+            continue  # an optional attribute the node lacks: DeaMoEConfig's default
         name, value = attribute.name, values[attribute.name]
         fields[name] = _text(value) if attribute.kind == "str" else _scalar(name, value)
         if attribute.kind == "bool":

@@ -25,6 +25,7 @@ struct DownArgs
     float const* hDepartment; // [tile][min(g,k)][f_s]
     int32_t departmentSlots;  // min(g, k)
     T const* expertDown;      // [N][d][f_p] or nullptr
+    T const* expertDownBias;  // [N][d] or nullptr: each expert's, times its routing weight
     int32_t expertWidth;
     float const* hExpert; // [tile][k][f_p]
     int32_t topK;
@@ -69,6 +70,8 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
     __shared__ float const* partH[G];
     __shared__ int partWidth[G];
     __shared__ int partOffset[G][TT]; // h offset of each token in the part, -1: not used
+    __shared__ T const* partBias[G];  // an expert's down bias [d], or nullptr
+    __shared__ float partWeight[G][TT]; // with partBias: each token's routing weight w_e
 
     int const tid = static_cast<int>(threadIdx.x);
     int const warp = tid / kWarpSize;
@@ -98,6 +101,7 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
                     args.groupShift);
             partH[q] = expert ? args.hExpert : args.hDepartment;
             partWidth[q] = width;
+            partBias[q] = expert && args.expertDownBias ? args.expertDownBias + static_cast<size_t>(id) * d : nullptr;
         }
         __syncthreads();
         for (int i = tid; i < n * kMaxTileTokens; i += kGemvThreads)
@@ -114,6 +118,7 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
                 int const slots = expert ? args.topK : args.departmentSlots;
                 partOffset[i / kMaxTileTokens][entry.token]
                     = (entry.token * slots + entry.slot) * (expert ? args.expertWidth : args.departmentWidth);
+                partWeight[i / kMaxTileTokens][entry.token] = entry.weight;
             }
         }
         __syncthreads();
@@ -141,6 +146,22 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
                     T const* rows[R];
                     downRowPointers(partDown[q], width, d, firstRow, rows);
                     accumulateRows<T, float, R, TT>(rows, 0, width / E, partH[q], partOffset[q], tokens, acc);
+                }
+                // An expert's down bias, weighted as its output: w_e (x W^T + b) = w_e x W^T + w_e b
+                // (w_e is folded into h). One lane adds it; the warp sum below carries it.
+                if (partBias[q] && (tid & (kWarpSize - 1)) == 0)
+                {
+#pragma unroll
+                    for (int r = 0; r < R; ++r)
+                    {
+                        float const b = toFloat(partBias[q][min(firstRow + r, d - 1)]);
+#pragma unroll
+                        for (int t = 0; t < TT; ++t)
+                        {
+                            if ((tokens >> t) & 1u)
+                                acc[r][t] = fmaf(partWeight[q][t], b, acc[r][t]);
+                        }
+                    }
                 }
             }
         }
