@@ -22,10 +22,12 @@ struct DownArgs
     int32_t numTokens;
     T const* departmentDown; // [D][d][f_s] or nullptr
     int32_t departmentWidth;
-    float const* hDepartment; // [tile][min(g,k)][f_s]
-    int32_t departmentSlots;  // min(g, k)
-    T const* expertDown;      // [N][d][f_p] or nullptr
-    T const* expertDownBias;  // [N][d] or nullptr: each expert's, times its routing weight
+    float const* hDepartment;    // [tile][min(g,k)][f_s]
+    int32_t departmentSlots;     // min(g, k)
+    T const* expertDown;         // [N][d][f_p] or nullptr
+    T const* expertDownBias;     // [N][d] or nullptr: each kept expert's, times its routing weight
+    int32_t const* expertIds;    // [tile][k]: the tile's routing (read with expertDownBias)
+    float const* routingWeights; // [tile][k]
     int32_t expertWidth;
     float const* hExpert; // [tile][k][f_p]
     int32_t topK;
@@ -70,8 +72,6 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
     __shared__ float const* partH[G];
     __shared__ int partWidth[G];
     __shared__ int partOffset[G][TT]; // h offset of each token in the part, -1: not used
-    __shared__ T const* partBias[G];  // an expert's down bias [d], or nullptr
-    __shared__ float partWeight[G][TT]; // with partBias: each token's routing weight w_e
 
     int const tid = static_cast<int>(threadIdx.x);
     int const warp = tid / kWarpSize;
@@ -82,6 +82,31 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
     int const parts = usedExperts + usedDepartments;
 
     float acc[R][TT] = {};
+    if (args.expertDownBias && firstRow < d)
+    {
+        // The experts' down biases of the warp's rows, weighted as their outputs:
+        // w_e (h W^T + b) = (w_e h) W^T + w_e b, summed over each token's k experts in slot
+        // order. Lane r * TT + t starts (row r, token t)'s accumulator with it (the others
+        // at 0) and the warp sum at the store carries it: no registers beyond the
+        // accumulators while they are live (K3 runs at its limit: 7 blocks per SM, 1 token).
+        int const lane = tid & (kWarpSize - 1);
+        int const r = lane / TT;
+        int const t = lane - r * TT;
+        float sum = 0.0f;
+        for (int s = 0; r < R && t < args.numTokens && s < args.topK; ++s)
+        {
+            int const e = args.expertIds[t * args.topK + s];
+            sum = fmaf(args.routingWeights[t * args.topK + s],
+                toFloat(args.expertDownBias[static_cast<size_t>(e) * d + min(firstRow + r, d - 1)]), sum);
+        }
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr)
+        {
+#pragma unroll
+            for (int tt = 0; tt < TT; ++tt)
+                acc[rr][tt] = lane == rr * TT + tt ? sum : acc[rr][tt];
+        }
+    }
     for (int first = 0; first < parts; first += G)
     {
         int const n = min(G, parts - first);
@@ -101,7 +126,6 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
                     args.groupShift);
             partH[q] = expert ? args.hExpert : args.hDepartment;
             partWidth[q] = width;
-            partBias[q] = expert && args.expertDownBias ? args.expertDownBias + static_cast<size_t>(id) * d : nullptr;
         }
         __syncthreads();
         for (int i = tid; i < n * kMaxTileTokens; i += kGemvThreads)
@@ -118,7 +142,6 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
                 int const slots = expert ? args.topK : args.departmentSlots;
                 partOffset[i / kMaxTileTokens][entry.token]
                     = (entry.token * slots + entry.slot) * (expert ? args.expertWidth : args.departmentWidth);
-                partWeight[i / kMaxTileTokens][entry.token] = entry.weight;
             }
         }
         __syncthreads();
@@ -146,22 +169,6 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
                     T const* rows[R];
                     downRowPointers(partDown[q], width, d, firstRow, rows);
                     accumulateRows<T, float, R, TT>(rows, 0, width / E, partH[q], partOffset[q], tokens, acc);
-                }
-                // An expert's down bias, weighted as its output: w_e (x W^T + b) = w_e x W^T + w_e b
-                // (w_e is folded into h). One lane adds it; the warp sum below carries it.
-                if (partBias[q] && (tid & (kWarpSize - 1)) == 0)
-                {
-#pragma unroll
-                    for (int r = 0; r < R; ++r)
-                    {
-                        float const b = toFloat(partBias[q][min(firstRow + r, d - 1)]);
-#pragma unroll
-                        for (int t = 0; t < TT; ++t)
-                        {
-                            if ((tokens >> t) & 1u)
-                                acc[r][t] = fmaf(partWeight[q][t], b, acc[r][t]);
-                        }
-                    }
                 }
             }
         }

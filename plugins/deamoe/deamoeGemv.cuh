@@ -41,10 +41,10 @@ struct GateUpArgs
     int32_t logitsStride;
     int32_t routerBlocks;
     float const* routerLogitBias; // [N] float32 or nullptr: added to logit columns < N
-    T const* sharedGateUp; // [2 f_sh][d] or nullptr
-    int32_t sharedWidth;   // f_sh
-    float* hShared;        // [tile][f_sh]
-    int32_t* counters;     // [kNumCounters] zeroed for K2, or nullptr (route())
+    T const* sharedGateUp;        // [2 f_sh][d] or nullptr
+    int32_t sharedWidth;          // f_sh
+    float* hShared;               // [tile][f_sh]
+    int32_t* counters;            // [kNumCounters] zeroed for K2, or nullptr (route())
     // K2
     PlanView plan;
     T const* departmentGateUp; // [D][2 f_s][d] or nullptr

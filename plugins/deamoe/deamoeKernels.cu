@@ -421,7 +421,8 @@ Status routerLogits(LayerParams const& params, DataType dtype, void const* hidde
     if (params.hasRouterLogitBias)
         DEAMOE_RETURN_IF_FAILED(detail::checkPointer(routerLogitBias, "router logit bias", false));
     DEAMOE_RETURN_IF_FAILED(detail::checkPointer(logits, "logits", false));
-    return detail::opsFor(dtype)->routerLogits(params, hidden, routerWeight, routerLogitBias, numTokens, logits, stream);
+    return detail::opsFor(dtype)->routerLogits(
+        params, hidden, routerWeight, routerLogitBias, numTokens, logits, stream);
 }
 
 Status routeLogits(LayerParams const& params, DataType dtype, float const* logits, void const* routerBias,
@@ -594,8 +595,8 @@ size_t deamoe_workspace_size(deamoe::LayerParams const* params, int32_t max_toke
 }
 
 int32_t deamoe_route(deamoe::LayerParams const* params, int32_t dtype, void const* hidden, void const* router_weight,
-    void const* router_bias, void const* router_logit_bias, int32_t num_tokens, int32_t* expert_ids, float* weights, int32_t* department_ids,
-    int32_t* kept_departments, void* workspace, size_t workspace_bytes, cudaStream_t stream)
+    void const* router_bias, void const* router_logit_bias, int32_t num_tokens, int32_t* expert_ids, float* weights,
+    int32_t* department_ids, int32_t* kept_departments, void* workspace, size_t workspace_bytes, cudaStream_t stream)
 {
     if (!orInvalid(params))
         return code(deamoe::Status::kINVALID_ARGUMENT);

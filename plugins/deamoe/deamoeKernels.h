@@ -57,10 +57,10 @@ struct LayerParams
     DepartmentScore departmentScore;
     int32_t normTopkProb; // bool
     float routedScalingFactor;
-    int32_t hasRouterBias;       // bool
-    int32_t sharedExpertWidth;   // f_sh (0: none)
-    int32_t sharedExpertGate;    // bool
-    int32_t ffnBias;             // bool: gate/up biases on every part, down biases on experts and shared experts
+    int32_t hasRouterBias;     // bool
+    int32_t sharedExpertWidth; // f_sh (0: none)
+    int32_t sharedExpertGate;  // bool
+    int32_t ffnBias;           // bool: gate/up biases on every part, down biases on experts and shared experts
     Activation activation;
     float swigluAlpha;           // kSWIGLU_CLAMPED's alpha
     float swigluLimit;           // kSWIGLU_CLAMPED's limit
@@ -132,8 +132,8 @@ size_t workspaceSize(LayerParams const& params, int32_t maxTokens, DataType dtyp
 // Routing only (spec steps 1-5), for tests and for callers that want the decisions.
 // routerLogitBias: [N] float32 when params.hasRouterLogitBias (else ignored).
 Status route(LayerParams const& params, DataType dtype, void const* hidden, void const* routerWeight,
-    void const* routerBias, void const* routerLogitBias, int32_t numTokens, RoutingOutputs const& out, void* workspace, size_t workspaceBytes,
-    cudaStream_t stream) noexcept;
+    void const* routerBias, void const* routerLogitBias, int32_t numTokens, RoutingOutputs const& out, void* workspace,
+    size_t workspaceBytes, cudaStream_t stream) noexcept;
 
 // The whole layer: route, plan (distinct departments/experts with their tokens), grouped
 // SwiGLU over the plan reading every weight row once, deterministic weighted sum.
@@ -185,8 +185,8 @@ extern "C"
 int32_t deamoe_validate(deamoe::LayerParams const* params);
 size_t deamoe_workspace_size(deamoe::LayerParams const* params, int32_t max_tokens, int32_t dtype);
 int32_t deamoe_route(deamoe::LayerParams const* params, int32_t dtype, void const* hidden, void const* router_weight,
-    void const* router_bias, void const* router_logit_bias, int32_t num_tokens, int32_t* expert_ids, float* weights, int32_t* department_ids,
-    int32_t* kept_departments, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+    void const* router_bias, void const* router_logit_bias, int32_t num_tokens, int32_t* expert_ids, float* weights,
+    int32_t* department_ids, int32_t* kept_departments, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 int32_t deamoe_forward(deamoe::LayerParams const* params, deamoe::LayerWeights const* weights, int32_t dtype,
     void const* hidden, void* output, int32_t num_tokens, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 char const* deamoe_status_string(int32_t status);

@@ -175,9 +175,9 @@ Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeig
 // counters, so they are zero whichever of them runs. routerLogitBias: [N] float32, used
 // when p.hasRouterLogitBias; sharedGateUpBias: [2 f_sh] or nullptr.
 template <class T, int TT, int BITS = 0>
-Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* routerWeight,
-    void const* routerLogitBias, T const* sharedGate, int numTokens, float* logits, int logitsStride,
-    T const* sharedGateUp, T const* sharedGateUpBias, float* hShared, int32_t* counters, cudaStream_t stream,
+Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* routerWeight, void const* routerLogitBias,
+    T const* sharedGate, int numTokens, float* logits, int logitsStride, T const* sharedGateUp,
+    T const* sharedGateUpBias, float* hShared, int32_t* counters, cudaStream_t stream,
     QuantWeights<T> const& quant = QuantWeights<T>{})
 {
     int const numExperts = p.numDepartments * p.expertsPerDepartment;
@@ -223,8 +223,8 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
     auto const bias = [&p](void const* b) { return p.ffnBias ? static_cast<T const*>(b) : nullptr; };
 
     // K1
-    Status status = launchRouterLogits<T, TT, BITS>(p, hidden, w.routerWeight, w.routerLogitBias, sharedGate,
-        numTokens, logits, L.logitsStride, sharedGateUp, bias(w.sharedGateUpBias), hShared, counters, stream, quant);
+    Status status = launchRouterLogits<T, TT, BITS>(p, hidden, w.routerWeight, w.routerLogitBias, sharedGate, numTokens,
+        logits, L.logitsStride, sharedGateUp, bias(w.sharedGateUpBias), hShared, counters, stream, quant);
     if (status != Status::kSUCCESS)
         return status;
 
@@ -316,6 +316,8 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         args.departmentSlots = L.departmentSlotsPerToken;
         args.expertDown = static_cast<T const*>(w.expertDown);
         args.expertDownBias = p.privateWidth ? bias(w.expertDownBias) : nullptr;
+        args.expertIds = reinterpret_cast<int32_t const*>(ws + L.expertIds);
+        args.routingWeights = reinterpret_cast<float const*>(ws + L.routingWeights);
         args.expertWidth = p.privateWidth;
         args.hExpert = reinterpret_cast<float const*>(ws + L.hExpert);
         args.topK = k;

@@ -419,10 +419,9 @@ std::string describe(LayerParams const& p)
         << " score_func=" << scoreFuncName(p.scoreFunc)
         << " department_score=" << departmentScoreName(p.departmentScore) << " norm_topk_prob=" << p.normTopkProb
         << " routed_scaling_factor=" << p.routedScalingFactor << " router_bias=" << p.hasRouterBias
-        << " f_sh=" << p.sharedExpertWidth << " shared_expert_gate=" << p.sharedExpertGate
-        << " ffn_bias=" << p.ffnBias << " activation=" << activationName(p.activation)
-        << " swiglu_alpha=" << p.swigluAlpha << " swiglu_limit=" << p.swigluLimit
-        << " router_logit_bias=" << p.hasRouterLogitBias
+        << " f_sh=" << p.sharedExpertWidth << " shared_expert_gate=" << p.sharedExpertGate << " ffn_bias=" << p.ffnBias
+        << " activation=" << activationName(p.activation) << " swiglu_alpha=" << p.swigluAlpha
+        << " swiglu_limit=" << p.swigluLimit << " router_logit_bias=" << p.hasRouterLogitBias
         << " weight_bits=" << p.weightBits << " weight_group_size=" << p.weightGroupSize;
     return out.str();
 }

@@ -1015,7 +1015,7 @@ void testBiased()
         return;
     }
     check(paramsOf(plugin.get())
-                  .find("ffn_bias=1 activation=swiglu_clamped swiglu_alpha=1.702 swiglu_limit=1 router_logit_bias=1")
+                .find("ffn_bias=1 activation=swiglu_clamped swiglu_alpha=1.702 swiglu_limit=1 router_logit_bias=1")
             != std::string::npos,
         "ffn_bias, activation, swiglu_alpha/limit and router_logit_bias mapped: " + paramsOf(plugin.get()));
     auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
@@ -1080,8 +1080,9 @@ void testBiased()
     auto t = tinyFields();
     PluginPtr tiny = create(t);
     check(tiny != nullptr
-            && paramsOf(tiny.get()).find("ffn_bias=0 activation=swiglu swiglu_alpha=1.702 swiglu_limit=7 "
-                                         "router_logit_bias=0")
+            && paramsOf(tiny.get())
+                    .find("ffn_bias=0 activation=swiglu swiglu_alpha=1.702 swiglu_limit=7 "
+                          "router_logit_bias=0")
                 != std::string::npos,
         "a node without the new fields has no biases and the plain SwiGLU: " + (tiny ? paramsOf(tiny.get()) : ""));
     auto bad = gptOssFields().without("activation").str("activation", "gelu");

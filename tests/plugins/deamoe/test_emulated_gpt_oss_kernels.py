@@ -28,6 +28,10 @@ pytestmark = pytest.mark.slow  # compiles the kernel library for the SIMT emulat
 # the same rounded weights, only the output rounded (the float tests' bounds).
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# Every width a whole number of 16-byte rows of int4 codes (32 columns).
+GPT_OSS_QUANTIZABLE = gpt_oss_style(
+    shared_intermediate_size=32, private_intermediate_size=32, shared_expert_intermediate_size=32
+)
 
 
 def hidden(c: DeaMoEConfig, num_tokens: int, seed: int, dtype=torch.float32) -> torch.Tensor:
@@ -73,8 +77,8 @@ def test_forward_fp32_equals_the_reference_layer_over_a_tile_and_into_the_next(e
 def test_quantized_forward_matches_the_dequantized_spec(emulated_lib, bits, group_size, dtype):
     # The biases stay in the activation dtype beside the codes (never quantized).
     quant = QuantConfig(bits, group_size)
-    layer = DeaMoELayer.random(GPT_OSS_STYLE, seed=4, dtype=DTYPES[dtype]).quantized(quant)
-    x = hidden(GPT_OSS_STYLE, 3, seed=8, dtype=DTYPES[dtype])
+    layer = DeaMoELayer.random(GPT_OSS_QUANTIZABLE, seed=4, dtype=DTYPES[dtype]).quantized(quant)
+    x = hidden(GPT_OSS_QUANTIZABLE, 3, seed=8, dtype=DTYPES[dtype])
     y = _ops.forward_with(emulated_lib, layer, x)
     assert relative_error(y, spec_output(layer, x, quant)) < TOLERANCE[DTYPES[dtype]]
 
