@@ -82,31 +82,6 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
     int const parts = usedExperts + usedDepartments;
 
     float acc[R][TT] = {};
-    if (args.expertDownBias && firstRow < d)
-    {
-        // The experts' down biases of the warp's rows, weighted as their outputs:
-        // w_e (h W^T + b) = (w_e h) W^T + w_e b, summed over each token's k experts in slot
-        // order. Lane r * TT + t starts (row r, token t)'s accumulator with it (the others
-        // at 0) and the warp sum at the store carries it: no registers beyond the
-        // accumulators while they are live (K3 runs at its limit: 7 blocks per SM, 1 token).
-        int const lane = tid & (kWarpSize - 1);
-        int const r = lane / TT;
-        int const t = lane - r * TT;
-        float sum = 0.0f;
-        for (int s = 0; r < R && t < args.numTokens && s < args.topK; ++s)
-        {
-            int const e = args.expertIds[t * args.topK + s];
-            sum = fmaf(args.routingWeights[t * args.topK + s],
-                toFloat(args.expertDownBias[static_cast<size_t>(e) * d + min(firstRow + r, d - 1)]), sum);
-        }
-#pragma unroll
-        for (int rr = 0; rr < R; ++rr)
-        {
-#pragma unroll
-            for (int tt = 0; tt < TT; ++tt)
-                acc[rr][tt] = lane == rr * TT + tt ? sum : acc[rr][tt];
-        }
-    }
     for (int first = 0; first < parts; first += G)
     {
         int const n = min(G, parts - first);
@@ -175,6 +150,31 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
     }
     if (firstRow >= d)
         return;
+    if (args.expertDownBias)
+    {
+        // The experts' down biases of the warp's rows, weighted as their outputs:
+        // w_e (h W^T + b) = (w_e h) W^T + w_e b, summed over each token's k experts in slot
+        // order, once the rows are streamed: lane r * TT + t adds (row r, token t)'s to its
+        // accumulator and the warp sum below carries it (before the loop, it would keep the
+        // accumulators live through it: K3 runs at its register limit, 7 blocks per SM).
+        int const lane = tid & (kWarpSize - 1);
+        int const r = lane / TT;
+        int const t = lane - r * TT;
+        float sum = 0.0f;
+        for (int s = 0; r < R && t < args.numTokens && s < args.topK; ++s)
+        {
+            int const e = args.expertIds[t * args.topK + s];
+            sum = fmaf(args.routingWeights[t * args.topK + s],
+                toFloat(args.expertDownBias[static_cast<size_t>(e) * d + min(firstRow + r, d - 1)]), sum);
+        }
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr)
+        {
+#pragma unroll
+            for (int tt = 0; tt < TT; ++tt)
+                acc[rr][tt] += lane == rr * TT + tt ? sum : 0.0f;
+        }
+    }
     storeRows<TT>(acc, firstRow, d, args.numTokens, [&args, d](int t, int row, float value) {
         size_t const at = static_cast<size_t>(t) * d + row;
         if (args.sharedOut)

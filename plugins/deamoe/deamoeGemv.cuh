@@ -96,7 +96,7 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
     int firstUnit; // first neuron (or router row pair) of the block
     int width;     // neurons (or router row pairs) in the part
     T const* base = nullptr;
-    T const* bias = nullptr; // the part's gate/up biases [2 width], or nullptr
+    int biasGroup = -1;      // the part's row of gate/up biases (its id; 0: the shared experts), -1: none
     QuantRow<T> quantBase{}; // BITS > 0: row 0 of the part's gate/up codes and scales
     PlanEntry const* entries = nullptr;
     int numTokens = args.numTokens;
@@ -114,7 +114,7 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
             firstUnit = (block - args.routerBlocks) * neuronsPerBlock;
             width = args.sharedWidth;
             base = args.sharedGateUp;
-            bias = args.sharedGateUpBias;
+            biasGroup = args.sharedGateUpBias ? 0 : -1;
             quantBase = QuantRow<T>{args.sharedGateUpCodes, args.sharedGateUpScales};
         }
     }
@@ -129,8 +129,7 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
             firstUnit = (block - part * args.departmentBlocksPerPart) * neuronsPerBlock;
             width = args.departmentWidth;
             base = args.departmentGateUp + static_cast<size_t>(args.plan.departments[part]) * 2 * width * d;
-            if (args.departmentGateUpBias)
-                bias = args.departmentGateUpBias + static_cast<size_t>(args.plan.departments[part]) * 2 * width;
+            biasGroup = args.departmentGateUpBias ? args.plan.departments[part] : -1;
             if constexpr (BITS > 0)
                 quantBase = quantRow<BITS>(args.departmentGateUpCodes, args.departmentGateUpScales,
                     static_cast<size_t>(args.plan.departments[part]) * 2 * width, d, args.groupShift);
@@ -145,8 +144,7 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
             firstUnit = (block - part * args.expertBlocksPerPart) * neuronsPerBlock;
             width = args.expertWidth;
             base = args.expertGateUp + static_cast<size_t>(args.plan.experts[part]) * 2 * width * d;
-            if (args.expertGateUpBias)
-                bias = args.expertGateUpBias + static_cast<size_t>(args.plan.experts[part]) * 2 * width;
+            biasGroup = args.expertGateUpBias ? args.plan.experts[part] : -1;
             if constexpr (BITS > 0)
                 quantBase = quantRow<BITS>(args.expertGateUpCodes, args.expertGateUpScales,
                     static_cast<size_t>(args.plan.experts[part]) * 2 * width, d, args.groupShift);
@@ -256,10 +254,17 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
         g += partial[local * args.slices + s][0][t];
         u += partial[local * args.slices + s][1][t];
     }
-    // The gate/up biases, on the finished dot products as in the reference (bias is
-    // nullptr for the router rows, whose logit bias follows).
-    g += biasAt(bias, neuron);
-    u += biasAt(bias, static_cast<size_t>(width) + neuron);
+    // The gate/up biases, on the finished dot products as in the reference (none for the
+    // router rows, whose logit bias follows). Resolved here, not kept across the rows.
+    if (biasGroup >= 0)
+    {
+        T const* bias = kind == kKindShared
+            ? args.sharedGateUpBias
+            : (kind == kKindDepartment ? args.departmentGateUpBias : args.expertGateUpBias);
+        bias += static_cast<size_t>(biasGroup) * 2 * width;
+        g += toFloat(bias[neuron]);
+        u += toFloat(bias[width + neuron]);
+    }
     switch (kind)
     {
     case kKindRouter:
