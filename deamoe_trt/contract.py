@@ -75,6 +75,13 @@ ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute("router_bias", "bool", False, "hasRouterBias", "", "0 or 1: input 2 present"),
     Attribute("shared_expert_intermediate_size", "int", False, "sharedExpertWidth", "f_sh", "f_sh, 0 = none"),
     Attribute("shared_expert_gate", "bool", False, "sharedExpertGate", "", "0 or 1: input 9 present"),
+    # gpt-oss's extensions (spec, "Extensions (third wave)"): optional, so nodes and engines
+    # written before them read as the layer without them.
+    Attribute("ffn_bias", "bool", False, "ffnBias", "", "0 or 1: the FFN biases (inputs 17-21) present"),
+    Attribute("activation", "str", False, "activation", "", "`swiglu` or `swiglu_clamped`"),
+    Attribute("swiglu_alpha", "float", False, "swigluAlpha", "", "alpha of `swiglu_clamped`"),
+    Attribute("swiglu_limit", "float", False, "swigluLimit", "", "limit of `swiglu_clamped`"),
+    Attribute("router_logit_bias", "bool", False, "hasRouterLogitBias", "", "0 or 1: input 16 present"),
     # Quantized checkpoints (docs/quantization.md): both 0 for float weights, so nodes and
     # engines written before these attributes existed read as float.
     Attribute(
@@ -105,12 +112,13 @@ BITS = (4, 8)  # weight_bits of a quantized node (0: float)
 GROUP_SIZES = (16, 32, 64, 128)  # its weight_group_size
 
 # The values of the string attributes; each one's position is its code in deamoeKernels.h
-# (enum ScoreFunc / DepartmentScore, C enumerator "k" + NAME.upper()).
+# (enum ScoreFunc / DepartmentScore / Activation, C enumerator "k" + NAME.upper()).
 ENUMS: dict[str, tuple[str, ...]] = {
     "score_func": ("softmax", "sigmoid"),
     "department_score": ("max", "sum_top2", "sum"),
+    "activation": ("swiglu", "swiglu_clamped"),
 }
-ENUM_TYPES = {"score_func": "ScoreFunc", "department_score": "DepartmentScore"}
+ENUM_TYPES = {"score_func": "ScoreFunc", "department_score": "DepartmentScore", "activation": "Activation"}
 
 # An input's dtype: the node's activation dtype (float32/float16/bfloat16, chosen by
 # hidden_states); always float32 whatever the activation dtype; or either of the two, the
@@ -124,6 +132,9 @@ FLOAT32_OR_ACTIVATION = "float32 or activation"
 # node"). A codes input's last dim is cols * bits / CODE_WORD_BITS.
 CODES_DTYPE = "int32"
 CODE_WORD_BITS = 32
+
+# The attribute that, set, adds the FFN biases to the inputs of the parts present (Input.also_when).
+FFN_BIAS = "ffn_bias"
 
 # Input.quantized: what an input is in a quantized node (weight_bits > 0).
 CODES = "codes"  # an FFN weight: its packed codes instead, dtype CODES_DTYPE, last dim packed
@@ -143,6 +154,7 @@ class Input:
     dtype: str = ACTIVATION
     dtype_param: str = ""  # FLOAT32_OR_ACTIVATION: the LayerParams member saying which
     quantized: str = ""  # CODES or SCALES (see above); "" = the same in a quantized node
+    also_when: str = ""  # a second attribute that must be non-zero too (FFN_BIAS for the FFN biases)
 
 
 # One row per input, aligned as a table (wider than the line limit on purpose).
@@ -166,6 +178,14 @@ INPUTS: tuple[Input, ...] = (
     Input("experts.down.scales",           "expert_down_scales",    "kEXPERT_DOWN_SCALES",        "expertDownScales",       ("N", "d", "f_p/G"),   "private_intermediate_size",       quantized=SCALES),
     Input("shared_experts.gate_up.scales", "shared_gate_up_scales", "kSHARED_GATE_UP_SCALES",     "sharedGateUpScales",     ("2*f_sh", "d/G"),     "shared_expert_intermediate_size", quantized=SCALES),
     Input("shared_experts.down.scales",    "shared_down_scales",    "kSHARED_DOWN_SCALES",        "sharedDownScales",       ("d", "f_sh/G"),       "shared_expert_intermediate_size", quantized=SCALES),
+    # Appended so that earlier nodes keep their inputs: the logit bias, then the FFN biases
+    # (present when their part is and ffn_bias; never quantized: the node's activation dtype).
+    Input("router.logit_bias",           "router_logit_b",      "kROUTER_LOGIT_BIAS",       "routerLogitBias",      ("N",),          "router_logit_bias",               FLOAT32),
+    Input("departments.gate_up_bias",    "dept_gate_up_bias",   "kDEPARTMENT_GATE_UP_BIAS", "departmentGateUpBias", ("D", "2*f_s"),  "shared_intermediate_size",        also_when=FFN_BIAS),
+    Input("experts.gate_up_bias",        "expert_gate_up_bias", "kEXPERT_GATE_UP_BIAS",     "expertGateUpBias",     ("N", "2*f_p"),  "private_intermediate_size",       also_when=FFN_BIAS),
+    Input("experts.down_bias",           "expert_down_bias",    "kEXPERT_DOWN_BIAS",        "expertDownBias",       ("N", "d"),      "private_intermediate_size",       also_when=FFN_BIAS),
+    Input("shared_experts.gate_up_bias", "shared_gate_up_bias", "kSHARED_GATE_UP_BIAS",     "sharedGateUpBias",     ("2*f_sh",),     "shared_expert_intermediate_size", also_when=FFN_BIAS),
+    Input("shared_experts.down_bias",    "shared_down_bias",    "kSHARED_DOWN_BIAS",        "sharedDownBias",       ("d",),          "shared_expert_intermediate_size", also_when=FFN_BIAS),
 )
 # fmt: on
 WEIGHT_INPUTS = INPUTS[1:]
@@ -197,12 +217,17 @@ def _bits(quant: Any) -> int:
     return 0 if quant is None else quant.bits
 
 
+def conditions(item: Input) -> tuple[str, ...]:
+    """The attributes that must all be non-zero for a node to carry item (none: always):
+    its flag or width, the FFN biases' ffn_bias, a scale's weight_bits."""
+    names = (item.present_when, item.also_when, WEIGHT_BITS if item.quantized == SCALES else "")
+    return tuple(name for name in names if name)
+
+
 def present(item: Input, config: Any, quant: Any = None) -> bool:
-    """Whether a node of config carries item (a flag set, or a width above zero; scales
-    only when quantized)."""
-    if item.quantized == SCALES and not _bits(quant):
-        return False
-    return not item.present_when or bool(getattr(config, item.present_when))
+    """Whether a node of config (and quant) carries item."""
+    values = attribute_values(config, quant)
+    return all(values[name] for name in conditions(item))
 
 
 def present_inputs(config: Any, quant: Any = None) -> list[Input]:
@@ -270,11 +295,9 @@ def _shape_text(item: Input) -> str:
 
 
 def _presence_text(item: Input) -> str:
-    if not item.present_when:
-        return "always"
-    kind = next(a.kind for a in ATTRIBUTES if a.name == item.present_when)
-    text = f"`{item.present_when} = 1`" if kind == "bool" else f"`{item.present_when} > 0`"
-    return text + f" and `{WEIGHT_BITS} > 0`" if item.quantized == SCALES else text
+    kinds = {a.name: a.kind for a in ATTRIBUTES}
+    texts = [f"`{name} = 1`" if kinds[name] == "bool" else f"`{name} > 0`" for name in conditions(item)]
+    return " and ".join(texts) or "always"
 
 
 def readme_tables() -> dict[str, list[str]]:
@@ -356,6 +379,7 @@ __all__ = [
     "CONFIG_ATTRIBUTES",
     "DOMAIN",
     "ENUMS",
+    "FFN_BIAS",
     "FLOAT32",
     "INPUTS",
     "MAX_INPUTS",
@@ -369,6 +393,7 @@ __all__ = [
     "Input",
     "attribute_value",
     "attribute_values",
+    "conditions",
     "dtype_of",
     "present_inputs",
     "shape_of",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from configs import GPT_OSS_STYLE
 from deamoe_trt import DeaMoEConfig, DeaMoELayer, contract
 from deamoe_trt.cuda import _abi
 from deamoe_trt.dtypes import DTYPES
@@ -131,13 +132,40 @@ def test_inputs_are_the_layer_state_dict():
     assert not any(i.quantized == contract.SCALES for i in contract.present_inputs(config)), "no scales when float"
 
 
+@pytest.mark.parametrize("quantized", [False, True], ids=["float", "int4"])
+def test_biased_inputs_are_the_biased_state_dict(quantized):
+    # gpt-oss's parts (tests/configs.py GPT_OSS_STYLE): a logit bias, gate/up biases on every
+    # part and down biases on the experts and shared experts; departments have none. The
+    # biases are appended after the other inputs, carry their state_dict keys and shapes and
+    # stay in the activation dtype (never quantized).
+    quant = QuantConfig(4, 16) if quantized else None
+    layer = DeaMoELayer.random(GPT_OSS_STYLE, seed=0)
+    state = (layer.quantized(quant) if quant else layer).state_dict()
+    inputs = contract.present_inputs(GPT_OSS_STYLE, quant)[1:]
+    biases = ["router.logit_bias", "departments.gate_up_bias", "experts.gate_up_bias", "experts.down_bias",
+              "shared_experts.gate_up_bias", "shared_experts.down_bias"]  # fmt: skip
+    assert [i.name for i in inputs[-len(biases) :]] == biases, "the biases come last, in contract order"
+    assert sorted(plugin_node.state_keys(GPT_OSS_STYLE, quant)) == sorted(state), "every tensor is an input"
+    for item in inputs:
+        if item.name in biases:
+            assert contract.shape_of(item, GPT_OSS_STYLE, tokens=3, quant=quant) == tuple(state[item.name].shape)
+            router = item.name.startswith("router.")
+            assert contract.dtype_of(item, quant) == (contract.FLOAT32 if router else contract.ACTIVATION), item.name
+    unbiased = GPT_OSS_STYLE.replace(ffn_bias=False, router_logit_bias=False)
+    assert not set(biases) & set(plugin_node.weight_inputs(unbiased, quant)), "no biases when both flags are off"
+    no_shared = GPT_OSS_STYLE.replace(shared_intermediate_size=0, shared_expert_intermediate_size=0)
+    tail = [i.name for i in contract.present_inputs(no_shared)[-3:]]
+    assert tail == biases[:1] + biases[2:4], "absent parts: no biases"
+
+
 @pytest.mark.parametrize("bits", BITS)
 def test_quantized_inputs_are_the_quantized_state_dict(bits):
     # A quantized node: codes inputs keep the weights' names and carry "<weight>.qweight"'s
     # bytes as int32 words; scale inputs are "<weight>.scales", appended in contract order.
     config = DeaMoEConfig(hidden_size=32, num_departments=3, experts_per_department=2, shared_intermediate_size=16,
                           private_intermediate_size=32, top_k=2, top_departments=2, router_bias=True,
-                          shared_expert_intermediate_size=64, shared_expert_gate=True)  # fmt: skip
+                          shared_expert_intermediate_size=64, shared_expert_gate=True, ffn_bias=True,
+                          router_logit_bias=True)  # fmt: skip
     quant = QuantConfig(bits, 16)
     state = DeaMoELayer.random(config, seed=0).quantized(quant).state_dict()
     inputs = contract.present_inputs(config, quant)
@@ -145,7 +173,7 @@ def test_quantized_inputs_are_the_quantized_state_dict(bits):
     scales = [i for i in inputs if i.quantized == contract.SCALES]
     state_scales = [k for k in state if k.endswith(".scales")]
     assert [i.name + ".scales" for i in codes] == [i.name for i in scales] == state_scales
-    assert inputs == list(contract.INPUTS), "every input present, scales last"
+    assert inputs == list(contract.INPUTS), "every input present, scales and biases last"
     word_bytes = contract.CODE_WORD_BITS // 8
     for item in inputs[1:]:
         shape = contract.shape_of(item, config, tokens=3, quant=quant)
@@ -352,12 +380,7 @@ def test_plugin_inputs(plugin_cpp, fields_cpp):
     }
     param_of = {a.name: a.param for a in contract.ATTRIBUTES}
     assert always == [i.role for i in contract.INPUTS if not i.present_when], "deamoePluginFields.cpp presentInputs"
-    bits = {param_of[contract.WEIGHT_BITS]}
-    want = {
-        i.role: {param_of[i.present_when]} | (bits if i.quantized == contract.SCALES else set())
-        for i in contract.INPUTS
-        if i.present_when
-    }
+    want = {i.role: {param_of[name] for name in contract.conditions(i)} for i in contract.INPUTS if i.present_when}
     assert conditional == want, "deamoePluginFields.cpp presentInputs: which flags or widths make each input present"
 
     # logicalShape: C++ expressions back to the contract's symbols (G: the group size or 1).

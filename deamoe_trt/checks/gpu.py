@@ -47,9 +47,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch.nn import functional as F
 
 from .. import perf_model
+from ..activation import glu
 from ..bench.timing import percentile
 from ..config import DeaMoEConfig
 from ..layer import DeaMoELayer
@@ -64,6 +64,27 @@ DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf
 # Relative error bounds against float32 math on the same weights (see MODE note in main()).
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 NEAR_TIE = 1e-5  # score units: routing differences closer than this are float rounding
+
+# gpt-oss-20b's FFN in department form (d = 2880, 32 experts, top-4, every expert's width
+# 2880 split into shared and private halves; FFN biases, the clamped SwiGLU, a router logit
+# bias), with a shared expert gpt-oss does not have, so that every bias kind runs.
+GPT_OSS_LAYER = DeaMoEConfig(
+    hidden_size=2880,
+    num_departments=4,
+    experts_per_department=8,
+    shared_intermediate_size=1440,
+    private_intermediate_size=1440,
+    top_k=4,
+    top_departments=2,
+    shared_expert_intermediate_size=512,
+    ffn_bias=True,
+    activation="swiglu_clamped",
+    swiglu_alpha=1.702,
+    swiglu_limit=7.0,
+    router_logit_bias=True,
+)
+# What check-gpu can run: the presets and the extra layers above.
+CASES = {**PRESETS, "gpt-oss-20b-style": GPT_OSS_LAYER}
 TARGET_SPEEDUP = 1.9  # deepseek-v3-layer, bf16 (and bf16-int4), 1 token, vs the expanded twin
 TARGET_KINDS = ("bf16", "bf16-int4")
 TARGET_COPY_FRACTION = 0.75
@@ -194,6 +215,10 @@ def layer_bytes(config: DeaMoEConfig, bytes_per_weight: int) -> int:
     params += c.num_departments * 3 * c.shared_intermediate_size * d
     params += c.num_experts * 3 * c.private_intermediate_size * d
     params += 3 * c.shared_expert_intermediate_size * d + (d if c.shared_expert_gate else 0)
+    params += c.num_experts if c.router_logit_bias else 0
+    if c.ffn_bias:
+        params += 2 * (c.num_departments * c.shared_intermediate_size + c.num_experts * c.private_intermediate_size)
+        params += c.num_experts * d + (2 * c.shared_expert_intermediate_size + d if c.has_shared_experts else 0)
     return params * bytes_per_weight
 
 
@@ -242,9 +267,25 @@ def free(*objects) -> None:
 # Correctness
 
 
-def swiglu32(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    gate, up = (x @ gate_up.float().t()).chunk(2, dim=-1)
-    return (F.silu(gate) * up) @ down.float().t()
+def swiglu32(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    config: DeaMoEConfig,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The layer's activation (deamoe_trt.activation.glu) on float32 math, biases included."""
+    gate_up_out = x @ gate_up.float().t()
+    if gate_up_bias is not None:
+        gate_up_out = gate_up_out + gate_up_bias.float()
+    gate, up = gate_up_out.chunk(2, dim=-1)
+    out = glu(gate, up, config) @ down.float().t()
+    return out if down_bias is None else out + down_bias.float()
+
+
+def _row(bias: torch.Tensor | None, index: int) -> torch.Tensor | None:
+    return None if bias is None else bias[index]
 
 
 @torch.no_grad()
@@ -259,15 +300,20 @@ def reference_fp32(layer: DeaMoELayer, x: torch.Tensor, routing: Routing) -> tor
         weights = routing.department_weights(c.num_departments)
         for j in routing.used_departments().tolist():
             tokens = (routing.department_ids == j).any(dim=-1).nonzero().squeeze(-1)
-            y = swiglu32(xf[tokens], layer.departments.gate_up[j], layer.departments.down[j])
+            part = layer.departments
+            y = swiglu32(xf[tokens], part.gate_up[j], part.down[j], c, _row(part.gate_up_bias, j))
             out.index_add_(0, tokens, y * weights[tokens, j, None])
     if layer.experts is not None:
         for e in routing.used_experts().tolist():
             tokens, slots = (routing.expert_ids == e).nonzero(as_tuple=True)
-            y = swiglu32(xf[tokens], layer.experts.gate_up[e], layer.experts.down[e])
+            part = layer.experts
+            y = swiglu32(
+                xf[tokens], part.gate_up[e], part.down[e], c, _row(part.gate_up_bias, e), _row(part.down_bias, e)
+            )
             out.index_add_(0, tokens, y * routing.weights[tokens, slots, None])
     if layer.shared_experts is not None:
-        y = swiglu32(xf, dense(layer.shared_experts.gate_up), dense(layer.shared_experts.down))
+        shared = layer.shared_experts
+        y = swiglu32(xf, dense(shared.gate_up), dense(shared.down), c, shared.gate_up_bias, shared.down_bias)
         if layer.shared_experts.gate is not None:
             y = y * torch.sigmoid(xf @ layer.shared_experts.gate.float().t())
         out += y
@@ -308,6 +354,8 @@ def check_correctness(backend, layer: DeaMoELayer, preset: str, tokens: int, see
         ref = layer.route(x)
         logits = backend.router_logits(layer, x)
         torch_logits = x.float() @ layer.router.weight.float().t()
+        if layer.router.logit_bias is not None:
+            torch_logits = torch_logits + layer.router.logit_bias
         # The decision logic alone: the reference's routing of the kernels' own logits.
         own = route_logits(logits, layer.router.bias, c)
         logic_exact = torch.equal(got.expert_ids, own.expert_ids) and torch.equal(
@@ -731,14 +779,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-bench", action="store_true", help="correctness only")
     parser.add_argument("--budget-s", type=float, default=270.0, help="stop starting benchmarks after this many s")
     parser.add_argument("--dry-run", action="store_true", help="CPU + SIMT-emulated kernels, shrunken presets")
-    parser.add_argument("--presets", default="tiny,deepseek-v3-layer,qwen3-30b-a3b-layer", help="presets to run")
+    parser.add_argument(
+        "--presets", default="tiny,deepseek-v3-layer,qwen3-30b-a3b-layer,gpt-oss-20b-style", help="presets to run"
+    )
     parser.add_argument("--bits", default="0,4,8", help="FFN weight formats: 0 float, 4 int4, 8 int8")
     args = parser.parse_args(argv)
     global T0
     T0 = time.perf_counter()  # --budget-s counts from here, not from the import
     selected = [p for p in args.presets.split(",") if p]
-    if unknown := [p for p in selected if p not in PRESETS]:
-        print(f"check-gpu: unknown preset(s) {', '.join(unknown)}; choose from {', '.join(PRESETS)}", file=sys.stderr)
+    if unknown := [p for p in selected if p not in CASES]:
+        print(f"check-gpu: unknown preset(s) {', '.join(unknown)}; choose from {', '.join(CASES)}", file=sys.stderr)
         return 2
     weight_bits = {int(b) for b in args.bits.split(",") if b.strip().isdigit()}
     if not weight_bits or not weight_bits <= {0, 4, 8}:
@@ -798,11 +848,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     dry = args.dry_run
-    presets = {name: shrink(PRESETS[name]) if dry and name != "tiny" else PRESETS[name] for name in PRESETS}
+    presets = {name: shrink(CASES[name]) if dry and name != "tiny" else CASES[name] for name in CASES}
     check_tokens = {
         "tiny": [1, 3, 16, 17, 40],
         "qwen3-30b-a3b-layer": [1, 5, 16, 33],
         "deepseek-v3-layer": [1, 4, 16, 20],
+        "gpt-oss-20b-style": [1, 4, 16, 17],
     }
     if dry:
         # A check of the flow, not of the kernels (tests/plugins does that): one token
@@ -835,9 +886,12 @@ def main(argv: list[str] | None = None) -> int:
         ("tiny", [torch.float32, torch.bfloat16], None, 8),
         ("deepseek-v3-layer", [torch.bfloat16], torch.bfloat16, 8),
         ("qwen3-30b-a3b-layer", [torch.bfloat16], None, 4),
+        # gpt-oss's biases, clamped SwiGLU and logit bias: correctness, float and int4.
+        ("gpt-oss-20b-style", [torch.bfloat16, torch.float16], None, 0),
+        ("gpt-oss-20b-style", [torch.bfloat16], None, 4),
     ]
     for preset, check_dtypes, bench_dtype, bits in [s for s in plan if s[0] in selected and s[3] in weight_bits]:
-        config = shrink(PRESETS[preset], 32) if dry and bits and preset != "tiny" else presets[preset]
+        config = shrink(CASES[preset], 32) if dry and bits and preset != "tiny" else presets[preset]
         for dtype in check_dtypes:
             layer = None
             name = f"{DTYPE_NAMES[dtype]}-int{bits}" if bits else DTYPE_NAMES[dtype]

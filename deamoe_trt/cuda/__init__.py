@@ -90,7 +90,7 @@ def route(layer: DeaMoELayer, hidden_states: torch.Tensor) -> Routing:
 
 
 def router_logits(layer: DeaMoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
-    """[T, N] float32 router logits z = x Wr^T as the kernels compute them."""
+    """[T, N] float32 router logits z = x Wr^T (+ the layer's router.logit_bias) as the kernels compute them."""
     device = _require_cuda(hidden_states, layer.router.weight)
     lib = _kernels()
     with torch.cuda.device(device):

@@ -25,11 +25,12 @@ STATUS_NAMES = {
 # deamoe::DataType
 DTYPES = {d.torch: d.kernel for d in dtypes.DTYPES}
 
-# deamoe::ScoreFunc and deamoe::DepartmentScore: a value's position is its code.
+# deamoe::ScoreFunc, deamoe::DepartmentScore and deamoe::Activation: a value's position is its code.
 SCORE_FUNCS = {name: code for code, name in enumerate(contract.ENUMS["score_func"])}
 DEPARTMENT_SCORES = {name: code for code, name in enumerate(contract.ENUMS["department_score"])}
+ACTIVATIONS = {name: code for code, name in enumerate(contract.ENUMS["activation"])}
 
-# Every LayerParams member is 4 bytes: int32, or a float for the one float attribute.
+# Every LayerParams member is 4 bytes: int32 (enums included), or a float for the float attributes.
 _CTYPES = {"int": ctypes.c_int32, "bool": ctypes.c_int32, "str": ctypes.c_int32, "float": ctypes.c_float}
 
 
@@ -76,7 +77,8 @@ PROTOTYPES = {
     "deamoe_workspace_size": (ctypes.c_size_t, [_P(LayerParams), _I32, _I32]),
     "deamoe_route": (
         _I32,
-        [_P(LayerParams), _I32, _VOID, _VOID, _VOID, _I32, _VOID, _VOID, _VOID, _VOID, _VOID, ctypes.c_size_t, _VOID],
+        # params, dtype, hidden, router weight, bias, logit bias, tokens, 4 outputs, workspace, size, stream
+        [_P(LayerParams), _I32, _VOID, _VOID, _VOID, _VOID, _I32, *[_VOID] * 5, ctypes.c_size_t, _VOID],
     ),
     "deamoe_forward": (
         _I32,
@@ -86,7 +88,7 @@ PROTOTYPES = {
     "deamoe_max_tile_tokens": (_I32, []),
     "deamoe_last_error": (ctypes.c_char_p, []),
     "deamoe_check_supported": (_I32, [_P(LayerParams), _I32]),
-    "deamoe_router_logits": (_I32, [_P(LayerParams), _I32, _VOID, _VOID, _I32, _VOID, _VOID]),
+    "deamoe_router_logits": (_I32, [_P(LayerParams), _I32, _VOID, _VOID, _VOID, _I32, _VOID, _VOID]),
     "deamoe_route_logits": (_I32, [_P(LayerParams), _I32, _VOID, _VOID, _I32, _VOID, _VOID, _VOID, _VOID, _VOID]),
     "deamoe_set_programmatic_launch": (None, [_I32]),
     "deamoe_programmatic_launch": (_I32, []),

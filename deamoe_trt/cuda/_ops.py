@@ -61,7 +61,8 @@ def layer_weights(layer: DeaMoELayer) -> tuple[LayerWeights, list[torch.Tensor]]
     """LayerWeights pointing at layer's tensors (made contiguous), and the tensors to keep alive.
 
     A quantized layer's FFN weights are passed as their packed codes (qweight bytes) with
-    their scales in the `...Scales` members (docs/quantization.md's format, as stored)."""
+    their scales in the `...Scales` members (docs/quantization.md's format, as stored); the
+    biases (never quantized) as they are."""
     keep: list[torch.Tensor] = []
 
     def take(tensor: torch.Tensor | None) -> int | None:
@@ -73,6 +74,7 @@ def layer_weights(layer: DeaMoELayer) -> tuple[LayerWeights, list[torch.Tensor]]
     fields: dict[str, int | None] = {
         "routerWeight": take(layer.router.weight),
         "routerBias": take(layer.router.bias),
+        "routerLogitBias": take(layer.router.logit_bias),
         "sharedGate": take(layer.shared_experts.gate if layer.shared_experts is not None else None),
     }
     ffn = {"department": layer.departments, "expert": layer.experts, "shared": layer.shared_experts}
@@ -84,6 +86,9 @@ def layer_weights(layer: DeaMoELayer) -> tuple[LayerWeights, list[torch.Tensor]]
                 fields[prefix + field + "Scales"] = take(weight.scales)
             else:
                 fields[prefix + field] = take(weight)
+        for name, field in (("gate_up_bias", "GateUpBias"), ("down_bias", "DownBias")):
+            fields[prefix + field] = take(getattr(part, name, None) if part is not None else None)
+    fields.pop("departmentDownBias")  # departments have no down bias
     return LayerWeights(**fields), keep
 
 
@@ -134,8 +139,16 @@ def router_logits_with(
     if tokens.shape[0]:
         params = layer_params(config, layer.router_dtype == torch.float32)
         router = _weight(layer.router.weight)
+        logit_bias = _weight(layer.router.logit_bias)
         status = lib.deamoe_router_logits(
-            ctypes.byref(params), DTYPES[dtype], _ptr(tokens), _ptr(router), tokens.shape[0], _ptr(logits), stream
+            ctypes.byref(params),
+            DTYPES[dtype],
+            _ptr(tokens),
+            _ptr(router),
+            _ptr(logit_bias),
+            tokens.shape[0],
+            _ptr(logits),
+            stream,
         )
         check(lib, status, "deamoe_router_logits")
     return logits
@@ -177,6 +190,7 @@ def route_with(lib: ctypes.CDLL, layer: DeaMoELayer, x: torch.Tensor, stream: in
         params = layer_params(config, layer.router_dtype == torch.float32)
         router = _weight(layer.router.weight)
         bias = _weight(layer.router.bias)
+        logit_bias = _weight(layer.router.logit_bias)
         size = workspace_bytes(lib, config, num_tokens, dtype)
         workspace = torch.empty(size, dtype=torch.uint8, device=tokens.device)
         status = lib.deamoe_route(
@@ -185,6 +199,7 @@ def route_with(lib: ctypes.CDLL, layer: DeaMoELayer, x: torch.Tensor, stream: in
             _ptr(tokens),
             _ptr(router),
             _ptr(bias),
+            _ptr(logit_bias),
             num_tokens,
             *(_ptr(t) for t in outputs),
             _ptr(workspace),

@@ -7,6 +7,7 @@ ONNX Runtime reference op reads them with it, and validation checks them with it
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,7 +16,7 @@ import onnx
 from onnx import AttributeProto, helper
 
 from .. import contract
-from ..config import DeaMoEConfig
+from ..config import OPTIONAL_FIELDS, DeaMoEConfig
 from ..errors import UsageError
 from ..quant import QuantConfig
 
@@ -40,9 +41,15 @@ ATTRIBUTE_TYPES: dict[str, int] = {
 }
 
 
-# Attributes a node may lack: the quantization's (0, a float node: nodes written before
-# they existed read as float).
-_OPTIONAL = {a.name for a in contract.QUANT_ATTRIBUTES}
+# Attributes a node may lack, with the value it then has: the quantization's (0, a float
+# node) and the config fields that JSON leaves out at their defaults (gpt-oss's extensions:
+# the layer without them). Nodes written before these attributes existed read as before.
+_DEFAULTS: dict[str, Any] = {
+    **{a.name: 0 for a in contract.QUANT_ATTRIBUTES},
+    **{f.name: f.default for f in dataclasses.fields(DeaMoEConfig) if f.name in OPTIONAL_FIELDS},
+}
+_OPTIONAL = set(_DEFAULTS)
+_QUANT = {a.name for a in contract.QUANT_ATTRIBUTES}
 
 
 def weight_inputs(config: DeaMoEConfig, quant: QuantConfig | None = None) -> list[str]:
@@ -63,11 +70,13 @@ def state_keys(config: DeaMoEConfig, quant: QuantConfig | None = None) -> list[s
 
 def config_to_attributes(config: DeaMoEConfig, quant: QuantConfig | None = None) -> dict[str, Any]:
     """The node's attributes: one per contract attribute (bools as 0/1), plus
-    plugin_version/namespace. A float node leaves out the quantization's (0 by default), so
-    float exports are what they were before quantized nodes existed."""
+    plugin_version/namespace. A float node leaves out the quantization's (0 by default), and
+    every node the optional config fields that its config's JSON leaves out (at their
+    defaults), so exports of layers without them are what they were before they existed."""
     attrs: dict[str, Any] = {}
+    written = config.to_dict()
     for name, value in contract.attribute_values(config, quant).items():
-        if quant is None and name in _OPTIONAL:
+        if name in _OPTIONAL and (quant is None if name in _QUANT else name not in written):
             continue
         attrs[name] = int(value) if isinstance(value, bool) else value
     attrs["plugin_version"] = PLUGIN_VERSION
@@ -111,7 +120,10 @@ def config_from_attributes(attrs: Mapping[str, Any], *, where: str = "DeaMoE nod
         raise UsageError(f"{where} has plugin_namespace {attrs['plugin_namespace']!r}; expected {PLUGIN_NAMESPACE!r}")
     fields: dict[str, Any] = {}
     for attribute in contract.CONFIG_ATTRIBUTES:
-        name, value = attribute.name, attrs[attribute.name]
+        name = attribute.name
+        if name not in attrs:
+            continue  # an optional attribute: DeaMoEConfig's default
+        value = attrs[name]
         if attribute.kind == "bool":
             if value not in (0, 1):
                 raise UsageError(f"{where}: attribute {name} must be 0 or 1, got {value!r}")
@@ -140,10 +152,15 @@ def node_attributes(node: onnx.NodeProto) -> dict[str, Any]:
 
 
 def add_default_attributes(node: onnx.NodeProto) -> None:
-    """Give node the optional attributes it lacks, at their defaults (0: float weights), for
-    consumers that declare every attribute (a QDP, the ONNX Runtime reference op)."""
+    """Give node the optional attributes it lacks, at their defaults (0: float weights; the
+    config's defaults), for consumers that declare every attribute (a QDP, the ONNX Runtime
+    reference op)."""
     named = {attr.name for attr in node.attribute}
-    node.attribute.extend(helper.make_attribute(name, 0) for name in sorted(_OPTIONAL - named))
+    node.attribute.extend(
+        helper.make_attribute(name, int(value) if isinstance(value, bool) else value)
+        for name, value in sorted(_DEFAULTS.items())
+        if name not in named
+    )
 
 
 def node_layer(node: onnx.NodeProto) -> tuple[DeaMoEConfig, QuantConfig | None]:
@@ -170,9 +187,14 @@ def config_from_node(node: onnx.NodeProto) -> DeaMoEConfig:
 
 
 def same_config(a: DeaMoEConfig, b: DeaMoEConfig) -> bool:
-    """Equal as a node can say it: routed_scaling_factor travels as float32."""
+    """Equal as a node can say it: float attributes (routed_scaling_factor, swiglu_alpha,
+    swiglu_limit) travel as float32."""
     return as_float32(a) == as_float32(b)
 
 
 def as_float32(config: DeaMoEConfig) -> DeaMoEConfig:
-    return config.replace(routed_scaling_factor=float(np.float32(config.routed_scaling_factor)))
+    """config as a node gives it back: the float attributes it writes rounded to float32 (one
+    it leaves out reads as DeaMoEConfig's default, exactly)."""
+    written = config.to_dict()
+    floats = (a.name for a in contract.CONFIG_ATTRIBUTES if a.kind == "float" and a.name in written)
+    return config.replace(**{name: float(np.float32(getattr(config, name))) for name in floats})

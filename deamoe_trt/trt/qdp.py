@@ -185,6 +185,8 @@ def _scalar(name: str, value: Any) -> int | float:
 def config_from_attrs(values: dict[str, Any]) -> DeaMoEConfig:
     fields = {}
     for attribute in contract.CONFIG_ATTRIBUTES:
+        if attribute.name not in values:
+            continue  # an optional attribute the node lacks: DeaMoEConfig's default
         name, value = attribute.name, values[attribute.name]
         fields[name] = _text(value) if attribute.kind == "str" else _scalar(name, value)
         if attribute.kind == "bool":
@@ -263,6 +265,12 @@ def _define(trtp) -> None:
         expert_down_scales: TensorDesc,
         shared_gate_up_scales: TensorDesc,
         shared_down_scales: TensorDesc,
+        router_logit_b: TensorDesc,
+        dept_gate_up_bias: TensorDesc,
+        expert_gate_up_bias: TensorDesc,
+        expert_down_bias: TensorDesc,
+        shared_gate_up_bias: TensorDesc,
+        shared_down_bias: TensorDesc,
         hidden_size: INT_ATTR,
         num_departments: INT_ATTR,
         experts_per_department: INT_ATTR,
@@ -277,6 +285,11 @@ def _define(trtp) -> None:
         router_bias: INT_ATTR,
         shared_expert_intermediate_size: INT_ATTR,
         shared_expert_gate: INT_ATTR,
+        ffn_bias: INT_ATTR,
+        activation: str,
+        swiglu_alpha: FLOAT_ATTR,
+        swiglu_limit: FLOAT_ATTR,
+        router_logit_bias: INT_ATTR,
         weight_bits: INT_ATTR,
         weight_group_size: INT_ATTR,
     ) -> TensorDesc:
@@ -300,6 +313,12 @@ def _define(trtp) -> None:
         expert_down_scales: TensorDesc,
         shared_gate_up_scales: TensorDesc,
         shared_down_scales: TensorDesc,
+        router_logit_b: TensorDesc,
+        dept_gate_up_bias: TensorDesc,
+        expert_gate_up_bias: TensorDesc,
+        expert_down_bias: TensorDesc,
+        shared_gate_up_bias: TensorDesc,
+        shared_down_bias: TensorDesc,
         outputs: tuple[TensorDesc],
     ) -> list[trtp.AutoTuneCombination]:
         # The inputs and the output in one float type ('|' ties the positions together).
@@ -323,6 +342,12 @@ def _define(trtp) -> None:
         expert_down_scales: Tensor,
         shared_gate_up_scales: Tensor,
         shared_down_scales: Tensor,
+        router_logit_b: Tensor,
+        dept_gate_up_bias: Tensor,
+        expert_gate_up_bias: Tensor,
+        expert_down_bias: Tensor,
+        shared_gate_up_bias: Tensor,
+        shared_down_bias: Tensor,
         hidden_size: INT_ATTR,
         num_departments: INT_ATTR,
         experts_per_department: INT_ATTR,
@@ -337,6 +362,11 @@ def _define(trtp) -> None:
         router_bias: INT_ATTR,
         shared_expert_intermediate_size: INT_ATTR,
         shared_expert_gate: INT_ATTR,
+        ffn_bias: INT_ATTR,
+        activation: str,
+        swiglu_alpha: FLOAT_ATTR,
+        swiglu_limit: FLOAT_ATTR,
+        router_logit_bias: INT_ATTR,
         weight_bits: INT_ATTR,
         weight_group_size: INT_ATTR,
         outputs: tuple[Tensor],

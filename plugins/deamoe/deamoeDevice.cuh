@@ -199,6 +199,31 @@ DEAMOE_DEVICE float sigmoid(float v)
     return 1.0f / (1.0f + expf(-v));
 }
 
+// The FFN activation a(g, u) of every part (LayerParams::activation; deamoe_trt/activation.py),
+// applied to the pre-activations after their biases.
+struct GluParams
+{
+    int32_t clamped; // Activation::kSWIGLU_CLAMPED
+    float alpha;     // swiglu_alpha
+    float limit;     // swiglu_limit
+
+    DEAMOE_DEVICE float operator()(float g, float u) const
+    {
+        if (!clamped)
+            return silu(g) * u;
+        g = fminf(g, limit);
+        u = fminf(fmaxf(u, -limit), limit);
+        return (u + 1.0f) * g * sigmoid(alpha * g);
+    }
+};
+
+// An optional bias vector in the activation dtype: 0 when absent.
+template <class T>
+DEAMOE_DEVICE float biasAt(T const* bias, size_t i)
+{
+    return bias ? toFloat(bias[i]) : 0.0f;
+}
+
 // Chunks (16-byte units) each lane keeps in flight per row; fewer for wide tiles, whose
 // per-token accumulators need the registers. With two rows per warp that is 8 (TT <= 4)
 // or 4 (TT 8, 16) 16-byte loads in flight per lane.

@@ -22,9 +22,12 @@ struct DownArgs
     int32_t numTokens;
     T const* departmentDown; // [D][d][f_s] or nullptr
     int32_t departmentWidth;
-    float const* hDepartment; // [tile][min(g,k)][f_s]
-    int32_t departmentSlots;  // min(g, k)
-    T const* expertDown;      // [N][d][f_p] or nullptr
+    float const* hDepartment;    // [tile][min(g,k)][f_s]
+    int32_t departmentSlots;     // min(g, k)
+    T const* expertDown;         // [N][d][f_p] or nullptr
+    T const* expertDownBias;     // [N][d] or nullptr: each kept expert's, times its routing weight
+    int32_t const* expertIds;    // [tile][k]: the tile's routing (read with expertDownBias)
+    float const* routingWeights; // [tile][k]
     int32_t expertWidth;
     float const* hExpert; // [tile][k][f_p]
     int32_t topK;
@@ -147,6 +150,31 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
     }
     if (firstRow >= d)
         return;
+    if (args.expertDownBias)
+    {
+        // The experts' down biases of the warp's rows, weighted as their outputs:
+        // w_e (h W^T + b) = (w_e h) W^T + w_e b, summed over each token's k experts in slot
+        // order, once the rows are streamed: lane r * TT + t adds (row r, token t)'s to its
+        // accumulator and the warp sum below carries it (before the loop, it would keep the
+        // accumulators live through it: K3 runs at its register limit, 7 blocks per SM).
+        int const lane = tid & (kWarpSize - 1);
+        int const r = lane / TT;
+        int const t = lane - r * TT;
+        float sum = 0.0f;
+        for (int s = 0; r < R && t < args.numTokens && s < args.topK; ++s)
+        {
+            int const e = args.expertIds[t * args.topK + s];
+            sum = fmaf(args.routingWeights[t * args.topK + s],
+                toFloat(args.expertDownBias[static_cast<size_t>(e) * d + min(firstRow + r, d - 1)]), sum);
+        }
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr)
+        {
+#pragma unroll
+            for (int tt = 0; tt < TT; ++tt)
+                acc[rr][tt] += lane == rr * TT + tt ? sum : 0.0f;
+        }
+    }
     storeRows<TT>(acc, firstRow, d, args.numTokens, [&args, d](int t, int row, float value) {
         size_t const at = static_cast<size_t>(t) * d + row;
         if (args.sharedOut)

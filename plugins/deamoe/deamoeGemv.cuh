@@ -40,10 +40,11 @@ struct GateUpArgs
     float* logits;          // [tile][logitsStride]
     int32_t logitsStride;
     int32_t routerBlocks;
-    T const* sharedGateUp; // [2 f_sh][d] or nullptr
-    int32_t sharedWidth;   // f_sh
-    float* hShared;        // [tile][f_sh]
-    int32_t* counters;     // [kNumCounters] zeroed for K2, or nullptr (route())
+    float const* routerLogitBias; // [N] float32 or nullptr: added to logit columns < N
+    T const* sharedGateUp;        // [2 f_sh][d] or nullptr
+    int32_t sharedWidth;          // f_sh
+    float* hShared;               // [tile][f_sh]
+    int32_t* counters;            // [kNumCounters] zeroed for K2, or nullptr (route())
     // K2
     PlanView plan;
     T const* departmentGateUp; // [D][2 f_s][d] or nullptr
@@ -69,6 +70,12 @@ struct GateUpArgs
     T const* departmentGateUpScales; // [D][2 f_s][d / G]
     uint8_t const* expertGateUpCodes;
     T const* expertGateUpScales; // [N][2 f_p][d / G]
+    // Both modes: the activation, and the parts' gate/up biases (nullptr: none), added to
+    // the pre-activations in the epilogue (never quantized).
+    GluParams glu;
+    T const* sharedGateUpBias;     // [2 f_sh]
+    T const* departmentGateUpBias; // [D][2 f_s]
+    T const* expertGateUpBias;     // [N][2 f_p]
 };
 
 // One gate/up block: block index `block` of the K1 or K2 gate/up grid. BITS: 0 for T
@@ -89,6 +96,7 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
     int firstUnit; // first neuron (or router row pair) of the block
     int width;     // neurons (or router row pairs) in the part
     T const* base = nullptr;
+    int biasGroup = -1;      // the part's row of gate/up biases (its id; 0: the shared experts), -1: none
     QuantRow<T> quantBase{}; // BITS > 0: row 0 of the part's gate/up codes and scales
     PlanEntry const* entries = nullptr;
     int numTokens = args.numTokens;
@@ -106,6 +114,7 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
             firstUnit = (block - args.routerBlocks) * neuronsPerBlock;
             width = args.sharedWidth;
             base = args.sharedGateUp;
+            biasGroup = args.sharedGateUpBias ? 0 : -1;
             quantBase = QuantRow<T>{args.sharedGateUpCodes, args.sharedGateUpScales};
         }
     }
@@ -120,6 +129,7 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
             firstUnit = (block - part * args.departmentBlocksPerPart) * neuronsPerBlock;
             width = args.departmentWidth;
             base = args.departmentGateUp + static_cast<size_t>(args.plan.departments[part]) * 2 * width * d;
+            biasGroup = args.departmentGateUpBias ? args.plan.departments[part] : -1;
             if constexpr (BITS > 0)
                 quantBase = quantRow<BITS>(args.departmentGateUpCodes, args.departmentGateUpScales,
                     static_cast<size_t>(args.plan.departments[part]) * 2 * width, d, args.groupShift);
@@ -134,6 +144,7 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
             firstUnit = (block - part * args.expertBlocksPerPart) * neuronsPerBlock;
             width = args.expertWidth;
             base = args.expertGateUp + static_cast<size_t>(args.plan.experts[part]) * 2 * width * d;
+            biasGroup = args.expertGateUpBias ? args.plan.experts[part] : -1;
             if constexpr (BITS > 0)
                 quantBase = quantRow<BITS>(args.expertGateUpCodes, args.expertGateUpScales,
                     static_cast<size_t>(args.plan.experts[part]) * 2 * width, d, args.groupShift);
@@ -243,28 +254,44 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
         g += partial[local * args.slices + s][0][t];
         u += partial[local * args.slices + s][1][t];
     }
+    // The gate/up biases, on the finished dot products as in the reference (none for the
+    // router rows, whose logit bias follows). Resolved here, not kept across the rows.
+    if (biasGroup >= 0)
+    {
+        T const* bias = kind == kKindShared
+            ? args.sharedGateUpBias
+            : (kind == kKindDepartment ? args.departmentGateUpBias : args.expertGateUpBias);
+        bias += static_cast<size_t>(biasGroup) * 2 * width;
+        g += toFloat(bias[neuron]);
+        u += toFloat(bias[width + neuron]);
+    }
     switch (kind)
     {
     case kKindRouter:
     {
+        // z = x Wr^T + b_z on the experts' columns; the shared-expert gate's (N) has no bias.
         int const row0 = 2 * neuron;
+        if (args.routerLogitBias && row0 < args.numExperts)
+            g += args.routerLogitBias[row0];
+        if (args.routerLogitBias && row0 + 1 < args.numExperts)
+            u += args.routerLogitBias[row0 + 1];
         args.logits[t * args.logitsStride + row0] = g;
         if (row0 + 1 < args.routerRows)
             args.logits[t * args.logitsStride + row0 + 1] = u;
         break;
     }
-    case kKindShared: args.hShared[t * args.sharedWidth + neuron] = silu(g) * u; break;
+    case kKindShared: args.hShared[t * args.sharedWidth + neuron] = args.glu(g, u); break;
     case kKindDepartment:
     {
         PlanEntry const entry = entries[t];
         args.hDepartment[(entry.token * args.departmentSlots + entry.slot) * width + neuron]
-            = entry.weight * (silu(g) * u);
+            = entry.weight * args.glu(g, u);
         break;
     }
     default:
     {
         PlanEntry const entry = entries[t];
-        args.hExpert[(entry.token * args.topK + entry.slot) * width + neuron] = entry.weight * (silu(g) * u);
+        args.hExpert[(entry.token * args.topK + entry.slot) * width + neuron] = entry.weight * args.glu(g, u);
         break;
     }
     }

@@ -102,9 +102,10 @@ struct TypedOps
     Status (*forward)(LayerParams const& p, LayerWeights const& w, void const* hidden, void* output, int32_t numTokens,
         void* workspace, cudaStream_t stream);
     Status (*route)(LayerParams const& p, void const* hidden, void const* routerWeight, void const* routerBias,
-        int32_t numTokens, RoutingOutputs const& out, void* workspace, cudaStream_t stream);
-    Status (*routerLogits)(LayerParams const& p, void const* hidden, void const* routerWeight, int32_t numTokens,
-        float* logits, cudaStream_t stream);
+        void const* routerLogitBias, int32_t numTokens, RoutingOutputs const& out, void* workspace,
+        cudaStream_t stream);
+    Status (*routerLogits)(LayerParams const& p, void const* hidden, void const* routerWeight,
+        void const* routerLogitBias, int32_t numTokens, float* logits, cudaStream_t stream);
     Status (*routeLogits)(LayerParams const& p, float const* logits, void const* routerBias, int32_t numTokens,
         RoutingOutputs const& out, cudaStream_t stream);
 };

@@ -342,7 +342,8 @@ Status validate(LayerParams const& p) noexcept
         int32_t value;
     };
     Flag const flags[] = {{"norm_topk_prob", p.normTopkProb}, {"router_bias", p.hasRouterBias},
-        {"shared_expert_gate", p.sharedExpertGate}, {"router_weight_float32", p.routerWeightFloat32}};
+        {"shared_expert_gate", p.sharedExpertGate}, {"ffn_bias", p.ffnBias},
+        {"router_logit_bias", p.hasRouterLogitBias}, {"router_weight_float32", p.routerWeightFloat32}};
     for (auto const& f : flags)
     {
         if (f.value != 0 && f.value != 1)
@@ -377,6 +378,23 @@ Status validate(LayerParams const& p) noexcept
     if (p.sharedExpertGate && p.sharedExpertWidth == 0)
         return fail(Status::kINVALID_PARAMS,
             "shared_expert_gate is 1 but shared_expert_intermediate_size is 0; set both or neither");
+    int32_t const activation = static_cast<int32_t>(p.activation);
+    if (activation != 0 && activation != 1)
+        return fail(Status::kINVALID_PARAMS, "activation must be 0 (swiglu) or 1 (swiglu_clamped), got %d", activation);
+    struct Positive
+    {
+        char const* name;
+        float value;
+    };
+    for (Positive const& f : {Positive{"swiglu_alpha", p.swigluAlpha}, Positive{"swiglu_limit", p.swigluLimit}})
+    {
+        if (!std::isfinite(f.value) || f.value <= 0.0f)
+            return fail(Status::kINVALID_PARAMS, "%s must be a finite number > 0, got %g", f.name,
+                static_cast<double>(f.value));
+    }
+    if (p.ffnBias && p.privateWidth == 0)
+        return fail(Status::kINVALID_PARAMS,
+            "ffn_bias needs private_intermediate_size >= 1 (each expert keeps its own down bias)");
     return detail::validateQuantization(p);
 }
 
@@ -389,7 +407,7 @@ size_t workspaceSize(LayerParams const& params, int32_t maxTokens, DataType dtyp
 }
 
 Status routerLogits(LayerParams const& params, DataType dtype, void const* hidden, void const* routerWeight,
-    int32_t numTokens, float* logits, cudaStream_t stream) noexcept
+    void const* routerLogitBias, int32_t numTokens, float* logits, cudaStream_t stream) noexcept
 {
     DEAMOE_RETURN_IF_FAILED(validate(params));
     DEAMOE_RETURN_IF_FAILED(detail::checkDtype(static_cast<int32_t>(dtype)));
@@ -400,8 +418,11 @@ Status routerLogits(LayerParams const& params, DataType dtype, void const* hidde
     DEAMOE_RETURN_IF_FAILED(detail::checkVectorizable(params, dtype));
     DEAMOE_RETURN_IF_FAILED(detail::checkPointer(hidden, "hidden"));
     DEAMOE_RETURN_IF_FAILED(detail::checkPointer(routerWeight, "router weight"));
+    if (params.hasRouterLogitBias)
+        DEAMOE_RETURN_IF_FAILED(detail::checkPointer(routerLogitBias, "router logit bias", false));
     DEAMOE_RETURN_IF_FAILED(detail::checkPointer(logits, "logits", false));
-    return detail::opsFor(dtype)->routerLogits(params, hidden, routerWeight, numTokens, logits, stream);
+    return detail::opsFor(dtype)->routerLogits(
+        params, hidden, routerWeight, routerLogitBias, numTokens, logits, stream);
 }
 
 Status routeLogits(LayerParams const& params, DataType dtype, float const* logits, void const* routerBias,
@@ -421,8 +442,8 @@ Status routeLogits(LayerParams const& params, DataType dtype, float const* logit
 }
 
 Status route(LayerParams const& params, DataType dtype, void const* hidden, void const* routerWeight,
-    void const* routerBias, int32_t numTokens, RoutingOutputs const& out, void* workspace, size_t workspaceBytes,
-    cudaStream_t stream) noexcept
+    void const* routerBias, void const* routerLogitBias, int32_t numTokens, RoutingOutputs const& out, void* workspace,
+    size_t workspaceBytes, cudaStream_t stream) noexcept
 {
     DEAMOE_RETURN_IF_FAILED(validate(params));
     DEAMOE_RETURN_IF_FAILED(detail::checkDtype(static_cast<int32_t>(dtype)));
@@ -435,12 +456,15 @@ Status route(LayerParams const& params, DataType dtype, void const* hidden, void
     DEAMOE_RETURN_IF_FAILED(detail::checkPointer(routerWeight, "router weight"));
     if (params.hasRouterBias)
         DEAMOE_RETURN_IF_FAILED(detail::checkPointer(routerBias, "router bias", false));
+    if (params.hasRouterLogitBias)
+        DEAMOE_RETURN_IF_FAILED(detail::checkPointer(routerLogitBias, "router logit bias", false));
     DEAMOE_RETURN_IF_FAILED(detail::checkOutputs(out));
     size_t const needed = detail::workspaceLayout(params, numTokens).routeBytes;
     if (!workspace || workspaceBytes < needed)
         return fail(Status::kINVALID_ARGUMENT, "route() needs a workspace of %zu bytes, got %zu", needed,
             workspace ? workspaceBytes : size_t{0});
-    return detail::opsFor(dtype)->route(params, hidden, routerWeight, routerBias, numTokens, out, workspace, stream);
+    return detail::opsFor(dtype)->route(
+        params, hidden, routerWeight, routerBias, routerLogitBias, numTokens, out, workspace, stream);
 }
 
 Status checkSupported(LayerParams const& params, DataType dtype) noexcept
@@ -486,6 +510,23 @@ Status forward(LayerParams const& params, LayerWeights const& weights, DataType 
     }
     if (params.sharedExpertGate)
         DEAMOE_RETURN_IF_FAILED(detail::checkPointer(weights.sharedGate, "shared_experts.gate"));
+    if (params.hasRouterLogitBias)
+        DEAMOE_RETURN_IF_FAILED(detail::checkPointer(weights.routerLogitBias, "router.logit_bias", false));
+    if (params.ffnBias)
+    {
+        // Biases are read element by element: no alignment needed.
+        if (params.sharedWidth)
+            DEAMOE_RETURN_IF_FAILED(
+                detail::checkPointer(weights.departmentGateUpBias, "departments.gate_up_bias", false));
+        DEAMOE_RETURN_IF_FAILED(detail::checkPointer(weights.expertGateUpBias, "experts.gate_up_bias", false));
+        DEAMOE_RETURN_IF_FAILED(detail::checkPointer(weights.expertDownBias, "experts.down_bias", false));
+        if (params.sharedExpertWidth)
+        {
+            DEAMOE_RETURN_IF_FAILED(
+                detail::checkPointer(weights.sharedGateUpBias, "shared_experts.gate_up_bias", false));
+            DEAMOE_RETURN_IF_FAILED(detail::checkPointer(weights.sharedDownBias, "shared_experts.down_bias", false));
+        }
+    }
     if (params.weightBits > 0)
     {
         if (params.sharedWidth)
@@ -554,14 +595,14 @@ size_t deamoe_workspace_size(deamoe::LayerParams const* params, int32_t max_toke
 }
 
 int32_t deamoe_route(deamoe::LayerParams const* params, int32_t dtype, void const* hidden, void const* router_weight,
-    void const* router_bias, int32_t num_tokens, int32_t* expert_ids, float* weights, int32_t* department_ids,
-    int32_t* kept_departments, void* workspace, size_t workspace_bytes, cudaStream_t stream)
+    void const* router_bias, void const* router_logit_bias, int32_t num_tokens, int32_t* expert_ids, float* weights,
+    int32_t* department_ids, int32_t* kept_departments, void* workspace, size_t workspace_bytes, cudaStream_t stream)
 {
     if (!orInvalid(params))
         return code(deamoe::Status::kINVALID_ARGUMENT);
     deamoe::RoutingOutputs const out{expert_ids, weights, department_ids, kept_departments};
     return code(deamoe::route(*params, static_cast<deamoe::DataType>(dtype), hidden, router_weight, router_bias,
-        num_tokens, out, workspace, workspace_bytes, stream));
+        router_logit_bias, num_tokens, out, workspace, workspace_bytes, stream));
 }
 
 int32_t deamoe_forward(deamoe::LayerParams const* params, deamoe::LayerWeights const* weights, int32_t dtype,
@@ -608,12 +649,12 @@ int32_t deamoe_check_supported(deamoe::LayerParams const* params, int32_t dtype)
 }
 
 int32_t deamoe_router_logits(deamoe::LayerParams const* params, int32_t dtype, void const* hidden,
-    void const* router_weight, int32_t num_tokens, float* logits, cudaStream_t stream)
+    void const* router_weight, void const* router_logit_bias, int32_t num_tokens, float* logits, cudaStream_t stream)
 {
     if (!orInvalid(params))
         return code(deamoe::Status::kINVALID_ARGUMENT);
-    return code(deamoe::routerLogits(
-        *params, static_cast<deamoe::DataType>(dtype), hidden, router_weight, num_tokens, logits, stream));
+    return code(deamoe::routerLogits(*params, static_cast<deamoe::DataType>(dtype), hidden, router_weight,
+        router_logit_bias, num_tokens, logits, stream));
 }
 
 int32_t deamoe_route_logits(deamoe::LayerParams const* params, int32_t dtype, float const* logits,

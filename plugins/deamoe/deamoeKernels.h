@@ -36,6 +36,13 @@ enum class DepartmentScore : int32_t
     kSUM = 2,
 };
 
+// The FFN activation of every part (spec, "Clamped SwiGLU"; deamoe_trt/activation.py).
+enum class Activation : int32_t
+{
+    kSWIGLU = 0,         // silu(g) * u
+    kSWIGLU_CLAMPED = 1, // g' = min(g, limit), u' = clamp(u, +-limit): (u' + 1) * g' * sigmoid(alpha g')
+};
+
 // Sizes and routing of one layer; field for field the Python DeaMoEConfig.
 struct LayerParams
 {
@@ -50,9 +57,14 @@ struct LayerParams
     DepartmentScore departmentScore;
     int32_t normTopkProb; // bool
     float routedScalingFactor;
-    int32_t hasRouterBias;       // bool
-    int32_t sharedExpertWidth;   // f_sh (0: none)
-    int32_t sharedExpertGate;    // bool
+    int32_t hasRouterBias;     // bool
+    int32_t sharedExpertWidth; // f_sh (0: none)
+    int32_t sharedExpertGate;  // bool
+    int32_t ffnBias;           // bool: gate/up biases on every part, down biases on experts and shared experts
+    Activation activation;
+    float swigluAlpha;           // kSWIGLU_CLAMPED's alpha
+    float swigluLimit;           // kSWIGLU_CLAMPED's limit
+    int32_t hasRouterLogitBias;  // bool: z = x Wr^T + b_z
     int32_t weightBits;          // 0: float FFN weights; 4 or 8: packed codes (docs/quantization.md)
     int32_t weightGroupSize;     // input columns per scale (0 when weightBits is 0)
     int32_t routerWeightFloat32; // bool: router.weight is float32 (else the activation dtype)
@@ -60,8 +72,8 @@ struct LayerParams
 
 // Device pointers in the canonical layouts of the spec ([out, in], gate rows then up
 // rows). All share the activation dtype, except the router's (spec, "Router precision"):
-// routerBias is float32, routerWeight float32 when params.routerWeightFloat32. Absent parts
-// are nullptr.
+// routerBias and routerLogitBias are float32, routerWeight float32 when
+// params.routerWeightFloat32. Absent parts are nullptr.
 struct LayerWeights
 {
     void const* routerWeight;     // [N, d]
@@ -81,6 +93,14 @@ struct LayerWeights
     void const* expertDownScales;       // [N, d, f_p/G] or nullptr
     void const* sharedGateUpScales;     // [2*f_sh, d/G] or nullptr
     void const* sharedDownScales;       // [d, f_sh/G] or nullptr
+    // params.hasRouterLogitBias: the logit bias; params.ffnBias: the FFN biases of the parts
+    // present (never quantized: the activation dtype). Departments have no down bias.
+    void const* routerLogitBias;      // [N] float32 or nullptr
+    void const* departmentGateUpBias; // [D, 2*f_s] or nullptr
+    void const* expertGateUpBias;     // [N, 2*f_p] or nullptr
+    void const* expertDownBias;       // [N, d] or nullptr
+    void const* sharedGateUpBias;     // [2*f_sh] or nullptr
+    void const* sharedDownBias;       // [d] or nullptr
 };
 
 // Routing results for T tokens, device memory, row-major.
@@ -110,9 +130,10 @@ Status validate(LayerParams const& params) noexcept;
 size_t workspaceSize(LayerParams const& params, int32_t maxTokens, DataType dtype) noexcept;
 
 // Routing only (spec steps 1-5), for tests and for callers that want the decisions.
+// routerLogitBias: [N] float32 when params.hasRouterLogitBias (else ignored).
 Status route(LayerParams const& params, DataType dtype, void const* hidden, void const* routerWeight,
-    void const* routerBias, int32_t numTokens, RoutingOutputs const& out, void* workspace, size_t workspaceBytes,
-    cudaStream_t stream) noexcept;
+    void const* routerBias, void const* routerLogitBias, int32_t numTokens, RoutingOutputs const& out, void* workspace,
+    size_t workspaceBytes, cudaStream_t stream) noexcept;
 
 // The whole layer: route, plan (distinct departments/experts with their tokens), grouped
 // SwiGLU over the plan reading every weight row once, deterministic weighted sum.
@@ -137,10 +158,11 @@ char const* lastErrorMessage() noexcept;
 // configured (build and runtime), so a layer it cannot run fails there, the limit named.
 Status checkSupported(LayerParams const& params, DataType dtype) noexcept;
 
-// Router logits z = x Wr^T accumulated in float32: logits is [numTokens, N] float32
+// Router logits z = x Wr^T (+ b_z, routerLogitBias [N] float32 when
+// params.hasRouterLogitBias) accumulated in float32: logits is [numTokens, N] float32
 // (device memory). The exact logits route() and forward() route from. No workspace.
 Status routerLogits(LayerParams const& params, DataType dtype, void const* hidden, void const* routerWeight,
-    int32_t numTokens, float* logits, cudaStream_t stream) noexcept;
+    void const* routerLogitBias, int32_t numTokens, float* logits, cudaStream_t stream) noexcept;
 
 // Spec steps 1-5 from given float32 logits [numTokens, N] (device memory); routerBias is
 // [N] float32 or nullptr. route() == routerLogits() then routeLogits(). No workspace.
@@ -163,8 +185,8 @@ extern "C"
 int32_t deamoe_validate(deamoe::LayerParams const* params);
 size_t deamoe_workspace_size(deamoe::LayerParams const* params, int32_t max_tokens, int32_t dtype);
 int32_t deamoe_route(deamoe::LayerParams const* params, int32_t dtype, void const* hidden, void const* router_weight,
-    void const* router_bias, int32_t num_tokens, int32_t* expert_ids, float* weights, int32_t* department_ids,
-    int32_t* kept_departments, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+    void const* router_bias, void const* router_logit_bias, int32_t num_tokens, int32_t* expert_ids, float* weights,
+    int32_t* department_ids, int32_t* kept_departments, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 int32_t deamoe_forward(deamoe::LayerParams const* params, deamoe::LayerWeights const* weights, int32_t dtype,
     void const* hidden, void* output, int32_t num_tokens, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 char const* deamoe_status_string(int32_t status);
@@ -174,7 +196,7 @@ int32_t deamoe_max_tile_tokens(void);
 char const* deamoe_last_error(void);
 int32_t deamoe_check_supported(deamoe::LayerParams const* params, int32_t dtype);
 int32_t deamoe_router_logits(deamoe::LayerParams const* params, int32_t dtype, void const* hidden,
-    void const* router_weight, int32_t num_tokens, float* logits, cudaStream_t stream);
+    void const* router_weight, void const* router_logit_bias, int32_t num_tokens, float* logits, cudaStream_t stream);
 int32_t deamoe_route_logits(deamoe::LayerParams const* params, int32_t dtype, float const* logits,
     void const* router_bias, int32_t num_tokens, int32_t* expert_ids, float* weights, int32_t* department_ids,
     int32_t* kept_departments, cudaStream_t stream);

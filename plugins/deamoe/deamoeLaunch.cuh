@@ -100,6 +100,11 @@ struct QuantWeights
     }
 };
 
+inline GluParams gluParams(LayerParams const& p)
+{
+    return GluParams{p.activation == Activation::kSWIGLU_CLAMPED ? 1 : 0, p.swigluAlpha, p.swigluLimit};
+}
+
 template <class T>
 struct Geometry
 {
@@ -123,9 +128,9 @@ struct Geometry
 // K1: router rows in the activation dtype (numExperts of them, 0 for none) and the shared
 // experts' gate row (logit column numExperts) and gate/up (BITS > 0: quantized, from quant).
 template <class T, int TT, int BITS>
-Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeight, int numExperts, T const* sharedGate,
-    int numTokens, float* logits, int logitsStride, T const* sharedGateUp, float* hShared, int32_t* counters,
-    QuantWeights<T> const& quant, cudaStream_t stream)
+Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeight, float const* logitBias,
+    int numExperts, T const* sharedGate, int numTokens, float* logits, int logitsStride, T const* sharedGateUp,
+    T const* sharedGateUpBias, float* hShared, int32_t* counters, QuantWeights<T> const& quant, cudaStream_t stream)
 {
     // The router rows (T) set the slices; quantized shared-expert rows, 1/2 or 1/4 as many
     // chunks, are cut into as many slices (short per-warp streams, the K1 grid stays full).
@@ -144,6 +149,9 @@ Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeig
     args.logits = logits;
     args.logitsStride = logitsStride;
     args.routerBlocks = ceilDiv(ceilDiv(args.routerRows, 2), geo.neuronsPerBlock);
+    args.routerLogitBias = logitBias;
+    args.glu = gluParams(p);
+    args.sharedGateUpBias = sharedGateUp ? sharedGateUpBias : nullptr;
     args.sharedGateUp = sharedGateUp;
     args.sharedWidth = sharedGateUp ? p.sharedExpertWidth : 0;
     args.hShared = hShared;
@@ -164,29 +172,32 @@ Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeig
 
 // K1 (counters: zeroed for K2, or nullptr for route()). A float32 router weight in a
 // half-precision layer (spec, "Router precision") has its own kernel first; both zero the
-// counters, so they are zero whichever of them runs.
+// counters, so they are zero whichever of them runs. routerLogitBias: [N] float32, used
+// when p.hasRouterLogitBias; sharedGateUpBias: [2 f_sh] or nullptr.
 template <class T, int TT, int BITS = 0>
-Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* routerWeight, T const* sharedGate,
-    int numTokens, float* logits, int logitsStride, T const* sharedGateUp, float* hShared, int32_t* counters,
-    cudaStream_t stream, QuantWeights<T> const& quant = QuantWeights<T>{})
+Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* routerWeight, void const* routerLogitBias,
+    T const* sharedGate, int numTokens, float* logits, int logitsStride, T const* sharedGateUp,
+    T const* sharedGateUpBias, float* hShared, int32_t* counters, cudaStream_t stream,
+    QuantWeights<T> const& quant = QuantWeights<T>{})
 {
     int const numExperts = p.numDepartments * p.expertsPerDepartment;
+    float const* logitBias = p.hasRouterLogitBias ? static_cast<float const*>(routerLogitBias) : nullptr;
     if (p.routerWeightFloat32 && !std::is_same<T, float>::value)
     {
         // Float32 router rows on their own; K1 below then does only the shared experts'
         // gate row (as logit column N) and gate/up.
         RouterRowsArgs<T> rows{hidden, static_cast<float const*>(routerWeight), p.hidden, numExperts, numTokens, logits,
-            logitsStride, counters};
+            logitsStride, counters, logitBias};
         Status const status = checkLaunch("float32 router kernel",
             DEAMOE_LAUNCH(
                 (routerRowsFloatKernel<T, TT>), ceilDiv(numExperts, kGemvWarps), kGemvThreads, 0, stream, rows));
         if (status != Status::kSUCCESS || (sharedGate == nullptr && sharedGateUp == nullptr))
             return status;
-        return launchGateUpK1<T, TT, BITS>(p, hidden, nullptr, 0, sharedGate, numTokens, logits + numExperts,
-            logitsStride, sharedGateUp, hShared, counters, quant, stream);
+        return launchGateUpK1<T, TT, BITS>(p, hidden, nullptr, nullptr, 0, sharedGate, numTokens, logits + numExperts,
+            logitsStride, sharedGateUp, sharedGateUpBias, hShared, counters, quant, stream);
     }
-    return launchGateUpK1<T, TT, BITS>(p, hidden, static_cast<T const*>(routerWeight), numExperts, sharedGate,
-        numTokens, logits, logitsStride, sharedGateUp, hShared, counters, quant, stream);
+    return launchGateUpK1<T, TT, BITS>(p, hidden, static_cast<T const*>(routerWeight), logitBias, numExperts,
+        sharedGate, numTokens, logits, logitsStride, sharedGateUp, sharedGateUpBias, hShared, counters, quant, stream);
 }
 
 // One tile of the forward; BITS: 0 for T FFN weights, 4 or 8 for quantized ones.
@@ -208,10 +219,12 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         reinterpret_cast<PlanEntry*>(ws + L.expertEntries), reinterpret_cast<int32_t*>(ws + L.departmentSlots)};
     T const* sharedGateUp = p.sharedExpertWidth ? static_cast<T const*>(w.sharedGateUp) : nullptr;
     T const* sharedGate = p.sharedExpertGate ? static_cast<T const*>(w.sharedGate) : nullptr;
+    // The FFN biases (p.ffnBias): nullptr when absent, so the kernels add nothing.
+    auto const bias = [&p](void const* b) { return p.ffnBias ? static_cast<T const*>(b) : nullptr; };
 
     // K1
-    Status status = launchRouterLogits<T, TT, BITS>(p, hidden, w.routerWeight, sharedGate, numTokens, logits,
-        L.logitsStride, sharedGateUp, hShared, counters, stream, quant);
+    Status status = launchRouterLogits<T, TT, BITS>(p, hidden, w.routerWeight, w.routerLogitBias, sharedGate, numTokens,
+        logits, L.logitsStride, sharedGateUp, bias(w.sharedGateUpBias), hShared, counters, stream, quant);
     if (status != Status::kSUCCESS)
         return status;
 
@@ -236,6 +249,7 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         args.keptDepartments = reinterpret_cast<int32_t*>(ws + L.keptDepartments);
         args.sharedDownBlocks = p.sharedExpertWidth ? L.downTiles : 0;
         args.sharedDown = p.sharedExpertWidth ? static_cast<T const*>(w.sharedDown) : nullptr;
+        args.sharedDownBias = p.sharedExpertWidth ? bias(w.sharedDownBias) : nullptr;
         args.hidden = d;
         args.sharedWidth = p.sharedExpertWidth;
         args.hShared = hShared;
@@ -267,6 +281,9 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         gu.topK = k;
         gu.expertBlocksPerPart = p.privateWidth ? ceilDiv(p.privateWidth, geo.neuronsPerBlock) : 0;
         gu.groupShift = quant.groupShift;
+        gu.glu = gluParams(p);
+        gu.departmentGateUpBias = p.sharedWidth ? bias(w.departmentGateUpBias) : nullptr;
+        gu.expertGateUpBias = p.privateWidth ? bias(w.expertGateUpBias) : nullptr;
         if constexpr (BITS > 0)
         {
             gu.departmentGateUp = nullptr;
@@ -298,6 +315,9 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         args.hDepartment = reinterpret_cast<float const*>(ws + L.hDepartment);
         args.departmentSlots = L.departmentSlotsPerToken;
         args.expertDown = static_cast<T const*>(w.expertDown);
+        args.expertDownBias = p.privateWidth ? bias(w.expertDownBias) : nullptr;
+        args.expertIds = reinterpret_cast<int32_t const*>(ws + L.expertIds);
+        args.routingWeights = reinterpret_cast<float const*>(ws + L.routingWeights);
         args.expertWidth = p.privateWidth;
         args.hExpert = reinterpret_cast<float const*>(ws + L.hExpert);
         args.topK = k;
@@ -389,7 +409,7 @@ inline RoutingOutputs offsetOutputs(RoutingOutputs const& out, LayerParams const
 
 template <class T>
 Status routeTyped(LayerParams const& p, void const* hidden, void const* routerWeight, void const* routerBias,
-    int32_t numTokens, RoutingOutputs const& out, void* workspace, cudaStream_t stream)
+    void const* routerLogitBias, int32_t numTokens, RoutingOutputs const& out, void* workspace, cudaStream_t stream)
 {
     int const N = p.numDepartments * p.expertsPerDepartment;
     float* logits = static_cast<float*>(workspace);
@@ -399,7 +419,7 @@ Status routeTyped(LayerParams const& p, void const* hidden, void const* routerWe
         T const* x = static_cast<T const*>(hidden) + static_cast<size_t>(first) * p.hidden;
         Status status = dispatchTileTokens(n, [&](auto tt) {
             return launchRouterLogits<T, decltype(tt)::value>(
-                p, x, routerWeight, nullptr, n, logits, N, nullptr, nullptr, nullptr, stream);
+                p, x, routerWeight, routerLogitBias, nullptr, n, logits, N, nullptr, nullptr, nullptr, nullptr, stream);
         });
         if (status == Status::kSUCCESS)
             status = launchRoute<T>(p, logits, N, routerBias, n, offsetOutputs(out, p, first), stream);
@@ -410,8 +430,8 @@ Status routeTyped(LayerParams const& p, void const* hidden, void const* routerWe
 }
 
 template <class T>
-Status routerLogitsTyped(LayerParams const& p, void const* hidden, void const* routerWeight, int32_t numTokens,
-    float* logits, cudaStream_t stream)
+Status routerLogitsTyped(LayerParams const& p, void const* hidden, void const* routerWeight,
+    void const* routerLogitBias, int32_t numTokens, float* logits, cudaStream_t stream)
 {
     int const N = p.numDepartments * p.expertsPerDepartment;
     for (int first = 0; first < numTokens; first += kMaxTileTokens)
@@ -419,8 +439,8 @@ Status routerLogitsTyped(LayerParams const& p, void const* hidden, void const* r
         int const n = std::min(kMaxTileTokens, numTokens - first);
         T const* x = static_cast<T const*>(hidden) + static_cast<size_t>(first) * p.hidden;
         Status const status = dispatchTileTokens(n, [&](auto tt) {
-            return launchRouterLogits<T, decltype(tt)::value>(p, x, routerWeight, nullptr, n,
-                logits + static_cast<size_t>(first) * N, N, nullptr, nullptr, nullptr, stream);
+            return launchRouterLogits<T, decltype(tt)::value>(p, x, routerWeight, routerLogitBias, nullptr, n,
+                logits + static_cast<size_t>(first) * N, N, nullptr, nullptr, nullptr, nullptr, stream);
         });
         if (status != Status::kSUCCESS)
             return status;

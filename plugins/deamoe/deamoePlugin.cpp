@@ -360,6 +360,12 @@ int32_t DeaMoEPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDes
                 case InputRole::kEXPERT_DOWN_SCALES: weights.expertDownScales = ptr; break;
                 case InputRole::kSHARED_GATE_UP_SCALES: weights.sharedGateUpScales = ptr; break;
                 case InputRole::kSHARED_DOWN_SCALES: weights.sharedDownScales = ptr; break;
+                case InputRole::kROUTER_LOGIT_BIAS: weights.routerLogitBias = ptr; break;
+                case InputRole::kDEPARTMENT_GATE_UP_BIAS: weights.departmentGateUpBias = ptr; break;
+                case InputRole::kEXPERT_GATE_UP_BIAS: weights.expertGateUpBias = ptr; break;
+                case InputRole::kEXPERT_DOWN_BIAS: weights.expertDownBias = ptr; break;
+                case InputRole::kSHARED_GATE_UP_BIAS: weights.sharedGateUpBias = ptr; break;
+                case InputRole::kSHARED_DOWN_BIAS: weights.sharedDownBias = ptr; break;
                 case InputRole::kHIDDEN: break;
                 }
             }
@@ -399,6 +405,7 @@ PluginFieldCollection const* DeaMoEPlugin::getFieldsToSerialize() noexcept
             // fields exactly as it reads a node's.
             mScoreFuncName = scoreFuncName(mParams.scoreFunc);
             mDepartmentScoreName = departmentScoreName(mParams.departmentScore);
+            mActivationName = activationName(mParams.activation);
             auto const text = [](std::string const& s) { return static_cast<int32_t>(s.size() + 1); };
             mSerialFields = {
                 PluginField("hidden_size", &mParams.hidden, PluginFieldType::kINT32, 1),
@@ -416,6 +423,11 @@ PluginFieldCollection const* DeaMoEPlugin::getFieldsToSerialize() noexcept
                 PluginField("router_bias", &mParams.hasRouterBias, PluginFieldType::kINT32, 1),
                 PluginField("shared_expert_intermediate_size", &mParams.sharedExpertWidth, PluginFieldType::kINT32, 1),
                 PluginField("shared_expert_gate", &mParams.sharedExpertGate, PluginFieldType::kINT32, 1),
+                PluginField("ffn_bias", &mParams.ffnBias, PluginFieldType::kINT32, 1),
+                PluginField("activation", mActivationName.c_str(), PluginFieldType::kCHAR, text(mActivationName)),
+                PluginField("swiglu_alpha", &mParams.swigluAlpha, PluginFieldType::kFLOAT32, 1),
+                PluginField("swiglu_limit", &mParams.swigluLimit, PluginFieldType::kFLOAT32, 1),
+                PluginField("router_logit_bias", &mParams.hasRouterLogitBias, PluginFieldType::kINT32, 1),
                 PluginField("weight_bits", &mParams.weightBits, PluginFieldType::kINT32, 1),
                 PluginField("weight_group_size", &mParams.weightGroupSize, PluginFieldType::kINT32, 1),
             };

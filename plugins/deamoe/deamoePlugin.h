@@ -52,6 +52,13 @@ enum class InputRole : int32_t
     kEXPERT_DOWN_SCALES,
     kSHARED_GATE_UP_SCALES,
     kSHARED_DOWN_SCALES,
+    // The logit bias and the FFN biases (ffnBias), appended so earlier nodes keep their positions.
+    kROUTER_LOGIT_BIAS,
+    kDEPARTMENT_GATE_UP_BIAS,
+    kEXPERT_GATE_UP_BIAS,
+    kEXPERT_DOWN_BIAS,
+    kSHARED_GATE_UP_BIAS,
+    kSHARED_DOWN_BIAS,
 };
 
 // A quantized node's FFN weight inputs carry the checkpoint's packed codes (uint8 bytes, two
@@ -165,6 +172,7 @@ private:
     // so it stays valid for the plugin's lifetime and is rebuilt on every call.
     std::string mScoreFuncName;
     std::string mDepartmentScoreName;
+    std::string mActivationName;
     std::vector<nvinfer1::PluginField> mSerialFields;
     nvinfer1::PluginFieldCollection mSerialFC{};
 };

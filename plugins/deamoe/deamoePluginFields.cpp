@@ -75,6 +75,24 @@ DepartmentScore parseDepartmentScore(std::string const& text)
     fail("field 'department_score' must be 'max', 'sum_top2' or 'sum', got '" + text + "'");
 }
 
+char const* activationName(Activation value)
+{
+    return value == Activation::kSWIGLU_CLAMPED ? "swiglu_clamped" : "swiglu";
+}
+
+Activation parseActivation(std::string const& text)
+{
+    if (text == "swiglu")
+    {
+        return Activation::kSWIGLU;
+    }
+    if (text == "swiglu_clamped")
+    {
+        return Activation::kSWIGLU_CLAMPED;
+    }
+    fail("field 'activation' must be 'swiglu' or 'swiglu_clamped', got '" + text + "'");
+}
+
 // ---------------------------------------------------------------------------------------
 // Free functions of deamoePlugin.h
 // ---------------------------------------------------------------------------------------
@@ -99,6 +117,12 @@ char const* inputRoleName(InputRole role) noexcept
     case InputRole::kEXPERT_DOWN_SCALES: return "experts.down.scales";
     case InputRole::kSHARED_GATE_UP_SCALES: return "shared_experts.gate_up.scales";
     case InputRole::kSHARED_DOWN_SCALES: return "shared_experts.down.scales";
+    case InputRole::kROUTER_LOGIT_BIAS: return "router.logit_bias";
+    case InputRole::kDEPARTMENT_GATE_UP_BIAS: return "departments.gate_up_bias";
+    case InputRole::kEXPERT_GATE_UP_BIAS: return "experts.gate_up_bias";
+    case InputRole::kEXPERT_DOWN_BIAS: return "experts.down_bias";
+    case InputRole::kSHARED_GATE_UP_BIAS: return "shared_experts.gate_up_bias";
+    case InputRole::kSHARED_DOWN_BIAS: return "shared_experts.down_bias";
     }
     return "unknown";
 }
@@ -143,6 +167,24 @@ std::vector<InputRole> presentInputs(LayerParams const& p)
     {
         roles.push_back(InputRole::kSHARED_GATE_UP_SCALES);
         roles.push_back(InputRole::kSHARED_DOWN_SCALES);
+    }
+    if (p.hasRouterLogitBias)
+    {
+        roles.push_back(InputRole::kROUTER_LOGIT_BIAS);
+    }
+    if (p.sharedWidth > 0 && p.ffnBias)
+    {
+        roles.push_back(InputRole::kDEPARTMENT_GATE_UP_BIAS);
+    }
+    if (p.privateWidth > 0 && p.ffnBias)
+    {
+        roles.push_back(InputRole::kEXPERT_GATE_UP_BIAS);
+        roles.push_back(InputRole::kEXPERT_DOWN_BIAS);
+    }
+    if (p.sharedExpertWidth > 0 && p.ffnBias)
+    {
+        roles.push_back(InputRole::kSHARED_GATE_UP_BIAS);
+        roles.push_back(InputRole::kSHARED_DOWN_BIAS);
     }
     return roles;
 }
@@ -191,6 +233,12 @@ std::vector<int64_t> logicalShape(LayerParams const& p, InputRole role)
     case InputRole::kEXPERT_DOWN_SCALES: return {N, d, p.privateWidth / G};
     case InputRole::kSHARED_GATE_UP_SCALES: return {2 * int64_t{p.sharedExpertWidth}, d / G};
     case InputRole::kSHARED_DOWN_SCALES: return {d, p.sharedExpertWidth / G};
+    case InputRole::kROUTER_LOGIT_BIAS: return {N};
+    case InputRole::kDEPARTMENT_GATE_UP_BIAS: return {D, 2 * int64_t{p.sharedWidth}};
+    case InputRole::kEXPERT_GATE_UP_BIAS: return {N, 2 * int64_t{p.privateWidth}};
+    case InputRole::kEXPERT_DOWN_BIAS: return {N, d};
+    case InputRole::kSHARED_GATE_UP_BIAS: return {2 * int64_t{p.sharedExpertWidth}};
+    case InputRole::kSHARED_DOWN_BIAS: return {d};
     }
     return {};
 }
@@ -208,7 +256,7 @@ std::vector<int64_t> expectedShape(LayerParams const& p, InputRole role)
 InputType inputType(LayerParams const& p, InputRole role) noexcept
 {
     // The router keeps its own precision (spec, "Router precision").
-    if (role == InputRole::kROUTER_BIAS)
+    if (role == InputRole::kROUTER_BIAS || role == InputRole::kROUTER_LOGIT_BIAS)
     {
         return InputType::kFLOAT32;
     }
@@ -273,6 +321,11 @@ LayerParams paramsFromFields(PluginFieldCollection const& fc)
     p.hasRouterBias = 0;
     p.sharedExpertWidth = 0;
     p.sharedExpertGate = 0;
+    p.ffnBias = 0;
+    p.activation = Activation::kSWIGLU;
+    p.swigluAlpha = 1.702F;
+    p.swigluLimit = 7.0F;
+    p.hasRouterLogitBias = 0;
     p.weightBits = 0;
     p.weightGroupSize = 0;
 
@@ -322,6 +375,16 @@ LayerParams paramsFromFields(PluginFieldCollection const& fc)
             p.sharedExpertWidth = readInt32(field);
         else if (name == "shared_expert_gate")
             p.sharedExpertGate = readBool(field);
+        else if (name == "ffn_bias")
+            p.ffnBias = readBool(field);
+        else if (name == "activation")
+            p.activation = parseActivation(readString(field));
+        else if (name == "swiglu_alpha")
+            p.swigluAlpha = readFloat(field);
+        else if (name == "swiglu_limit")
+            p.swigluLimit = readFloat(field);
+        else if (name == "router_logit_bias")
+            p.hasRouterLogitBias = readBool(field);
         else if (name == "weight_bits")
             p.weightBits = readInt32(field);
         else if (name == "weight_group_size")
@@ -356,7 +419,9 @@ std::string describe(LayerParams const& p)
         << " score_func=" << scoreFuncName(p.scoreFunc)
         << " department_score=" << departmentScoreName(p.departmentScore) << " norm_topk_prob=" << p.normTopkProb
         << " routed_scaling_factor=" << p.routedScalingFactor << " router_bias=" << p.hasRouterBias
-        << " f_sh=" << p.sharedExpertWidth << " shared_expert_gate=" << p.sharedExpertGate
+        << " f_sh=" << p.sharedExpertWidth << " shared_expert_gate=" << p.sharedExpertGate << " ffn_bias=" << p.ffnBias
+        << " activation=" << activationName(p.activation) << " swiglu_alpha=" << p.swigluAlpha
+        << " swiglu_limit=" << p.swigluLimit << " router_logit_bias=" << p.hasRouterLogitBias
         << " weight_bits=" << p.weightBits << " weight_group_size=" << p.weightGroupSize;
     return out.str();
 }

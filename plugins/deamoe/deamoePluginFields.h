@@ -52,6 +52,11 @@ constexpr FieldSpec kFIELDS[] = {
     {"router_bias", FieldKind::kBOOL, false},
     {"shared_expert_intermediate_size", FieldKind::kINT, false},
     {"shared_expert_gate", FieldKind::kBOOL, false},
+    {"ffn_bias", FieldKind::kBOOL, false},
+    {"activation", FieldKind::kSTRING, false},
+    {"swiglu_alpha", FieldKind::kFLOAT, false},
+    {"swiglu_limit", FieldKind::kFLOAT, false},
+    {"router_logit_bias", FieldKind::kBOOL, false},
     {"weight_bits", FieldKind::kINT, false},
     {"weight_group_size", FieldKind::kINT, false},
 };
@@ -67,6 +72,8 @@ char const* scoreFuncName(ScoreFunc value);
 char const* departmentScoreName(DepartmentScore value);
 ScoreFunc parseScoreFunc(std::string const& text);
 DepartmentScore parseDepartmentScore(std::string const& text);
+char const* activationName(Activation value);
+Activation parseActivation(std::string const& text);
 
 } // namespace plugin
 } // namespace deamoe

@@ -50,6 +50,7 @@ struct RoutedArgs
     T const* sharedDown;            // [d][f_sh] or nullptr
     uint8_t const* sharedDownCodes; // quantized (BITS > 0): [d][f_sh * BITS / 8] instead
     T const* sharedDownScales;      // [d][f_sh / G]
+    T const* sharedDownBias;        // [d] or nullptr: added before the shared-expert gate
     int32_t hidden;
     int32_t sharedWidth;
     float const* hShared; // [tile][f_sh]
@@ -139,6 +140,7 @@ DEAMOE_DEVICE void sharedDownBlock(RoutedArgs<T> const& args, int block)
             rows, 0, args.sharedWidth / E, args.hShared, offset, firstTokens(args.numTokens), acc);
     }
     storeRows<TT>(acc, firstRow, args.hidden, args.numTokens, [&args](int t, int row, float value) {
+        value += biasAt(args.sharedDownBias, row);
         if (args.sharedGate)
             value *= sigmoid(args.logits[t * args.logitsStride + args.routing.numExperts]);
         args.sharedOut[static_cast<size_t>(t) * args.hidden + row] = value;

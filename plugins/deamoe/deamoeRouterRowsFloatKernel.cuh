@@ -26,7 +26,8 @@ struct RouterRowsArgs
     int32_t numTokens;
     float* logits; // [tile][logitsStride]
     int32_t logitsStride;
-    int32_t* counters; // [kNumCounters] zeroed for K2, or nullptr (route())
+    int32_t* counters;      // [kNumCounters] zeroed for K2, or nullptr (route())
+    float const* logitBias; // [N] or nullptr: z = x Wr^T + b_z
 };
 
 template <class T, int TT>
@@ -40,6 +41,7 @@ __global__ void __launch_bounds__(kGemvThreads) routerRowsFloatKernel(RouterRows
     if (row >= args.numExperts)
         return;
     float const* w = args.routerWeight + static_cast<size_t>(row) * args.hidden;
+    float const bias = args.logitBias ? args.logitBias[row] : 0.0f;
     float acc[TT];
 #pragma unroll
     for (int t = 0; t < TT; ++t)
@@ -57,7 +59,7 @@ __global__ void __launch_bounds__(kGemvThreads) routerRowsFloatKernel(RouterRows
 #pragma unroll
     for (int t = 0; t < TT; ++t)
     {
-        float const sum = warpSum(acc[t]);
+        float const sum = warpSum(acc[t]) + bias;
         if (lane == 0 && t < args.numTokens)
             args.logits[static_cast<size_t>(t) * args.logitsStride + row] = sum;
     }

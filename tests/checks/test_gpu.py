@@ -67,3 +67,17 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path, capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert main(["--out", str(tmp_path), "--dry-run", "--bits", "4,3"]) == 2
     assert "--bits takes 0, 4 and/or 8" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_dry_run_checks_the_gpt_oss_rows(emulated_lib, tmp_path):
+    """gpt-oss's layer (FFN biases, the clamped SwiGLU, a router logit bias) in float and
+    int4, checked against the float32 reference with its biases and activation."""
+    argv = ["--dry-run", "--library", emulated_lib._name, "--presets", "gpt-oss-20b-style", "--bits", "0,4",
+            "--skip-bench", "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    results = json.loads((tmp_path / "gpu_check.json").read_text())
+    rows = results["correctness"]
+    assert [r["dtype"] for r in rows] == ["bf16", "fp16", "bf16-int4"] and all(r["pass"] for r in rows)
+    assert {r["preset"] for r in rows} == {"gpt-oss-20b-style"}
+    assert all(r["routing"]["max_logit_abs_error_vs_torch"] < 1e-3 for r in rows), "the logit bias in both"

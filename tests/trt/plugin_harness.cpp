@@ -332,6 +332,35 @@ Fields quantFields(int32_t bits, int32_t group)
     return f;
 }
 
+// gpt-oss's layer in department form (tests/configs.py GPT_OSS_STYLE): FFN biases, the
+// clamped SwiGLU, a router logit bias and an ungated shared expert.
+Fields gptOssFields()
+{
+    Fields f;
+    f.i32("hidden_size", 32)
+        .i32("num_departments", 4)
+        .i32("experts_per_department", 4)
+        .i32("shared_intermediate_size", 16)
+        .i32("private_intermediate_size", 16)
+        .i32("top_k", 4)
+        .i32("top_departments", 2)
+        .i32("shared_expert_intermediate_size", 16)
+        .i32("ffn_bias", 1)
+        .str("activation", "swiglu_clamped")
+        .f32("swiglu_alpha", 1.702F)
+        .f32("swiglu_limit", 1.0F)
+        .i32("router_logit_bias", 1);
+    return f;
+}
+
+// gptOssFields' 14 inputs: hidden, router, departments x2, experts x2, shared experts x2,
+// then router.logit_bias (8, float32) and the five FFN biases.
+std::vector<std::vector<int64_t>> gptOssShapes(int64_t tokens)
+{
+    return {{tokens, 32}, {16, 32}, {4, 32, 32}, {4, 32, 16}, {16, 32, 32}, {16, 32, 16}, {32, 32}, {32, 16}, {16},
+        {4, 32}, {16, 32}, {16, 32}, {32}, {32}};
+}
+
 // quantFields' 16 inputs: codes' last dim cols * bits / 32 int32 words, scales cols / group.
 std::vector<std::vector<int64_t>> quantShapes(int64_t tokens, int64_t bits, int64_t group)
 {
@@ -458,20 +487,25 @@ void testCreatorIdentity()
     check(std::strcmp(c.getPluginVersion(), "1") == 0, "plugin version 1");
     check(std::strcmp(c.getPluginNamespace(), "") == 0, "plugin namespace empty");
     PluginFieldCollection const* names = c.getFieldNames();
-    check(names != nullptr && names->nbFields == 16, "16 field names (DeaMoEConfig's and the quantization's)");
+    check(names != nullptr && names->nbFields == 21, "21 field names (DeaMoEConfig's and the quantization's)");
     char const* expected[] = {"hidden_size", "num_departments", "experts_per_department", "shared_intermediate_size",
         "private_intermediate_size", "top_k", "top_departments", "score_func", "department_score", "norm_topk_prob",
-        "routed_scaling_factor", "router_bias", "shared_expert_intermediate_size", "shared_expert_gate", "weight_bits",
-        "weight_group_size"};
-    for (int i = 0; i < 16 && names; ++i)
+        "routed_scaling_factor", "router_bias", "shared_expert_intermediate_size", "shared_expert_gate", "ffn_bias",
+        "activation", "swiglu_alpha", "swiglu_limit", "router_logit_bias", "weight_bits", "weight_group_size"};
+    for (int i = 0; i < 21 && names; ++i)
     {
         check(std::strcmp(names->fields[i].name, expected[i]) == 0, std::string("field ") + expected[i]);
     }
     check(names->fields[7].type == PluginFieldType::kCHAR, "score_func is kCHAR");
     check(names->fields[10].type == PluginFieldType::kFLOAT32, "routed_scaling_factor is kFLOAT32");
     check(names->fields[0].type == PluginFieldType::kINT32, "hidden_size is kINT32");
-    check(names->fields[14].type == PluginFieldType::kINT32, "weight_bits is kINT32");
-    check(names->fields[15].type == PluginFieldType::kINT32, "weight_group_size is kINT32");
+    check(names->fields[14].type == PluginFieldType::kINT32, "ffn_bias is kINT32");
+    check(names->fields[15].type == PluginFieldType::kCHAR, "activation is kCHAR");
+    check(names->fields[16].type == PluginFieldType::kFLOAT32, "swiglu_alpha is kFLOAT32");
+    check(names->fields[17].type == PluginFieldType::kFLOAT32, "swiglu_limit is kFLOAT32");
+    check(names->fields[18].type == PluginFieldType::kINT32, "router_logit_bias is kINT32");
+    check(names->fields[19].type == PluginFieldType::kINT32, "weight_bits is kINT32");
+    check(names->fields[20].type == PluginFieldType::kINT32, "weight_group_size is kINT32");
 }
 
 void testCreateFromParserFields()
@@ -583,7 +617,7 @@ void testSerialisationRoundTrip()
         auto* runtime
             = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
         PluginFieldCollection const* fc = runtime->getFieldsToSerialize();
-        check(fc != nullptr && fc->nbFields == 16, "16 serialized fields");
+        check(fc != nullptr && fc->nbFields == 21, "21 serialized fields");
         PluginPtr back(creator().createPlugin("layer0", fc, TensorRTPhase::kRUNTIME));
         check(back != nullptr && paramsOf(back.get()) == paramsOf(plugin.get()),
             "serialized fields recreate the same layer: " + paramsOf(plugin.get()));
@@ -971,6 +1005,92 @@ void testQuantized()
         "a node without the quantization fields is float");
 }
 
+void testBiased()
+{
+    auto f = gptOssFields();
+    PluginPtr plugin = create(f);
+    check(plugin != nullptr, "createPlugin for a gpt-oss node: " + gFinder.logger.last);
+    if (!plugin)
+    {
+        return;
+    }
+    check(paramsOf(plugin.get())
+                .find("ffn_bias=1 activation=swiglu_clamped swiglu_alpha=1.702 swiglu_limit=1 router_logit_bias=1")
+            != std::string::npos,
+        "ffn_bias, activation, swiglu_alpha/limit and router_logit_bias mapped: " + paramsOf(plugin.get()));
+    auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    auto* runtime = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    PluginPtr back(creator().createPlugin("layer0", runtime->getFieldsToSerialize(), TensorRTPhase::kRUNTIME));
+    check(back != nullptr && paramsOf(back.get()) == paramsOf(plugin.get()),
+        "a gpt-oss node's serialized fields recreate it: " + paramsOf(plugin.get()));
+
+    // Types: router.logit_bias float32 (as router.bias), the FFN biases the node's type.
+    auto const shapes = gptOssShapes(-1);
+    int32_t const n = static_cast<int32_t>(shapes.size());
+    std::vector<DynamicPluginTensorDesc> io;
+    for (int32_t i = 0; i < n; ++i)
+    {
+        io.push_back(dyn(shapes[i], i == 8 ? DataType::kFLOAT : DataType::kBF16));
+    }
+    io.push_back(dyn({-1, 32}, DataType::kBF16));
+    bool all = true;
+    for (int32_t pos = 0; pos <= n; ++pos)
+    {
+        all = all && build->supportsFormatCombination(pos, io.data(), n, 1);
+    }
+    check(all, "a float32 logit bias and biases in the node's type: supported");
+    io[8].desc.type = DataType::kBF16;
+    check(!build->supportsFormatCombination(8, io.data(), n, 1), "a bf16 router.logit_bias rejected");
+    io[8].desc.type = DataType::kFLOAT;
+    io[11].desc.type = DataType::kFLOAT;
+    check(!build->supportsFormatCombination(11, io.data(), n, 1), "a float32 expert down bias in a bf16 node rejected");
+    io[11].desc.type = DataType::kBF16;
+    check(build->configurePlugin(io.data(), n, &io[n], 1) == 0,
+        "configurePlugin accepts the gpt-oss node's inputs: " + gFinder.logger.last);
+    io[11] = dyn({16, 16}, DataType::kBF16);
+    gFinder.logger.last.clear();
+    check(build->configurePlugin(io.data(), n, &io[n], 1) != 0 && lastErrorHas("input 11 (experts.down_bias)")
+            && lastErrorHas(deamoe::plugin::shapeString({16, 32})),
+        "a wrong bias shape rejected, the input and its shape named: " + gFinder.logger.last);
+
+    // enqueue: each bias lands on its LayerWeights member.
+    std::vector<PluginTensorDesc> rin;
+    auto const real = gptOssShapes(3);
+    for (size_t i = 0; i < real.size(); ++i)
+    {
+        rin.push_back(desc(real[i], i == 8 ? DataType::kFLOAT : DataType::kHALF));
+    }
+    PluginTensorDesc rout = desc({3, 32});
+    FakeBuffers buffers(real.size());
+    void const* const* inputs = buffers.inputs.data();
+    char workspace[4];
+    gForward = ForwardCall{};
+    check(runtime->enqueue(rin.data(), &rout, inputs, buffers.outputs, workspace, nullptr) == 0 && gForward.calls == 1,
+        "enqueue runs a gpt-oss node");
+    deamoe::LayerWeights const& w = gForward.weights;
+    check(w.sharedDown == inputs[7] && w.routerBias == nullptr && w.sharedGate == nullptr
+            && w.routerLogitBias == inputs[8] && w.departmentGateUpBias == inputs[9] && w.expertGateUpBias == inputs[10]
+            && w.expertDownBias == inputs[11] && w.sharedGateUpBias == inputs[12] && w.sharedDownBias == inputs[13],
+        "the logit bias and the FFN biases land on their LayerWeights members");
+    check(gForward.params.ffnBias == 1 && gForward.params.hasRouterLogitBias == 1
+            && gForward.params.activation == deamoe::Activation::kSWIGLU_CLAMPED && gForward.params.swigluLimit == 1.0F,
+        "forward gets the biases' flags and the activation");
+
+    // Nodes and engines written before these fields existed read as the layer without them.
+    auto t = tinyFields();
+    PluginPtr tiny = create(t);
+    check(tiny != nullptr
+            && paramsOf(tiny.get())
+                    .find("ffn_bias=0 activation=swiglu swiglu_alpha=1.702 swiglu_limit=7 "
+                          "router_logit_bias=0")
+                != std::string::npos,
+        "a node without the new fields has no biases and the plain SwiGLU: " + (tiny ? paramsOf(tiny.get()) : ""));
+    auto bad = gptOssFields().without("activation").str("activation", "gelu");
+    gFinder.logger.last.clear();
+    check(create(bad) == nullptr && lastErrorHas("field 'activation' must be 'swiglu' or 'swiglu_clamped', got 'gelu'"),
+        "an unknown activation rejected: " + gFinder.logger.last);
+}
+
 } // namespace
 
 int main()
@@ -984,6 +1104,7 @@ int main()
     testShapes();
     testWorkspaceAndEnqueue();
     testQuantized();
+    testBiased();
     std::printf("%d passed, %d failed\n", gPassed, gFailed);
     return gFailed == 0 ? 0 : 1;
 }

@@ -15,6 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto
 
+from configs import GPT_OSS_STYLE
 from deamoe_trt import DeaMoEConfig, contract
 from deamoe_trt.errors import UsageError
 from deamoe_trt.export import plugin_node
@@ -53,13 +54,15 @@ def test_prepare_model_pads_inputs_and_sets_the_namespace(tmp_path, dtype):
     model = onnx.load_from_string(data)
     assert count == 1
     (node,) = _deamoe_nodes(model)
-    assert len(node.input) == len(qdp.CANONICAL_INPUTS) == 16
+    assert len(node.input) == len(qdp.CANONICAL_INPUTS) == 22
     elem = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}[dtype]
     placeholder = qdp.PLACEHOLDER_PREFIX + TensorProto.DataType.Name(elem).lower()
     float_placeholder = qdp.PLACEHOLDER_PREFIX + "float"
-    # router.bias (input 2) is float32 in every node; the other absent inputs take the node's dtype.
-    assert node.input[2] == float_placeholder
+    # router.bias (input 2) and router.logit_bias (16) are float32 in every node; the other
+    # absent inputs take the node's dtype.
+    assert node.input[2] == node.input[16] == float_placeholder
     assert [node.input[i] == placeholder for i in range(3, 16)] == [False] * 4 + [True] * 9  # float: no scales
+    assert [node.input[i] == placeholder for i in range(17, 22)] == [True] * 5  # no FFN biases
     for name, want in ((placeholder, elem), (float_placeholder, TensorProto.FLOAT)):
         tensor = next(t for t in model.graph.initializer if t.name == name)
         assert tensor.data_type == want and list(tensor.dims) == [1]
@@ -78,9 +81,11 @@ def test_prepare_model_keeps_present_inputs_in_place(tmp_path):
     before = [list(n.input) for n in _deamoe_nodes(model)]
     assert qdp.prepare_model(model) == 2
     after = [list(n.input) for n in _deamoe_nodes(model)]
-    # Every input of a float node present: only the (quantized nodes') scales are padded.
+    # Every input of a float node present: only the (quantized nodes') scales and the
+    # (gpt-oss layers') biases are padded, the logit bias float32 as the router's.
     assert [a[: len(b)] for a, b in zip(after, before, strict=True)] == before
-    assert {name for a in after for name in a[len(before[0]) :]} == {qdp.PLACEHOLDER_PREFIX + "float16"}
+    padded = {name for a in after for name in a[len(before[0]) :]}
+    assert padded == {qdp.PLACEHOLDER_PREFIX + "float16", qdp.PLACEHOLDER_PREFIX + "float"}
 
     model = build_model(DeaMoEStack.random(EXPERTS_ONLY, 1), "plugin", "fp32")
     qdp.prepare_model(model)
@@ -193,9 +198,10 @@ def test_impl_and_autotune_signatures(recorded):
         assert [quantized_types[i] for i in codes] == ["INT32"] * 6  # a quantized node's packed codes
         others = [i for i in range(len(float_types)) if i not in codes]
         assert [quantized_types[i] for i in others] == [float_types[i] for i in others]
-    assert tied[bias] == router_float32[bias] == "FP32"
+    logit_bias = qdp.TENSOR_ARGS.index("router_logit_b")
+    assert tied[bias] == router_float32[bias] == tied[logit_bias] == router_float32[logit_bias] == "FP32"
     assert tied[weight] == "FP32|FP16|BF16" and router_float32[weight] == "FP32"
-    rest = [i for i in range(len(tied)) if i not in (bias, weight)]
+    rest = [i for i in range(len(tied)) if i not in (bias, logit_bias, weight)]
     assert {tied[i] for i in rest} == {router_float32[i] for i in rest} == {"FP32|FP16|BF16"}
 
 
@@ -249,7 +255,7 @@ def test_attributes_convert_under_the_installed_numpy(recorded):
     for name in ("register", "impl"):
         _, fn = recorded.functions[name]
         annotations = {n: p.annotation for n, p in inspect.signature(fn).parameters.items() if n in qdp.ATTRS}
-        for config in (FULL, EXPERTS_ONLY):
+        for config in (FULL, EXPERTS_ONLY, GPT_OSS_STYLE):
             attrs = trt_create_plugin_attrs(annotations, parser_fields(config))
             assert qdp.config_from_attrs(attrs) == plugin_node.as_float32(config)
 
