@@ -67,9 +67,7 @@ class DeaMoEAttention(nn.Module):
             bias=config.qkv_bias,
             prefix=f"{prefix}.qkv_proj",
         )
-        self.o_proj = RowParallelLinear(
-            config.q_dim, config.hidden_size, bias=config.o_bias, prefix=f"{prefix}.o_proj"
-        )
+        self.o_proj = RowParallelLinear(config.q_dim, config.hidden_size, bias=config.o_bias, prefix=f"{prefix}.o_proj")
         if config.qk_norm != "none":
             per_head = config.qk_norm == "head"
             self.q_norm = RMSNorm(config.head_dim if per_head else config.q_dim, config.rms_norm_eps)

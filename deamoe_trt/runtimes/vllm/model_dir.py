@@ -4,7 +4,7 @@ that vLLM serves with deamoe-trt's plugin (`vllm serve DIR`, `vllm.LLM(DIR)`).
 The directory holds:
 - config.json: the Hugging Face keys vLLM reads, "architectures": ["DeaMoEForCausalLM"],
   "model_type": "deamoe", and the whole LMConfig under "deamoe_lm" (hf_config.hf_fields);
-- model.safetensors: the checkpoint's tensors under their deamoe-trt names, unchanged;
+- model.safetensors: the model's tensors under their deamoe-trt checkpoint names and dtype;
 - the tokenizer: a Hugging Face tokenizer's own files, or for the byte tokenizer a byte-level
   tokenizer.json (deamoe_trt.lm.tokenizer.byte_level_tokenizer_json) that splits text into
   the same ids;
@@ -24,10 +24,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ...checkpoint import CONFIG_FILE, WEIGHTS_FILE
+from safetensors.torch import save_file
+
+from ...checkpoint import CONFIG_FILE, WEIGHTS_FILE, dtype_name
 from ...errors import UsageError, one_line
-from ...lm.checkpoint import read_lm_header
+from ...lm.checkpoint import load_lm, read_lm_header, stored_state
 from ...lm.config import LMConfig
+from ...lm.model import DeaMoELM
 from ...lm.tokenizer import ByteTokenizer, HFTokenizer, NoTokenizer, Tokenizer, byte_level_tokenizer_json
 from .checks import check_servable
 
@@ -60,33 +63,47 @@ def hf_fields(config: LMConfig) -> dict[str, Any]:
     }
 
 
-def write_model_dir(checkpoint: str | Path, directory: str | Path) -> Path:
-    """Write the vLLM model directory of the LM checkpoint; see the module docstring."""
+def write_model_dir(checkpoint: str | Path, directory: str | Path, *, twin: str = "deamoe") -> Path:
+    """Write the vLLM model directory of the LM checkpoint (or of its expanded or vanilla twin,
+    for comparisons); see the module docstring."""
     checkpoint, directory = Path(checkpoint), Path(directory)
-    header = read_lm_header(checkpoint)
-    config: LMConfig = header["config"]
-    tokenizer: Tokenizer = header["tokenizer"]
-    check_servable(config)
+    header = read_lm_header(checkpoint)  # refuse a bad config before reading any weights
+    check_servable(header["config"])
+    check_tokenizer(header["tokenizer"])
+    if directory.exists() and directory.resolve() == checkpoint.resolve():
+        raise UsageError(f"the vLLM model directory must differ from the checkpoint {checkpoint}")
+    loaded = load_lm(checkpoint)
+    return write_lm_dir(loaded.model.twin(twin), loaded.tokenizer, directory)
+
+
+def check_tokenizer(tokenizer: Tokenizer) -> None:
     if isinstance(tokenizer, NoTokenizer):
         raise UsageError(
             "this model has no tokenizer, and vLLM needs one; import it again from a Hugging Face directory "
             "with tokenizer.json"
         )
+
+
+def write_lm_dir(model: DeaMoELM, tokenizer: Tokenizer, directory: str | Path) -> Path:
+    """Write model and tokenizer as a vLLM model directory; see the module docstring."""
+    directory = Path(directory)
+    config = model.config
+    check_servable(config)
+    check_tokenizer(tokenizer)
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"cannot write the vLLM model directory {directory}: a file is in the way")
-    if directory.resolve() == checkpoint.resolve():
-        raise UsageError(f"the vLLM model directory must differ from the checkpoint {checkpoint}")
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
     except OSError as exc:
         raise UsageError(f"cannot write {directory}: {one_line(exc)}") from None
     try:
-        shutil.copyfile(checkpoint / WEIGHTS_FILE, staging / WEIGHTS_FILE)
+        tensors = {name: t.detach().cpu().contiguous() for name, t in stored_state(model.state_dict(), config).items()}
+        save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
         eos = _write_tokenizer(tokenizer, staging)
         generation = {"eos_token_id": eos} if eos is not None else {}
         (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-        hf = {**hf_fields(config), "dtype": header["dtype"]}
+        hf = {**hf_fields(config), "dtype": dtype_name(model.dtype)}
         if eos is not None:
             hf["eos_token_id"] = eos
         (staging / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
