@@ -1,4 +1,4 @@
-"""`deamoe-trt check-gpu` and `deamoe-trt check-trt`: the device checks (deamoe_trt.checks).
+"""`deamoe-trt check-gpu`, `check-trt` and `check-edgellm`: the device checks (deamoe_trt.checks).
 
 Each passes its arguments to the check's own parser: `deamoe-trt check-gpu --help` lists them.
 """
@@ -12,6 +12,11 @@ def register(subparsers) -> None:
     for name, module, summary in (
         ("check-gpu", "gpu", "on a CUDA GPU: the kernels' correctness and speed vs the expanded twin (--dry-run: CPU)"),
         ("check-trt", "trt_device", "on a GPU with TensorRT: plugin build, engines, validation and timing"),
+        (
+            "check-edgellm",
+            "edgellm_device",
+            "on a GPU with TensorRT Edge-LLM: our export and the vanilla model's, engines, tokens and TPOT",
+        ),
     ):
         # No options of its own (prefix "+", never used): every argument goes to the check.
         parser = subparsers.add_parser(name, help=summary, description=summary, add_help=False, prefix_chars="+")

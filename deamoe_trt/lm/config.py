@@ -289,7 +289,7 @@ def _validate(cfg: LMConfig) -> None:
 QK_NORMS = ("none", "head", "full")
 _SCALINGS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")
 _MLA_SIZES = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-_OPTIONAL_FIELDS = ("attention_sinks",) + _SCALINGS + _MLA_SIZES + ("float32_router",)
+_OPTIONAL_FIELDS = ("attention_sinks", *_SCALINGS, *_MLA_SIZES, "float32_router")
 
 
 def _validate_families(cfg: LMConfig) -> None:
