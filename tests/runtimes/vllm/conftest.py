@@ -9,9 +9,16 @@ no vLLM and run in every environment.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# No traffic off this machine: no usage reports, no Hugging Face Hub look-ups (engine
+# subprocesses inherit these).
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY_LM = ROOT / "samples" / "models" / "tiny-lm"

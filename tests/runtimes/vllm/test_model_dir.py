@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -69,7 +68,7 @@ def test_export_vllm_byte_tokenizer_splits_text_into_the_byte_ids(tmp_path, caps
 
 def refused(capsys, tmp_path, checkpoint, needle):
     target = tmp_path / "out"
-    code, out, err = cli(capsys, "export-vllm", checkpoint, "-o", target)
+    code, _, err = cli(capsys, "export-vllm", checkpoint, "-o", target)
     assert code == 2 and len(err) == 1 and needle in err[0], err
     assert not target.exists() or not any(target.iterdir())
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no staging left

@@ -43,7 +43,8 @@ def free_port() -> int:
 def server(tmp_path_factory):
     directory = write_model_dir(TINY_LM, tmp_path_factory.mktemp("vllm") / "tiny-lm")
     port = free_port()
-    log = (tmp_path_factory.mktemp("log") / "server.log").open("w")
+    log_path = tmp_path_factory.mktemp("log") / "server.log"
+    log = log_path.open("w")
     command = [
         sys.executable,
         "-m",
@@ -72,7 +73,7 @@ def server(tmp_path_factory):
         while True:
             if proc.poll() is not None:
                 log.flush()
-                pytest.fail(f"the server exited with {proc.returncode}: {open(log.name).read()[-3000:]}")
+                pytest.fail(f"the server exited with {proc.returncode}: {log_path.read_text()[-3000:]}")
             try:
                 with urllib.request.urlopen(f"{base}/health", timeout=5) as reply:
                     if reply.status == 200:
