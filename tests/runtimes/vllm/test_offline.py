@@ -98,3 +98,72 @@ def test_imported_qwen3_moe_equals_the_reference_decoder(qwen3_moe_checkpoint, q
     outputs = qwen3_moe_engine.generate(prompts, [greedy(n) for n in budgets])
     got = [list(o.outputs[0].token_ids) for o in outputs]
     assert got == reference(qwen3_moe_checkpoint, prompt_ids, budgets)
+
+
+def every_feature_model():
+    """The tiny LM's sizes with every option the imports bring turned on at once (Qwen2-MoE's
+    gated shared expert and q/k/v biases, OLMoE's full-width q/k norms and clipping, Granite's
+    multipliers, a dense block, linear rotary scaling, one sliding block, sigmoid
+    scores with selection and logit router biases), random weights with every norm and bias
+    moved off its initial value so a missing one shows."""
+    import torch
+
+    from deamoe_trt.lm import DeaMoELM
+
+    base = load_lm(TINY_LM).model.config
+    config = base.replace(
+        num_layers=3,
+        qkv_bias=True,
+        o_bias=True,
+        qk_norm="full",
+        clip_qkv=0.8,
+        dense_layers=(1,),
+        dense_intermediate_size=64,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+        sliding_window=6,
+        sliding_window_layers=(2,),
+        embedding_multiplier=1.5,
+        residual_multiplier=0.7,
+        attention_multiplier=0.2,
+        logits_scaling=1.3,
+        moe=base.moe.replace(
+            score_func="sigmoid",
+            department_score="sum_top2",
+            router_bias=True,
+            router_logit_bias=True,
+            routed_scaling_factor=1.5,
+            shared_expert_intermediate_size=64,
+            shared_expert_gate=True,
+        ),
+    )
+    model = DeaMoELM.random(config, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1 + 0.2 * torch.randn(param.shape, generator=gen))
+            elif name.endswith(".bias") and "self_attn" in name:
+                param.copy_(0.1 * torch.randn(param.shape, generator=gen))
+    return model
+
+
+def test_every_served_option_at_once_equals_the_reference_decoder(tmp_path_factory):
+    import torch
+
+    from deamoe_trt.lm.tokenizer import ByteTokenizer
+    from deamoe_trt.runtimes.vllm.model_dir import write_lm_dir
+
+    model = every_feature_model()
+    directory = write_lm_dir(model, ByteTokenizer(), tmp_path_factory.mktemp("vllm") / "every-feature")
+    gen = torch.Generator().manual_seed(12)
+    lengths, budgets = [10, 4, 17], [14, 20, 9]
+    prompt_ids = [torch.randint(32, 127, (n,), generator=gen).tolist() for n in lengths]
+    llm = start_engine(directory)
+    try:
+        outputs = llm.generate(
+            [vllm.TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], [greedy(n) for n in budgets]
+        )
+    finally:
+        stop_engine(llm)
+    got = [list(o.outputs[0].token_ids) for o in outputs]
+    assert got == [generate(TorchDecoder(model), ids, n).new_ids for ids, n in zip(prompt_ids, budgets, strict=True)]
