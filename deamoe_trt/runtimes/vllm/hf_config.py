@@ -20,7 +20,9 @@ from .checks import check_head_dim, check_servable, check_vllm_version, platform
 from .model_dir import MODEL_TYPE
 
 
-class DeaMoEConfig(PretrainedConfig):
+class DeaMoEHFConfig(PretrainedConfig):
+    """config.json of a vLLM model directory; lm_config() is the LMConfig the model class builds."""
+
     model_type = MODEL_TYPE
 
     def __init__(self, deamoe_lm: dict[str, Any] | None = None, **kwargs: Any):

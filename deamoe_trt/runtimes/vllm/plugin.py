@@ -17,10 +17,10 @@ def register() -> None:
     from transformers import AutoConfig
     from vllm import ModelRegistry
 
-    from .hf_config import DeaMoEConfig
+    from .hf_config import DeaMoEHFConfig
     from .model_dir import ARCHITECTURE, MODEL_TYPE
 
     with contextlib.suppress(ValueError):  # already registered in this process
-        AutoConfig.register(MODEL_TYPE, DeaMoEConfig)
+        AutoConfig.register(MODEL_TYPE, DeaMoEHFConfig)
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, ARCHITECTURE_PATH)

@@ -20,7 +20,7 @@ PROG = "deamoe_trt.runtimes.vllm.serve"
 
 def check_model_dir(directory: str | Path) -> None:
     """Everything vLLM would refuse (or fail on mid-engine) about directory, as one UsageError."""
-    from .hf_config import DeaMoEConfig, check_engine
+    from .hf_config import DeaMoEHFConfig, check_engine
     from .model_dir import MODEL_TYPE
 
     path = Path(directory) / "config.json"
@@ -29,7 +29,7 @@ def check_model_dir(directory: str | Path) -> None:
     data = read_json(path)
     if not isinstance(data, dict) or data.get("model_type") != MODEL_TYPE:
         raise UsageError(f'{path} is not a DeaMoE vLLM model directory (no "model_type": "{MODEL_TYPE}")')
-    config = DeaMoEConfig(**data).lm_config()
+    config = DeaMoEHFConfig(**data).lm_config()
     check_engine(config)
 
 
