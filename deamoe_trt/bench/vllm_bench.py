@@ -37,7 +37,7 @@ import torch
 from ..errors import DeaMoEError, UsageError, one_line
 from ..report import format_table
 from .lm_bench import TWINS, bench_config
-from .machine import machine_info
+from .machine import load_average, machine_info
 
 CONCURRENCY = (1, 2, 4, 8, 16)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -94,6 +94,7 @@ def run_vllm_bench(
         for c in concurrency
     }
     times: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="deamoe-vllm-bench-") as tmp:
         progress(f"writing the three twins ({layers} blocks, {departments} departments, {dtype})")
         directories = write_twins(Path(tmp), layers=layers, departments=departments, dtype=DTYPES[dtype], seed=seed)
@@ -141,6 +142,7 @@ def run_vllm_bench(
         },
         "vllm": vllm.__version__,
         "machine": machine_info(int(os.environ.get("OMP_NUM_THREADS", "0")) or os.cpu_count() or 1),
+        "load_average_before": load_before,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": _commit(),
         "rows": rows,
@@ -180,6 +182,9 @@ def vllm_bench_table(result: dict) -> str:
         f"vLLM {result['vllm']}, {c['layers']} blocks, {c['departments']} departments of 8 experts, {c['dtype']}: "
         f"{c['prompt']}-token prompts, {c['tokens']} new tokens, median of {c['rounds']} interleaved rounds"
     )
+    loads = [result.get("load_average_before"), result["machine"].get("load_average")]
+    if all(loads):
+        title += f"; load average {loads[0][0]:.1f} before, {loads[1][0]:.1f} after"
     return format_table(
         ("sequences", "model", "tokens/s", "TPOT ms", "expanded TPOT / this", "vanilla TPOT / this"),
         lines,
