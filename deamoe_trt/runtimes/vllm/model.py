@@ -3,9 +3,10 @@
 vLLM supplies the serving machinery: its paged attention and KV cache (`Attention`, with each
 block's sliding window), tensor-parallel projections, vocabulary-parallel embedding and head,
 and FusedMoE for the experts, so each platform runs its own kernels (the CPU's grouped GEMMs,
-AMX in bfloat16; vLLM's GPU MoE kernels on CUDA, not run here). Everything else is deamoe-trt's own code, so there is one
-source of truth for it: the routing (deamoe_trt.routing, as FusedMoE's custom routing function),
-RMSNorm, rotary tables and rotation (deamoe_trt.lm), the router, shared experts and dense MLPs.
+AMX in bfloat16; vLLM's GPU MoE kernels on CUDA, not run here). Everything else is
+deamoe-trt's own code, so there is one source of truth for it: the routing (deamoe_trt.routing,
+as FusedMoE's custom routing function), RMSNorm, rotary tables and rotation (deamoe_trt.lm),
+the router, shared experts and dense MLPs.
 
 Each DeaMoE FFN is two FusedMoE layers fed by one routing (deamoe_trt.runtimes.vllm.grouping):
 the departments' shared parts (D groups, min(g, k) slots per token) and the experts' private
