@@ -39,11 +39,28 @@ def register(subparsers) -> None:
         choices=("max", "sum_top2", "sum"),
         help="default: the one that best keeps the source's expert choices",
     )
-    parser.add_argument(
+    data = parser.add_mutually_exclusive_group()
+    data.add_argument(
+        "--data",
+        metavar="PATH",
+        help="language models: calibration, healing and held-out text from a UTF-8 text, a JSONL file "
+        '(a "text" field a line), a parquet file (a "text" column; needs pyarrow) or a folder of them',
+    )
+    data.add_argument(
         "--calibration",
         metavar="FILE",
         help="language models: a UTF-8 text (default: the shipped text) or a safetensors file with input_ids; "
         "layers: a safetensors file with hidden_states [T, d] (default: random hidden states)",
+    )
+    parser.add_argument(
+        "--data-tokens", type=common.positive_int, metavar="N", help="--data: read at most N tokens (default: all)"
+    )
+    parser.add_argument(
+        "--heldout-fraction",
+        type=common.unit_fraction,
+        default=0.1,
+        metavar="X",
+        help="--data: the last X of the tokens is held out for every reported number (default 0.1)",
     )
     parser.add_argument(
         "--calibration-tokens",
@@ -56,6 +73,28 @@ def register(subparsers) -> None:
         "--heal-steps", type=common.non_negative_int, default=0, metavar="N", help="distillation steps (default 0)"
     )
     parser.add_argument("--heal-lr", type=float, default=1e-3, help="healing learning rate (default 1e-3)")
+    parser.add_argument(
+        "--heal-batch",
+        type=common.positive_int,
+        default=8,
+        metavar="W",
+        help="windows per end-to-end healing step, over all processes (default 8)",
+    )
+    parser.add_argument(
+        "--heal-checkpoint",
+        metavar="DIR",
+        help="write end-to-end healing checkpoints here and resume from those found (one per healed model)",
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=common.non_negative_int, default=0, metavar="N", help="steps between checkpoints"
+    )
+    parser.add_argument(
+        "--heal-device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="end-to-end healing device; under torchrun each process heals on its share of every batch "
+        "(gloo on cpu, NCCL on cuda)",
+    )
     parser.add_argument("--report", metavar="R.json", help="write the comparison report as JSON")
     parser.add_argument(
         "--plot", metavar="R.png", help="also convert at shared fractions 0.25/0.5/0.75 and plot quality against it"
@@ -84,9 +123,11 @@ def _run(args) -> int:
 
     from .._io import atomic_write_text
     from ..convert.core import ConvertSettings
+    from ..convert.distill import init_distributed
     from ..convert.report import report_table, write_plot
     from ..convert.run import SWEEP, convert_model
     from ..convert.sources import lm_source, read_calibration_tensor, read_text, stack_source
+    from ..errors import UsageError
     from ..lm.checkpoint import is_lm_checkpoint
 
     torch.manual_seed(args.seed)
@@ -100,15 +141,35 @@ def _run(args) -> int:
         department_score=args.department_score,
         heal_steps=args.heal_steps,
         heal_lr=args.heal_lr,
+        heal_batch=args.heal_batch,
+        heal_checkpoint=args.heal_checkpoint,
+        heal_checkpoint_every=args.checkpoint_every,
+        heal_device=args.heal_device,
         seed=args.seed,
     )
+    rank, _ = init_distributed(args.heal_device)
+    if args.heal_device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--heal-device cuda: no CUDA device is visible")
     is_lm = is_lm_checkpoint(args.source)
+    data = None
     if is_lm:
         from ..lm.checkpoint import load_lm
         from ..lm.train import shipped_text
 
         loaded = load_lm(args.source)
-        if not args.calibration:
+        if args.data:
+            from ..convert.data import read_tokens
+
+            window = min(128, loaded.model.config.max_position_embeddings - 1) + 1
+            data = read_tokens(
+                args.data,
+                loaded.tokenizer,
+                budget=args.data_tokens,
+                heldout_fraction=args.heldout_fraction,
+                window=window,
+            )
+            text = data.ids
+        elif not args.calibration:
             text = shipped_text()
         elif args.calibration.endswith(".safetensors"):
             text = read_calibration_tensor(args.calibration, "input_ids")
@@ -116,8 +177,12 @@ def _run(args) -> int:
             text = read_text(args.calibration)
         for i in loaded.model.moe_layers():  # dense blocks stay as they are
             settings.check(loaded.model.layers[i].mlp.config)
-        source = lm_source(loaded.model, loaded.tokenizer, text)
+        source = lm_source(
+            loaded.model, loaded.tokenizer, text, heldout_fraction=args.heldout_fraction, heal_on_all=data is not None
+        )
     else:
+        if args.data:
+            raise UsageError("--data takes text for a language model; give a layer --calibration hidden_states")
         from ..layer import DeaMoEStack
 
         stack = DeaMoEStack.from_pretrained(args.source)
@@ -126,8 +191,12 @@ def _run(args) -> int:
         source = stack_source(stack, hidden, seed=args.seed, tokens=args.calibration_tokens)
 
     sweep = SWEEP if args.plot else ()
-    result, report = convert_model(source, settings, compare=not args.no_compare, sweep=sweep)
+    result, report = convert_model(source, settings, compare=not args.no_compare, sweep=sweep, progress=rank == 0)
+    if rank != 0:  # every process converted the same; the first one writes
+        return 0
     report["source"]["path"] = str(args.source)
+    if data is not None:
+        report["data"] = data.summary
     kept = [r for r in report["rows"] if r["method"] == "source" or r["shared_fraction"] == result.fraction]
     summary = {
         "converted_from": str(args.source),

@@ -39,6 +39,10 @@ class ConvertSettings:
     department_score: str | None = None  # None: the one that best keeps the source's expert choices
     heal_steps: int = 0
     heal_lr: float = 1e-3
+    heal_batch: int = 8  # windows per end-to-end step, over all processes
+    heal_checkpoint: str | None = None  # a folder for end-to-end healing checkpoints
+    heal_checkpoint_every: int = 0
+    heal_device: str = "cpu"
     ridge: float = 1e-3
     seed: int = 0
 

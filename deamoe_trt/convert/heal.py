@@ -3,30 +3,26 @@
 Layer-wise: the converted layer's shared and private parts (not its router) learn the source
 layer's outputs on calibration hidden states; loss = ||y - y_source||^2 / ||y_source||^2
 over a batch. End to end (language models): every FFN's parts and routers learn the
-source's next-token distribution on calibration windows; loss = KL(source || converted).
+source's next-token distribution on calibration windows; loss = KL(source || converted),
+in distill.py (checkpoints, resume, several processes).
 Adam, cosine-decayed learning rate, batches from a seeded generator, fixed thread count.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-from torch.nn import functional as F
 
 from ..layer import DeaMoELayer
 from ..report import Progress
+from .distill import DistillSettings, cosine_lr, distill_lm
 
 LAYER_BATCH = 512
 
 
 def _ffn_parameters(layer: DeaMoELayer) -> list[torch.nn.Parameter]:
+    if hasattr(layer, "ffn_parameters"):  # a baseline of another structure names its own
+        return layer.ffn_parameters()
     return [p for part in (layer.departments, layer.experts) if part is not None for p in part.parameters()]
-
-
-def _cosine_lr(optimizer, base: float, step: int, steps: int) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / max(1, steps))))
 
 
 def _step(optimizer, loss: torch.Tensor, progress: Progress | None, label: str) -> float:
@@ -61,7 +57,7 @@ def heal_layer(
     gen = torch.Generator().manual_seed(seed)
     losses = []
     for step in range(steps):
-        _cosine_lr(optimizer, lr, step, steps)
+        cosine_lr(optimizer, lr, step, steps)
         batch = torch.randperm(x.shape[0], generator=gen)[:LAYER_BATCH]
         y = layer.forward_routed(x[batch], layer.route(x[batch]))
         loss = (y - target[batch]).pow(2).sum() / target[batch].pow(2).sum().clamp_min(1e-12)
@@ -80,30 +76,21 @@ def heal_lm(
     batch_size: int = 8,
     seed: int = 0,
     progress: Progress | None = None,
+    blocks: list[int] | None = None,
+    checkpoint: str | None = None,
+    checkpoint_every: int = 0,
+    device: str = "cpu",
 ) -> list[float]:
     """End-to-end logit distillation of model (a DeaMoELM, in place) to source on token
-    windows [W, L]; the FFNs' parts and routers train, everything else stays."""
-    if steps <= 0:
-        return []
-    params = [p for i in model.moe_layers() for p in model.layers[i].mlp.parameters()]
-    frozen = [p for p in model.parameters() if all(p is not q for q in params)]
-    for p in frozen:
-        p.requires_grad_(False)
-    optimizer = torch.optim.Adam(params, lr=lr)
-    gen = torch.Generator().manual_seed(seed)
-    losses = []
-    model.train()
-    try:
-        for step in range(steps):
-            _cosine_lr(optimizer, lr, step, steps)
-            ids = windows[torch.randperm(windows.shape[0], generator=gen)[:batch_size]]
-            with torch.no_grad():
-                teacher = F.log_softmax(source(ids).logits, dim=-1)
-            student = F.log_softmax(model(ids).logits, dim=-1)
-            loss = F.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="batchmean")
-            losses.append(_step(optimizer, loss, progress, "logit KL"))
-    finally:
-        for p in frozen:
-            p.requires_grad_(True)
-        model.eval()
-    return losses
+    windows [W, L]; the FFNs' parts and routers train (those of `blocks`, default its DeaMoE
+    blocks), everything else stays. Checkpointed, resumable and data-parallel: distill.py."""
+    settings = DistillSettings(
+        steps=steps,
+        lr=lr,
+        batch_size=batch_size,
+        seed=seed,
+        checkpoint=checkpoint,
+        checkpoint_every=checkpoint_every,
+        device=device,
+    )
+    return distill_lm(model, source, windows, settings, blocks=blocks, progress=progress)

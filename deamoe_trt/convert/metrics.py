@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from ..config import DeaMoEConfig
 from ..routing import Routing
-from ..traffic import weights_loaded
+from ..traffic import BYTES_PER_WEIGHT, weights_loaded
 
 # Tokens whose one-token decoding steps are counted for bytes per step.
 BYTES_TOKENS = 512
@@ -28,15 +28,51 @@ def step_bytes(config: DeaMoEConfig, routing: Routing, bytes_per_weight: int) ->
     total = 0
     count = min(routing.num_tokens, BYTES_TOKENS)
     for t in range(count):
-        one = Routing(
-            expert_ids=routing.expert_ids[t : t + 1],
-            weights=routing.weights[t : t + 1],
-            department_ids=routing.department_ids[t : t + 1],
-            kept_departments=routing.kept_departments[t : t + 1],
-            scores=routing.scores[t : t + 1],
-        )
-        total += weights_loaded(config, one, bytes_per_weight).total
+        total += weights_loaded(config, one_token(routing, t), bytes_per_weight).total
     return total / max(count, 1)
+
+
+def one_token(routing: Routing, t: int) -> Routing:
+    """Token t's routing alone (a one-token decoding step)."""
+    return Routing(
+        expert_ids=routing.expert_ids[t : t + 1],
+        weights=routing.weights[t : t + 1],
+        department_ids=routing.department_ids[t : t + 1],
+        kept_departments=routing.kept_departments[t : t + 1],
+        scores=routing.scores[t : t + 1],
+    )
+
+
+def layer_step_bytes(layer, routing: Routing) -> float:
+    """step_bytes for a DeaMoE layer; a layer of another structure (a baseline) counts its own."""
+    bytes_per_weight = BYTES_PER_WEIGHT[layer.dtype]
+    if hasattr(layer, "step_bytes"):
+        return layer.step_bytes(routing, bytes_per_weight)
+    return step_bytes(layer.config, routing, bytes_per_weight)
+
+
+@torch.no_grad()
+def error_split(layer, source, order: torch.Tensor, x: torch.Tensor) -> tuple[float, float]:
+    """(routing error, weights error) of layer against source on tokens x, both relative to
+    ||y_source||: the hybrid y_r = the source's experts run on the layer's expert choices and
+    weights (its expert i is source expert order[i]); routing error ||y_r - y_source||, weights
+    error ||y - y_r||. The two bound the total error (triangle inequality), not sum to it."""
+    x = x.to(source.dtype)
+    routing = layer.route(x)
+    ids = order.to(routing.expert_ids.device)[routing.expert_ids]
+    c = source.config
+    hybrid_routing = Routing(
+        expert_ids=ids,
+        weights=routing.weights,
+        department_ids=ids // c.experts_per_department,
+        kept_departments=(ids // c.experts_per_department)[:, :1],  # unused: the source has no shared parts
+        scores=routing.scores,
+    )
+    y_source = source.forward_routed(x, source.route(x))
+    y_hybrid = source.forward_routed(x, hybrid_routing)
+    y = layer.forward_routed(x, routing)
+    scale = y_source.norm().clamp_min(1e-30)
+    return float((y_hybrid - y_source).norm() / scale), float((y.float() - y_hybrid).norm() / scale)
 
 
 def departments_per_token(routing: Routing) -> float:

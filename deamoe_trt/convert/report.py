@@ -7,14 +7,34 @@ from pathlib import Path
 from .._io import atomic_path
 from ..errors import MissingDependencyError
 from ..report import format_bytes, format_table
+from .baselines import BASELINES, DELTA, DELTA_ONE, PRUNED, TOP_K
 
-METHOD_ORDER = ("source", "converted + healed", "converted", "naive", "merged")
+METHODS = ("source", "converted", "naive", "merged", *BASELINES)
+HEALED = " + healed"
 STYLES = {
     "converted + healed": ("tab:blue", "o", "-"),
     "converted": ("tab:cyan", "o", "--"),
     "naive": ("tab:red", "x", ":"),
     "merged": ("tab:orange", "s", "-."),
+    PRUNED: ("tab:green", "^", "-."),
+    TOP_K: ("tab:purple", "v", ":"),
+    DELTA: ("tab:brown", "D", "--"),
+    DELTA_ONE: ("tab:gray", "d", ":"),
 }
+
+
+def method_rank(method: str) -> tuple[int, int]:
+    """Table order: the source, then each method healed before unhealed, in METHODS' order."""
+    healed = method.endswith(HEALED)
+    return METHODS.index(method.removesuffix(HEALED)), 0 if healed else 1
+
+
+def _size(row: dict) -> str:
+    """A baseline's own size; the conversion's f_s / f_p."""
+    for key, label in (("expert_width", "f"), ("top_k", "k"), ("rank", "r")):
+        if key in row:
+            return f"{label}={row[key]}"
+    return "-" if row["method"] == "source" else f"{row['f_s']}/{row['f_p']}"
 
 
 def _mean(values: list[float]) -> float:
@@ -26,9 +46,11 @@ def report_table(report: dict, *, fraction: float | None = None) -> str:
     rows = [
         r for r in report["rows"] if fraction is None or r["method"] == "source" or r["shared_fraction"] == fraction
     ]
-    rows.sort(key=lambda r: (r["shared_fraction"], METHOD_ORDER.index(r["method"])))
+    rows.sort(key=lambda r: (r["shared_fraction"], method_rank(r["method"])))
     is_lm = any("perplexity" in r for r in rows)
-    headers = ["method", "f_s/f", "bytes/step", "vs source", "rel. error", "expert agreement"]
+    split = all("routing_error" in r for r in rows)
+    headers = ["method", "f_s/f", "size", "bytes/step", "vs source", "rel. error", "expert agreement"]
+    headers += ["routing err.", "weights err."] if split else []
     if is_lm:
         headers += ["perplexity", "vs source", "next-token agr."]
     source = next(r for r in rows if r["method"] == "source")
@@ -37,11 +59,14 @@ def report_table(report: dict, *, fraction: float | None = None) -> str:
         cells = [
             r["method"],
             "-" if r["method"] == "source" else f"{r['shared_fraction']:.2f}",
+            _size(r),
             format_bytes(r["bytes_per_step"]),
             f"{r['bytes_vs_source']:.1%}",
             f"{_mean(r['relative_error']):.4f}",
             f"{_mean(r['expert_agreement']):.1%}",
         ]
+        if split:
+            cells += [f"{_mean(r['routing_error']):.4f}", f"{_mean(r['weights_error']):.4f}"]
         if is_lm:
             cells += [
                 f"{r['perplexity']:.3f}",
@@ -52,7 +77,8 @@ def report_table(report: dict, *, fraction: float | None = None) -> str:
     s = report["source"]
     title = (
         f"Conversion of {s['layers']} layer(s) of {s['num_experts']} experts (width {s['expert_width']}, "
-        f"top-{s['top_k']}); held-out {s['heldout_tokens']} tokens per layer; errors and agreement: mean over layers"
+        f"top-{s['top_k']}); held-out {s['heldout_tokens']} tokens per layer; errors and agreement: mean over layers; "
+        "routing err.: the source's experts on the method's choices; weights err.: the rest"
     )
     return format_table(headers, out, title=title)
 
@@ -75,7 +101,12 @@ def write_plot(report: dict, path: str | Path) -> Path:
     panels.append(("bytes per step / source's", lambda r: r["bytes_vs_source"]))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.8), squeeze=False)
     for ax, (title, value) in zip(axes[0], panels, strict=True):
-        for method, (color, marker, style) in STYLES.items():
+        for method in sorted({r["method"] for r in rows} - {"source"}, key=method_rank):
+            if method in STYLES:
+                color, marker, style = STYLES[method]
+            else:  # a healed baseline: its unhealed colour and marker, solid
+                color, marker, _ = STYLES.get(method.removesuffix(HEALED), ("black", ".", ""))
+                style = "-"
             points = sorted((r["shared_fraction"], value(r)) for r in rows if r["method"] == method)
             if points:
                 xs, ys = zip(*points, strict=True)

@@ -24,9 +24,10 @@ import torch
 from ..layer import DeaMoELayer, DeaMoEStack
 from ..report import Progress
 from ..traffic import BYTES_PER_WEIGHT
+from . import baselines
 from .core import ConvertSettings, LayerConversion, convert_layer, expert_agreement, plan_order, score_agreement
 from .heal import heal_layer, heal_lm
-from .metrics import departments_per_token, lm_quality, relative_error, step_bytes
+from .metrics import departments_per_token, error_split, layer_step_bytes, lm_quality, relative_error, step_bytes
 
 SWEEP = (0.25, 0.5, 0.75)
 
@@ -41,6 +42,7 @@ class Source:
     lm: object | None = None  # DeaMoELM
     calibration_windows: torch.Tensor | None = None  # [W, L] token ids
     heldout_windows: torch.Tensor | None = None
+    heal_windows: torch.Tensor | None = None  # end-to-end healing's windows (default calibration_windows)
 
 
 @dataclass
@@ -51,6 +53,7 @@ class Variant:
     orders: list[torch.Tensor]
     lm: object | None = None
     heal_losses: dict[str, list[float]] = field(default_factory=dict)
+    detail: dict = field(default_factory=dict)  # a baseline's size (expert width, top-k, rank)
 
 
 def source_lm_hidden(lm, windows: torch.Tensor) -> list[torch.Tensor]:
@@ -113,8 +116,8 @@ def convert_model(
     for fraction in fractions:
         s = _with_fraction(settings, fraction, width)
         variants = _convert_all(source, s, orders, compare=compare, progress=progress)
-        if fraction is None:
-            result = variants[-1]
+        if fraction is None:  # the converted model, healed when asked
+            result = max((v for v in variants if v.name.startswith("converted")), key=lambda v: len(v.name))
         rows += [_measure(source, v, source, settings=s) for v in variants]
     report = {
         "source": _describe(source),
@@ -157,10 +160,16 @@ def _convert_all(source: Source, settings: ConvertSettings, orders, *, compare: 
     ]
     aligned = Variant("converted", fraction, [c.layer for c in done["aligned"]], [c.order for c in done["aligned"]])
     variants.append(aligned)
+    if compare:
+        built = baselines.build(
+            source.layers, source.calibration, source.heldout, aligned.layers, aligned.orders, settings
+        )
+        variants += [Variant(b.name, fraction, b.layers, b.orders, detail=b.detail) for b in built]
     for v in variants:
         v.lm = _lm_with(source.lm, v.layers) if source.lm is not None else None
     if settings.heal_steps:
-        variants.append(_heal(source, aligned, settings, progress))
+        others = baselines.strongest([v for v in variants if v is not aligned], source, 2) if compare else []
+        variants += [_heal(source, v, settings, progress) for v in (aligned, *others)]
     return variants
 
 
@@ -191,7 +200,7 @@ def _merged_width(source: Source, aligned: list[LayerConversion], settings, widt
 
 def _heal(source: Source, aligned: Variant, settings: ConvertSettings, progress: bool) -> Variant:
     layers = [copy.deepcopy(layer) for layer in aligned.layers]
-    healed = Variant("converted + healed", aligned.fraction, layers, aligned.orders)
+    healed = Variant(f"{aligned.name} + healed", aligned.fraction, layers, aligned.orders, detail=aligned.detail)
     bar = Progress(settings.heal_steps * len(layers), "heal layer-wise", enabled=progress)
     healed.heal_losses["layer"] = []
     for i, (layer, src, x) in enumerate(zip(layers, source.layers, source.calibration, strict=True)):
@@ -205,14 +214,27 @@ def _heal(source: Source, aligned: Variant, settings: ConvertSettings, progress:
         healed.heal_losses["lm"] = heal_lm(
             healed.lm,
             source.lm,
-            source.calibration_windows,
+            source.calibration_windows if source.heal_windows is None else source.heal_windows,
             settings.heal_steps,
             lr=settings.heal_lr,
             seed=settings.seed,
             progress=bar,
+            blocks=source.lm.moe_layers(),
+            batch_size=settings.heal_batch,
+            checkpoint=_checkpoint_path(settings, healed),
+            checkpoint_every=settings.heal_checkpoint_every,
+            device=settings.heal_device,
         )
-        healed.layers = [healed.lm.layers[i].mlp for i in healed.lm.moe_layers()]
+        healed.layers = [healed.lm.layers[i].mlp for i in source.lm.moe_layers()]
     return healed
+
+
+def _checkpoint_path(settings: ConvertSettings, variant: Variant) -> str | None:
+    """One checkpoint file per healed variant and shared fraction in the folder asked for."""
+    if settings.heal_checkpoint is None:
+        return None
+    name = "".join(c if c.isalnum() else "-" for c in variant.name)
+    return f"{settings.heal_checkpoint}/{name}-fs{variant.fraction:.4f}.safetensors"
 
 
 def _lm_with(lm, layers: list[DeaMoELayer]):
@@ -220,6 +242,11 @@ def _lm_with(lm, layers: list[DeaMoELayer]):
     config; its dense blocks kept)."""
     from ..lm import DeaMoELM
 
+    if not all(isinstance(layer, DeaMoELayer) for layer in layers):  # a baseline of another structure
+        model = copy.deepcopy(lm)
+        for i, layer in zip(lm.moe_layers(), layers, strict=True):
+            model.layers[i].mlp = layer
+        return model.eval()
     config = lm.config.replace(moe=layers[0].config)
     model = DeaMoELM(config, dtype=lm.dtype)
     moe = lm.moe_layers()
@@ -232,7 +259,7 @@ def _lm_with(lm, layers: list[DeaMoELayer]):
 
 @torch.no_grad()
 def _measure(source: Source, variant: Variant, reference: Source, *, settings: ConvertSettings | None = None) -> dict:
-    errors, agreements, bytes_per_step, source_bytes = [], [], 0.0, 0.0
+    errors, agreements, bytes_per_step, source_bytes, split = [], [], 0.0, 0.0, []
     for layer, src, x in zip(variant.layers, reference.layers, reference.heldout, strict=True):
         x = x.to(src.dtype)
         y, y_src = layer(x), src(x)
@@ -240,7 +267,8 @@ def _measure(source: Source, variant: Variant, reference: Source, *, settings: C
         order = variant.orders[len(errors) - 1]
         routing = layer.route(x)
         agreements.append(expert_agreement(src.route(x), routing, order))
-        bytes_per_step += step_bytes(layer.config, routing, BYTES_PER_WEIGHT[layer.dtype])
+        split.append(error_split(layer, src, order, x))
+        bytes_per_step += layer_step_bytes(layer, routing)
         source_bytes += step_bytes(src.config, src.route(x), BYTES_PER_WEIGHT[src.dtype])
     c = variant.layers[0].config
     row = {
@@ -255,6 +283,9 @@ def _measure(source: Source, variant: Variant, reference: Source, *, settings: C
         "bytes_vs_source": round(bytes_per_step / source_bytes, 4),
         "relative_error": [round(e, 5) for e in errors],
         "expert_agreement": [round(a, 4) for a in agreements],
+        "routing_error": [round(r, 5) for r, _ in split],
+        "weights_error": [round(w, 5) for _, w in split],
+        **variant.detail,
     }
     if reference.lm is not None and variant.lm is not None:
         windows = reference.heldout_windows

@@ -36,8 +36,18 @@ def windows_of(ids: torch.Tensor, length: int, count: int) -> torch.Tensor:
     return torch.stack([ids[s : s + length] for s in starts.tolist()])
 
 
-def lm_source(lm, tokenizer, text: str | torch.Tensor, *, seq_len: int = 128) -> Source:
-    """text: a string (encoded with tokenizer) or token ids (any shape, read in order)."""
+def lm_source(
+    lm,
+    tokenizer,
+    text: str | torch.Tensor,
+    *,
+    seq_len: int = 128,
+    heldout_fraction: float = HELDOUT_FRACTION,
+    heal_on_all: bool = False,
+) -> Source:
+    """text: a string (encoded with tokenizer) or token ids (any shape, read in order).
+    heal_on_all: healing reads every window of the calibration part (data read with
+    --data), not only the CALIBRATION_WINDOWS the fit sees."""
     if isinstance(text, torch.Tensor):
         ids = text.reshape(-1).long()
         vocab = lm.config.vocab_size
@@ -46,7 +56,7 @@ def lm_source(lm, tokenizer, text: str | torch.Tensor, *, seq_len: int = 128) ->
     else:
         ids = torch.tensor(tokenizer.encode(text, what="the calibration text"), dtype=torch.long)
     length = min(seq_len, lm.config.max_position_embeddings - 1) + 1
-    cut = int(len(ids) * (1 - HELDOUT_FRACTION))
+    cut = int(len(ids) * (1 - heldout_fraction))
     if cut < 2 * length or len(ids) - cut < length:
         raise UsageError(
             f"the calibration text is too short: {len(ids)} tokens; need at least {10 * length} "
@@ -61,7 +71,14 @@ def lm_source(lm, tokenizer, text: str | torch.Tensor, *, seq_len: int = 128) ->
         lm=lm,
         calibration_windows=calibration,
         heldout_windows=heldout,
+        heal_windows=_all_windows(ids[:cut], length) if heal_on_all else None,
     )
+
+
+def _all_windows(ids: torch.Tensor, length: int) -> torch.Tensor:
+    """Every non-overlapping window of `length` tokens of ids, in order."""
+    count = len(ids) // length
+    return ids[: count * length].reshape(count, length)
 
 
 def stack_source(stack, hidden: torch.Tensor | None = None, *, seed: int = 0, tokens: int = RANDOM_TOKENS) -> Source:

@@ -67,3 +67,48 @@ def make_upcycled(dense_steps: int, moe_steps: int, *, seed: int = 0, progress: 
 
 def make_scratch(steps: int, *, seed: int = 0, progress: bool = True) -> TrainResult:
     return train(MOE, settings_for(steps, seed), progress=progress, label="train MoE from scratch")
+
+
+def fine_grained(
+    *, layers: int = 6, hidden: int = 256, experts: int = 32, width: int = 128, top_k: int = 4, context: int = 256
+) -> LMConfig:
+    """A byte-level MoE LM of more realistic proportions than MOE (default 6 blocks, d = 256,
+    32 fine-grained experts of width 128, top-4: an eighth of the expert neurons per token),
+    vanilla (one department, f_s = 0): a conversion source trained from scratch."""
+    return LMConfig(
+        vocab_size=256,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=max(1, hidden // 32),
+        num_key_value_heads=max(1, hidden // 64),
+        max_position_embeddings=context,
+        moe=DeaMoEConfig(
+            hidden_size=hidden,
+            num_departments=1,
+            experts_per_department=experts,
+            shared_intermediate_size=0,
+            private_intermediate_size=width,
+            top_k=top_k,
+            top_departments=1,
+            norm_topk_prob=True,
+        ),
+    )
+
+
+FINE_GRAINED = fine_grained()
+FINE_GRAINED_SETTINGS = TrainSettings(
+    steps=2000, batch_size=16, seq_len=256, lr=2e-3, warmup=100, eval_batches=8, log_every=100
+)
+
+
+def make_fine_grained(
+    steps: int = FINE_GRAINED_SETTINGS.steps,
+    *,
+    config: LMConfig = FINE_GRAINED,
+    seed: int = 0,
+    progress: bool = True,
+    seq_len: int = FINE_GRAINED_SETTINGS.seq_len,
+) -> TrainResult:
+    """config trained from a random init on the shipped text (seeded, one thread)."""
+    settings = dataclasses.replace(FINE_GRAINED_SETTINGS, steps=steps, seed=seed, seq_len=seq_len)
+    return train(config, settings, progress=progress, label="train fine-grained MoE")

@@ -9,6 +9,7 @@ import torch
 
 from deamoe_trt.cli.main import main as cli
 from deamoe_trt.config import DeaMoEConfig
+from deamoe_trt.convert.baselines import BASELINES
 from deamoe_trt.convert.core import ConvertSettings
 from deamoe_trt.convert.run import convert_model
 from deamoe_trt.convert.sources import lm_source
@@ -100,11 +101,15 @@ def test_convert_cli_writes_a_loadable_model_and_report(vanilla_lm, tmp_path, ca
     assert (moe.num_departments, moe.experts_per_department, moe.shared_intermediate_size) == (2, 2, 12)
     assert loaded.training["conversion"]["converted_from"] == str(src)
     rows = json.loads(report.read_text())["rows"]
-    assert {r["method"] for r in rows} == {"source", "converted", "naive", "merged"}
+    assert {r["method"] for r in rows} == {"source", "converted", "naive", "merged", *BASELINES}
     merged = next(r for r in rows if r["method"] == "merged")
     converted = next(r for r in rows if r["method"] == "converted")
-    # The merged alternative gets at most the converted model's bytes per step (within a neuron).
+    # The merged alternative gets at most the converted model's bytes per step (within a neuron),
+    # the other baselines at most the converted model's.
     assert merged["bytes_vs_source"] <= converted["bytes_vs_source"] * 1.02
+    for row in rows:
+        if row["method"] in BASELINES:
+            assert row["bytes_per_step"] <= converted["bytes_per_step"], row["method"]
 
 
 @pytest.mark.parametrize(
@@ -151,3 +156,16 @@ def test_source_with_shared_parts_is_refused(tmp_path, capsys):
     ]
     assert cli(argv) == 2
     assert "already has department shared parts" in capsys.readouterr().err
+
+
+def test_the_fine_grained_recipe_trains_deterministically_and_converts():
+    from deamoe_trt.convert.testmodels import fine_grained, make_fine_grained
+
+    config = fine_grained(layers=2, hidden=32, experts=8, width=16, top_k=2, context=48)
+    runs = [make_fine_grained(3, config=config, seed=1, progress=False, seq_len=32) for _ in range(2)]
+    assert runs[0].val_loss == runs[1].val_loss
+    model = runs[0].model.eval()
+    assert [model.layers[i].mlp.config.num_experts for i in model.moe_layers()] == [8, 8]
+    source = lm_source(model, ByteTokenizer(), TEXT, seq_len=32)
+    result, _ = convert_model(source, ConvertSettings(2, 1, shared_size=8), compare=False, progress=False)
+    assert result.lm.config.moe.shared_intermediate_size == 8

@@ -1,0 +1,224 @@
+"""End-to-end healing of a converted language model: KL distillation from the source's logits,
+with checkpoints, resume and data parallelism.
+
+Each step draws a global batch of windows from a seeded generator (the same on every
+process); process r of R takes windows r, r + R, ... of it. Its loss is the KL summed over
+its tokens divided by the global batch's token count, so summing the gradients over the
+processes (one all-reduce of one flat buffer) gives exactly the one-process gradient, and
+every process then takes the same Adam step: R processes give one process's result within
+float rounding (the order of the sums differs). Launch with torchrun; gloo on CPUs, NCCL
+on GPUs (deamoe_trt.convert.distill.init_distributed picks it).
+
+Checkpoints (every N steps, written by process 0 to a temporary name, then renamed) hold the
+trained parameters, Adam's state, the batch generator's state and the losses so far, in
+safetensors; a run given the same checkpoint path resumes from it and ends bit for bit where
+an uninterrupted run ends. A checkpoint of a different run (settings or shapes) is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from .._io import atomic_path
+from ..errors import UsageError
+from ..report import Progress
+
+
+@dataclass(frozen=True)
+class DistillSettings:
+    steps: int
+    lr: float = 1e-3
+    batch_size: int = 8  # windows per step, over all processes together
+    seed: int = 0
+    checkpoint: str | None = None  # a .safetensors file to write and resume from
+    checkpoint_every: int = 0  # steps between checkpoints (0: only with checkpoint, at the end)
+    device: str = "cpu"
+
+    def fingerprint(self) -> dict:
+        """What must match for a checkpoint to be resumed (not where it is or how often)."""
+        return {k: v for k, v in asdict(self).items() if k in ("steps", "lr", "batch_size", "seed")}
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of this process; (0, 1) without torch.distributed."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def init_distributed(device: str) -> tuple[int, int]:
+    """Join the torchrun job this process was launched in (WORLD_SIZE > 1), NCCL for a CUDA
+    device (each process on cuda:LOCAL_RANK), gloo otherwise; (rank, world size)."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        cuda = device.startswith("cuda")
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return world()
+
+
+def local_device(device: str) -> torch.device:
+    if device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device)
+
+
+def cosine_lr(optimizer, base: float, step: int, steps: int) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / max(1, steps))))
+
+
+def _all_reduce(params: list[torch.nn.Parameter], loss: torch.Tensor) -> None:
+    """Sum every gradient and the loss over the processes, as one flat buffer."""
+    import torch.distributed as dist
+
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads] + [loss.detach().reshape(1)])
+    dist.all_reduce(flat)
+    offset = 0
+    for p, g in zip(params, grads, strict=True):
+        p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
+        offset += g.numel()
+    loss.data.copy_(flat[-1])
+
+
+def distill_lm(
+    model,
+    source,
+    windows: torch.Tensor,
+    settings: DistillSettings,
+    *,
+    blocks: list[int] | None = None,
+    progress: Progress | None = None,
+) -> list[float]:
+    """Distil source's next-token distributions into model (in place) on token windows [W, L];
+    the FFNs of `blocks` (default model's DeaMoE blocks) train, everything else stays. The
+    global loss per step."""
+    if settings.steps <= 0:
+        return []
+    rank, size = world()
+    if settings.batch_size < size:
+        raise UsageError(f"the healing batch ({settings.batch_size} windows) must be at least the {size} processes")
+    device = local_device(settings.device)
+    blocks = model.moe_layers() if blocks is None else blocks
+    model.to(device)
+    source.to(device)
+    params = [p for i in blocks for p in model.layers[i].mlp.parameters()]
+    frozen = [p for p in model.parameters() if all(p is not q for q in params)]
+    for p in frozen:
+        p.requires_grad_(False)
+    optimizer = torch.optim.Adam(params, lr=settings.lr)
+    gen = torch.Generator().manual_seed(settings.seed)
+    losses: list[float] = []
+    start = _resume(settings, params, optimizer, gen, losses) if settings.checkpoint else 0
+    if progress is not None and start:
+        progress.update(f"resumed at step {start}", step=start)
+    tokens_per_step = min(settings.batch_size, windows.shape[0]) * windows.shape[1]
+    began = time.perf_counter()
+    model.train()
+    try:
+        for step in range(start, settings.steps):
+            cosine_lr(optimizer, settings.lr, step, settings.steps)
+            batch = torch.randperm(windows.shape[0], generator=gen)[: settings.batch_size]
+            ids = windows[batch[rank::size]].to(device)
+            rows = len(batch) * windows.shape[1]  # the global batch's tokens
+            with torch.no_grad():
+                teacher = F.log_softmax(source(ids).logits, dim=-1)
+            student = F.log_softmax(model(ids).logits, dim=-1)
+            loss = F.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="sum") / rows
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if size > 1:
+                _all_reduce(params, loss)
+            optimizer.step()
+            losses.append(loss.item())
+            done = step + 1
+            if settings.checkpoint and rank == 0 and _due(settings, done):
+                save_checkpoint(settings, params, optimizer, gen, losses, done)
+            if progress is not None:
+                elapsed = time.perf_counter() - began
+                rate = (done - start) * tokens_per_step / max(elapsed, 1e-9)
+                eta = (settings.steps - done) * elapsed / (done - start)
+                progress.update(f"logit KL {losses[-1]:.4f}  {rate:,.0f} tok/s  ETA {eta:.0f}s")
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+        model.eval()
+        model.to("cpu")
+        source.to("cpu")
+    return losses
+
+
+def _due(settings: DistillSettings, done: int) -> bool:
+    every = settings.checkpoint_every
+    return done == settings.steps or (every > 0 and done % every == 0)
+
+
+def save_checkpoint(settings: DistillSettings, params, optimizer, gen: torch.Generator, losses, step: int) -> Path:
+    from safetensors.torch import save_file
+
+    tensors = {"generator": gen.get_state()}
+    for i, p in enumerate(params):
+        tensors[f"param.{i}"] = p.detach().cpu().contiguous()
+        state = optimizer.state.get(p, {})
+        if state:
+            tensors[f"step.{i}"] = torch.as_tensor(state["step"]).detach().cpu().reshape(1)
+            tensors[f"exp_avg.{i}"] = state["exp_avg"].detach().cpu().contiguous()
+            tensors[f"exp_avg_sq.{i}"] = state["exp_avg_sq"].detach().cpu().contiguous()
+    meta = {
+        "step": step,
+        "losses": losses,
+        "settings": settings.fingerprint(),
+        "shapes": [list(p.shape) for p in params],
+    }
+    path = Path(settings.checkpoint)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"healing": json.dumps(meta)})
+    return path
+
+
+def _resume(settings: DistillSettings, params, optimizer, gen: torch.Generator, losses: list[float]) -> int:
+    """Load settings.checkpoint into params, optimizer, gen and losses if it exists; its step."""
+    from safetensors import SafetensorError, safe_open
+    from safetensors.torch import load_file
+
+    path = Path(settings.checkpoint)
+    if not path.exists():
+        return 0
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("healing", "null"))
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"healing checkpoint {path} is unreadable: {exc}") from None
+    if not isinstance(meta, dict) or "step" not in meta:
+        raise UsageError(f"{path} is not a healing checkpoint")
+    if meta["settings"] != settings.fingerprint() or meta["shapes"] != [list(p.shape) for p in params]:
+        raise UsageError(
+            f"healing checkpoint {path} is of another run ({meta['settings']}, {len(meta['shapes'])} tensors); "
+            "remove it or give another path"
+        )
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            p.copy_(tensors[f"param.{i}"])
+            if f"exp_avg.{i}" in tensors:
+                optimizer.state[p] = {
+                    "step": tensors[f"step.{i}"].reshape(()).clone(),
+                    "exp_avg": tensors[f"exp_avg.{i}"].to(p.device).clone(),
+                    "exp_avg_sq": tensors[f"exp_avg_sq.{i}"].to(p.device).clone(),
+                }
+    gen.set_state(tensors["generator"])
+    losses[:] = meta["losses"]
+    return int(meta["step"])
