@@ -30,6 +30,7 @@ SUBCOMMANDS = (
     "deamoe_trt.cli.triton_repo_cmd",
     "deamoe_trt.cli.serve_bench_cmd",
     "deamoe_trt.cli.export_edgellm_cmd",
+    "deamoe_trt.cli.export_vllm_cmd",
 )
 
 

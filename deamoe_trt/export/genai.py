@@ -34,7 +34,13 @@ from onnx import TensorProto, helper, numpy_helper
 from ..errors import MissingDependencyError, UsageError, one_line
 from ..lm.model import DeaMoELM
 from ..lm.onnx_export import INPUT_IDS, LOGITS, build_lm_model
-from ..lm.tokenizer import ByteTokenizer, HFTokenizer, NoTokenizer, Tokenizer, default_tokenizer
+from ..lm.tokenizer import (
+    HFTokenizer,
+    NoTokenizer,
+    Tokenizer,
+    byte_level_tokenizer_json,
+    default_tokenizer,
+)
 from .save import save_model
 
 MODEL_FILE = "model.onnx"
@@ -77,48 +83,6 @@ def load_genai(folder: str | Path):
         ) from None
     check_genai_version(og.__version__)
     return og.Model(str(folder))
-
-
-def byte_level_tokenizer_json(tokenizer: ByteTokenizer) -> dict:
-    """tokenizer.json (Hugging Face `tokenizers` format) that maps each byte to its own id."""
-    table = _bytes_to_unicode()
-    vocab = {table[i]: i for i in range(256)}
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [],
-        "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
-        "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": vocab,
-            "merges": [],
-        },
-    }
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-to-character table: printable bytes stand for themselves, the rest are
-    shifted past 255 so every byte has a visible, whitespace-free character."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
-    table, shifted = {}, 0
-    for byte in range(256):
-        if byte in keep:
-            table[byte] = chr(byte)
-        else:
-            table[byte] = chr(256 + shifted)
-            shifted += 1
-    return table
 
 
 def genai_config(model: DeaMoELM, *, eos_ids: list[int], bos_id: int, pad_id: int) -> dict:

@@ -111,12 +111,13 @@ def make_tokenizer():
     return tokenizer
 
 
-def build_hf_model(family: str, directory: Path, *, seed: int = 0, dtype=torch.float32):
-    """A random HF causal LM of family saved in directory; returns the model (eval, fp32)."""
+def build_hf_model(family: str, directory: Path, *, seed: int = 0, dtype=torch.float32, config=None):
+    """A random HF causal LM of family (or of the given transformers config) saved in directory;
+    returns the model (eval, fp32)."""
     import transformers as T
 
     torch.manual_seed(seed)
-    model = T.AutoModelForCausalLM.from_config(hf_config(family), attn_implementation="eager")
+    model = T.AutoModelForCausalLM.from_config(config or hf_config(family), attn_implementation="eager")
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):

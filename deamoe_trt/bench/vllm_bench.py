@@ -1,0 +1,235 @@
+"""Batched decoding on vLLM: throughput and time per output token at 1, 2, 4, 8 and 16 concurrent
+sequences, a DeaMoE language model against its expanded and vanilla twins, interleaved.
+
+    .venv-vllm/bin/python -m deamoe_trt.bench.vllm_bench [--layers 2] [--departments 4] ...
+
+The model is bench-lm's (deamoe_trt.bench.lm_bench.bench_config): Qwen3-30B-A3B's attention
+and DeaMoE FFNs of qwen3-30b-a3b-layer's shapes (experts 768 wide, 384 shared in the
+department + 384 private, top-8 experts from the top-2 departments), random seeded weights,
+bfloat16 by default. Its expanded twin computes the same function without sharing; its
+vanilla twin is the one-stage top-8 MoE of the same experts. Each twin is written as a vLLM
+model directory (deamoe_trt.runtimes.vllm.model_dir) and gets an engine; the three engines
+are resident at once.
+
+Method: for each number of sequences c, `--rounds` rounds; in each round the twins take turns
+(the order rotates every round) on the same c random prompts of `--prompt` tokens, greedy,
+end-of-text ignored: once with max_tokens 1 (prefill and first token, T1) and once with
+max_tokens `--tokens` (T). TPOT = (T - T1) / (tokens - 1): one decode step of the whole batch
+of c; throughput = c * tokens / T. Medians over rounds. The engines run eagerly
+(enforce_eager: no torch.compile), the same for all three twins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from ..errors import DeaMoEError, UsageError, one_line
+from ..report import format_table
+from .lm_bench import TWINS, bench_config
+from .machine import load_average, machine_info
+
+CONCURRENCY = (1, 2, 4, 8, 16)
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def write_twins(directory: Path, *, layers: int, departments: int, dtype: torch.dtype, seed: int) -> dict[str, Path]:
+    """The DeaMoE model and its twins as vLLM model directories under directory."""
+    from ..lm.model import DeaMoELM
+    from ..lm.tokenizer import ByteTokenizer
+    from ..runtimes.vllm.model_dir import write_lm_dir
+
+    config = bench_config(layers, departments)
+    model = DeaMoELM.random(config, seed=seed, dtype=dtype)
+    tokenizer = ByteTokenizer(vocab_size=config.vocab_size)
+    return {twin: write_lm_dir(model.twin(twin), tokenizer, directory / twin) for twin in TWINS}
+
+
+def _timed(llm, prompts, max_tokens: int) -> float:
+    import vllm
+
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    if any(len(o.outputs[0].token_ids) != max_tokens for o in outputs):
+        raise DeaMoEError("an engine returned fewer tokens than asked for")
+    return elapsed
+
+
+def run_vllm_bench(
+    *,
+    layers: int = 2,
+    departments: int = 4,
+    dtype: str = "bfloat16",
+    concurrency: tuple[int, ...] = CONCURRENCY,
+    tokens: int = 16,
+    prompt: int = 16,
+    rounds: int = 3,
+    memory_fraction: float = 0.12,
+    seed: int = 0,
+    progress=print,
+) -> dict:
+    import vllm
+
+    if tokens < 2:
+        raise UsageError(f"--tokens must be >= 2 (TPOT needs a decode step after the first token), got {tokens}")
+    gen = torch.Generator().manual_seed(seed + 1)
+    vocab = bench_config(layers, departments).vocab_size
+    prompts = {
+        c: [
+            vllm.TokensPrompt(prompt_token_ids=torch.randint(0, vocab, (prompt,), generator=gen).tolist())
+            for _ in range(c)
+        ]
+        for c in concurrency
+    }
+    times: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    load_before = load_average()
+    with tempfile.TemporaryDirectory(prefix="deamoe-vllm-bench-") as tmp:
+        progress(f"writing the three twins ({layers} blocks, {departments} departments, {dtype})")
+        directories = write_twins(Path(tmp), layers=layers, departments=departments, dtype=DTYPES[dtype], seed=seed)
+        engines = {}
+        for twin, directory in directories.items():
+            progress(f"starting the {twin} engine")
+            engines[twin] = vllm.LLM(
+                str(directory),
+                dtype=dtype,
+                enforce_eager=True,
+                max_model_len=prompt + tokens + 8,
+                max_num_seqs=max(concurrency),
+                gpu_memory_utilization=memory_fraction,
+                seed=seed,
+            )
+        for llm in engines.values():  # untimed warm-up of every batch size
+            for c in concurrency:
+                _timed(llm, prompts[c], 2)
+        for c in concurrency:
+            for r in range(rounds):
+                order = TWINS[r % len(TWINS) :] + TWINS[: r % len(TWINS)]
+                for twin in order:
+                    first = _timed(engines[twin], prompts[c], 1)
+                    total = _timed(engines[twin], prompts[c], tokens)
+                    times.setdefault((twin, c), []).append((first, total))
+            progress(f"{c} sequences done")
+        for llm in engines.values():
+            llm.llm_engine.engine_core.shutdown()
+    rows = []
+    for c in concurrency:
+        for twin in TWINS:
+            runs = times[(twin, c)]
+            tpot = statistics.median((total - first) / (tokens - 1) for first, total in runs)
+            throughput = statistics.median(c * tokens / total for _, total in runs)
+            rows.append({"sequences": c, "twin": twin, "tpot_s": tpot, "tokens_per_s": throughput})
+    return {
+        "config": {
+            "layers": layers,
+            "departments": departments,
+            "dtype": dtype,
+            "tokens": tokens,
+            "prompt": prompt,
+            "rounds": rounds,
+            "seed": seed,
+        },
+        "vllm": vllm.__version__,
+        "machine": machine_info(int(os.environ.get("OMP_NUM_THREADS", "0")) or os.cpu_count() or 1),
+        "load_average_before": load_before,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": _commit(),
+        "rows": rows,
+    }
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def vllm_bench_table(result: dict) -> str:
+    by = {(r["twin"], r["sequences"]): r for r in result["rows"]}
+    lines = []
+    for r in result["rows"]:
+        mine, expanded, vanilla = r, by[("expanded", r["sequences"])], by[("vanilla", r["sequences"])]
+        lines.append(
+            (
+                r["sequences"],
+                r["twin"],
+                f"{mine['tokens_per_s']:.1f}",
+                f"{mine['tpot_s'] * 1e3:.1f}",
+                f"{expanded['tpot_s'] / mine['tpot_s']:.2f}x",
+                f"{vanilla['tpot_s'] / mine['tpot_s']:.2f}x",
+            )
+        )
+    c = result["config"]
+    title = (
+        f"vLLM {result['vllm']}, {c['layers']} blocks, {c['departments']} departments of 8 experts, {c['dtype']}: "
+        f"{c['prompt']}-token prompts, {c['tokens']} new tokens, median of {c['rounds']} interleaved rounds"
+    )
+    loads = [result.get("load_average_before"), result["machine"].get("load_average")]
+    if all(loads):
+        title += f"; load average {loads[0][0]:.1f} before, {loads[1][0]:.1f} after"
+    return format_table(
+        ("sequences", "model", "tokens/s", "TPOT ms", "expanded TPOT / this", "vanilla TPOT / this"),
+        lines,
+        title=title,
+        align="rlrrrr",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deamoe_trt.bench.vllm_bench", description=__doc__)
+    parser.add_argument("--layers", type=int, default=2, help="decoder blocks (default 2)")
+    parser.add_argument("--departments", type=int, default=4, help="departments of 8 experts per block (default 4)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16", help="default bfloat16")
+    parser.add_argument(
+        "--concurrency", default=",".join(map(str, CONCURRENCY)), help="sequences per batch (default 1,2,4,8,16)"
+    )
+    parser.add_argument("--tokens", type=int, default=16, help="new tokens per sequence (default 16)")
+    parser.add_argument("--prompt", type=int, default=16, help="prompt tokens (default 16)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per batch size (default 3)")
+    parser.add_argument("--memory-fraction", type=float, default=0.12, help="each engine's CPU memory share")
+    parser.add_argument("--json", type=Path, default=None, help="write the raw result here")
+    args = parser.parse_args(argv)
+    try:
+        concurrency = tuple(int(part) for part in args.concurrency.split(","))
+        result = run_vllm_bench(
+            layers=args.layers,
+            departments=args.departments,
+            dtype=args.dtype,
+            concurrency=concurrency,
+            tokens=args.tokens,
+            prompt=args.prompt,
+            rounds=args.rounds,
+            memory_fraction=args.memory_fraction,
+            progress=lambda text: print(text, file=sys.stderr, flush=True),
+        )
+    except (DeaMoEError, ValueError) as exc:
+        print(f"{parser.prog}: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    print(vllm_bench_table(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
+    sys.exit(main())

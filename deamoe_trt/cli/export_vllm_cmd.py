@@ -1,0 +1,36 @@
+"""`deamoe-trt export-vllm`: a language-model checkpoint as a model directory vLLM serves.
+
+DIR holds config.json (architecture DeaMoEForCausalLM, the LM config), model.safetensors, the
+tokenizer and a chat template. With deamoe-trt installed beside vLLM (its plugin registers the
+architecture): `vllm serve DIR`, `python -m deamoe_trt.runtimes.vllm.serve DIR`, or
+`vllm.LLM(DIR)`. See docs/serving.md.
+"""
+
+from __future__ import annotations
+
+from . import args as common
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "export-vllm",
+        help="export a language-model checkpoint as a vLLM model directory (DeaMoE plugin architecture)",
+        description=__doc__,
+    )
+    common.add_checkpoint(parser, help="language-model checkpoint directory (trained, imported or converted)")
+    common.add_output(parser, help="vLLM model directory to write", directory=True)
+    parser.add_argument(
+        "--twin",
+        choices=("deamoe", "expanded", "vanilla"),
+        default="deamoe",
+        help="export the model (default), its expanded twin (same outputs, no sharing) or its vanilla twin",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..runtimes.vllm.model_dir import write_model_dir
+
+    out = write_model_dir(args.checkpoint, args.output, twin=args.twin)
+    print(f"wrote {out} (vLLM model directory, {args.twin}; serve it with: vllm serve {out})")
+    return 0

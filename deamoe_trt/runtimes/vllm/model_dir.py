@@ -1,0 +1,137 @@
+"""`deamoe-trt export-vllm`: a language-model checkpoint as a Hugging Face-style model directory
+that vLLM serves with deamoe-trt's plugin (`vllm serve DIR`, `vllm.LLM(DIR)`).
+
+The directory holds:
+- config.json: the Hugging Face keys vLLM reads, "architectures": ["DeaMoEForCausalLM"],
+  "model_type": "deamoe", and the whole LMConfig under "deamoe_lm" (hf_config.hf_fields);
+- model.safetensors: the model's tensors under their deamoe-trt checkpoint names and dtype;
+- the tokenizer: a Hugging Face tokenizer's own files, or for the byte tokenizer a byte-level
+  tokenizer.json (deamoe_trt.lm.tokenizer.byte_level_tokenizer_json) that splits text into
+  the same ids;
+- a chat template (the tokenizer's, or for the byte tokenizer one that passes the user's
+  text through, as `deamoe-trt generate` feeds it) and generation_config.json.
+
+Written into a temporary folder beside DIR and moved in file by file, config.json last, so a
+failed export leaves nothing vLLM would load. No vLLM is needed to write it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
+
+from ...checkpoint import CONFIG_FILE, WEIGHTS_FILE, dtype_name
+from ...errors import UsageError, one_line
+from ...lm.checkpoint import load_lm, read_lm_header, stored_state
+from ...lm.config import LMConfig
+from ...lm.model import DeaMoELM
+from ...lm.tokenizer import ByteTokenizer, HFTokenizer, NoTokenizer, Tokenizer, byte_level_tokenizer_json
+from .checks import check_servable
+
+# The byte tokenizer's models continue text: the template passes the messages' text through.
+BYTE_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
+
+MODEL_TYPE = "deamoe"
+ARCHITECTURE = "DeaMoEForCausalLM"
+
+
+def hf_fields(config: LMConfig) -> dict[str, Any]:
+    """The Hugging Face keys vLLM reads for scheduling and KV-cache sizing, and the LMConfig.
+
+    No top-level sliding_window: vLLM would apply it to every block; the model class gives
+    each block its own window from the LMConfig."""
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": MODEL_TYPE,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "max_position_embeddings": config.max_position_embeddings,
+        "rms_norm_eps": config.rms_norm_eps,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "deamoe_lm": config.to_dict(),
+    }
+
+
+def write_model_dir(checkpoint: str | Path, directory: str | Path, *, twin: str = "deamoe") -> Path:
+    """Write the vLLM model directory of the LM checkpoint (or of its expanded or vanilla twin,
+    for comparisons); see the module docstring."""
+    checkpoint, directory = Path(checkpoint), Path(directory)
+    header = read_lm_header(checkpoint)  # refuse a bad config before reading any weights
+    check_servable(header["config"])
+    check_tokenizer(header["tokenizer"])
+    if directory.exists() and directory.resolve() == checkpoint.resolve():
+        raise UsageError(f"the vLLM model directory must differ from the checkpoint {checkpoint}")
+    loaded = load_lm(checkpoint)
+    return write_lm_dir(loaded.model.twin(twin), loaded.tokenizer, directory)
+
+
+def check_tokenizer(tokenizer: Tokenizer) -> None:
+    if isinstance(tokenizer, NoTokenizer):
+        raise UsageError(
+            "this model has no tokenizer, and vLLM needs one; import it again from a Hugging Face directory "
+            "with tokenizer.json"
+        )
+
+
+def write_lm_dir(model: DeaMoELM, tokenizer: Tokenizer, directory: str | Path) -> Path:
+    """Write model and tokenizer as a vLLM model directory; see the module docstring."""
+    directory = Path(directory)
+    config = model.config
+    check_servable(config)
+    check_tokenizer(tokenizer)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"cannot write the vLLM model directory {directory}: a file is in the way")
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
+    except OSError as exc:
+        raise UsageError(f"cannot write {directory}: {one_line(exc)}") from None
+    try:
+        tensors = {name: t.detach().cpu().contiguous() for name, t in stored_state(model.state_dict(), config).items()}
+        save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
+        eos = _write_tokenizer(tokenizer, staging)
+        generation = {"eos_token_id": eos} if eos is not None else {}
+        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        hf = {**hf_fields(config), "dtype": dtype_name(model.dtype)}
+        if eos is not None:
+            hf["eos_token_id"] = eos
+        (staging / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
+        directory.mkdir(exist_ok=True)
+        names = sorted(p.name for p in staging.iterdir())
+        for name in sorted(names, key=lambda n: n == CONFIG_FILE):
+            os.replace(staging / name, directory / name)
+    except OSError as exc:
+        raise UsageError(f"cannot write {directory}: {one_line(exc)}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return directory
+
+
+def _write_tokenizer(tokenizer: Tokenizer, folder: Path) -> int | None:
+    """The tokenizer files and chat template into folder; returns the end-of-text id (None:
+    the byte tokenizer's models have none, so generation runs to max_tokens)."""
+    if isinstance(tokenizer, HFTokenizer):
+        tokenizer.save(folder)
+        eos = tokenizer.eos_ids()
+        return eos[0] if eos else None
+    assert isinstance(tokenizer, ByteTokenizer)
+    (folder / "tokenizer.json").write_text(json.dumps(byte_level_tokenizer_json(tokenizer)))
+    settings = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "add_prefix_space": False,
+        "model_max_length": 10**6,
+        "chat_template": BYTE_CHAT_TEMPLATE,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+    return None

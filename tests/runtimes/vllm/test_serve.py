@@ -1,0 +1,144 @@
+"""vLLM's OpenAI-compatible server on loopback, started by deamoe-trt's launcher: concurrent
+streaming clients each get exactly their own prompt's greedy continuation (the reference
+decoder's), with nothing lost or mixed up. Bounded: one server, a fixed number of requests,
+each with a deadline; the server is stopped at the end whatever happens."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from deamoe_trt.lm import load_lm
+from deamoe_trt.lm.generate import TorchDecoder, generate
+from deamoe_trt.runtimes.vllm.model_dir import write_model_dir
+
+from .conftest import CPU_MEMORY_FRACTION, ROOT, TINY_LM, vllm_or_skip
+
+vllm_or_skip()
+pytestmark = pytest.mark.slow
+
+CLIENTS = 4
+REQUESTS_PER_CLIENT = 3
+STARTUP_S = 300
+REQUEST_S = 120
+WORDS = ("Anne", "Captain Wentworth", "Lady Russell", "Mary", "Kellynch", "Bath", "Louisa", "Uppercross")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    directory = write_model_dir(TINY_LM, tmp_path_factory.mktemp("vllm") / "tiny-lm")
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("log") / "server.log"
+    log = log_path.open("w")
+    command = [
+        sys.executable,
+        "-m",
+        "deamoe_trt.runtimes.vllm.serve",
+        str(directory),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "256",
+        "--max-num-seqs",
+        str(CLIENTS),
+        "--gpu-memory-utilization",
+        str(CPU_MEMORY_FRACTION),
+        "--served-model-name",
+        "tiny-lm",
+    ]
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_S
+        while True:
+            if proc.poll() is not None:
+                log.flush()
+                pytest.fail(f"the server exited with {proc.returncode}: {log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=5) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"the server did not answer /health within {STARTUP_S} s")
+            time.sleep(1)
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        log.close()
+
+
+def stream_completion(base: str, prompt: str, max_tokens: int) -> tuple[str, list[int], str | None]:
+    """One streaming /v1/completions request: its text, its token ids and its finish reason."""
+    body = {
+        "model": "tiny-lm",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "return_token_ids": True,
+    }
+    request = urllib.request.Request(
+        f"{base}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    text, ids, finish = [], [], None
+    with urllib.request.urlopen(request, timeout=REQUEST_S) as reply:
+        for raw in reply:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[len("data: ") :])["choices"]:
+                text.append(choice.get("text") or "")
+                ids.extend(choice.get("token_ids") or [])
+                finish = choice.get("finish_reason") or finish
+    return "".join(text), ids, finish
+
+
+def test_concurrent_streaming_clients_each_get_their_own_greedy_continuation(server):
+    loaded = load_lm(TINY_LM)
+    jobs = [
+        (f"{WORDS[(c * REQUESTS_PER_CLIENT + r) % len(WORDS)]} was ", 8 + 5 * c + 3 * r)
+        for c in range(CLIENTS)
+        for r in range(REQUESTS_PER_CLIENT)
+    ]
+    jobs = [(f"{prompt}{'very ' * (i % 3)}", n) for i, (prompt, n) in enumerate(jobs)]  # distinct prompts
+
+    def client(c: int):
+        mine = jobs[c * REQUESTS_PER_CLIENT : (c + 1) * REQUESTS_PER_CLIENT]
+        return [stream_completion(server, prompt, n) for prompt, n in mine]
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        results = [r for per_client in pool.map(client, range(CLIENTS)) for r in per_client]
+    assert len(results) == len(jobs)
+    for (prompt, n), (text, ids, finish) in zip(jobs, results, strict=True):
+        expected = generate(TorchDecoder(loaded.model), loaded.tokenizer.encode(prompt), n).new_ids
+        assert ids == expected, prompt
+        assert text == loaded.tokenizer.decode(expected), prompt
+        assert finish == "length"
