@@ -17,15 +17,18 @@ namespace detail
 // 3 that ~150 registers allow, a third more loads in flight per SM; below that the
 // registers allow more blocks than are needed. (K2 spills at 128: its shared-down and
 // routing roles need more.) int4 at 16 tokens: 3, it spills at 128 on sm_86/87/89 (and
-// int8 spills on sm_110 at 3, not at 4: ptxas).
-template <int TT, int BITS>
+// int8 spills on sm_110 at 3, not at 4: ptxas). float32 activations at 16 tokens: 3 too,
+// as the gate/up biases and the clamped activation of the epilogue spill them at 128 on
+// sm_86/87/89 (float32 is the reference dtype, not the one a device decodes in).
+template <class T, int TT, int BITS>
 struct GateUpMinBlocks
 {
-    static constexpr int value = TT >= 16 ? (BITS == 4 ? 3 : 4) : 1;
+    static constexpr bool kWide = BITS == 4 || (BITS == 0 && sizeof(T) == 4);
+    static constexpr int value = TT >= 16 ? (kWide ? 3 : 4) : 1;
 };
 
 template <class T, int TT, int BITS>
-__global__ void __launch_bounds__(kGemvThreads, GateUpMinBlocks<TT, BITS>::value)
+__global__ void __launch_bounds__(kGemvThreads, GateUpMinBlocks<T, TT, BITS>::value)
     routerSharedKernel(GateUpArgs<T> const args)
 {
     beginDependentKernel();
