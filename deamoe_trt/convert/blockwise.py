@@ -104,13 +104,7 @@ def convert_lm_blockwise(
     for k in range(done, config.num_layers):
         start = time.perf_counter()
         block = _source_block(index, config, dtype, k)
-        ffn_in: list[torch.Tensor] = []
-        hook = block.post_attention_layernorm.register_forward_hook(
-            lambda _m, _i, out: ffn_in.append(out.detach().reshape(-1, out.shape[-1]))
-        )
-        with torch.no_grad():
-            after = {name: block(x, cos, sin, None)[0] for name, x in hidden.items()}
-        hook.remove()
+        after, ffn_in = _run_block(block, hidden, cos, sin)
         entry: dict[str, Any] = {"block": k}
         if block.is_moe:
             x, x_held = ffn_in
@@ -140,6 +134,20 @@ def convert_lm_blockwise(
     summary = _assemble(source, output, index, config, dtype, tokenizer, state, settings)
     shutil.rmtree(work, ignore_errors=True)
     return summary
+
+
+def _run_block(block: Block, hidden: dict[str, torch.Tensor], cos, sin):
+    """The block's outputs on each set of hidden states, and its FFN inputs [N, d] on each."""
+    ffn_in: list[torch.Tensor] = []
+    hook = block.post_attention_layernorm.register_forward_hook(
+        lambda _m, _i, out: ffn_in.append(out.detach().reshape(-1, out.shape[-1]))
+    )
+    try:
+        with torch.no_grad():
+            after = {name: block(x, cos, sin, None)[0] for name, x in hidden.items()}
+    finally:
+        hook.remove()
+    return after, ffn_in
 
 
 def _dtype(name: str) -> torch.dtype:

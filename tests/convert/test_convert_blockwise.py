@@ -39,7 +39,8 @@ def argv(src, out, tmp_path, *extra):
 
 def test_block_by_block_gives_the_in_memory_conversion(source, tmp_path):
     model, src = source
-    blockwise.convert_lm_blockwise(src, tmp_path / "out", SETTINGS, TEXT, log=open("/dev/null", "w"))
+    with open(tmp_path / "log.txt", "w") as log:
+        blockwise.convert_lm_blockwise(src, tmp_path / "out", SETTINGS, TEXT, log=log)
     got = load_lm(tmp_path / "out").model
     expected, _ = convert_model(lm_source(model, ByteTokenizer(), TEXT), SETTINGS, compare=False, progress=False)
     assert got.config.moe == expected.lm.config.moe
