@@ -181,7 +181,7 @@ def _run(args) -> int:
         else:
             text = read_text(args.calibration)
         if args.no_compare and not args.heal_steps and not args.plot:
-            return _run_blockwise(args, settings, text)
+            return _run_blockwise(args, settings, text, data)
         loaded = load_lm(args.source)
         for i in loaded.model.moe_layers():  # dense blocks stay as they are
             settings.check(loaded.model.layers[i].mlp.config)
@@ -233,14 +233,15 @@ def _run(args) -> int:
     return 0
 
 
-def _run_blockwise(args, settings, text) -> int:
+def _run_blockwise(args, settings, text, data) -> int:
     """A language model without baselines or healing: one block at a time, resumable."""
     from .._io import atomic_write_text
     from ..convert.blockwise import convert_lm_blockwise
 
     summary = convert_lm_blockwise(args.source, args.output, settings, text, heldout_fraction=args.heldout_fraction)
     if args.report:
-        atomic_write_text(args.report, json.dumps(summary, indent=2) + "\n")
+        report = {**summary, **({"data": data.summary} if data is not None else {})}
+        atomic_write_text(args.report, json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.report}")
     errors = ", ".join(f"{e:.4f}" for e in summary["relative_error"])
     print(f"held-out FFN relative error per block: {errors}")

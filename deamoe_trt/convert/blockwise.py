@@ -131,7 +131,17 @@ def convert_lm_blockwise(
         print(
             f"convert: block {k + 1}/{config.num_layers} in {entry['seconds']:.1f} s{error}; ETA {eta:.0f} s", file=log
         )
-    summary = _assemble(source, output, index, config, dtype, tokenizer, state, settings)
+    described = {
+        "layers": len(moe),
+        "num_experts": config.moe.num_experts,
+        "expert_width": config.moe.expert_intermediate_size,
+        "top_k": config.moe.top_k,
+        "hidden_size": config.hidden_size,
+        "calibration_tokens": calibration.shape[0] * length,
+        "heldout_tokens": heldout.shape[0] * length,
+        "kind": "language model",
+    }
+    summary = _assemble(source, output, index, config, dtype, tokenizer, state, settings, described)
     shutil.rmtree(work, ignore_errors=True)
     return summary
 
@@ -233,7 +243,7 @@ def _save(path: Path, tensors: dict[str, torch.Tensor]) -> None:
         save_file({n: t.contiguous() for n, t in tensors.items()}, str(tmp))
 
 
-def _assemble(source, output, index, config, dtype, tokenizer, state, settings) -> dict[str, Any]:
+def _assemble(source, output, index, config, dtype, tokenizer, state, settings, described) -> dict[str, Any]:
     """The converted checkpoint: each tensor streamed from its block file or the source."""
     from ..config import DeaMoEConfig
 
@@ -271,6 +281,7 @@ def _assemble(source, output, index, config, dtype, tokenizer, state, settings) 
         reader.close()
     summary = {
         "converted_from": str(source),
+        "source": described,
         "method": "converted (block by block)",
         "department_score": score,
         "expert_order": [b["order"] for b in blocks],
