@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import DeaMoEConfig
+from .errors import UsageError
 from .presets import PRESETS
 from .quant import QuantConfig
 from .report import format_bytes, format_table
@@ -31,6 +32,16 @@ DEVICES = (
 RESERVE_BYTES = 2 * GIB
 KV_TOKENS = 4096
 FP16 = 2
+# Each build target's memory: the smallest device it is for (--device-memory overrides), and
+# whether CPU and GPU share it (Jetson). The names are deamoe_trt.trt.targets' profiles.
+TARGET_MEMORY = {
+    "orin-nano": (8 * GIB, True),
+    "orin": (16 * GIB, True),
+    "thor": (128 * GIB, True),
+    "a40": (48 * GIB, False),
+    "h100": (80 * GIB, False),
+    "h200": (141 * GIB, False),
+}
 # The precisions compared: (label, quantization of the FFN weights or None for fp16).
 PRECISIONS = (("fp16", None), ("int8", QuantConfig(8, 64)), ("int4", QuantConfig(4, 64)))
 
@@ -323,6 +334,62 @@ def preset_layers() -> list[WholeModel]:
     return [WholeModel(f"{name} (one layer)", config, 1, 0, 0) for name, config in PRESETS.items()]
 
 
+@dataclass(frozen=True)
+class MemoryNeed:
+    """What running a model, or building its TensorRT engine, takes on a device, by part.
+
+    Device: the weights, the activations (KV cache, per-step tensors), the builder's
+    workspace pool and the reserve for the OS and runtime. Host: the builder holds the
+    parsed weights and the serialized engine (about the weights again) in host memory; on a
+    shared-memory device (Jetson) host and device are one memory, so both count there."""
+
+    weights: int
+    activations: int
+    workspace: int = 0
+    reserve: int = RESERVE_BYTES
+    shared: bool = True
+
+    @property
+    def device(self) -> int:
+        return self.weights + self.activations + self.workspace + self.reserve
+
+    @property
+    def host(self) -> int:
+        return 2 * self.weights + self.reserve
+
+    @property
+    def total(self) -> int:
+        """What the device's own memory must hold: the device part, plus the host part when shared."""
+        return self.device + (2 * self.weights if self.shared else 0)
+
+    def fits(self, memory: int) -> bool:
+        return self.total <= memory
+
+    def text(self) -> str:
+        parts = (
+            f"weights {format_bytes(self.weights)} + activations {format_bytes(self.activations)} + "
+            f"workspace {format_bytes(self.workspace)} + reserve {format_bytes(self.reserve)}"
+        )
+        host = f"host {format_bytes(self.host)} (parsed weights and the engine)"
+        if self.shared:
+            device = f"device {format_bytes(self.device)} ({parts})"
+            return f"{device} and {host}, in one shared memory: {format_bytes(self.total)}"
+        return f"device {format_bytes(self.device)} ({parts}); {host}"
+
+    def check(self, memory: int, where: str) -> None:
+        """A one-line UsageError when the need exceeds memory bytes of `where`."""
+        if not self.fits(memory):
+            raise UsageError(
+                f"{where} has {format_bytes(memory)}; this needs {format_bytes(self.total)}: {self.text()}"
+            )
+
+
+def run_need(model: WholeModel, quant: QuantConfig | None) -> MemoryNeed:
+    """Decoding model on a shared-memory device: weights and a KV_TOKENS-token cache (what --fit counts)."""
+    kv = model.kv_bytes_per_token * KV_TOKENS + model.kv_fixed_bytes
+    return MemoryNeed(model.weight_bytes(quant), kv, shared=False)
+
+
 def format_count(n: int) -> str:
     for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= scale:
@@ -337,8 +404,8 @@ def fit_table(models: list[WholeModel] | None = None) -> str:
     for model in models:
         for label, quant in PRECISIONS:
             weights = model.weight_bytes(quant)
-            need = weights + model.kv_bytes_per_token * KV_TOKENS + model.kv_fixed_bytes + RESERVE_BYTES
-            cells = [f"{'yes' if memory >= need else 'no'}" for _, memory in DEVICES]
+            need = run_need(model, quant)
+            cells = [f"{'yes' if need.fits(memory) else 'no'}" for _, memory in DEVICES]
             rows.append((model.name, label, format_count(model.params), format_bytes(weights), *cells))
     return format_table(
         ("model", "FFN weights", "params", "weights", *(name for name, _ in DEVICES)),

@@ -58,6 +58,12 @@ def register(subparsers) -> None:
         help="TensorRT 10: let the target's fp16/bf16 flag lower float32 layers",
     )
     parser.add_argument("--workspace", type=_mib, metavar="MiB", help="override the target's workspace pool limit")
+    parser.add_argument(
+        "--device-memory",
+        type=float,
+        metavar="GB",
+        help="the device's memory, for the fit check (default: the target's smallest device, or this GPU's)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="TensorRT's INFO messages too")
     parser.set_defaults(func=run, strongly_typed=None)
 
@@ -87,6 +93,7 @@ def run(args) -> int:
             timing_cache=args.timing_cache,
             strongly_typed=args.strongly_typed,
             workspace_mib=args.workspace,
+            device_memory=int(args.device_memory * 2**30) if args.device_memory else None,
             verbose=args.verbose,
         )
     )

@@ -99,7 +99,12 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--plot", metavar="R.png", help="also convert at shared fractions 0.25/0.5/0.75 and plot quality against it"
     )
-    parser.add_argument("--no-compare", action="store_true", help="skip the naive and merged baselines")
+    parser.add_argument(
+        "--no-compare",
+        action="store_true",
+        help="skip the baselines; a language model without --heal-steps or --plot is then converted one block at "
+        "a time in bounded memory, and a killed run rerun with the same arguments resumes (OUTPUT.work)",
+    )
     parser.add_argument("--threads", type=common.positive_int, default=1, help="torch CPU threads (default 1)")
     common.add_seed(parser)
     parser.set_defaults(func=run)
@@ -153,17 +158,17 @@ def _run(args) -> int:
     is_lm = is_lm_checkpoint(args.source)
     data = None
     if is_lm:
-        from ..lm.checkpoint import load_lm
+        from ..lm.checkpoint import load_lm, read_lm_header
         from ..lm.train import shipped_text
 
-        loaded = load_lm(args.source)
+        header = read_lm_header(args.source)
         if args.data:
             from ..convert.data import read_tokens
 
-            window = min(128, loaded.model.config.max_position_embeddings - 1) + 1
+            window = min(128, header["config"].max_position_embeddings - 1) + 1
             data = read_tokens(
                 args.data,
-                loaded.tokenizer,
+                header["tokenizer"],
                 budget=args.data_tokens,
                 heldout_fraction=args.heldout_fraction,
                 window=window,
@@ -175,6 +180,9 @@ def _run(args) -> int:
             text = read_calibration_tensor(args.calibration, "input_ids")
         else:
             text = read_text(args.calibration)
+        if args.no_compare and not args.heal_steps and not args.plot:
+            return _run_blockwise(args, settings, text, data)
+        loaded = load_lm(args.source)
         for i in loaded.model.moe_layers():  # dense blocks stay as they are
             settings.check(loaded.model.layers[i].mlp.config)
         source = lm_source(
@@ -222,4 +230,20 @@ def _run(args) -> int:
         write_plot(report, args.plot)
         print(f"wrote {args.plot}")
     print(f"wrote {out} ({result.name}, department score {result.layers[0].config.department_score})")
+    return 0
+
+
+def _run_blockwise(args, settings, text, data) -> int:
+    """A language model without baselines or healing: one block at a time, resumable."""
+    from .._io import atomic_write_text
+    from ..convert.blockwise import convert_lm_blockwise
+
+    summary = convert_lm_blockwise(args.source, args.output, settings, text, heldout_fraction=args.heldout_fraction)
+    if args.report:
+        report = {**summary, **({"data": data.summary} if data is not None else {})}
+        atomic_write_text(args.report, json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.report}")
+    errors = ", ".join(f"{e:.4f}" for e in summary["relative_error"])
+    print(f"held-out FFN relative error per block: {errors}")
+    print(f"wrote {args.output} (converted block by block, department score {summary['department_score']})")
     return 0

@@ -48,22 +48,8 @@ def lm_source(
     """text: a string (encoded with tokenizer) or token ids (any shape, read in order).
     heal_on_all: healing reads every window of the calibration part (data read with
     --data), not only the CALIBRATION_WINDOWS the fit sees."""
-    if isinstance(text, torch.Tensor):
-        ids = text.reshape(-1).long()
-        vocab = lm.config.vocab_size
-        if ids.numel() and not (int(ids.min()) >= 0 and int(ids.max()) < vocab):
-            raise UsageError(f"calibration token ids must be in [0, {vocab}), got {int(ids.min())}..{int(ids.max())}")
-    else:
-        ids = torch.tensor(tokenizer.encode(text, what="the calibration text"), dtype=torch.long)
-    length = min(seq_len, lm.config.max_position_embeddings - 1) + 1
-    cut = int(len(ids) * (1 - heldout_fraction))
-    if cut < 2 * length or len(ids) - cut < length:
-        raise UsageError(
-            f"the calibration text is too short: {len(ids)} tokens; need at least {10 * length} "
-            f"(90% to calibrate, 10% held out, windows of {length})"
-        )
-    calibration = windows_of(ids[:cut], length, CALIBRATION_WINDOWS)
-    heldout = windows_of(ids[cut:], length, HELDOUT_WINDOWS)
+    ids, cut, calibration, heldout = lm_windows(lm.config, tokenizer, text, seq_len, heldout_fraction)
+    length = calibration.shape[1]
     return Source(
         layers=[lm.layers[i].mlp for i in lm.moe_layers()],  # dense blocks stay as they are
         calibration=source_lm_hidden(lm, calibration[:, :-1]),
@@ -73,6 +59,28 @@ def lm_source(
         heldout_windows=heldout,
         heal_windows=_all_windows(ids[:cut], length) if heal_on_all else None,
     )
+
+
+def lm_windows(
+    config, tokenizer, text: str | torch.Tensor, seq_len: int = 128, heldout_fraction: float = HELDOUT_FRACTION
+) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]:
+    """(token ids, where the held-out part starts, calibration windows, held-out windows) of
+    text for a model of config (an LMConfig); windows are [W, seq_len + 1] token ids."""
+    if isinstance(text, torch.Tensor):
+        ids = text.reshape(-1).long()
+        vocab = config.vocab_size
+        if ids.numel() and not (int(ids.min()) >= 0 and int(ids.max()) < vocab):
+            raise UsageError(f"calibration token ids must be in [0, {vocab}), got {int(ids.min())}..{int(ids.max())}")
+    else:
+        ids = torch.tensor(tokenizer.encode(text, what="the calibration text"), dtype=torch.long)
+    length = min(seq_len, config.max_position_embeddings - 1) + 1
+    cut = int(len(ids) * (1 - heldout_fraction))
+    if cut < 2 * length or len(ids) - cut < length:
+        raise UsageError(
+            f"the calibration text is too short: {len(ids)} tokens; need at least {10 * length} "
+            f"(90% to calibrate, 10% held out, windows of {length})"
+        )
+    return ids, cut, windows_of(ids[:cut], length, CALIBRATION_WINDOWS), windows_of(ids[cut:], length, HELDOUT_WINDOWS)
 
 
 def _all_windows(ids: torch.Tensor, length: int) -> torch.Tensor:

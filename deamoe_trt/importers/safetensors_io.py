@@ -31,6 +31,7 @@ ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
 ST_NAMES = {v: k for k, v in ST_DTYPES.items()}
 # Dtypes of packed (quantized) source tensors that an importer decodes itself, e.g. MXFP4 blocks.
 RAW_DTYPES = {"U8": torch.uint8}
+_WRITE_NAMES = {**ST_NAMES, **{v: k for k, v in RAW_DTYPES.items()}}
 INDEX_FILE = "model.safetensors.index.json"
 
 
@@ -179,7 +180,7 @@ class StreamingWriter:
             size = dtype.itemsize
             for n in shape:
                 size *= n
-            header[name] = {"dtype": ST_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+            header[name] = {"dtype": _WRITE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
             self._sizes[name] = size
             offset += size
         raw = json.dumps(header, separators=(",", ":")).encode()

@@ -17,12 +17,15 @@ from typing import TextIO
 from .._io import atomic_path
 from ..dtypes import DTYPES
 from ..errors import DeaMoEError, MissingDependencyError, UsageError
+from ..fit import TARGET_MEMORY, MemoryNeed
 from ..report import format_bytes
 from . import targets as tg
 from .onnx_info import ModelFacts, model_facts, read_metadata
 from .plugin import BUILD_HINT, PLUGIN_NAME, PluginChoice, load_plugin, resolve_plugin
 
 PRECISIONS = ("fp32", "fp16", "bf16")
+# ONNX TensorProto element types -> bytes (FLOAT, UINT8, INT8, INT32, INT64, FLOAT16, BFLOAT16).
+DTYPE_BYTES = {1: 4, 2: 1, 3: 1, 6: 4, 7: 8, 10: 2, 16: 2}
 
 
 # ---------------------------------------------------------------------------------------
@@ -178,6 +181,7 @@ class BuildOptions:
     timing_cache: str | None = None  # a path, "none", or None (per-target default)
     strongly_typed: bool | None = None  # None: decide (precision_plan); TensorRT 10 only
     workspace_mib: int | None = None  # override the target's memory-pool limit
+    device_memory: int | None = None  # bytes; override the target's (deamoe_trt.fit.TARGET_MEMORY)
     verbose: bool = False
     gpu: tg.GpuInfo | None = None  # injected by tests; queried otherwise
 
@@ -233,7 +237,47 @@ def check_request(options: BuildOptions) -> ModelFacts:
         raise UsageError(f"--workspace must be >= 1 MiB, got {options.workspace_mib}")
     if options.plugin is not None:
         resolve_plugin(options.plugin)  # a missing path is a usage error, TensorRT or not
+    if options.target != "auto":
+        memory, shared = TARGET_MEMORY[options.target]
+        check_memory(options, facts, tg.get_target(options.target), options.device_memory or memory, shared)
     return facts
+
+
+# Per-step tensors besides a graph's inputs and outputs (routing, expert activations, attention
+# scores) hold a few times theirs: an estimate, not TensorRT's own tactic choice.
+ACTIVATION_FACTOR = 4
+
+
+def build_need(options: BuildOptions, facts: ModelFacts, profile: tg.TargetProfile, shared: bool) -> MemoryNeed:
+    """The memory building (and then running) the model on profile's device takes: the
+    ONNX weights (external data included), activations of --max-tokens tokens, the workspace."""
+    import onnx
+
+    model = Path(options.model)
+    proto = onnx.load(str(model), load_external_data=False)
+    weights = model.stat().st_size
+    locations = {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}
+    weights += sum((model.parent / loc).stat().st_size for loc in locations if (model.parent / loc).is_file())
+    per_token = 0
+    for value in (*proto.graph.input, *proto.graph.output):
+        tensor = value.type.tensor_type
+        static = [d.dim_value for d in tensor.shape.dim if d.HasField("dim_value")]
+        size = DTYPE_BYTES.get(tensor.elem_type, 4)
+        for n in static:
+            size *= n
+        per_token += size
+    tokens = options.max_tokens or facts.max_tokens or profile.default_max_tokens
+    workspace = (options.workspace_mib << 20) if options.workspace_mib else profile.workspace_bytes
+    return MemoryNeed(weights, ACTIVATION_FACTOR * per_token * tokens, workspace, shared=shared)
+
+
+def check_memory(
+    options: BuildOptions, facts: ModelFacts, profile: tg.TargetProfile, memory: int, shared: bool
+) -> None:
+    """State the memory the build needs; a one-line UsageError when the device has less."""
+    need = build_need(options, facts, profile, shared)
+    print(f"[build] memory for {profile.name}: {need.text()}", file=sys.stderr)
+    need.check(memory, f"target {profile.name} ({format_bytes(memory)}{', shared by CPU and GPU' if shared else ''})")
 
 
 @dataclass
@@ -303,6 +347,8 @@ def _plan(trt, options: BuildOptions, facts: ModelFacts) -> _Plan:
     version = tensorrt_version(trt)
     gpu = options.gpu or query_gpu()
     profile = tg.resolve_target(options.target, gpu)
+    if options.target == "auto":  # the memory of the GPU found
+        check_memory(options, facts, profile, options.device_memory or gpu.total_memory, gpu.integrated)
     if version < profile.min_tensorrt:
         raise MissingDependencyError(
             f"the {profile.name} target needs TensorRT {profile.min_tensorrt[0]}.{profile.min_tensorrt[1]}+, "

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The whole pipeline on a synthetic checkpoint of a real model, each step timed:
+#   scripts/scale_pipeline.sh CONFIG LAYERS DIR
+# e.g. scripts/scale_pipeline.sh olmoe-1b-7b 4 /tmp/scale. Writes DIR/steps.tsv (step, wall s,
+# peak RSS KB, bytes written, command) and each step's log; DIR needs the checkpoint's size
+# about four times over (source, import, converted, int4 and its export).
+set -euo pipefail
+config=$1 layers=$2 dir=$3
+py=${PYTHON:-python}
+mkdir -p "$dir"
+tsv=$dir/steps.tsv
+printf 'step\twall_s\tpeak_rss_kb\tbytes\tcommand\n' >"$tsv"
+step() {  # step NAME OUTPUT CMD...
+  local name=$1 out=$2
+  shift 2
+  /usr/bin/time -v -o "$dir/$name.time" "$@" >"$dir/$name.log" 2>&1 || { cat "$dir/$name.log" >&2; exit 1; }
+  local wall rss bytes
+  wall=$(awk -F': ' '/Elapsed/ {n = split($2, t, ":"); s = 0; for (i = 1; i <= n; i++) s = s * 60 + t[i]; print s}' "$dir/$name.time")
+  rss=$(awk -F': ' '/Maximum resident/ {print $2}' "$dir/$name.time")
+  bytes=$( [ -e "$out" ] && du -sb "$out" | cut -f1 || echo 0)
+  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$wall" "$rss" "$bytes" "$*" >>"$tsv"
+  echo "$name: ${wall}s, peak RSS ${rss} KB, ${bytes} B" >&2
+}
+dt=deamoe_trt
+step synth "$dir/hf" $py -m $dt.bench.synth --config "$config" --layers "$layers" -o "$dir/hf"
+step import-hf "$dir/lm" $py -m $dt import-hf "$dir/hf" -o "$dir/lm"
+# Random token ids over the vocabulary as calibration: the synthetic tokenizer's words are not English.
+$py - "$dir/lm" "$dir/ids.safetensors" <<'PY'
+import json, sys, torch
+from safetensors.torch import save_file
+vocab = json.load(open(f"{sys.argv[1]}/config.json"))["config"]["vocab_size"]
+save_file({"input_ids": torch.randint(3, vocab, (12000,), generator=torch.Generator().manual_seed(0))}, sys.argv[2])
+PY
+step convert "$dir/conv" $py -m $dt convert "$dir/lm" -o "$dir/conv" --departments 8 --shared-fraction 0.25 \
+  --top-departments 4 --no-compare --calibration "$dir/ids.safetensors"
+step quantize "$dir/q4" $py -m $dt quantize "$dir/conv" -o "$dir/q4" --bits 4
+step export-lm "$dir/q4.onnx" $py -m $dt export-lm "$dir/q4" -o "$dir/q4.onnx" --form ort
+prompt="w100 w2000 w31 w4000 w5 w600 w7000 w8"
+step generate-ort "" $py -m $dt generate "$dir/q4" --prompt "$prompt" --max-new-tokens 16 --runtime ort
+step generate-cpu "" $py -m $dt generate "$dir/q4" --prompt "$prompt" --max-new-tokens 16 --runtime cpu
