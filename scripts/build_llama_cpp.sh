@@ -24,6 +24,13 @@ if [[ ! -f $src/CMakeLists.txt ]]; then
     tar -xzf "$sdist" -C "$dir"
 fi
 cd "$src"
-cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release
+# Without AMX: hosts that advertise AMX tiles but fault on them (SIGILL in ggml's AMX kernels
+# for Q8_0/Q4_0, as on the VMs this project benchmarks on) would crash llama.cpp; ggml then
+# takes its AVX-512/AVX2 repacked kernels. LLAMA_CPP_AMX=1 keeps AMX where it works.
+flags=""
+[[ ${LLAMA_CPP_AMX:-0} == 1 ]] || flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+[[ $(uname -m) == x86_64 ]] || flags=""
+cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags"
 cmake --build build -j"${JOBS:-2}" --target llama-bench llama-quantize llama-perplexity
 echo "llama.cpp binaries: $src/build/bin"

@@ -16,10 +16,11 @@ is how the tests compare llama.cpp's outputs with the PyTorch reference token by
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import re
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,6 @@ from ..errors import UsageError, one_line
 GGUF_TYPES = ("f16", "Q8_0", "Q4_0")
 # The llama.cpp file that stands beside a DeaMoE model of each weight precision.
 MATCHING_TYPE = {None: "f16", 8: "Q8_0", 4: "Q4_0"}
-_PPL = re.compile(r"Final estimate: PPL = ([0-9.eE+-]+|nan|inf)")
 
 
 @dataclass(frozen=True)
@@ -100,17 +100,23 @@ def bench(tools: LlamaTools, gguf: Path, *, tokens: int, depth: int, threads: in
 def perplexity(
     tools: LlamaTools, gguf: Path, text: Path, *, n_ctx: int, threads: int, chunks: int, logits: Path | None = None
 ) -> float:
-    """llama-perplexity's final estimate on the first `chunks` chunks of n_ctx tokens of text
-    (one sequence per batch); with logits, its log-probabilities also go to that file."""
-    argv = [str(tools.perplexity), "-m", str(gguf), "-f", str(text), "-c", str(n_ctx), "-b", str(n_ctx)]
-    argv += ["-t", str(threads), "--chunks", str(chunks)]
-    if logits is not None:
-        argv += ["--kl-divergence-base", str(logits)]
-    done = _run(argv)
-    found = _PPL.search(done.stdout + done.stderr)
-    if found is None:
-        raise UsageError(f"llama-perplexity printed no final estimate for {gguf.name}")
-    return float(found.group(1))
+    """llama-perplexity's perplexity on the first `chunks` chunks of n_ctx tokens of text (one
+    sequence per batch), from the log-probabilities it writes (to `logits`, else a temporary
+    file): its printed estimate goes through an asynchronous logger that can lose the last
+    lines when the process exits, the file is written before it does. A target under the
+    file's floor (16 nats below the top logit) counts at the floor."""
+    with contextlib.ExitStack() as stack:
+        if logits is None:
+            logits = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="llama-ppl-"))) / "logits.bin"
+        argv = [str(tools.perplexity), "-m", str(gguf), "-f", str(text), "-c", str(n_ctx), "-b", str(n_ctx)]
+        _run([*argv, "-t", str(threads), "--chunks", str(chunks), "--kl-divergence-base", str(logits)])
+        if not logits.is_file():
+            raise UsageError(f"llama-perplexity wrote no log-probabilities for {gguf.name}")
+        written = read_logits(logits)
+    first = n_ctx // 2
+    targets = written.tokens[:, first + 1 :]
+    picked = np.take_along_axis(written.log_probs, targets[..., None].astype(np.int64), axis=-1)
+    return math.exp(-float(picked.mean(dtype=np.float64)))
 
 
 @dataclass(frozen=True)

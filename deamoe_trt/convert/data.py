@@ -80,7 +80,9 @@ def _parquet_texts(path: Path) -> Iterator[str]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise MissingDependencyError(f"reading {path} needs pyarrow (pip install 'deamoe-trt[data]' or pip install pyarrow)") from None
+        raise MissingDependencyError(
+            f"reading {path} needs pyarrow (pip install 'deamoe-trt[data]' or pip install pyarrow)"
+        ) from None
     try:
         table = pq.ParquetFile(path)
     except Exception as exc:  # pyarrow's errors: not a parquet file, truncated, ...
