@@ -491,7 +491,7 @@ def lm_bench_table(result: dict) -> str:
 
 
 def _ppl(value: float | None) -> str:
-    return "" if value is None else f"{value:.4g}"
+    return "" if value is None else f"{value:.6g}"
 
 
 def _weights(config) -> str:
@@ -520,7 +520,8 @@ def write_plot(result: dict, path: Path) -> Path:
                 roofs.append(row.get("roof_ms") or 0)
         ax.bar(xs, ys, width, label=twin)
         ax.scatter(xs, roofs, marker="_", s=300, color="black", zorder=3)
-    ax.set_xticks(range(len(runtimes)), ["deamoe-trt CPU kernel" if r == "cpu" else "ONNX Runtime" for r in runtimes])
+    labels = {"cpu": "deamoe-trt CPU kernel", "ort": "ONNX Runtime", LLAMA: "llama.cpp (f16)"}
+    ax.set_xticks(range(len(runtimes)), [labels[r] for r in runtimes])
     ax.set_ylabel("TPOT, ms (median)")
     c = result["config"]
     weights = _weights(LMConfig.from_dict(c))
