@@ -165,7 +165,9 @@ def _save_lm(args, loaded, quantized, details: dict, perplexity) -> None:
     training = {**loaded.training, "quantization": record}
     path = save_lm(quantized, args.output, tokenizer=loaded.tokenizer, training=training)
     model = loaded.model
-    _print_written(args, f"{len(model.moe_layers())} DeaMoE FFN(s) of {len(model.layers)} block(s)", path)
+    what = f"{len(model.moe_layers())} DeaMoE FFN(s) of {len(model.layers)} block(s)"
+    parts = quantized.config.quantized_linears
+    _print_written(args, what + (f" and the {', '.join(parts)} projections" if parts else ""), path)
 
 
 def _quant_name(quant, linears: tuple[str, ...] = ()) -> str:
