@@ -102,12 +102,13 @@ def test_parts_without_quantization_a_tied_head_unknown_or_off_the_group_are_ref
     with pytest.raises(ConfigError, match="distinct parts of attention, dense, head"):
         CONFIG.replace(quantization=q, quantized_linears=("norms",))
     narrow = DeaMoELM.random(QUANTIZABLE_MICRO_LM, seed=0)  # its dense MLP is 24 wide
-    with pytest.raises(UsageError, match="input width of layers.1.mlp.down_proj is 24, not divisible by the group"):
+    with pytest.raises(UsageError, match=r"input width of layers\.1\.mlp\.down_proj is 24, not divisible by the group"):
         narrow.quantized(q, linears=("dense",))
 
 
 def test_onnx_export_refuses_quantized_projections_in_one_line(quantized):
-    with pytest.raises(UsageError, match=r"^the ONNX export takes quantized DeaMoE FFNs only; .*attention, dense, head"):
+    refused = r"^the ONNX export takes quantized DeaMoE FFNs only; .*attention, dense, head"
+    with pytest.raises(UsageError, match=refused):
         build_lm_model(quantized, "ort")
 
 
