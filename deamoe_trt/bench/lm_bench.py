@@ -28,12 +28,25 @@ The roof: the CPU kernel's streaming read bandwidth measured before and after.
 round to nearest, fp16 scales (deamoe_trt.lm.quantize); the ort runtime runs
 com.microsoft.QMoE, the CPU kernel its quantized path, and the FFN bytes are the packed
 codes plus scales each step's routing reads.
+
+`--llama-bench PATH` (a llama-bench binary; deamoe_trt.bench.llama_cpp): llama.cpp joins as a
+contender on the vanilla twin, written as a GGUF qwen3moe file at F16 (deamoe_trt.lm.gguf_export)
+and quantized by llama-quantize to Q8_0 and Q4_0 (from the floating-point twin, whatever
+--quantized says). Inside every runtime's step loop, at its start and half way, each file gets
+one llama-bench call of `llama_tokens` decode steps after a prompt-long context, so llama.cpp
+is timed on the machine as our contenders find it; its TPOT is the median over those calls.
+Its bytes per token are its GGUF's tensors (experts times top_k / N, one embedding row). Every
+model's quality is printed beside: perplexity on the held-out part of the shipped text by
+llama-perplexity's protocol (chunks of PPL_CONTEXT tokens, the second half of each counted),
+llama-perplexity itself for the GGUF files, the PyTorch reference for ours.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,9 +61,14 @@ from ..presets import get_preset
 from ..quant import QuantConfig
 from ..report import format_bytes, format_table
 from ..traffic import BYTES_PER_WEIGHT, weights_loaded
+from . import llama_cpp
 
 TWINS = ("deamoe", "expanded", "vanilla")
 RUNTIMES = ("cpu", "ort")
+LLAMA = "llama.cpp"
+PPL_CONTEXT = 128  # tokens per llama-perplexity chunk (the evaluation length of train-tiny)
+PPL_CHUNKS = 4
+LLAMA_ROUNDS = 2  # llama-bench calls per GGUF file and runtime phase
 
 
 ATTENTIONS = ("gqa", "mla")
@@ -151,12 +169,7 @@ def memory_estimate(config, runtime: str) -> int:
     kernel (cpu), or held by ONNX Runtime (ort: the fp16 arrays and, measured on 1.32 with
     com.microsoft.MoE, about three times as much again for its own copies: 7.7 GiB peak for
     the default 2 blocks of 4 departments, whose three twins' FFNs are 1.55 GB)."""
-    from ..layer import DeaMoELayer
-
-    def ffn_bytes(moe) -> int:
-        layer = DeaMoELayer(moe, dtype=torch.float16, device="meta")
-        return sum(t.numel() * 2 for t in layer.state_dict().values())
-
+    ffn_bytes = _ffn_bytes
     moe_blocks = config.num_layers - len(config.dense_layers)
     twins = sum(ffn_bytes(m) for m in (config.moe, config.moe.expanded(), config.moe.vanilla())) * moe_blocks
     base = ffn_bytes(config.moe) * moe_blocks + _other_bytes(config, 2)
@@ -164,6 +177,14 @@ def memory_estimate(config, runtime: str) -> int:
         return base + twins
     # While a twin's session is made, its PyTorch model and ONNX proto exist too.
     return base + 4 * twins + 2 * ffn_bytes(config.moe.vanilla()) * moe_blocks
+
+
+def _ffn_bytes(moe) -> int:
+    """One fp16 DeaMoE layer of config moe, in bytes."""
+    from ..layer import DeaMoELayer
+
+    layer = DeaMoELayer(moe, dtype=torch.float16, device="meta")
+    return sum(t.numel() * 2 for t in layer.state_dict().values())
 
 
 def _other_bytes(config, bytes_per_weight: int) -> int:
@@ -190,15 +211,23 @@ def run_lm_bench(
     max_memory: float = 8 * 2**30,
     quant: QuantConfig | None = None,
     attention: str = "gqa",
+    llama_bench: Path | None = None,
+    llama_tokens: int = 64,
+    gguf_dir: Path | None = None,
 ) -> dict:
     progress = progress or (lambda *_: None)
     from ..lm.model import DeaMoELM
-    from .bandwidth import kernel_bandwidth
 
     config = bench_config(layers, departments, attention=attention).replace(quantization=quant)
-    dtype = torch.float16
-    b = BYTES_PER_WEIGHT[dtype]
+    tools = None
+    if llama_bench is not None:
+        from ..lm.gguf_export import check_writable_as_gguf
+
+        tools = llama_cpp.LlamaTools.beside(llama_bench)
+        check_writable_as_gguf(config.replace(quantization=None).vanilla())
     need = max(memory_estimate(config, r) for r in runtimes)
+    # llama-bench maps its GGUF file (page cache, evictable; its repacked Q4_0 copy is a
+    # tenth of our twins' FFNs), so llama.cpp adds nothing here.
     if need > max_memory:
         raise UsageError(
             f"this benchmark would need about {format_bytes(need)} (over --max-memory {format_bytes(max_memory)}); "
@@ -209,8 +238,31 @@ def run_lm_bench(
         f"seed {seed}"
     )
     torch.manual_seed(seed)
-    base = DeaMoELM.random(config, seed=seed, dtype=dtype)  # a quantized config: the fp16 model quantized
+    # DeaMoELM.random of a quantized config is this float model quantized; llama.cpp gets
+    # the float model's vanilla twin, which its own tool quantizes.
+    base = DeaMoELM.random(config.replace(quantization=None), seed=seed, dtype=torch.float16)
+    with contextlib.ExitStack() as stack:
+        llama = None
+        if tools is not None:
+            folder = gguf_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-lm-gguf-")))
+            llama = _LlamaContenders(tools, base, folder, threads, progress)
+        if quant is not None:
+            base = base.quantized(quant)
+        result = _run_contenders(
+            base, config, runtimes, twins, steps, prompt, threads, seed, progress, llama, llama_tokens
+        )
+    return result
+
+
+def _run_contenders(base, config, runtimes, twins, steps, prompt, threads, seed, progress, llama, llama_tokens):
+    from .bandwidth import kernel_bandwidth
+
+    b = BYTES_PER_WEIGHT[torch.float16]
     prompt_ids = torch.randint(0, config.vocab_size, (prompt,), generator=torch.Generator().manual_seed(seed)).tolist()
+    quality = {}
+    if llama is not None:
+        progress(f"  held-out perplexity ({PPL_CHUNKS} chunks of {PPL_CONTEXT} tokens) of the PyTorch models ...")
+        quality = _our_perplexity(base, twins, llama.held_out)
     roofs = [kernel_bandwidth(1 << 29, 5, threads)["bytes_per_s"]]
     rows: list[dict] = []
     for runtime in runtimes:
@@ -225,8 +277,10 @@ def run_lm_bench(
             c.token = int(np.argmax(c.decoder.step(c.token)))
             if runtime == "cpu":
                 c.sink.clear()
-        progress(f"  {steps} interleaved decode steps on {runtime} ...")
-        for _ in range(steps):
+        progress(f"  {steps} interleaved decode steps on {runtime}{' and llama.cpp' if llama else ''} ...")
+        for step in range(steps):
+            if llama is not None and step % max(steps // LLAMA_ROUNDS, 1) == 0:
+                llama.time_round(llama_tokens, prompt)
             for c in contenders:
                 start = time.perf_counter()
                 logits = c.decoder.step(c.token)
@@ -235,17 +289,27 @@ def run_lm_bench(
         rows.extend(_row(c, config, b, steps) for c in contenders)
         del contenders, c  # the loop variable would keep the last contender's weights alive
         gc.collect()
+    if llama is not None:
+        rows.extend(llama.rows())
     roofs.append(kernel_bandwidth(1 << 29, 5, threads)["bytes_per_s"])
     roof = statistics.median(roofs)
     # FFN bytes for ORT rows: the same twin's count from the CPU run (same model, same tokens).
     # Outside the FFNs the CPU runtime reads float32 copies (deamoe_trt.lm.cpu), ORT fp16.
     by_twin = {r["twin"]: r["ffn_bytes_per_token"] for r in rows if r["ffn_bytes_per_token"]}
     for r in rows:
-        ffn = r["ffn_bytes_per_token"] = r["ffn_bytes_per_token"] or by_twin.get(r["twin"])
-        if ffn:
-            r["bytes_per_token"] = ffn + _other_bytes(config, 4 if r["runtime"] == "cpu" else b)
+        if r["runtime"] != LLAMA:
+            ffn = r["ffn_bytes_per_token"] = r["ffn_bytes_per_token"] or by_twin.get(r["twin"])
+            if ffn:
+                r["bytes_per_token"] = ffn + _other_bytes(config, 4 if r["runtime"] == "cpu" else b)
+            r["perplexity"] = quality.get(r["twin"])
+        if r["bytes_per_token"]:
             r["roof_ms"] = r["bytes_per_token"] / roof * 1e3
             r["of_roof"] = r["roof_ms"] / r["tpot_ms"]
+    matching = next(
+        (r for r in rows if r["runtime"] == LLAMA and r["gguf_type"] == llama_cpp.MATCHING_TYPE[_bits(config)]), None
+    )
+    for r in rows:
+        r["vs_llama"] = matching["tpot_ms"] / r["tpot_ms"] if matching and r["runtime"] != LLAMA else None
     for runtime in runtimes:
         ref = {r["twin"]: r["tpot_ms"] for r in rows if r["runtime"] == runtime}
         for r in rows:
@@ -263,7 +327,98 @@ def run_lm_bench(
         "prompt_tokens": prompt,
         "roof_bytes_per_s": roofs,
         "rows": rows,
+        "llama_cpp": None if llama is None else llama.describe(llama_tokens),
+        "perplexity": None if llama is None else {"context": PPL_CONTEXT, "chunks": PPL_CHUNKS},
     }
+
+
+def _bits(config) -> int | None:
+    return None if config.quantization is None else config.quantization.bits
+
+
+def held_out_ids(vocab_size: int) -> torch.Tensor:
+    """The held-out 10% of the shipped text as byte-tokenizer ids (what train-tiny validates on)."""
+    from ..lm.tokenizer import ByteTokenizer
+    from ..lm.train import TrainSettings, shipped_text, split_text
+
+    return split_text(shipped_text(), ByteTokenizer(vocab_size=vocab_size), TrainSettings().val_fraction)[1]
+
+
+def _our_perplexity(base, twins, ids: torch.Tensor) -> dict[str, float]:
+    """Held-out perplexity of each twin's PyTorch model (expanded: the DeaMoE model's function)."""
+    out = {}
+    for twin in ("deamoe", "vanilla"):
+        if twin in twins or (twin == "deamoe" and "expanded" in twins):
+            model = base.twin(twin).eval()
+            out[twin] = llama_cpp.chunked_perplexity(model, ids, PPL_CONTEXT, PPL_CHUNKS)
+            del model
+            gc.collect()
+    if "deamoe" in out:
+        out["expanded"] = out["deamoe"]
+    return out
+
+
+class _LlamaContenders:
+    """The vanilla twin as F16, Q8_0 and Q4_0 GGUF files in folder, each scored on the
+    held-out text by llama-perplexity and timed by llama-bench one call at a time."""
+
+    def __init__(self, tools, base, folder: Path, threads: int, progress):
+        from ..lm.gguf_export import write_gguf
+        from ..lm.tokenizer import ByteTokenizer
+
+        self.tools, self.threads = tools, threads
+        progress(f"  writing the vanilla twin as GGUF (f16, Q8_0, Q4_0) in {folder} ...")
+        vanilla = base.vanilla()
+        self.files = {"f16": write_gguf(vanilla, folder / "vanilla-f16.gguf")}
+        del vanilla
+        gc.collect()
+        for kind in llama_cpp.GGUF_TYPES[1:]:
+            target = folder / f"vanilla-{kind}.gguf"
+            self.files[kind] = llama_cpp.quantize(tools, self.files["f16"], target, kind, threads)
+        self.held_out = held_out_ids(base.config.vocab_size)
+        text = folder / "held-out.txt"
+        text.write_text(ByteTokenizer(vocab_size=base.config.vocab_size).decode(self.held_out.tolist()))
+        progress("  held-out perplexity of the GGUF files (llama-perplexity) ...")
+        self.perplexity = {
+            kind: llama_cpp.perplexity(tools, path, text, n_ctx=PPL_CONTEXT, threads=threads, chunks=PPL_CHUNKS)
+            for kind, path in self.files.items()
+        }
+        self.samples: dict[str, list[llama_cpp.BenchSample]] = {kind: [] for kind in self.files}
+
+    def time_round(self, tokens: int, depth: int) -> None:
+        for kind, path in self.files.items():
+            self.samples[kind].append(
+                llama_cpp.bench(self.tools, path, tokens=tokens, depth=depth, threads=self.threads)
+            )
+
+    def rows(self) -> list[dict]:
+        rows = []
+        for kind, path in self.files.items():
+            per_token = [s.seconds_per_token for s in self.samples[kind]]
+            rows.append(
+                {
+                    "twin": "vanilla",
+                    "runtime": LLAMA,
+                    "gguf_type": kind,
+                    "tpot_ms": statistics.median(per_token) * 1e3,
+                    "mean_ms": statistics.fmean(per_token) * 1e3,
+                    "step_ms": [t * 1e3 for t in per_token],  # per call: the mean of its decode steps
+                    "ffn_bytes_per_token": None,
+                    "bytes_per_token": llama_cpp.bytes_per_token(path),
+                    "perplexity": self.perplexity[kind],
+                }
+            )
+        return rows
+
+    def describe(self, tokens: int) -> dict:
+        sample = next(s for samples in self.samples.values() for s in samples)
+        return {
+            "build": sample.build,
+            "cpu": sample.cpu,
+            "command": f"llama-bench -m FILE -p 0 -n {tokens} -d PROMPT -t {self.threads} -r 1 -o json",
+            "calls_per_file": len(next(iter(self.samples.values()))),
+            "tensor_types": {kind: llama_cpp.gguf_type_summary(path) for kind, path in self.files.items()},
+        }
 
 
 def _row(c: Contender, config, b: int, steps: int) -> dict:
@@ -294,18 +449,24 @@ def _row(c: Contender, config, b: int, steps: int) -> dict:
 def lm_bench_table(result: dict) -> str:
     names = {"deamoe": "DeaMoE", "expanded": "expanded twin", "vanilla": "vanilla twin"}
     rt = {"cpu": "deamoe-trt CPU kernel", "ort": "ONNX Runtime (ort form)"}
+    llama = result.get("llama_cpp")
     rows = []
     for r in result["rows"]:
-        rows.append(
-            (
-                f"{names[r['twin']]}, {rt[r['runtime']]}",
-                format_bytes(r["bytes_per_token"]) if r.get("bytes_per_token") else "?",
-                f"{r['tpot_ms']:.2f}",
-                f"{r['of_roof']:.0%}" if r.get("of_roof") else "",
-                f"{r['vs_expanded']:.2f}x" if r.get("vs_expanded") and r["twin"] != "expanded" else "",
-                f"{r['vs_vanilla']:.2f}x" if r.get("vs_vanilla") and r["twin"] != "vanilla" else "",
-            )
-        )
+        runtime = f"llama.cpp {r['gguf_type']}" if r["runtime"] == LLAMA else rt[r["runtime"]]
+        row = [
+            f"{names[r['twin']]}, {runtime}",
+            format_bytes(r["bytes_per_token"]) if r.get("bytes_per_token") else "?",
+            f"{r['tpot_ms']:.2f}",
+            f"{r['of_roof']:.0%}" if r.get("of_roof") else "",
+            f"{r['vs_expanded']:.2f}x" if r.get("vs_expanded") and r["twin"] != "expanded" else "",
+            f"{r['vs_vanilla']:.2f}x" if r.get("vs_vanilla") and r["twin"] != "vanilla" else "",
+        ]
+        if llama:
+            row += [f"{r['vs_llama']:.2f}x" if r.get("vs_llama") else "", _ppl(r.get("perplexity"))]
+        rows.append(row)
+    headers = ["contender", "weights/token", "TPOT ms", "of roof", "vs expanded", "vs vanilla"]
+    if llama:
+        headers += [f"vs llama.cpp {llama_cpp.MATCHING_TYPE[_bits(LMConfig.from_dict(result['config']))]}", "PPL"]
     c = result["config"]
     weights = _weights(LMConfig.from_dict(c))
     title = (
@@ -314,9 +475,22 @@ def lm_bench_table(result: dict) -> str:
         f"{c['moe']['experts_per_department']} experts, {weights}, {result['threads']} threads, "
         f"{result['steps']} interleaved steps (median), peak RSS {format_bytes(result['peak_rss_bytes'])}"
     )
-    return format_table(
-        ("contender", "weights/token", "TPOT ms", "of roof", "vs expanded", "vs vanilla"), rows, title=title
-    )
+    table = format_table(headers, rows, title=title)
+    roof = statistics.median(result["roof_bytes_per_s"]) / 1e9
+    table += f"\nroof: {roof:.1f} GB/s read (median of the measurements before and after)"
+    if llama:
+        p = result["perplexity"]
+        table += (
+            f"\nllama.cpp {llama['build']}: {llama['command']}, {llama['calls_per_file']} calls per file "
+            "interleaved with the runtimes' steps (median of calls)"
+            f"\nPPL: held-out shipped text, llama-perplexity's protocol ({p['chunks']} chunks of {p['context']} "
+            "tokens, second halves counted); llama.cpp rows by llama-perplexity, the others by the PyTorch reference"
+        )
+    return table
+
+
+def _ppl(value: float | None) -> str:
+    return "" if value is None else f"{value:.6g}"
 
 
 def _weights(config) -> str:
@@ -345,7 +519,8 @@ def write_plot(result: dict, path: Path) -> Path:
                 roofs.append(row.get("roof_ms") or 0)
         ax.bar(xs, ys, width, label=twin)
         ax.scatter(xs, roofs, marker="_", s=300, color="black", zorder=3)
-    ax.set_xticks(range(len(runtimes)), ["deamoe-trt CPU kernel" if r == "cpu" else "ONNX Runtime" for r in runtimes])
+    labels = {"cpu": "deamoe-trt CPU kernel", "ort": "ONNX Runtime", LLAMA: "llama.cpp (f16)"}
+    ax.set_xticks(range(len(runtimes)), [labels[r] for r in runtimes])
     ax.set_ylabel("TPOT, ms (median)")
     c = result["config"]
     weights = _weights(LMConfig.from_dict(c))

@@ -3,6 +3,10 @@
 See deamoe_trt/bench/lm_bench.py for the model and the method. The three twins of one
 runtime are resident at once; runtimes run in turn. Configurations estimated above
 --max-memory-gb are refused before anything is built.
+
+--llama-bench PATH adds llama.cpp (llama-bench, with llama-quantize and llama-perplexity
+beside it; scripts/build_llama_cpp.sh builds them) on the vanilla twin as GGUF f16, Q8_0
+and Q4_0, and every contender's held-out perplexity.
 """
 
 from __future__ import annotations
@@ -47,6 +51,19 @@ def register(subparsers) -> None:
         default="gqa",
         help="gqa: Qwen3-30B-A3B's attention (default); mla: DeepSeek-V2-Lite's latent attention",
     )
+    parser.add_argument(
+        "--llama-bench",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a llama-bench binary: time llama.cpp on the vanilla twin as GGUF f16, Q8_0 and Q4_0",
+    )
+    parser.add_argument(
+        "--llama-tokens", type=common.positive_int, default=64, help="decode steps per llama-bench call (default 64)"
+    )
+    parser.add_argument(
+        "--gguf-dir", type=Path, default=None, help="with --llama-bench: keep the GGUF files here (default: a temp dir)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the raw result here")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG plot here")
     parser.set_defaults(func=run)
@@ -69,6 +86,9 @@ def run(args) -> int:
         max_memory=args.max_memory_gb * 2**30,
         quant=QuantConfig(args.quantized, args.group_size) if args.quantized else None,
         attention=args.attention,
+        llama_bench=args.llama_bench,
+        llama_tokens=args.llama_tokens,
+        gguf_dir=args.gguf_dir,
     )
     print(lm_bench_table(result))
     if args.json:

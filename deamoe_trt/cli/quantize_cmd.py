@@ -59,6 +59,14 @@ def register(subparsers) -> None:
         default=64,
         help="--method rtn without --eval: random tokens to measure the error on (default 64)",
     )
+    parser.add_argument(
+        "--linears",
+        default="",
+        metavar="PARTS",
+        help="language models: also quantize these projections with the same bits and group size, comma-separated "
+        "of attention, dense, head (default: the DeaMoE FFNs only); the held-out perplexity of each added part is "
+        "printed",
+    )
     common.add_seed(parser)
     parser.set_defaults(func=run)
 
@@ -76,8 +84,11 @@ def run(args) -> int:
     if args.method == "rtn" and args.calibration:
         raise UsageError("--calibration is for --method awq (round to nearest uses no data); --eval FILE measures")
     quant = QuantConfig(args.bits, args.group_size, args.method)
+    args.linears = _linears(args.linears)
     if is_lm_checkpoint(args.checkpoint):
         return _run_lm(args, quant)
+    if args.linears:
+        raise UsageError("--linears is for language-model checkpoints (a layer checkpoint holds only FFNs)")
     if args.method == "awq" and not args.calibration:
         raise UsageError(
             "--method awq needs --calibration FILE (layer inputs as safetensors; random:N for a Gaussian demo)"
@@ -119,7 +130,10 @@ def _run_lm(args, quant) -> int:
             return _run_lm_awq(args, quant, loaded)
         finally:
             torch.set_num_threads(threads)
-    quantized = quantize_lm(model, quant)
+    # One model per choice: the FFNs, then each part of --linears added in turn.
+    choices = [args.linears[:n] for n in range(len(args.linears) + 1)]
+    models = [(_quant_name(quant, parts), quantize_lm(model, quant, linears=parts)) for parts in choices]
+    quantized = models[-1][1]
     blocks = model.moe_layers()
     _print_error(
         args,
@@ -127,9 +141,19 @@ def _run_lm(args, quant) -> int:
         [quantized.layers[i].mlp for i in blocks],
         labels=[f"block {i}" for i in blocks],
     )
-    perplexity = _print_perplexity(args.checkpoint, loaded.tokenizer, model, [(_quant_name(quant), quantized)])
+    perplexity = _print_perplexity(args.checkpoint, loaded.tokenizer, model, models)
     _save_lm(args, loaded, quantized, {}, perplexity)
     return 0
+
+
+def _linears(text: str) -> tuple[str, ...]:
+    from ..errors import UsageError
+    from ..lm.qlinear import LINEAR_PARTS
+
+    parts = tuple(p.strip() for p in text.split(",") if p.strip())
+    if any(p not in LINEAR_PARTS for p in parts) or len(set(parts)) != len(parts):
+        raise UsageError(f"--linears takes distinct parts of {', '.join(LINEAR_PARTS)}, comma-separated; got {text!r}")
+    return parts
 
 
 def _save_lm(args, loaded, quantized, details: dict, perplexity) -> None:
@@ -141,11 +165,14 @@ def _save_lm(args, loaded, quantized, details: dict, perplexity) -> None:
     training = {**loaded.training, "quantization": record}
     path = save_lm(quantized, args.output, tokenizer=loaded.tokenizer, training=training)
     model = loaded.model
-    _print_written(args, f"{len(model.moe_layers())} DeaMoE FFN(s) of {len(model.layers)} block(s)", path)
+    what = f"{len(model.moe_layers())} DeaMoE FFN(s) of {len(model.layers)} block(s)"
+    parts = quantized.config.quantized_linears
+    _print_written(args, what + (f" and the {', '.join(parts)} projections" if parts else ""), path)
 
 
-def _quant_name(quant) -> str:
-    return f"int{quant.bits}, group {quant.group_size}" + (f", {quant.method}" if quant.method != "rtn" else "")
+def _quant_name(quant, linears: tuple[str, ...] = ()) -> str:
+    name = f"int{quant.bits}, group {quant.group_size}" + (f", {quant.method}" if quant.method != "rtn" else "")
+    return name + "".join(f" + {part}" for part in linears)
 
 
 def _calibration_ids(args, tokenizer):
@@ -203,10 +230,10 @@ def _run_lm_awq(args, quant, loaded) -> int:
         d = model.config.hidden_size
         held_out = {i: torch.randn(args.tokens, d, generator=gen).to(model.dtype) for i in model.moe_layers()}
         where = f"{args.tokens} random tokens (the model's tokenizer cannot encode the held-out text)"
-    result = quantize_lm_awq(model, quant, ids)
+    result = quantize_lm_awq(model, quant, ids, linears=args.linears)
     print(f"calibration (what the search sees): {result.tokens} tokens of {source}")
     print(f"held out (what the tables measure, not seen by the search): {where}")
-    rtn = model.quantized(QuantConfig(quant.bits, quant.group_size))
+    rtn = model.quantized(QuantConfig(quant.bits, quant.group_size), linears=args.linears)
     rows = []
     for i in model.moe_layers():
         x, s = held_out[i], result.input_scales[i]
@@ -245,10 +272,9 @@ def _run_lm_awq(args, quant, loaded) -> int:
             title=f"Relative FFN output error ||y_q - y|| / ||y|| vs {args.checkpoint} on {where}",
         )
     )
-    name = _quant_name(quant)
-    perplexity = _print_perplexity(
-        args.checkpoint, tokenizer, model, [(f"{name.removesuffix(', awq')}, rtn", rtn), (name, result.model)]
-    )
+    name = _quant_name(quant, args.linears)
+    rtn_name = _quant_name(quant).removesuffix(", awq") + ", rtn" + name.removeprefix(_quant_name(quant))
+    perplexity = _print_perplexity(args.checkpoint, tokenizer, model, [(rtn_name, rtn), (name, result.model)])
     details = {"calibration": source, "calibration_tokens": result.tokens}
     _save_lm(args, loaded, result.model, details, perplexity)
     return 0

@@ -61,7 +61,9 @@ class LMConfig:
 
     `quantization`: None, or how every DeaMoE FFN's weights are stored (deamoe_trt.quant,
     docs/quantization.md); attention, embeddings, norms, dense MLPs and routers stay in the
-    model's dtype. Written to JSON only when set, so float configs read and write unchanged.
+    model's dtype, except the parts listed in `quantized_linears` ("attention", "dense",
+    "head"; deamoe_trt.lm.qlinear), whose projections are stored with the same bits and
+    group size. Written to JSON only when set, so float configs read and write unchanged.
     """
 
     vocab_size: int
@@ -96,6 +98,7 @@ class LMConfig:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     float32_router: bool = False
+    quantized_linears: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):
@@ -105,7 +108,7 @@ class LMConfig:
                 object.__setattr__(self, "quantization", QuantConfig.from_dict(self.quantization))
             except UsageError as exc:
                 raise ConfigError(str(exc)) from None
-        for name in ("sliding_window_layers", "dense_layers"):
+        for name in ("sliding_window_layers", "dense_layers", "quantized_linears"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
@@ -192,11 +195,11 @@ class LMConfig:
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["moe"] = self.moe.to_dict()
-        for name in ("sliding_window_layers", "dense_layers"):
+        for name in ("sliding_window_layers", "dense_layers", "quantized_linears"):
             if data[name] is not None:
                 data[name] = list(data[name])
         for f in dataclasses.fields(self):
-            if f.name in _OPTIONAL_FIELDS and data[f.name] == f.default:
+            if f.name in _OPTIONAL_FIELDS and getattr(self, f.name) == f.default:
                 del data[f.name]
         if self.quantization is None:
             del data["quantization"]
@@ -284,12 +287,23 @@ def _validate(cfg: LMConfig) -> None:
             check_quantizable(cfg.moe, cfg.quantization)
         except UsageError as exc:
             raise ConfigError(str(exc)) from None
+    if not isinstance(cfg.quantized_linears, tuple):
+        raise ConfigError(f"quantized_linears must list parts of the model, got {cfg.quantized_linears!r}")
+    if cfg.quantized_linears:
+        from .qlinear import check_parts
+
+        if cfg.quantization is None:
+            raise ConfigError("quantized_linears needs quantization (its bits and group size)")
+        try:
+            check_parts(cfg.quantized_linears, cfg.tie_word_embeddings)
+        except UsageError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 QK_NORMS = ("none", "head", "full")
 _SCALINGS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")
 _MLA_SIZES = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-_OPTIONAL_FIELDS = ("attention_sinks", *_SCALINGS, *_MLA_SIZES, "float32_router")
+_OPTIONAL_FIELDS = ("attention_sinks", *_SCALINGS, *_MLA_SIZES, "float32_router", "quantized_linears")
 
 
 def _validate_families(cfg: LMConfig) -> None:

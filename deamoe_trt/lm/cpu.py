@@ -60,11 +60,19 @@ class CpuDecoder:
 def _float32_outside_moe(model: DeaMoELM) -> DeaMoELM:
     """model with every tensor outside its DeaMoE FFNs in float32 (the FFN tensors are shared,
     not copied: the kernel has its own packed copy)."""
-    if model.dtype == torch.float32:
+    c = model.config
+    if model.dtype == torch.float32 and not c.quantized_linears:
         return model
     moe = tuple(f"layers.{i}.mlp." for i in model.moe_layers())
-    state = {k: v if k.startswith(moe) else v.float() for k, v in model.state_dict().items()}
-    twin = DeaMoELM(model.config, dtype=torch.float32, device="meta")
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith(moe)}
+    if c.quantized_linears:  # quantized projections run dequantized, as the reference runs them
+        from .qlinear import dequantized_state
+
+        assert c.quantization is not None
+        state = dequantized_state(state, c.quantization)
+    state = {k: v.float() for k, v in state.items()}
+    state.update({k: v for k, v in model.state_dict().items() if k.startswith(moe)})
+    twin = DeaMoELM(c.replace(quantized_linears=()), dtype=torch.float32, device="meta")
     twin.load_state_dict(state, assign=True)
     twin.tie_weights()
     return twin.materialize_rope()

@@ -118,6 +118,11 @@ class DeaMoELM(nn.Module):
         self.layers = nn.ModuleList(Block(config, i, **factory) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, **factory)
+        if config.quantized_linears:
+            from .qlinear import swap_in_quantized
+
+            assert config.quantization is not None  # LMConfig checks
+            swap_in_quantized(self, config.quantized_linears, config.quantization)
         if config.tie_word_embeddings:
             self.tie_weights()
         rope_device = None if device == "meta" else device
@@ -132,8 +137,9 @@ class DeaMoELM(nn.Module):
         """Random weights (reset_parameters); a quantized config gets the float model's weights
         quantized (round to nearest)."""
         if config.quantization is not None:
-            float_model = cls.random(config.replace(quantization=None), seed=seed, dtype=dtype, device=device)
-            return float_model.quantized(config.quantization)
+            float_config = config.replace(quantization=None, quantized_linears=())
+            float_model = cls.random(float_config, seed=seed, dtype=dtype, device=device)
+            return float_model.quantized(config.quantization, linears=config.quantized_linears)
         model = cls(config, dtype=torch.float32, device=device)
         model.reset_parameters(seed)
         for block in model.layers:
@@ -260,9 +266,12 @@ class DeaMoELM(nn.Module):
         return self._twin(self.config.vanilla(), {i: self.layers[i].mlp.vanilla() for i in self.moe_layers()})
 
     @torch.no_grad()
-    def quantized(self, quant: QuantConfig, ffns: dict[int, DeaMoELayer] | None = None) -> DeaMoELM:
-        """Same model with every DeaMoE FFN quantized; attention, embeddings, norms, dense MLPs
-        and routers shared with this model.
+    def quantized(
+        self, quant: QuantConfig, ffns: dict[int, DeaMoELayer] | None = None, *, linears: tuple[str, ...] = ()
+    ) -> DeaMoELM:
+        """Same model with every DeaMoE FFN quantized, and the projections of `linears`
+        (deamoe_trt.lm.qlinear.LINEAR_PARTS) round to nearest with the same bits and group
+        size; embeddings, norms, routers and the other projections shared with this model.
 
         ffns: {block: that block's FFN already quantized with quant} (a calibrated method's,
         e.g. deamoe_trt.awq.quantize_awq's); default: DeaMoELayer.quantized, round to nearest."""
@@ -272,12 +281,18 @@ class DeaMoELM(nn.Module):
                 f"the model is already quantized (int{q.bits}, group size {q.group_size}); "
                 "quantize the floating-point checkpoint instead"
             )
-        config = self.config.replace(quantization=quant)  # checks every width against the group size
+        # Checks every FFN width against the group size, and the parts.
+        config = self.config.replace(quantization=quant, quantized_linears=tuple(linears))
+        extra = {}
+        if linears:
+            from .qlinear import quantized_state
+
+            extra = quantized_state(self, config.quantized_linears, quant)
         if ffns is None:
             ffns = {i: self.layers[i].mlp.quantized(quant) for i in self.moe_layers()}
         if sorted(ffns) != self.moe_layers() or any(ffn.quant != quant for ffn in ffns.values()):
             raise UsageError(f"ffns must hold blocks {self.moe_layers()}, each quantized as {quant}")
-        return self._twin(config, ffns)
+        return self._twin(config, ffns, extra)
 
     def twin(self, name: str) -> DeaMoELM:
         """'deamoe' (this model), 'expanded' or 'vanilla'."""
@@ -287,9 +302,18 @@ class DeaMoELM(nn.Module):
             return getattr(self, name)()
         raise UsageError(f"unknown twin {name!r}; choose deamoe, expanded or vanilla")
 
-    def _twin(self, config: LMConfig, mlps: dict[int, DeaMoELayer]) -> DeaMoELM:
+    def _twin(self, config: LMConfig, mlps: dict[int, DeaMoELayer], extra: dict | None = None) -> DeaMoELM:
+        """A model of config sharing this one's tensors, with mlps as those blocks' FFNs and
+        extra's state entries (quantized projections) in place of the float ones they name."""
         twin = DeaMoELM(config, dtype=self.dtype, device="meta")
-        state = {k: v for k, v in self.state_dict().items() if not any(k.startswith(f"layers.{i}.mlp.") for i in mlps)}
+        extra = extra or {}
+        replaced = {k.rsplit(".weight.", 1)[0] + ".weight" for k in extra}
+        state = {
+            k: v
+            for k, v in self.state_dict().items()
+            if not any(k.startswith(f"layers.{i}.mlp.") for i in mlps) and k not in replaced
+        }
+        state.update(extra)
         for i, mlp in mlps.items():
             state.update({f"layers.{i}.mlp.{k}": v for k, v in mlp.state_dict().items()})
         twin.load_state_dict(state, assign=True)

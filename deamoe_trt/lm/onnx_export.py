@@ -136,6 +136,11 @@ def build_lm_model(
     check_form(form)
     export_dtype = get_dtype(dtype, form)
     c = model.config
+    if c.quantized_linears:
+        raise UsageError(
+            f"the ONNX export takes quantized DeaMoE FFNs only; this model also has quantized "
+            f"{', '.join(c.quantized_linears)} projections (quantize without --linears to export it)"
+        )
     b = GraphBuilder(export_opset(form, opset, c.quantization), export_dtype)
     act = export_dtype.onnx
     hd, half, kvh, groups = c.head_dim, c.head_dim // 2, c.num_key_value_heads, c.num_heads // c.num_key_value_heads

@@ -19,17 +19,21 @@ from .model import DeaMoELM
 from .tokenizer import NoTokenizer, Tokenizer
 
 
-def quantize_lm(model: DeaMoELM, quant: QuantConfig, calibration: torch.Tensor | None = None) -> DeaMoELM:
-    """model with its DeaMoE FFNs quantized as quant says.
+def quantize_lm(
+    model: DeaMoELM, quant: QuantConfig, calibration: torch.Tensor | None = None, *, linears: tuple[str, ...] = ()
+) -> DeaMoELM:
+    """model with its DeaMoE FFNs quantized as quant says, and the projections of `linears`
+    (deamoe_trt.lm.qlinear: attention, dense, head) round to nearest with the same bits and
+    group size.
 
     calibration: token ids [N] AWQ runs the float model on to see each block's FFN inputs
     (quantize_lm_awq); round to nearest ("rtn") needs none and ignores it."""
     if quant.method == "rtn":
-        return model.quantized(quant)
+        return model.quantized(quant, linears=linears)
     if quant.method == "awq":
         if calibration is None:
             raise UsageError("--method awq needs calibration token ids")
-        return quantize_lm_awq(model, quant, calibration, progress=False).model
+        return quantize_lm_awq(model, quant, calibration, progress=False, linears=linears).model
     raise UsageError(f"--method {quant.method} is not implemented for language models")
 
 
@@ -102,7 +106,14 @@ def fold_ffn_input_scales(model: DeaMoELM, scales: dict[int, torch.Tensor]) -> D
 
 
 @torch.no_grad()
-def quantize_lm_awq(model: DeaMoELM, quant: QuantConfig, calibration: torch.Tensor, *, progress: bool = True) -> LMAwq:
+def quantize_lm_awq(
+    model: DeaMoELM,
+    quant: QuantConfig,
+    calibration: torch.Tensor,
+    *,
+    progress: bool = True,
+    linears: tuple[str, ...] = (),
+) -> LMAwq:
     """AWQ for every DeaMoE FFN, from the FFN inputs the float model computes on calibration
     token ids [N] (up to CALIBRATION_WINDOWS windows of min(128, context) tokens).
 
@@ -110,7 +121,7 @@ def quantize_lm_awq(model: DeaMoELM, quant: QuantConfig, calibration: torch.Tens
     pre-FFN RMSNorm's output, so gate_up's input channels get AWQ scales too
     (awq.search_input_scales), folded as norm weight / s and router, gate_up and shared-expert
     gate columns * s (awq.fold_input_scales): powers of two, so the float model and every
-    expert choice stay exactly as they were."""
+    expert choice stay exactly as they were. `linears`' projections: round to nearest."""
     from .. import awq
     from ..report import Progress
 
@@ -131,7 +142,8 @@ def quantize_lm_awq(model: DeaMoELM, quant: QuantConfig, calibration: torch.Tens
     for i in blocks:
         x = inputs[i] / scales[i].to(inputs[i].dtype)  # what the folded block's FFN sees, exactly
         ffns[i], plans[i] = awq.quantize_awq(folded.layers[i].mlp, quant, x, bar)
-    return LMAwq(folded.quantized(quant, ffns), folded, scales, plans, sum(w.numel() for w in windows))
+    model = folded.quantized(quant, ffns, linears=linears)
+    return LMAwq(model, folded, scales, plans, sum(w.numel() for w in windows))
 
 
 def held_out_loss(model: DeaMoELM, tokenizer: Tokenizer) -> float | None:

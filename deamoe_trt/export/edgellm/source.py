@@ -38,6 +38,11 @@ def check_representable(config: LMConfig, where: str = "the LM") -> None:
             "default rotary embeddings, full attention, no clipping)"
         )
 
+    if config.quantized_linears:
+        raise UsageError(
+            f"{where}: its {', '.join(config.quantized_linears)} projections are quantized; the Edge-LLM export "
+            "takes quantized DeaMoE FFNs only (quantize without --linears)"
+        )
     if config.qk_norm != "head":
         refuse(f"qk_norm is {config.qk_norm!r}, not 'head'")
     if config.qkv_bias != config.o_bias:

@@ -1,0 +1,69 @@
+"""llama.cpp as a bench-lm contender: its tools found and refused clearly, perplexity counted
+as llama-perplexity counts it, and (with the binaries) its rows beside ours in one run."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from deamoe_trt.bench.llama_cpp import LlamaTools, chunked_perplexity
+from deamoe_trt.cli.main import main
+from deamoe_trt.errors import UsageError
+
+
+def test_bench_lm_refuses_a_missing_llama_bench_in_one_line(capsys, tmp_path):
+    assert main(["bench-lm", "--llama-bench", str(tmp_path / "llama-bench")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no such file (build it with scripts/build_llama_cpp.sh)" in err and "\n" not in err
+
+
+def test_llama_bench_without_llama_quantize_beside_it_is_refused(tmp_path):
+    bench = tmp_path / "llama-bench"
+    bench.write_text("#!/bin/sh\n")
+    bench.chmod(0o755)
+    with pytest.raises(UsageError, match=r"llama-quantize is missing or not executable"):
+        LlamaTools.beside(bench)
+
+
+class _Uniform(torch.nn.Module):
+    """Equal logits everywhere: every next token has probability 1 / vocab."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, ids):
+        return type("Out", (), {"logits": torch.zeros(*ids.shape, self.vocab)})()
+
+
+def test_chunked_perplexity_of_a_uniform_model_is_its_vocabulary():
+    ids = torch.randint(0, 50, (100,))
+    assert chunked_perplexity(_Uniform(50), ids, 16, 6) == pytest.approx(50, rel=1e-6)
+    with pytest.raises(UsageError, match="7 chunks of 16 tokens need 112 tokens, the text has 100"):
+        chunked_perplexity(_Uniform(50), ids, 16, 7)
+
+
+@pytest.mark.slow
+def test_bench_lm_times_llama_cpp_beside_our_runtimes():
+    from llama_cpp_tools import llama_tools
+
+    from deamoe_trt.bench.lm_bench import lm_bench_table, run_lm_bench
+
+    tools = llama_tools()
+    result = run_lm_bench(
+        layers=1, departments=2, steps=2, prompt=4, threads=1, runtimes=("cpu",), progress=None,
+        llama_bench=tools.bench, llama_tokens=4,
+    )  # fmt: skip
+    llama = {r["gguf_type"]: r for r in result["rows"] if r["runtime"] == "llama.cpp"}
+    ours = {r["twin"]: r for r in result["rows"] if r["runtime"] == "cpu"}
+    assert set(llama) == {"f16", "Q8_0", "Q4_0"}
+    assert all(len(r["step_ms"]) == 2 for r in llama.values())  # one llama-bench call per round
+    assert llama["f16"]["bytes_per_token"] > llama["Q8_0"]["bytes_per_token"] > llama["Q4_0"]["bytes_per_token"]
+    # The same vanilla twin, scored by llama-perplexity on its F16 file and by PyTorch in fp16.
+    assert llama["f16"]["perplexity"] == pytest.approx(ours["vanilla"]["perplexity"], rel=1e-2)
+    assert all(math.isfinite(r["perplexity"]) for r in llama.values())
+    assert ours["deamoe"]["vs_llama"] == pytest.approx(llama["f16"]["tpot_ms"] / ours["deamoe"]["tpot_ms"])
+    table = lm_bench_table(result)
+    assert "vanilla twin, llama.cpp Q4_0" in table and "vs llama.cpp f16" in table
