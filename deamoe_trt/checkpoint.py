@@ -19,6 +19,7 @@ the router kept its own precision hold it in "dtype", and load upcast (losslessl
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,30 @@ def write_files(directory: str | Path, tensors: dict[str, torch.Tensor], header:
     directory.mkdir(parents=True, exist_ok=True)
     with atomic_path(directory / WEIGHTS_FILE) as tmp:
         save_file(tensors, str(tmp), metadata={"format": "pt"})
+    atomic_write_text(directory / CONFIG_FILE, json.dumps(header, indent=2) + "\n")
+    return directory
+
+
+def write_files_streamed(
+    directory: str | Path,
+    schema: dict[str, tuple[tuple[int, ...], torch.dtype]],
+    tensor: Callable[[str], torch.Tensor],
+    header: dict[str, Any],
+) -> Path:
+    """write_files for a checkpoint too large to hold: tensor(name) makes each tensor of
+    schema (name -> shape, dtype) when its turn comes, in save_file's order, so the files are
+    write_files' bytes while only one tensor is held. Weights first, config last."""
+    from .importers.safetensors_io import StreamingWriter, save_file_order
+
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"cannot write a checkpoint to {directory}: it exists and is not a directory")
+    directory.mkdir(parents=True, exist_ok=True)
+    with atomic_path(directory / WEIGHTS_FILE) as tmp, tmp.open("wb") as f:
+        writer = StreamingWriter(f, save_file_order(schema), metadata={"format": "pt"})
+        for name in writer.schema:
+            writer.write(name, tensor(name))
+        writer.close()
     atomic_write_text(directory / CONFIG_FILE, json.dumps(header, indent=2) + "\n")
     return directory
 

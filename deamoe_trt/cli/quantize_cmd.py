@@ -15,6 +15,12 @@ docs/quantization.md) chooses channel scales and clipping from --calibration FIL
 inputs and prints round to nearest's and its own error on held-out tokens (--eval FILE, or
 the last quarter of the calibration tokens, which the search does not see). Both print how
 many tokens changed experts (none can: the router is not quantized).
+
+--no-compare skips the error table and the perplexities. A language model's plain round to
+nearest (--method rtn, no --linears) is then streamed: each tensor read from the input on
+disk, quantized and written in turn, holding one tensor rather than the model (the same
+bytes as the in-memory path), so models larger than memory quantize. The measurements,
+--method awq and --linears hold the whole model.
 """
 
 from __future__ import annotations
@@ -67,6 +73,12 @@ def register(subparsers) -> None:
         "of attention, dense, head (default: the DeaMoE FFNs only); the held-out perplexity of each added part is "
         "printed",
     )
+    parser.add_argument(
+        "--no-compare",
+        action="store_true",
+        help="--method rtn: skip the error table and the perplexities; a language model without --linears is then "
+        "quantized tensor by tensor from disk (bounded memory), the measurements, awq and --linears hold the model",
+    )
     common.add_seed(parser)
     parser.set_defaults(func=run)
 
@@ -83,6 +95,8 @@ def run(args) -> int:
         raise UsageError("--output must differ from the input checkpoint (it is read while the output is written)")
     if args.method == "rtn" and args.calibration:
         raise UsageError("--calibration is for --method awq (round to nearest uses no data); --eval FILE measures")
+    if args.no_compare and args.method != "rtn":
+        raise UsageError(f"--no-compare is for --method rtn; --method {args.method} prints its own error tables")
     quant = QuantConfig(args.bits, args.group_size, args.method)
     args.linears = _linears(args.linears)
     if is_lm_checkpoint(args.checkpoint):
@@ -100,7 +114,8 @@ def run(args) -> int:
         quantized = _awq(args, stack, quant)
     else:
         quantized = stack.quantized(quant)
-        _print_error(args, stack, quantized)
+        if not args.no_compare:
+            _print_error(args, stack, quantized)
     path = quantized.save_pretrained(args.output)
     _print_written(args, f"{len(stack.layers)} layer(s)", path)
     return 0
@@ -116,6 +131,8 @@ def _run_lm(args, quant) -> int:
             "--eval takes layer inputs, for layer checkpoints; a language model is measured by its held-out "
             "perplexity on the shipped text"
         )
+    if args.no_compare and not args.linears:
+        return _run_lm_streamed(args, quant)
     loaded = load_lm(args.checkpoint)
     model = loaded.model
     if model.config.quantization is not None:
@@ -134,6 +151,9 @@ def _run_lm(args, quant) -> int:
     choices = [args.linears[:n] for n in range(len(args.linears) + 1)]
     models = [(_quant_name(quant, parts), quantize_lm(model, quant, linears=parts)) for parts in choices]
     quantized = models[-1][1]
+    if args.no_compare:
+        _save_lm(args, loaded, quantized, {}, None)
+        return 0
     blocks = model.moe_layers()
     _print_error(
         args,
@@ -143,6 +163,19 @@ def _run_lm(args, quant) -> int:
     )
     perplexity = _print_perplexity(args.checkpoint, loaded.tokenizer, model, models)
     _save_lm(args, loaded, quantized, {}, perplexity)
+    return 0
+
+
+def _run_lm_streamed(args, quant) -> int:
+    """Round to nearest tensor by tensor from disk (deamoe_trt.lm.quantize.quantize_checkpoint_streamed)."""
+    from ..lm.checkpoint import read_lm_header
+    from ..lm.quantize import quantize_checkpoint_streamed
+
+    path = quantize_checkpoint_streamed(args.checkpoint, args.output, quant, _record(args, quant, {}, None))
+    config = read_lm_header(path)["config"]
+    moe = sum(not config.is_dense(i) for i in range(config.num_layers))
+    what = f"{moe} DeaMoE FFN(s) of {config.num_layers} block(s)"
+    _print_written(args, what, path)
     return 0
 
 
@@ -159,15 +192,21 @@ def _linears(text: str) -> tuple[str, ...]:
 def _save_lm(args, loaded, quantized, details: dict, perplexity) -> None:
     from ..lm.checkpoint import save_lm
 
-    record = {"source": str(args.checkpoint), **quantized.config.quantization.to_dict(), **details}
-    if perplexity is not None:
-        record["held_out_perplexity"] = perplexity
+    record = _record(args, quantized.config.quantization, details, perplexity)
     training = {**loaded.training, "quantization": record}
     path = save_lm(quantized, args.output, tokenizer=loaded.tokenizer, training=training)
     model = loaded.model
     what = f"{len(model.moe_layers())} DeaMoE FFN(s) of {len(model.layers)} block(s)"
     parts = quantized.config.quantized_linears
     _print_written(args, what + (f" and the {', '.join(parts)} projections" if parts else ""), path)
+
+
+def _record(args, quant, details: dict, perplexity) -> dict:
+    """The "quantization" entry of the output's training record."""
+    record = {"source": str(args.checkpoint), **quant.to_dict(), **details}
+    if perplexity is not None:
+        record["held_out_perplexity"] = perplexity
+    return record
 
 
 def _quant_name(quant, linears: tuple[str, ...] = ()) -> str:

@@ -38,8 +38,8 @@ from safetensors.torch import load_file, save_file
 from .._io import atomic_path, atomic_write_text, read_json
 from ..checkpoint import CONFIG_FILE, ROUTER_BIAS, WEIGHTS_FILE, dtype_name
 from ..errors import UsageError
-from ..importers.safetensors_io import ST_NAMES, ShardReader, StreamingWriter, index_checkpoint
-from ..lm.checkpoint import FORMAT, FORMAT_VERSION, expected_tensors, read_lm_header
+from ..importers.safetensors_io import ShardReader, StreamingWriter
+from ..lm.checkpoint import FORMAT, FORMAT_VERSION, checked_index, expected_tensors, read_lm_header
 from ..lm.model import Block, DeaMoELM, rope_tables
 from ..lm.tokenizer import HFTokenizer
 from .core import ConvertSettings, convert_layer, plan_order
@@ -76,7 +76,7 @@ def convert_lm_blockwise(
     if not moe:
         raise UsageError(f"{source} has no MoE blocks to convert")
     settings.check(config.moe)
-    index = _checked_index(source, skeleton, header["dtype"])
+    index = checked_index(source, skeleton, header["dtype"])
     _, _, calibration, heldout = lm_windows(config, tokenizer, text, seq_len, heldout_fraction)
     work = work_dir(output)
     fingerprint = _fingerprint(source, settings, calibration, heldout)
@@ -169,26 +169,6 @@ def _dtype(name: str) -> torch.dtype:
 def _embed(embed: torch.Tensor, ids: torch.Tensor, config) -> torch.Tensor:
     x = torch.nn.functional.embedding(ids, embed)
     return x * config.embedding_multiplier if config.embedding_multiplier != 1 else x
-
-
-def _checked_index(source: Path, skeleton: DeaMoELM, dtype: str) -> dict:
-    """The checkpoint's tensors by name, every one the config needs checked (shape, dtype)
-    from the header alone, before any block is read."""
-    index = index_checkpoint(source)
-    weights = source / WEIGHTS_FILE
-    expected = expected_tensors(skeleton)
-    for name, want in expected.items():
-        info = index.get(name)
-        if info is None:
-            raise UsageError(f"{weights} lacks {name}, which its config needs")
-        if info.shape != tuple(want.shape):
-            raise UsageError(f"{name} has shape {list(info.shape)} in {weights}, its config needs {list(want.shape)}")
-        if info.dtype not in (ST_NAMES[want.dtype], ST_NAMES[_dtype(dtype)]):
-            raise UsageError(f"{name} is {info.dtype} in {weights}, its config says {dtype}")
-    extra = sorted(set(index) - set(expected))
-    if extra:
-        raise UsageError(f"{weights} has {len(extra)} tensor(s) its config does not describe, first {extra[0]}")
-    return index
 
 
 def _source_block(index: dict, config, dtype: torch.dtype, k: int) -> Block:

@@ -33,6 +33,9 @@ ST_NAMES = {v: k for k, v in ST_DTYPES.items()}
 RAW_DTYPES = {"U8": torch.uint8}
 _WRITE_NAMES = {**ST_NAMES, **{v: k for k, v in RAW_DTYPES.items()}}
 INDEX_FILE = "model.safetensors.index.json"
+# The order safetensors.torch.save_file lays tensors out in: by dtype, widest first (this
+# order), then by name. A StreamingWriter given a schema in this order writes save_file's bytes.
+_SAVE_FILE_DTYPE_ORDER = ("F64", "F32", "BF16", "F16", "U8")
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,14 @@ class ShardReader:
         for f in self._open.values():
             f.close()
         self._open.clear()
+
+
+def save_file_order(
+    schema: dict[str, tuple[tuple[int, ...], torch.dtype]],
+) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """schema reordered as safetensors.torch.save_file orders the same tensors."""
+    rank = {name: i for i, name in enumerate(_SAVE_FILE_DTYPE_ORDER)}
+    return dict(sorted(schema.items(), key=lambda item: (rank[_WRITE_NAMES[item[1][1]]], item[0])))
 
 
 class StreamingWriter:

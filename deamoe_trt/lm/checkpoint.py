@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .._io import read_json
 from ..checkpoint import (
     CONFIG_FILE,
@@ -33,6 +35,7 @@ from ..checkpoint import (
 )
 from ..checkpoint import FORMAT as LAYER_FORMAT
 from ..errors import CheckpointError, UsageError
+from ..importers.safetensors_io import ST_NAMES, index_checkpoint
 from .config import LMConfig
 from .model import DeaMoELM
 from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, default_tokenizer, tokenizer_from_dict
@@ -61,19 +64,27 @@ def save_lm(
     tensors = {
         name: t.detach().to("cpu").contiguous() for name, t in stored_state(model.state_dict(), model.config).items()
     }
-    header: dict[str, Any] = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "dtype": dtype_name(model.dtype),
-        "config": model.config.to_dict(),
-        "tokenizer": tokenizer.to_dict(),
-    }
-    if training:
-        header["training"] = training
+    header = lm_header(model.config, model.dtype, tokenizer, training)
     if isinstance(tokenizer, HFTokenizer):
         Path(directory).mkdir(parents=True, exist_ok=True)
         tokenizer.save(directory)
     return write_files(directory, tensors, header)
+
+
+def lm_header(
+    config: LMConfig, dtype: torch.dtype, tokenizer: Tokenizer, training: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """config.json of a model checkpoint (what save_lm writes)."""
+    header: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "dtype": dtype_name(dtype),
+        "config": config.to_dict(),
+        "tokenizer": tokenizer.to_dict(),
+    }
+    if training:
+        header["training"] = training
+    return header
 
 
 def stored_state(state: dict[str, Any], config: LMConfig) -> dict[str, Any]:
@@ -87,6 +98,26 @@ def stored_state(state: dict[str, Any], config: LMConfig) -> dict[str, Any]:
 def expected_tensors(model: DeaMoELM) -> dict[str, Any]:
     """Name -> tensor (meta or real) of every tensor a checkpoint of model's config stores."""
     return stored_state(model.state_dict(), model.config)
+
+
+def checked_index(source: Path, skeleton: DeaMoELM, dtype: str) -> dict:
+    """The checkpoint's tensors by name (safetensors_io.TensorInfo), every one the config
+    needs checked (shape, dtype) from the header alone, before any tensor is read."""
+    index = index_checkpoint(source)
+    weights = source / WEIGHTS_FILE
+    expected = expected_tensors(skeleton)
+    for name, want in expected.items():
+        info = index.get(name)
+        if info is None:
+            raise UsageError(f"{weights} lacks {name}, which its config needs")
+        if info.shape != tuple(want.shape):
+            raise UsageError(f"{name} has shape {list(info.shape)} in {weights}, its config needs {list(want.shape)}")
+        if info.dtype not in (ST_NAMES[want.dtype], ST_NAMES[DTYPES[dtype]]):
+            raise UsageError(f"{name} is {info.dtype} in {weights}, its config says {dtype}")
+    extra = sorted(set(index) - set(expected))
+    if extra:
+        raise UsageError(f"{weights} has {len(extra)} tensor(s) its config does not describe, first {extra[0]}")
+    return index
 
 
 def is_lm_checkpoint(directory: str | Path) -> bool:

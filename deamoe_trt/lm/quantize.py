@@ -10,6 +10,8 @@ perplexity is reported next to its source's, on the same data.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -162,3 +164,64 @@ def held_out_loss(model: DeaMoELM, tokenizer: Tokenizer) -> float | None:
     except UsageError:  # a character outside the tokenizer's alphabet
         return None
     return evaluate(model, held_out, settings)
+
+
+# Streamed round to nearest --------------------------------------------------------------------
+
+
+def quantize_checkpoint_streamed(
+    source: str | Path, output: str | Path, quant: QuantConfig, record: dict[str, Any]
+) -> Path:
+    """The checkpoint at source with its DeaMoE FFNs round to nearest, written to output one
+    tensor at a time: what save_lm(model.quantized(quant), ...) writes, byte for byte, while
+    holding one source tensor and its codes rather than the model (a model larger than memory).
+
+    record: the "quantization" entry added to the source's "training" record. Only plain
+    round to nearest of the FFNs: AWQ, quantized projections and the error tables need the
+    whole model (quantize_lm)."""
+    from ..checkpoint import DTYPES, ROUTER_BIAS, WEIGHTS_FILE, write_files_streamed
+    from ..errors import CheckpointError
+    from ..importers.safetensors_io import ShardReader
+    from ..quant import quantize_rtn
+    from .checkpoint import checked_index, expected_tensors, lm_header, read_lm_header
+    from .tokenizer import HFTokenizer
+
+    source, output = Path(source), Path(output)
+    if quant.method != "rtn":
+        raise UsageError(f"streamed quantization is round to nearest only, not {quant.method}")
+    header = read_lm_header(source)
+    config, dtype, tokenizer = header["config"], DTYPES[header["dtype"]], header["tokenizer"]
+    skeleton = DeaMoELM(config, dtype=dtype, device="meta")
+    if config.quantization is not None:
+        skeleton.quantized(quant)  # the one "already quantized" error
+    quantized = config.replace(quantization=quant, quantized_linears=())  # checks the widths, before any work
+    index = checked_index(source, skeleton, header["dtype"])
+    target = DeaMoELM(quantized, dtype=dtype, device="meta")
+    schema = {name: (tuple(t.shape), t.dtype) for name, t in expected_tensors(target).items()}
+    weights = source / WEIGHTS_FILE
+    reader = ShardReader(index)
+
+    def read(name: str) -> torch.Tensor:
+        t = reader.get(name)
+        if not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"{name} contains NaN or Inf ({weights})")
+        return t
+
+    def tensor(name: str) -> torch.Tensor:
+        if name in index:  # kept as it is (router biases float32, as load_lm reads them)
+            t = read(name)
+            return t.float() if name.endswith(ROUTER_BIAS) else t
+        # "<weight>.qweight" or "<weight>.scales": both from one rounding of the weight, done
+        # for each (save_file's order puts a file's codes after all its scales).
+        weight, part = name.rsplit(".", 1)
+        codes, scales = quantize_rtn(read(weight), quant)
+        return codes if part == "qweight" else scales
+
+    training = {**(header.get("training") or {}), "quantization": record}
+    try:
+        if isinstance(tokenizer, HFTokenizer):
+            output.mkdir(parents=True, exist_ok=True)
+            tokenizer.save(output)
+        return write_files_streamed(output, schema, tensor, lm_header(quantized, dtype, tokenizer, training))
+    finally:
+        reader.close()
