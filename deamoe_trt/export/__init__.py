@@ -21,7 +21,7 @@ from .graph import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET, GraphBuilder
 from .layer_graph import FORMS, emit_layer
 from .metadata import INPUT_NAME, OUTPUT_NAME, ExportInfo, export_info, load_model
 from .model import build_model
-from .save import EXTERNAL_DATA_THRESHOLD, data_path, save_model
+from .save import EXTERNAL_DATA_THRESHOLD, ExternalData, data_path, save_model, save_model_streamed
 
 
 def export(
@@ -51,6 +51,7 @@ __all__ = [
     "OUTPUT_NAME",
     "ExportDtype",
     "ExportInfo",
+    "ExternalData",
     "GraphBuilder",
     "build_model",
     "data_path",
@@ -60,4 +61,5 @@ __all__ = [
     "get_dtype",
     "load_model",
     "save_model",
+    "save_model_streamed",
 ]

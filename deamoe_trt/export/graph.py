@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -43,6 +43,9 @@ from onnx import TensorProto, helper
 
 from ..errors import UsageError
 from .dtypes import DTYPES, ExportDtype, get_dtype, to_numpy
+
+if TYPE_CHECKING:
+    from .save import ExternalData
 
 # 17: the lowest opset with everything the forms and a decoder around them need (e.g.
 # LayerNormalization), and one TensorRT 10 and every ONNX Runtime since 1.13 read.
@@ -66,8 +69,15 @@ class GraphBuilder:
     """One ONNX graph under construction; see the module docstring for a walk-through."""
 
     def __init__(
-        self, opset: int | None = None, dtype: str | ExportDtype = "fp32", *, _parent: GraphBuilder | None = None
+        self,
+        opset: int | None = None,
+        dtype: str | ExportDtype = "fp32",
+        *,
+        external: ExternalData | None = None,
+        _parent: GraphBuilder | None = None,
     ):
+        """external: where each initializer's bytes go as it is stored (save.save_model_streamed),
+        so the builder never holds the weights; None: they stay in the graph."""
         self.opset = check_opset(opset)
         self.dtype = dtype if isinstance(dtype, ExportDtype) else get_dtype(dtype)
         self.nodes: list[onnx.NodeProto] = []
@@ -81,6 +91,7 @@ class GraphBuilder:
             self._next_suffix: dict[str, int] = {}
             self._consts: dict[tuple, str] = {}
             self._scope: list[str] = []
+            self.external = external
         else:
             # A subgraph shares its root's names, weights and domains: outer-scope initializers
             # are visible inside If/Loop bodies, and names must be unique across all of them.
@@ -88,6 +99,7 @@ class GraphBuilder:
             self.initializers, self.domains = root.initializers, root.domains
             self._used_names, self._consts, self._scope = root._used_names, root._consts, root._scope
             self._next_suffix = root._next_suffix
+            self.external = root.external
 
     @property
     def _root(self) -> GraphBuilder:
@@ -180,6 +192,8 @@ class GraphBuilder:
     def _store(self, name: str, array: np.ndarray, elem_type: int, shape: Sequence[int] | None = None) -> str:
         proto = TensorProto(name=name, data_type=elem_type, dims=list(array.shape if shape is None else shape))
         proto.raw_data = array.tobytes()  # C order whatever the strides: one copy
+        if self.external is not None:
+            self.external.take(proto)
         self.initializers[name] = proto
         return name
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import onnx
 from onnx import external_data_helper
@@ -53,20 +55,75 @@ def save_model(
     return path
 
 
+class ExternalData:
+    """A model's data file written as its initializers are made: take(tensor) appends a
+    large tensor's bytes (64 KiB-aligned past 1 MiB) and points it at location. The one
+    layout of save_model's data files, whether moved out at the end or streamed."""
+
+    def __init__(self, f: BinaryIO, location: str):
+        self.f, self.location = f, location
+        self.initializer_bytes = 0  # of every tensor taken, moved out or not (initializer_bytes)
+
+    def take(self, tensor: onnx.TensorProto) -> None:
+        raw = tensor.raw_data
+        self.initializer_bytes += len(raw)
+        if len(raw) < MIN_EXTERNAL_TENSOR:
+            return
+        if len(raw) >= ALIGN_THRESHOLD:
+            self.f.seek(-self.f.tell() % ALIGNMENT, 1)
+        offset = self.f.tell()
+        self.f.write(raw)
+        external_data_helper.set_external_data(tensor, location=self.location, offset=offset, length=len(raw))
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        tensor.ClearField("raw_data")
+
+
+def save_model_streamed(
+    build: Callable[[ExternalData], onnx.ModelProto],
+    path: str | Path,
+    *,
+    external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
+) -> Path:
+    """save_model(build(...), path) without holding the weights: build gets the ExternalData
+    its initializers go to as they are made (GraphBuilder(external=...)). The files are
+    save_model's, byte for byte: a model whose initializers stay under the threshold gets
+    them back inline and no data file. Whole or not at all, the data file first."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"cannot write the model to {path}: it is a directory")
+    data = data_path(path)
+    with atomic_path(path) as model_tmp, atomic_path(data) as data_tmp:
+        with data_tmp.open("w+b") as f:
+            external = ExternalData(f, data.name)
+            model = build(external)
+            inline = external.initializer_bytes <= external_data_threshold
+            if inline:
+                for tensor in model.graph.initializer:
+                    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                        _bring_back(tensor, f)
+        if inline:
+            data_tmp.write_bytes(b"")  # not needed: the model holds its weights (removed below)
+        _write(model, model_tmp)
+    if inline:
+        data.unlink(missing_ok=True)
+    return path
+
+
+def _bring_back(tensor: onnx.TensorProto, f: BinaryIO) -> None:
+    """tensor's bytes from the data file f back into raw_data, as if never moved out."""
+    where = {entry.key: entry.value for entry in tensor.external_data}
+    f.seek(int(where["offset"]))
+    tensor.raw_data = f.read(int(where["length"]))
+    tensor.ClearField("external_data")
+    tensor.ClearField("data_location")
+
+
 def _move_out(model: onnx.ModelProto, data_file: Path, location: str) -> None:
     """Append large initializers' bytes to data_file and point the tensors at location."""
     with data_file.open("wb") as f:
+        external = ExternalData(f, location)
         for tensor in model.graph.initializer:
-            raw = tensor.raw_data
-            if len(raw) < MIN_EXTERNAL_TENSOR:
-                continue
-            if len(raw) >= ALIGN_THRESHOLD:
-                f.seek(-f.tell() % ALIGNMENT, 1)
-            offset = f.tell()
-            f.write(raw)
-            external_data_helper.set_external_data(tensor, location=location, offset=offset, length=len(raw))
-            tensor.data_location = onnx.TensorProto.EXTERNAL
-            tensor.ClearField("raw_data")
+            external.take(tensor)
 
 
 def _write(model: onnx.ModelProto, path: Path) -> None:

@@ -48,7 +48,7 @@ from onnx import TensorProto
 
 from .. import __version__
 from ..errors import UsageError
-from ..export import GraphBuilder, emit_layer, get_dtype, save_model
+from ..export import EXTERNAL_DATA_THRESHOLD, ExternalData, GraphBuilder, emit_layer, get_dtype, save_model_streamed
 from ..export.layer_graph import check_form
 from ..export.onnx_form import export_opset
 from ..export.routing_graph import to_float32
@@ -129,8 +129,11 @@ def build_lm_model(
     *,
     tokenizer: Tokenizer | None = None,
     twin: str = "deamoe",
+    external: ExternalData | None = None,
 ) -> onnx.ModelProto:
-    """model as one ONNX graph with KV-cache inputs and outputs (see the module docstring)."""
+    """model as one ONNX graph with KV-cache inputs and outputs (see the module docstring).
+
+    external: where the weights go as they are made (export_lm), rather than into the graph."""
     if not isinstance(model, DeaMoELM):
         raise UsageError(f"build_lm_model needs a DeaMoELM, got {type(model).__name__}")
     check_form(form)
@@ -141,7 +144,7 @@ def build_lm_model(
             f"the ONNX export takes quantized DeaMoE FFNs only; this model also has quantized "
             f"{', '.join(c.quantized_linears)} projections (quantize without --linears to export it)"
         )
-    b = GraphBuilder(export_opset(form, opset, c.quantization), export_dtype)
+    b = GraphBuilder(export_opset(form, opset, c.quantization), export_dtype, external=external)
     act = export_dtype.onnx
     hd, half, kvh, groups = c.head_dim, c.head_dim // 2, c.num_key_value_heads, c.num_heads // c.num_key_value_heads
 
@@ -344,10 +347,16 @@ def export_lm(
     *,
     tokenizer: Tokenizer | None = None,
     twin: str = "deamoe",
+    external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
 ) -> Path:
-    """build_lm_model(...) written to path (atomically; weights to path.data past 2 GB)."""
-    proto = build_lm_model(model, form, dtype, opset, tokenizer=tokenizer, twin=twin)
-    saved = save_model(proto, path)
+    """build_lm_model(...) written to path (atomically; weights to path.data past 2 GB), the
+    files save_model writes; each weight goes to the data file as it is made, so the graph
+    never holds them all (save_model_streamed)."""
+
+    def build(external: ExternalData) -> onnx.ModelProto:
+        return build_lm_model(model, form, dtype, opset, tokenizer=tokenizer, twin=twin, external=external)
+
+    saved = save_model_streamed(build, path, external_data_threshold=external_data_threshold)
     if isinstance(tokenizer, HFTokenizer):  # its files travel beside the model
         tokenizer.save(Path(saved).parent)
     return saved
