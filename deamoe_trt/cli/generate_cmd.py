@@ -1,4 +1,10 @@
-"""`deamoe-trt generate`: prefill a prompt and decode with the KV cache; prints the text and TPOT."""
+"""`deamoe-trt generate`: prefill a prompt and decode with the KV cache; prints the text and TPOT.
+
+--runtime ort exports the checkpoint in memory and runs that. --onnx FILE runs a model
+already exported with `deamoe-trt export-lm` instead: the checkpoint is read for its config
+(checked against the file's) and tokenizer only, so the process holds the model once, in
+ONNX Runtime (a model too large to hold twice).
+"""
 
 from __future__ import annotations
 
@@ -34,8 +40,14 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--runtime",
         choices=RUNTIMES,
-        default="torch",
-        help="torch (reference), ort (ONNX Runtime CPU) or cpu (FFNs on deamoe-trt's CPU kernel)",
+        default=None,
+        help="torch (reference, default), ort (ONNX Runtime CPU) or cpu (FFNs on deamoe-trt's CPU kernel)",
+    )
+    parser.add_argument(
+        "--onnx",
+        metavar="FILE",
+        help="run this export of the checkpoint (`deamoe-trt export-lm`) on ONNX Runtime rather than exporting it "
+        "again in memory; implies --runtime ort, and --twin must be the one exported",
     )
     parser.add_argument(
         "--twin",
@@ -70,27 +82,79 @@ def run(args) -> int:
 def _run(args) -> int:
     from ..errors import UsageError
     from ..lm.checkpoint import load_lm
-    from ..lm.generate import Sampling, check_prompt, generate, timing_table, warm_up
+    from ..lm.generate import Sampling
 
-    sampling = Sampling(temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    args.sampling = Sampling(temperature=args.temperature, top_k=args.top_k, seed=args.seed)  # checked first
+    if args.onnx is not None:
+        if args.runtime not in (None, "ort"):
+            raise UsageError(f"--onnx runs the file on ONNX Runtime; drop --runtime {args.runtime} or --onnx")
+        return _run_onnx(args)
     loaded = load_lm(args.checkpoint)
+    prompt, prompt_ids = _prompt(args, loaded.tokenizer, loaded.model.config)
+    decoders = (
+        (name, lambda name=name: _decoder(args.runtime or "torch", loaded.model.twin(name), args.threads))
+        for name in args.twin
+    )
+    return _generate(args, loaded.tokenizer, prompt, prompt_ids, decoders)
+
+
+def _run_onnx(args) -> int:
+    """Decode with the export at args.onnx, after checking it is one of args.checkpoint."""
+    from pathlib import Path
+
+    from ..errors import UsageError
+    from ..export.metadata import load_model
+    from ..lm.checkpoint import read_lm_header
+    from ..lm.onnx_export import lm_export_info
+    from ..lm.ort import OrtDecoder, make_lm_session
+
+    header = read_lm_header(args.checkpoint)
+    path = Path(args.onnx)
+    info = lm_export_info(load_model(path), where=str(path), directory=path.parent)  # no weights read yet
+    config = header["config"]
+    expected = {"deamoe": config, "expanded": config.expanded(), "vanilla": config.vanilla()}[info.twin]
+    ours, theirs = expected.to_dict(), info.config.to_dict()
+    if ours != theirs:
+        field = next(k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k))
+        raise UsageError(
+            f"{path} is not an export of {args.checkpoint}: its {field} is {theirs.get(field)!r}, "
+            f"the checkpoint's {ours.get(field)!r}"
+        )
+    if args.twin != [info.twin]:
+        raise UsageError(f"{path} holds the {info.twin} model; --twin {','.join(args.twin)} needs its own export")
+    tokenizer = header["tokenizer"]
+    prompt, prompt_ids = _prompt(args, tokenizer, config)
+    decoders = [(info.twin, lambda: OrtDecoder(make_lm_session(path, threads=args.threads), info))]
+    return _generate(args, tokenizer, prompt, prompt_ids, decoders)
+
+
+def _prompt(args, tokenizer, config) -> tuple[str, list[int]]:
+    """The prompt (in the chat template with --chat) and its token ids, checked against the context."""
+    from ..errors import UsageError
+    from ..lm.generate import check_prompt
+
     prompt = args.prompt
     if args.chat:
-        chat = getattr(loaded.tokenizer, "chat", None)
+        chat = getattr(tokenizer, "chat", None)
         if chat is None:
-            raise UsageError(
-                f"--chat needs a model with a Hugging Face tokenizer; this one has {loaded.tokenizer.describe()}"
-            )
+            raise UsageError(f"--chat needs a model with a Hugging Face tokenizer; this one has {tokenizer.describe()}")
         prompt = chat(prompt)
-    prompt_ids = loaded.tokenizer.encode(prompt)
-    check_prompt(prompt_ids, loaded.model.config.max_position_embeddings)
+    prompt_ids = tokenizer.encode(prompt)
+    check_prompt(prompt_ids, config.max_position_embeddings)
+    return prompt, prompt_ids
+
+
+def _generate(args, tokenizer, prompt: str, prompt_ids: list[int], decoders) -> int:
+    """Generate with each (model name, decoder factory) in turn: the text as it comes, then the table."""
+    from ..lm.generate import generate, timing_table, warm_up
+
+    sampling = args.sampling
     results = []
-    for name in args.twin:
-        model = loaded.model.twin(name)
-        decoder = _decoder(args.runtime, model, args.threads)
+    for name, make in decoders:
+        decoder = make()
         warm_up(decoder, prompt_ids)
         print(f"--- {name} on {decoder.name}, {sampling.describe()}")
-        stream = _Stream(loaded.tokenizer, prompt)
+        stream = _Stream(tokenizer, prompt)
         result = generate(
             decoder, prompt_ids, args.max_new_tokens, sampling=sampling, model=name, on_token=stream.token
         )
