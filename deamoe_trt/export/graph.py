@@ -191,9 +191,11 @@ class GraphBuilder:
 
     def _store(self, name: str, array: np.ndarray, elem_type: int, shape: Sequence[int] | None = None) -> str:
         proto = TensorProto(name=name, data_type=elem_type, dims=list(array.shape if shape is None else shape))
-        proto.raw_data = array.tobytes()  # C order whatever the strides: one copy
+        raw = array.tobytes()  # C order whatever the strides: one copy
         if self.external is not None:
-            self.external.take(proto)
+            self.external.add(proto, raw)
+        else:
+            proto.raw_data = raw
         self.initializers[name] = proto
         return name
 

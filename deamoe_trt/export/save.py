@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 import onnx
-from onnx import external_data_helper
 
 from .._io import atomic_path
 from ..errors import UsageError
@@ -56,26 +55,39 @@ def save_model(
 
 
 class ExternalData:
-    """A model's data file written as its initializers are made: take(tensor) appends a
-    large tensor's bytes (64 KiB-aligned past 1 MiB) and points it at location. The one
-    layout of save_model's data files, whether moved out at the end or streamed."""
+    """A model's data file written as its initializers are made: add(tensor, raw) appends a
+    large tensor's bytes (64 KiB-aligned past 1 MiB) and points it at location, a small one
+    keeps them as raw_data. The one layout of save_model's data files, whether moved out at
+    the end (take) or streamed (GraphBuilder(external=...))."""
 
     def __init__(self, f: BinaryIO, location: str):
         self.f, self.location = f, location
-        self.initializer_bytes = 0  # of every tensor taken, moved out or not (initializer_bytes)
+        self.initializer_bytes = 0  # of every tensor added, moved out or not (initializer_bytes)
 
-    def take(self, tensor: onnx.TensorProto) -> None:
-        raw = tensor.raw_data
+    def add(self, tensor: onnx.TensorProto, raw: bytes) -> None:
+        """tensor's bytes: to the file, never into the proto (whose arena would keep them
+        after ClearField), or, when small, into raw_data."""
         self.initializer_bytes += len(raw)
         if len(raw) < MIN_EXTERNAL_TENSOR:
+            tensor.raw_data = raw
             return
         if len(raw) >= ALIGN_THRESHOLD:
             self.f.seek(-self.f.tell() % ALIGNMENT, 1)
         offset = self.f.tell()
         self.f.write(raw)
-        external_data_helper.set_external_data(tensor, location=self.location, offset=offset, length=len(raw))
+        # onnx.external_data_helper.set_external_data's entries; it insists on raw_data being set.
+        del tensor.external_data[:]
         tensor.data_location = onnx.TensorProto.EXTERNAL
-        tensor.ClearField("raw_data")
+        for key, value in (("location", self.location), ("offset", offset), ("length", len(raw))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, str(value)
+
+    def take(self, tensor: onnx.TensorProto) -> None:
+        """add() for a tensor already holding its bytes: large ones move out."""
+        raw = tensor.raw_data
+        if len(raw) >= MIN_EXTERNAL_TENSOR:
+            tensor.ClearField("raw_data")
+        self.add(tensor, raw)
 
 
 def save_model_streamed(
