@@ -43,7 +43,8 @@ step() {  # step NAME OUTPUT CMD...
   local wall rss bytes
   wall=$(awk -F': ' '/Elapsed/ {n = split($2, t, ":"); s = 0; for (i = 1; i <= n; i++) s = s * 60 + t[i]; print s}' "$dir/$name.time")
   rss=$(awk -F': ' '/Maximum resident/ {print $2}' "$dir/$name.time")
-  bytes=$( [ -e "$out" ] && du -sb "$out" | cut -f1 || echo 0)
+  # An ONNX file's external data (OUTPUT.data) counts as written too.
+  bytes=$( [ -e "$out" ] && du -scb "$out" $( [ -e "$out.data" ] && echo "$out.data") | tail -1 | cut -f1 || echo 0)
   printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$wall" "$rss" "$bytes" "$*" >>"$tsv"
   echo "$name: ${wall}s, peak RSS ${rss} KB, ${bytes} B" >&2
 }
