@@ -33,6 +33,16 @@ def test_quantize_writes_a_checkpoint_and_reports_the_error(tiny, tmp_path, caps
     assert stack.quant == QuantConfig(4, 16) and len(stack.layers) == 2
 
 
+def test_no_compare_writes_the_same_layer_checkpoint_without_the_table(tiny, tmp_path, capsys):
+    args = ["quantize", str(tiny), "--bits", "4", "--group-size", "16", "--tokens", "16"]
+    assert main([*args, "-o", str(tmp_path / "measured")]) == 0
+    capsys.readouterr()
+    assert main([*args, "-o", str(tmp_path / "quiet"), "--no-compare"]) == 0
+    assert "relative error" not in capsys.readouterr().out
+    for name in ("model.safetensors", "config.json"):
+        assert (tmp_path / "quiet" / name).read_bytes() == (tmp_path / "measured" / name).read_bytes()
+
+
 def test_info_counts_packed_bytes_and_prints_bit_widths(tiny, tmp_path, capsys):
     main(["quantize", str(tiny), "-o", str(tmp_path / "q8"), "--bits", "8", "--group-size", "16"])
     capsys.readouterr()
