@@ -70,3 +70,16 @@ def test_a_stale_data_file_is_removed_when_the_new_model_needs_none(int4_model, 
     export_lm(int4_model, path, "ort")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
     assert OrtDecoder.from_file(path).prefill(IDS).shape == (QUANTIZABLE_MICRO_LM.vocab_size,)
+
+
+def test_a_failure_midway_leaves_no_file(tmp_path):
+    import torch
+
+    from deamoe_trt.errors import UsageError
+
+    broken = DeaMoELM.random(QUANTIZABLE_MICRO_LM, seed=4).eval()
+    with torch.no_grad():
+        broken.layers[2].mlp.experts.down.view(-1)[0] = float("nan")  # the last block: most weights already out
+    with pytest.raises(UsageError, match="contains NaN or Inf"):
+        export_lm(broken, tmp_path / "model.onnx", "ort", external_data_threshold=0)
+    assert list(tmp_path.iterdir()) == []
