@@ -11,7 +11,7 @@ def register(subparsers) -> None:
         help="export a language-model checkpoint (prefill + decode, KV cache) to ONNX",
         description=__doc__,
     )
-    common.add_checkpoint(parser, help="language-model checkpoint directory (e.g. samples/models/tiny-lm)")
+    common.add_checkpoint(parser, help="language-model checkpoint directory (e.g. deamoe_trt/lm/data/tiny-lm)")
     parser.add_argument(
         "-o",
         "--output",

@@ -94,7 +94,7 @@ def read_lm_header(directory: str | Path) -> dict[str, Any]:
     if not directory.exists():
         raise CheckpointError(
             f"no model checkpoint at {directory}: it does not exist "
-            "(the shipped one is samples/models/tiny-lm; make one with `deamoe-trt train-tiny`)"
+            "(the shipped one is deamoe_trt/lm/data/tiny-lm; make one with `deamoe-trt train-tiny`)"
         )
     if not directory.is_dir():
         raise CheckpointError(f"no model checkpoint at {directory}: not a directory (config.json + model.safetensors)")
@@ -105,7 +105,7 @@ def read_lm_header(directory: str | Path) -> dict[str, Any]:
     if isinstance(header, dict) and header.get("format") == LAYER_FORMAT:
         raise CheckpointError(
             f"{directory} is a DeaMoE layer checkpoint, not a language model; "
-            f"this needs a {FORMAT} checkpoint such as samples/models/tiny-lm"
+            f"this needs a {FORMAT} checkpoint such as deamoe_trt/lm/data/tiny-lm"
         )
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise CheckpointError(f'{path} is not a deamoe-trt model checkpoint config (no "format": "{FORMAT}")')

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-SAMPLES = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = SAMPLES / "models" / "tiny-lm"
 DEFAULT_PROMPT = "Anne Elliot was"
 TWINS = ("deamoe", "expanded")
 
