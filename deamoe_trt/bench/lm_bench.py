@@ -55,11 +55,11 @@ import numpy as np
 import torch
 
 from ..config import DeaMoEConfig
+from ..console import format_bytes, format_table
 from ..errors import UsageError
 from ..lm.config import LMConfig
 from ..presets import get_preset
 from ..quant import QuantConfig
-from ..report import format_bytes, format_table
 from ..traffic import BYTES_PER_WEIGHT, weights_loaded
 from . import llama_cpp
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..console import Progress, format_table
 from ..errors import UsageError
 from ..inputs import random_hidden
 from ..layer import DeaMoELayer
 from ..presets import get_preset
 from ..quant import BITS, GROUP_SIZES, QuantConfig
-from ..report import Progress, format_table
 from ..routing import route_logits, router_logits
 from ..traffic import weights_loaded
 from . import bandwidth as bw

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..console import format_table
 from ..errors import DeaMoEError, MissingDependencyError
 from ..lm.shipped import read_prompts
-from ..report import format_table
 
 MODEL = "tiny_lm"
 

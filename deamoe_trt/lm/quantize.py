@@ -123,7 +123,7 @@ def quantize_lm_awq(
     gate columns * s (awq.fold_input_scales): powers of two, so the float model and every
     expert choice stay exactly as they were. `linears`' projections: round to nearest."""
     from .. import awq
-    from ..report import Progress
+    from ..console import Progress
 
     if model.config.quantization is not None:
         model.quantized(quant)  # the one "already quantized" error
