@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import sys
 
+from deamoe_trt.lm.shipped import TINY_LM
+
+DEFAULT_MODEL = TINY_LM  # package data: there in a wheel as in a checkout
 DEFAULT_PROMPT = "Anne Elliot was"
 TWINS = ("deamoe", "expanded")
 
