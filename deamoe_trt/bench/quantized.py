@@ -105,7 +105,7 @@ def run_quant_bench(options: QuantBenchOptions) -> dict:
         contenders.append(contender)
 
     from ..cpu import CpuDeaMoE
-    from .ort_models import build_ort_model, make_session
+    from ..runtimes.onnxruntime import build_ort_model, make_session
 
     say(f"building DeaMoE {bits} on the CPU kernel")
     add(f"DeaMoE {bits}, CPU kernel", "cpu", "deamoe", CpuDeaMoE(quantized, threads=threads), quantized, quantized)
