@@ -331,15 +331,9 @@ def _time_engine(path: Path, plugin: str, args) -> dict[int, dict]:
     import torch
 
     from deamoe_trt.inputs import random_hidden
-    from deamoe_trt.trt._tensorrt import import_tensorrt
-    from deamoe_trt.trt.plugin import load_plugin, resolve_plugin
+    from deamoe_trt.trt.runner import load_engine
 
-    trt = import_tensorrt()
-    load_plugin(resolve_plugin(plugin), trt)
-    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-    engine = runtime.deserialize_cuda_engine(Path(path).read_bytes())
-    if engine is None:
-        raise RuntimeError(f"TensorRT could not deserialise {path}")
+    trt, engine = load_engine(path, plugin)
     context = engine.create_execution_context()
     names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
     inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
