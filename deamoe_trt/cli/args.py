@@ -114,6 +114,15 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
         return exc.code if isinstance(exc.code, int) else 2
 
 
+def parse_error(parser: argparse.ArgumentParser, message: str) -> int:
+    """parser's one-line error for a check made after parsing; the exit status to return (2)."""
+    try:
+        parser.error(message)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    return 2
+
+
 def name_list(choices: Sequence[str], what: str, *, plural: str = "") -> Callable[[str], list[str]]:
     """A type for a comma-separated list drawn from choices: the names in order, each once;
     an unknown one is one line naming it and the choices."""
