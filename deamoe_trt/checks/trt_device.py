@@ -378,6 +378,7 @@ def _traffic(checkpoint: Path, args) -> dict[int, dict]:
     """Bytes of weights each timed batch reads, DeaMoE vs the expanded twin (routing of the fp32 reference)."""
     from deamoe_trt import DeaMoEStack
     from deamoe_trt.inputs import random_hidden
+    from deamoe_trt.routing import router_logits
     from deamoe_trt.traffic import compare_traffic
 
     layer = DeaMoEStack.from_pretrained(checkpoint).layers[0]
@@ -386,7 +387,7 @@ def _traffic(checkpoint: Path, args) -> dict[int, dict]:
     out = {}
     for tokens in args.tokens:
         x = random_hidden(tokens, config.hidden_size, seed=args.seed + tokens)
-        logits = x @ layer.router.weight.float().t()
+        logits = router_logits(x, layer.router.weight, layer.router.logit_bias)
         bytes_ = compare_traffic(config, logits, layer.router.bias, width)
         deamoe, expanded = bytes_["deamoe"].total, bytes_["expanded"].total
         out[tokens] = {"deamoe_bytes": deamoe, "expanded_bytes": expanded, "bytes_ratio": round(deamoe / expanded, 4)}
