@@ -64,6 +64,10 @@ class CudaRuntime(RuntimeBase):
             self.build_seconds = time.perf_counter() - started
         return self._lib
 
+    def load(self) -> ctypes.CDLL:
+        """Loads (or builds) the library now, rather than in the first timed call."""
+        return self.lib
+
     def _stream(self) -> int | None:
         return None if self.is_emulated else torch.cuda.current_stream().cuda_stream
 
@@ -140,7 +144,7 @@ class CudaRuntime(RuntimeBase):
         target = torch.device(device) if device is not None else self.device
         module = module.to(target)
         layers = module.layers if isinstance(module, DeaMoEStack) else None
-        self.lib  # noqa: B018 - load (or build) the library now, not in the first timed call
+        self.load()
 
         def run(x, module=module):
             with torch.inference_mode():

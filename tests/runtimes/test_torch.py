@@ -18,7 +18,7 @@ def test_stack_output_matches_the_spec(layer_errors):
     assert max(layer_errors(RUNTIME, torch.float32, layers=2)) < TOLERANCE[torch.float32]
 
 
-def test_cast_on_prepare(layer_errors):
+def test_prepare_casts_to_the_dtype_asked_for():
     from deamoe_trt import PRESETS, DeaMoELayer
 
     prepared = RUNTIME.prepare(DeaMoELayer.random(PRESETS["tiny"], seed=0), dtype=torch.float16)
