@@ -121,14 +121,6 @@ class _Stream:
 
 
 def _decoder(runtime: str, model, threads: int):
-    from ..lm.generate import TorchDecoder
+    from .. import runtimes
 
-    if runtime == "torch":
-        return TorchDecoder(model)
-    if runtime == "cpu":
-        from ..lm.cpu import CpuDecoder
-
-        return CpuDecoder(model, threads=threads)
-    from ..lm.ort import OrtDecoder
-
-    return OrtDecoder.from_model(model, form="ort", threads=threads)
+    return runtimes.get(runtime).decoder(model, threads=threads)
