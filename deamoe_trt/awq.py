@@ -405,8 +405,8 @@ def split_held_out(inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list
 
 def quantize_stack_awq(stack, quant: QuantConfig, inputs: list[torch.Tensor], *, progress: bool = True):
     """(The stack quantized with AWQ, each layer from its calibration inputs, the plans)."""
+    from .console import Progress
     from .layer import DeaMoEStack
-    from .report import Progress
 
     bar = Progress(2 * sum(group_count(layer) for layer in stack.layers), "awq search", enabled=progress)
     pairs = [quantize_awq(layer, quant, x, bar) for layer, x in zip(stack.layers, inputs, strict=True)]

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import DeaMoEConfig
+from .console import format_bytes, format_table
 from .errors import UsageError
 from .presets import PRESETS
 from .quant import QuantConfig
-from .report import format_bytes, format_table
 from .traffic import parameter_count, stored_bytes
 
 GIB = 1 << 30

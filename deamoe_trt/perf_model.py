@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import DeaMoEConfig
+from .console import format_table
 from .errors import UsageError
 from .layer import check_quantizable
 from .presets import PRESETS
 from .quant import QuantConfig
-from .report import format_table
 from .traffic import ffn_bytes
 
 # The kernels' launch geometry (plugins/deamoe/deamoeInternal.h).

@@ -89,9 +89,7 @@ def route_logits(logits: torch.Tensor, router_bias: torch.Tensor | None, config:
     num_tokens, num_experts = logits.shape
     if num_experts != config.num_experts:
         raise ValueError(f"router logits have {num_experts} experts, config has {config.num_experts}")
-    logits = logits.float()
-    scores = torch.softmax(logits, dim=-1) if config.score_func == "softmax" else torch.sigmoid(logits)
-    selection = scores if router_bias is None else scores + router_bias.float()
+    scores, selection = selection_scores(logits, router_bias, config)
     # Non-finite tokens (spec extension "Non-finite tokens"): a token with any NaN or
     # infinite selection score (a NaN in its hidden state; a +inf logit under softmax)
     # chooses as if all its scores tied: the lowest-index g departments, then the
@@ -99,14 +97,7 @@ def route_logits(logits: torch.Tensor, router_bias: torch.Tensor | None, config:
     # math gives (NaN for softmax), so its output is NaN; other tokens are untouched.
     selection = selection.masked_fill(~torch.isfinite(selection).all(dim=-1, keepdim=True), 0.0)
 
-    per_department = selection.view(num_tokens, config.num_departments, config.experts_per_department)
-    if config.department_score == "max":
-        department_scores = per_department.amax(dim=-1)
-    elif config.department_score == "sum_top2":
-        department_scores = per_department.topk(2, dim=-1).values.sum(dim=-1)
-    else:
-        department_scores = per_department.sum(dim=-1)
-    kept_departments = top_indices(department_scores, config.top_departments)
+    kept_departments = top_indices(department_scores(selection, config), config.top_departments)
 
     kept = torch.zeros(num_tokens, config.num_departments, dtype=torch.bool, device=logits.device)
     kept.scatter_(1, kept_departments, True)
@@ -124,6 +115,26 @@ def route_logits(logits: torch.Tensor, router_bias: torch.Tensor | None, config:
         kept_departments=kept_departments,
         scores=scores,
     )
+
+
+def selection_scores(
+    logits: torch.Tensor, router_bias: torch.Tensor | None, config: DeaMoEConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores, selection scores) [T, N] in float32: softmax or sigmoid of the logits (spec
+    step 2), plus the selection bias when there is one (it chooses, it does not weigh)."""
+    logits = logits.float()
+    scores = torch.softmax(logits, dim=-1) if config.score_func == "softmax" else torch.sigmoid(logits)
+    return scores, scores if router_bias is None else scores + router_bias.float()
+
+
+def department_scores(selection: torch.Tensor, config: DeaMoEConfig) -> torch.Tensor:
+    """[T, D] each department's score from its experts' selection scores [T, N] (spec step 3)."""
+    per_department = selection.view(-1, config.num_departments, config.experts_per_department)
+    if config.department_score == "max":
+        return per_department.amax(dim=-1)
+    if config.department_score == "sum_top2":
+        return per_department.topk(2, dim=-1).values.sum(dim=-1)
+    return per_department.sum(dim=-1)
 
 
 def top_indices(values: torch.Tensor, k: int) -> torch.Tensor:

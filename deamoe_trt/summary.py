@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import torch
 
 from .config import DeaMoEConfig
+from .console import format_bytes, format_table
 from .inputs import input_generator
 from .layer import DeaMoELayer, DeaMoEStack
 from .quant import QuantConfig
-from .report import format_bytes, format_table
 from .routing import Routing, router_logits
 from .traffic import BYTES_PER_WEIGHT, compare_traffic, weights_loaded
 

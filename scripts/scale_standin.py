@@ -21,7 +21,8 @@ from safetensors.torch import load_file
 from deamoe_trt.checkpoint import DTYPES, write_files_streamed
 from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.importers.safetensors_io import ShardReader
-from deamoe_trt.lm.checkpoint import checked_index, expected_tensors, lm_header, read_lm_header
+from deamoe_trt.lm.checkpoint import expected_tensors
+from deamoe_trt.lm.checkpoint_format import checked_index, lm_header, read_lm_header
 from deamoe_trt.lm.model import DeaMoELM
 from deamoe_trt.lm.tokenizer import HFTokenizer
 
@@ -38,7 +39,7 @@ def main() -> None:
     entry = next(b for b in json.loads((args.work / "state.json").read_text())["blocks"] if b["block"] == args.block)
     score = max(entry["agreement"], key=entry["agreement"].get)  # as the conversion chooses it
     converted = config.replace(moe=DeaMoEConfig.from_dict(entry["config"]).replace(department_score=score))
-    index = checked_index(args.source, DeaMoELM(config, dtype=dtype, device="meta"), header["dtype"])
+    index = checked_index(args.source, expected_tensors(DeaMoELM(config, dtype=dtype, device="meta")), header["dtype"])
     skeleton = DeaMoELM(converted, dtype=dtype, device="meta")
     schema = {name: (tuple(t.shape), t.dtype) for name, t in expected_tensors(skeleton).items()}
     ffn = load_file(args.work / f"block-{args.block}.safetensors")

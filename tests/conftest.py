@@ -4,7 +4,7 @@ sources, made once per session.
 - host_lib: tests/plugins/deamoe/deamoeHostTest.cpp (the device routing + plan logic compiled
   for the CPU) as a shared library; needs a C++17 compiler.
 - emulated_lib: the whole kernel library (plugins/deamoe/*.cu) compiled for the CPU under
-  the SIMT emulator (tests/plugins/deamoe/simt_emulator.h), exporting the real C ABI;
+  the SIMT emulator (deamoe_trt/cuda/simt_emulator/simt_emulator.h), exporting the real C ABI;
   needs a C++20 compiler and the CUDA headers (no GPU).
 Each skips with the reason when its tools are missing.
 """
@@ -19,12 +19,14 @@ import pytest
 import torch
 
 from deamoe_trt.checks.emulated import (
-    EMULATOR_DIR,
     KERNEL_DIR,
     emulated_library_command,
     find_cuda_include,
     find_cxx,
 )
+
+# Test-only C entry points of the kernels' routing and plan code.
+HOST_TEST_SOURCE = Path(__file__).resolve().parent / "plugins" / "deamoe" / "deamoeHostTest.cpp"
 
 
 @pytest.fixture
@@ -64,7 +66,7 @@ def host_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
             "-Wextra",
             "-Werror",
             f"-I{KERNEL_DIR}",
-            str(EMULATOR_DIR / "deamoeHostTest.cpp"),
+            str(HOST_TEST_SOURCE),
         ],
         out,
     )

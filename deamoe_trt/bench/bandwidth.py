@@ -55,7 +55,7 @@ class RoofProbe:
     def __init__(self, nbytes: int, threads: int):
         import ctypes
 
-        from ..cpu import _Buffer, pool
+        from ..cpu.runtime import _Buffer, pool
 
         self.pool = pool(threads)
         granule = 64 * 4 * self.pool.threads

@@ -5,7 +5,8 @@ A contender is one model kind on one runtime:
            neurons copied into every expert), vanilla (one-stage top-k over the twin's
            experts: what users run today);
   runtime: cpu (deamoe_trt.cpu's kernel), ort (ONNX Runtime CPU, the export's `ort` form;
-           for vanilla, com.microsoft.MoE's own routing), torch (the PyTorch reference).
+           for vanilla, com.microsoft.MoE's own routing), torch (the PyTorch reference),
+           each through its deamoe_trt.runtimes implementation.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import runtimes
 from ..config import DeaMoEConfig
 from ..errors import MissingDependencyError, one_line
-from ..layer import DeaMoEStack
+from ..runtimes.base import Prepared, identity
 from ..traffic import layer_bytes
 
 if TYPE_CHECKING:
@@ -32,7 +34,6 @@ PRIORITY = ("deamoe/cpu", "expanded/cpu", "vanilla/ort", "deamoe/ort", "expanded
 # Resident memory of an ONNX Runtime CPU session over its weights, measured with the qwen3
 # layer's twins (2.42 GB of weights: +4.85 GB; the same with pre-packing disabled).
 ORT_RESIDENT_FACTOR = 2
-RUNTIME_LABELS = {"cpu": "deamoe-trt CPU kernel", "ort": "ONNX Runtime CPU", "torch": "PyTorch reference"}
 
 
 @dataclass
@@ -41,20 +42,27 @@ class Contender:
     model: str
     runtime: str
     run: Callable[[Any], Any] | None = None  # one step on a prepared input
-    prepare: Callable[[torch.Tensor], Any] | None = None  # torch input -> runtime input (not timed)
-    to_torch: Callable[[Any], torch.Tensor] | None = None  # runtime output -> torch (for checks)
+    prepare: Callable[[torch.Tensor], Any] = identity  # torch input -> runtime input (not timed)
+    to_torch: Callable[[Any], torch.Tensor] = identity  # runtime output -> torch (for checks)
     memory_bytes: int = 0
     cooldown_s: float = 0.0  # pause after each call, so its spinning threads are asleep before the next
     status: str = "ok"  # ok | skipped | failed
     reason: str = ""
     info: dict = field(default_factory=dict)
+    keep_alive: Any = None  # what run needs alive (an ONNX Runtime session's weight arrays)
+
+    def take(self, prepared: Prepared) -> Contender:
+        """Runs what a runtime prepared (deamoe_trt.runtimes)."""
+        self.run, self.prepare, self.to_torch = prepared.run, prepared.to_input, prepared.to_torch
+        self.memory_bytes, self.info, self.keep_alive = prepared.memory_bytes, prepared.info, prepared.keep_alive
+        return self
 
     def to_json(self) -> dict:
         out = {
             "name": self.name,
             "model": self.model,
             "runtime": self.runtime,
-            "runtime_label": RUNTIME_LABELS[self.runtime],
+            "runtime_label": runtimes.get(self.runtime).label,
             "status": self.status,
             "memory_bytes": self.memory_bytes,
         }
@@ -148,35 +156,8 @@ def build_contender(name: str, module, threads: int, options: BenchOptions, ref:
     if options.gap_ms > 0 and runtime == "ort" and options.ort_spinning:
         contender.cooldown_s = max(contender.cooldown_s, ORT_SPINNING_COOLDOWN_S)
     try:
-        if runtime == "cpu":
-            from ..cpu import CpuDeaMoE, CpuDeaMoEStack, simd
-
-            fast = (
-                CpuDeaMoEStack(module, threads=threads)
-                if isinstance(module, DeaMoEStack)
-                else CpuDeaMoE(module, threads=threads)
-            )
-            contender.run = fast
-            contender.prepare = identity
-            contender.to_torch = identity
-            contender.memory_bytes = fast.nbytes
-            contender.info = {"simd": simd(), "threads": threads}
-        elif runtime == "torch":
-
-            def run(x, module=module):
-                with torch.inference_mode():
-                    return module(x)
-
-            contender.run = run
-            contender.prepare = identity
-            contender.to_torch = identity
-            contender.memory_bytes = sum(t.numel() * t.element_size() for t in module.state_dict().values())
-            contender.info = {"threads": torch.get_num_threads()}
-        else:
-            contender.run, contender.info = _ort_runner(module, threads, options)
-            contender.prepare = to_numpy
-            contender.to_torch = torch.from_numpy
-            contender.memory_bytes = module_bytes(module)
+        extra = {"spinning": options.ort_spinning} if runtime == "ort" else {}
+        contender.take(runtimes.get(runtime).prepare(module, threads=threads, **extra))
         # A runtime that cannot run this model (ORT or PyTorch without fp16 CPU kernels...)
         # fails here, on the check inputs, rather than in the middle of the timed loop.
         contender.info["max_abs_diff"] = _check(contender, ref, checks)
@@ -194,21 +175,6 @@ def build_contender(name: str, module, threads: int, options: BenchOptions, ref:
     return contender
 
 
-def _ort_runner(module, threads: int, options: BenchOptions):
-    from .ort_models import BUILDER, build_ort_model, make_session
-
-    model = build_ort_model(module)
-    ort_model = make_session(model, threads, spinning=options.ort_spinning)
-    del model
-    info = {
-        "builder": BUILDER,
-        "threads": threads,
-        "spinning": options.ort_spinning,
-        "execution_mode": "sequential",
-    }
-    return ort_model.run, info
-
-
 def _check(contender: Contender, ref: dict, checks: dict) -> float:
     worst = 0.0
     for tokens, x in checks.items():
@@ -220,15 +186,3 @@ def _check(contender: Contender, ref: dict, checks: dict) -> float:
 def reference_outputs(module, checks: dict) -> dict:
     with torch.inference_mode():
         return {t: module(x).float() for t, x in checks.items()}
-
-
-def module_bytes(module) -> int:
-    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
-
-
-def identity(x):
-    return x
-
-
-def to_numpy(x: torch.Tensor):
-    return x.numpy()

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ..report import format_bytes, format_table
+from ..console import format_bytes, format_table
 
 D, HEADS, KV_HEADS, HEAD_DIM, EXPERTS, WIDTH, VOCAB = 2048, 32, 4, 128, 128, 768, 32000
 

@@ -55,11 +55,11 @@ import numpy as np
 import torch
 
 from ..config import DeaMoEConfig
+from ..console import format_bytes, format_table
 from ..errors import UsageError
 from ..lm.config import LMConfig
 from ..presets import get_preset
 from ..quant import QuantConfig
-from ..report import format_bytes, format_table
 from ..traffic import BYTES_PER_WEIGHT, weights_loaded
 from . import llama_cpp
 
@@ -150,7 +150,7 @@ def _cpu_contender(base, twin: str, threads: int) -> Contender:
 def _ort_contender(base, twin: str, threads: int) -> Contender:
     from ..lm.onnx_export import build_lm_model, lm_export_info
     from ..lm.ort import OrtDecoder
-    from .ort_models import make_session
+    from ..runtimes.onnxruntime import make_session
 
     model = base.twin(twin)
     proto = build_lm_model(model, "ort", "fp16", twin=twin)

@@ -9,8 +9,8 @@ import time
 import torch
 
 from ..config import DeaMoEConfig
+from ..console import Progress
 from ..layer import DeaMoELayer
-from ..report import Progress
 from ..traffic import layer_bytes
 from . import bandwidth as bw
 from .contenders import MemoryPlan
@@ -132,7 +132,7 @@ def skipped_list(plan: MemoryPlan, wanted: list[str]) -> list[dict]:
 
 
 class Log:
-    """Phase lines on stderr (the timing loops report through report.Progress)."""
+    """Phase lines on stderr (the timing loops report through console.Progress)."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled

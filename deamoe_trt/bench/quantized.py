@@ -16,13 +16,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import runtimes
+from ..console import Progress, format_table
 from ..errors import UsageError
 from ..inputs import random_hidden
 from ..layer import DeaMoELayer
 from ..presets import get_preset
 from ..quant import BITS, GROUP_SIZES, QuantConfig
-from ..report import Progress, format_table
 from ..routing import route_logits, router_logits
+from ..runtimes.base import state_bytes
 from ..traffic import weights_loaded
 from . import bandwidth as bw
 from . import machine
@@ -99,36 +101,38 @@ def run_quant_bench(options: QuantBenchOptions) -> dict:
         with torch.inference_mode():
             worst = max(float((_as_torch(run(x)) - reference(x).float()).abs().max()) for x in checks.values())
             scale = max(float(reference(x).float().abs().max()) for x in checks.values())
-        contender.info = {"max_abs_diff": worst, "reference_scale": scale, "stored_bytes": _stored_bytes(module)}
+        contender.info = {"max_abs_diff": worst, "reference_scale": scale, "stored_bytes": state_bytes(module)}
         if worst > CHECK_TOLERANCE[runtime] * max(scale, 1e-6):
             contender.info["warning"] = f"outputs differ from the PyTorch reference by {worst:.3g}"
         contenders.append(contender)
 
-    from ..cpu import CpuDeaMoE
-    from .ort_models import build_ort_model, make_session
+    cpu, ort = runtimes.get("cpu"), runtimes.get("ort")
+
+    def on(runtime, module):
+        """The module's step on a runtime, fed torch tensors (ONNX Runtime: as numpy, zero-copy)."""
+        prepared = runtime.prepare(module, threads=threads)
+        return lambda x: prepared.run(prepared.to_input(x))
 
     say(f"building DeaMoE {bits} on the CPU kernel")
-    add(f"DeaMoE {bits}, CPU kernel", "cpu", "deamoe", CpuDeaMoE(quantized, threads=threads), quantized, quantized)
+    add(f"DeaMoE {bits}, CPU kernel", "cpu", "deamoe", on(cpu, quantized), quantized, quantized)
     say(f"building the expanded twin {bits} on the CPU kernel")
     twin = quantized.expanded()
-    add(f"expanded twin {bits}, CPU kernel", "cpu", "expanded", CpuDeaMoE(twin, threads=threads), twin, twin)
+    add(f"expanded twin {bits}, CPU kernel", "cpu", "expanded", on(cpu, twin), twin, twin)
     say(f"building the vanilla MoE {bits} on ONNX Runtime's QMoE")
     vanilla = quantized.vanilla()
     del twin
     gc.collect()
-    session = make_session(build_ort_model(vanilla), threads)
-    add(f"vanilla MoE {bits}, ONNX Runtime QMoE (anchor)", "ort", "vanilla", _numpy_run(session), vanilla, vanilla)
+    add(f"vanilla MoE {bits}, ONNX Runtime QMoE (anchor)", "ort", "vanilla", on(ort, vanilla), vanilla, vanilla)
     del vanilla
     gc.collect()
     say(f"building DeaMoE {bits} on ONNX Runtime (ort form, QMoE)")
-    session = make_session(build_ort_model(quantized), threads)
-    add(f"DeaMoE {bits}, ONNX Runtime QMoE", "ort", "deamoe", _numpy_run(session), quantized, quantized)
+    add(f"DeaMoE {bits}, ONNX Runtime QMoE", "ort", "deamoe", on(ort, quantized), quantized, quantized)
     say("building DeaMoE fp32 and fp16 on the CPU kernel")
-    add("DeaMoE fp32, CPU kernel", "cpu", "deamoe", CpuDeaMoE(layer, threads=threads), layer, layer)
+    add("DeaMoE fp32, CPU kernel", "cpu", "deamoe", on(cpu, layer), layer, layer)
     half = layer.to(torch.float16)
     del layer
     gc.collect()
-    add("DeaMoE fp16, CPU kernel", "cpu", "deamoe", CpuDeaMoE(half, threads=threads), half, half)
+    add("DeaMoE fp16, CPU kernel", "cpu", "deamoe", on(cpu, half), half, half)
     del half, quantized
     gc.collect()
 
@@ -292,19 +296,8 @@ class _Cooldown:
             self.warmer.busy_wait(min(seconds, self.seconds))
 
 
-def _numpy_run(session):
-    def run(x: torch.Tensor):
-        return session.run(x.numpy())
-
-    return run
-
-
 def _as_torch(y) -> torch.Tensor:
     return (y if isinstance(y, torch.Tensor) else torch.from_numpy(y)).float()
-
-
-def _stored_bytes(module) -> int:
-    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
 
 
 def _say(message: str) -> None:

@@ -6,6 +6,7 @@ import gc
 
 import torch
 
+from .. import runtimes
 from ..config import DeaMoEConfig
 from ..errors import DeaMoEError, MissingDependencyError, UsageError
 from ..inputs import random_hidden
@@ -13,7 +14,7 @@ from ..layer import DeaMoEStack
 from ..presets import get_preset
 from ..traffic import BYTES_PER_WEIGHT, layer_bytes, weights_loaded
 from . import loop, machine
-from .contenders import TORCH_COOLDOWN_S, Contender, identity, module_bytes
+from .contenders import TORCH_COOLDOWN_S, Contender
 from .loop import Log, Runner, result_rows, time_all
 from .options import DTYPES, BenchOptions, step_seed
 
@@ -99,40 +100,24 @@ def stack_section(options: BenchOptions, runner: Runner, num_layers: int) -> dic
     for name in wanted:
         kind, runtime = name.split("/")
         if runtime == "cpu":
+            # The CPU kernel's stack, packed above one layer at a time (so that the PyTorch
+            # copies never pile up), rather than runtimes.get("cpu").prepare(stack).
             contenders.append(
                 Contender(
                     name,
                     kind,
                     runtime,
                     run=stacks[kind],
-                    prepare=identity,
-                    to_torch=identity,
                     memory_bytes=stacks[kind].nbytes,
                     cooldown_s=options.gap_ms / 1e3,
                     info={"simd": simd(), "threads": threads},
                 )
             )
         elif keep_torch:
-            module = DeaMoEStack.from_layers(torch_layers[kind])
-
-            def run(x, module=module):
-                with torch.inference_mode():
-                    return module(x)
-
+            stack = DeaMoEStack.from_layers(torch_layers[kind])
             cooldown = max(options.gap_ms / 1e3, TORCH_COOLDOWN_S) if options.gap_ms > 0 else 0.0
-            contenders.append(
-                Contender(
-                    name,
-                    kind,
-                    runtime,
-                    run=run,
-                    prepare=identity,
-                    to_torch=identity,
-                    cooldown_s=cooldown,
-                    memory_bytes=module_bytes(module),
-                    info={"threads": torch.get_num_threads()},
-                )
-            )
+            contender = Contender(name, kind, runtime, cooldown_s=cooldown)
+            contenders.append(contender.take(runtimes.get("torch").prepare(stack)))
         else:
             skipped[name] = "memory: the PyTorch copies of the stack do not fit next to the kernel's"
 

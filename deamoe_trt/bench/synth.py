@@ -36,10 +36,10 @@ from typing import Any
 
 import torch
 
+from ..console import format_bytes
 from ..errors import UsageError, one_line
 from ..importers.mxfp4 import BLOCK, E2M1, SCALE_BIAS
 from ..importers.safetensors_io import INDEX_FILE, StreamingWriter
-from ..report import format_bytes
 
 CONFIGS = "configs"
 DEFAULT_SHARD_BYTES = 5 * 10**9  # transformers' save_pretrained default max_shard_size, "5GB"

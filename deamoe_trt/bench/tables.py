@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..report import format_bytes, format_table
+from ..console import format_bytes, format_table
 
 # The CPU targets for the qwen3-30b-a3b-layer preset, fp32, 1 token per step.
 TARGET_SPEEDUP = 1.45

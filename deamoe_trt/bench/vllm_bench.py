@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
+from ..console import format_table
 from ..errors import DeaMoEError, UsageError, one_line
-from ..report import format_table
 from .lm_bench import TWINS, bench_config
 from .machine import load_average, machine_info
 

@@ -39,6 +39,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..cli import args as common
 from .trt_device import Check, Skip
 
 PROMPTS = ("Tell me about the sea.", "What is a department of experts?")
@@ -217,11 +218,12 @@ def _responses(path: Path) -> list[dict]:
         raise RuntimeError(f"{path} is not llm_inference's output (responses[].output_text): {exc}") from None
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+def parse_args(argv=None) -> argparse.Namespace | int:
+    """The arguments, or the exit status when they are bad (after one line on stderr) or --help."""
+    parser = common.Parser(
         prog="deamoe-trt check-edgellm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("out", type=Path, help="folder for results.json and work/")
+    parser.add_argument("out", type=common.writable_directory, help="folder for results.json and work/")
     parser.add_argument("--hf-dir", required=True, type=Path, help="the vanilla Hugging Face model (Qwen3-MoE)")
     parser.add_argument("--lm", help="its DeaMoE LM checkpoint (default: import-hf of --hf-dir)")
     parser.add_argument("--edgellm-build", default="", help="TensorRT Edge-LLM's build folder (its examples/llm/)")
@@ -230,20 +232,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tensorrt-root", help="TensorRT prefix for the plugin build (default: TENSORRT_ROOT, /usr)")
     parser.add_argument("--tensorrt-include", help="TensorRT headers for a pip TensorRT (see check-trt)")
     parser.add_argument("--prompt", action="append", help="a user message (repeatable; default: two built in)")
-    parser.add_argument("--tokens", type=int, default=64, help="tokens to generate per prompt (64)")
-    parser.add_argument("--max-kv-cache", type=int, default=4096, help="llm_build's --maxKVCacheCapacity (4096)")
+    parser.add_argument("--tokens", type=common.positive_int, default=64, help="tokens to generate per prompt (64)")
+    parser.add_argument(
+        "--max-kv-cache", type=common.positive_int, default=4096, help="llm_build's --maxKVCacheCapacity (4096)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="run steps 1-3, print the device steps' commands")
-    args = parser.parse_args(argv)
+    args = common.parse(parser, argv)
+    if isinstance(args, int):
+        return args
+    args.out = Path(args.out)
     args.prompt = args.prompt or list(PROMPTS)
     if args.tokens < 4:
-        parser.error(f"--tokens must be at least 4 (TPOT needs two lengths), got {args.tokens}")
+        return common.parse_error(parser, f"--tokens must be at least 4 (TPOT needs two lengths), got {args.tokens}")
     if not (args.hf_dir / "config.json").is_file():
-        parser.error(f"--hf-dir {args.hf_dir} has no config.json: give the Hugging Face model's folder")
+        return common.parse_error(
+            parser, f"--hf-dir {args.hf_dir} has no config.json: give the Hugging Face model's folder"
+        )
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if isinstance(args, int):
+        return args
     args.out.mkdir(parents=True, exist_ok=True)
     check = EdgeLLMCheck(args.out, args)
     check.step("LM", check.lm)

@@ -1,7 +1,6 @@
-"""The kernel library built for the CPU under the SIMT emulator (tests/plugins/deamoe/):
-the real kernel source behind the real C ABI, on host memory. The tests use it, and so does
-`deamoe-trt check-gpu --dry-run`, which needs this source checkout (the emulator is not
-part of the installed package)."""
+"""The kernel library built for the CPU under the SIMT emulator (deamoe_trt/cuda/simt_emulator/):
+the real kernel source behind the real C ABI, on host memory. The kernel tests use it, and so
+does `deamoe-trt check-gpu --dry-run`; the emulator and the kernel sources ship in the package."""
 
 from __future__ import annotations
 
@@ -10,12 +9,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..cuda._library import plugins_dir
+from ..cuda._library import kernel_source_dir
 from ..errors import MissingDependencyError
 from ..native import find_cxx
 
-KERNEL_DIR = plugins_dir() / "deamoe"
-EMULATOR_DIR = plugins_dir().parent / "tests" / "plugins" / "deamoe"
+KERNEL_DIR = kernel_source_dir() / "deamoe"
+EMULATOR_DIR = Path(__file__).resolve().parents[1] / "cuda" / "simt_emulator"
 
 
 def find_cuda_include() -> Path | None:
@@ -46,14 +45,14 @@ def emulated_library_command(cxx: str, include: Path, output: Path) -> list[str]
 
 def build_emulated_library(output: Path) -> Path:
     """Builds the emulated library at `output`; MissingDependencyError when the compiler,
-    the CUDA headers or the emulator source (a source checkout) are missing."""
+    the CUDA headers or the emulator source are missing."""
     cxx, include = find_cxx(), find_cuda_include()
     if cxx is None:
         raise MissingDependencyError("no C++ compiler (c++, g++ or clang++) on PATH to build the emulated kernels")
     if include is None:
         raise MissingDependencyError("no CUDA toolkit headers (cuda_fp16.h) via CUDA_HOME, nvcc or /usr/local/cuda")
     if not (EMULATOR_DIR / "emulated_kernels.cpp").is_file():
-        raise MissingDependencyError(f"the SIMT emulator source is not here ({EMULATOR_DIR}): use a source checkout")
+        raise MissingDependencyError(f"the SIMT emulator source is not here ({EMULATOR_DIR}): reinstall deamoe-trt")
     output.parent.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(
         emulated_library_command(cxx, include, output), capture_output=True, text=True, timeout=900, check=False

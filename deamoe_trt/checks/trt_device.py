@@ -41,7 +41,9 @@ import traceback
 from pathlib import Path
 
 from ..bench.timing import percentile
+from ..cli import args as common
 from ..cuda._library import plugins_dir
+from ..dtypes import BY_NAME, BY_TRT
 
 REPO = plugins_dir().parent
 
@@ -298,7 +300,7 @@ class Check:
 
     def routes(self) -> list[str]:
         if self.args.routes != "auto":
-            return self.args.routes.split(",")
+            return list(self.args.routes)
         from deamoe_trt.trt import _tensorrt
 
         routes = ["cpp"]
@@ -329,21 +331,14 @@ def _time_engine(path: Path, plugin: str, args) -> dict[int, dict]:
     import torch
 
     from deamoe_trt.inputs import random_hidden
-    from deamoe_trt.trt._tensorrt import import_tensorrt
-    from deamoe_trt.trt.plugin import load_plugin, resolve_plugin
+    from deamoe_trt.trt.runner import load_engine
 
-    trt = import_tensorrt()
-    load_plugin(resolve_plugin(plugin), trt)
-    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-    engine = runtime.deserialize_cuda_engine(Path(path).read_bytes())
-    if engine is None:
-        raise RuntimeError(f"TensorRT could not deserialise {path}")
+    trt, engine = load_engine(path, plugin)
     context = engine.create_execution_context()
     names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
     inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
     outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-    torch_dtypes = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16}
-    dtype = torch_dtypes[engine.get_tensor_dtype(inputs[0]).name]
+    dtype = BY_TRT[engine.get_tensor_dtype(inputs[0]).name].torch
     hidden = int(engine.get_tensor_shape(inputs[0])[1])
     stream = torch.cuda.Stream()
     # Read before every timed run: evicts the weights from L2 (a small layer's weights fit
@@ -383,46 +378,72 @@ def _traffic(checkpoint: Path, args) -> dict[int, dict]:
     """Bytes of weights each timed batch reads, DeaMoE vs the expanded twin (routing of the fp32 reference)."""
     from deamoe_trt import DeaMoEStack
     from deamoe_trt.inputs import random_hidden
+    from deamoe_trt.routing import router_logits
     from deamoe_trt.traffic import compare_traffic
 
     layer = DeaMoEStack.from_pretrained(checkpoint).layers[0]
     config = layer.config
-    width = {"fp32": 4, "fp16": 2, "bf16": 2}[args.dtype]
+    width = BY_NAME[args.dtype].bytes
     out = {}
     for tokens in args.tokens:
         x = random_hidden(tokens, config.hidden_size, seed=args.seed + tokens)
-        logits = x @ layer.router.weight.float().t()
+        logits = router_logits(x, layer.router.weight, layer.router.logit_bias)
         bytes_ = compare_traffic(config, logits, layer.router.bias, width)
         deamoe, expanded = bytes_["deamoe"].total, bytes_["expanded"].total
         out[tokens] = {"deamoe_bytes": deamoe, "expanded_bytes": expanded, "bytes_ratio": round(deamoe / expanded, 4)}
     return out
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+def route_list(text: str) -> str | list[str]:
+    """'auto' or a comma-separated subset of ROUTES."""
+    if text.strip() == "auto":
+        return "auto"
+    return common.name_list(ROUTES, "route")(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..presets import PRESETS as KNOWN
+
+    parser = common.Parser(
         prog="deamoe-trt check-trt", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("out", type=Path, help="folder for results.json (and work/ while running)")
-    parser.add_argument("--presets", default=",".join(PRESETS), help=f"comma-separated (default {','.join(PRESETS)})")
-    parser.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp16", help="export dtype (fp16)")
-    parser.add_argument("--tokens", default="1,2,4,8,16", help="token counts to time (1,2,4,8,16)")
-    parser.add_argument("--iterations", type=int, default=200, help="timed runs per token count (200)")
-    parser.add_argument("--warmup", type=int, default=20, help="untimed runs first (20)")
+    parser.add_argument("out", type=common.writable_directory, help="folder for results.json (and work/ while running)")
+    parser.add_argument(
+        "--presets",
+        type=common.name_list(tuple(KNOWN), "preset"),
+        default=list(PRESETS),
+        help=f"comma-separated (default {','.join(PRESETS)})",
+    )
+    common.add_dtype(parser, default="fp16")
+    common.add_tokens(parser, default="1,2,4,8,16")
+    parser.add_argument("--iterations", type=common.positive_int, default=200, help="timed runs per token count (200)")
+    parser.add_argument("--warmup", type=common.non_negative_int, default=20, help="untimed runs first (20)")
     parser.add_argument("--plugin", help="a built libdeamoe_plugin.so (skips the CMake build)")
     parser.add_argument("--tensorrt-root", help="TensorRT prefix for the plugin build (default: TENSORRT_ROOT, /usr)")
     parser.add_argument("--tensorrt-include", help="TensorRT headers for a pip TensorRT (see above)")
-    parser.add_argument("--routes", default="auto", help="cpp, python or both (default: cpp, and python on 10.6+)")
+    parser.add_argument(
+        "--routes", type=route_list, default="auto", help="cpp, python or both (default: cpp, and python on 10.6+)"
+    )
     parser.add_argument("--target", default="auto", help="build target (default auto)")
-    parser.add_argument("--seed", type=int, default=0)
+    common.add_seed(parser)
     parser.add_argument("--keep", action="store_true", help="keep work/ (checkpoints, models, engines)")
-    args = parser.parse_args(argv)
-    args.tokens = sorted({int(t) for t in args.tokens.split(",") if t.strip()})
-    args.presets = [p for p in args.presets.split(",") if p]
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace | int:
+    """The arguments (token counts sorted, each once), or the exit status when they are bad
+    (after one line on stderr) or --help was asked for."""
+    args = common.parse(build_parser(), argv)
+    if isinstance(args, argparse.Namespace):
+        args.out = Path(args.out)
+        args.tokens = sorted(set(args.tokens))
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if isinstance(args, int):
+        return args
     args.out.mkdir(parents=True, exist_ok=True)
     check = Check(args.out, args)
     check.step("environment", check.environment)

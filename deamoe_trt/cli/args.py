@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 
 from ..dtypes import DTYPES
 
@@ -95,3 +96,44 @@ def add_output(
     """-o/--output, checked writable at parse time (directory: a folder the command fills)."""
     kind = writable_directory if directory else writable_path
     parser.add_argument("-o", "--output", required=required, metavar="PATH", type=kind, help=help)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line naming the command and where help is."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace | int:
+    """parser's arguments, or the exit status argparse stopped with: 2 after a Parser's
+    one-line error, 0 after --help. For commands whose main(argv) returns its status."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+
+
+def parse_error(parser: argparse.ArgumentParser, message: str) -> int:
+    """parser's one-line error for a check made after parsing; the exit status to return (2)."""
+    try:
+        parser.error(message)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    return 2
+
+
+def name_list(choices: Sequence[str], what: str, *, plural: str = "") -> Callable[[str], list[str]]:
+    """A type for a comma-separated list drawn from choices: the names in order, each once;
+    an unknown one is one line naming it and the choices."""
+    plural = plural or f"{what}(s)"
+
+    def parse_names(text: str) -> list[str]:
+        names = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+        if unknown := [n for n in names if n not in choices]:
+            raise argparse.ArgumentTypeError(f"unknown {plural} {', '.join(unknown)}; choose from {', '.join(choices)}")
+        if not names:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {what}s, got {text!r}")
+        return names
+
+    return parse_names

@@ -11,12 +11,10 @@ import shlex
 import tempfile
 from pathlib import Path
 
+from ..lm.shipped import TINY_LM
+from ..lm.shipped import TINY_LM_CONVERTED as CONVERTED_LM
 from . import args as common
 
-# The trained tiny language model ships with the source tree (samples/models/tiny-lm).
-TINY_LM = Path(__file__).resolve().parents[2] / "samples" / "models" / "tiny-lm"
-# A vanilla MoE language model converted by `deamoe-trt convert` (docs/convert.md).
-CONVERTED_LM = TINY_LM.parent / "tiny-lm-converted"
 # The benchmark's layer: big enough that streaming its weights, not the call, sets a step's
 # time (the tiny preset's ~100 KB per step does not), small enough for a laptop's memory in fp16.
 BENCH_PRESET, BENCH_DTYPE = "qwen3-30b-a3b-layer", "fp16"
@@ -77,18 +75,14 @@ def _demo(workdir: Path, seed: int) -> int:
         ],
     )
     print(_bench_summary(workdir / "bench.json"))
-    if TINY_LM.is_dir():
-        _step(
-            "generate text with the shipped tiny DeaMoE language model, DeaMoE vs its expanded twin",
-            [
-                *("generate", TINY_LM, "--prompt", "Anne Elliot was", "--max-new-tokens", 60),
-                *("--runtime", "ort", "--twin", "deamoe,expanded"),
-            ],
-        )
-    else:
-        print(f"\n(skipped text generation: {TINY_LM} is in the source tree, not in an installed wheel)")
-    if CONVERTED_LM.is_dir():
-        _converted(CONVERTED_LM)
+    _step(
+        "generate text with the shipped tiny DeaMoE language model, DeaMoE vs its expanded twin",
+        [
+            *("generate", TINY_LM, "--prompt", "Anne Elliot was", "--max-new-tokens", 60),
+            *("--runtime", "ort", "--twin", "deamoe,expanded"),
+        ],
+    )
+    _converted(CONVERTED_LM)
     print(f"\ndemo finished; files in {workdir}")
     return 0
 

@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     parser.add_argument("--opset", type=int, help="ONNX opset (default 17)")
     parser.add_argument("--max-tokens", type=common.positive_int, help="largest tokens per step, recorded for TensorRT")
     parser.add_argument("--layers", metavar="all|I,J,...", help="checkpoint layers to export (default all)")
-    parser.add_argument("--recipe", metavar="TOML", help="export recipe, e.g. export/tiny-ort.toml")
+    parser.add_argument("--recipe", metavar="TOML", help="export recipe, e.g. export-recipes/tiny-ort.toml")
     parser.add_argument(
         "--external-data-threshold",
         type=_bytes,
@@ -50,10 +50,10 @@ def _bytes(text: str) -> int:
 def run(args) -> int:
     import sys
 
+    from ..console import Progress, format_bytes
     from ..errors import UsageError
     from ..export import EXTERNAL_DATA_THRESHOLD, build_model, data_path, save_model
     from ..layer import DeaMoEStack
-    from ..report import Progress, format_bytes
 
     settings = _settings(args)
     # Big layers take a while: a progress line on a terminal; nothing in logs, so errors stay one line.

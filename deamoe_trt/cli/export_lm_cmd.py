@@ -11,7 +11,7 @@ def register(subparsers) -> None:
         help="export a language-model checkpoint (prefill + decode, KV cache) to ONNX",
         description=__doc__,
     )
-    common.add_checkpoint(parser, help="language-model checkpoint directory (e.g. samples/models/tiny-lm)")
+    common.add_checkpoint(parser, help="language-model checkpoint directory (e.g. deamoe_trt/lm/data/tiny-lm)")
     parser.add_argument(
         "-o",
         "--output",
@@ -59,10 +59,10 @@ def _output_path(text: str) -> str:
 def run(args) -> int:
     from pathlib import Path
 
+    from ..console import format_bytes
     from ..errors import DeaMoEError
     from ..lm.checkpoint import load_lm
     from ..lm.onnx_export import export_lm
-    from ..report import format_bytes
 
     loaded = load_lm(args.checkpoint)
     if args.target == "genai":
@@ -91,9 +91,9 @@ def run(args) -> int:
 def _run_genai(args, loaded) -> int:
     from pathlib import Path
 
+    from ..console import format_bytes
     from ..errors import UsageError
     from ..export.genai import MODEL_FILE, export_genai
-    from ..report import format_bytes
 
     if args.validate:
         raise UsageError("--validate checks a single ONNX file; with --target genai, run export-lm without it")

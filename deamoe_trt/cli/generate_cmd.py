@@ -32,7 +32,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "generate", help="generate text from a language-model checkpoint and time each token", description=__doc__
     )
-    common.add_checkpoint(parser, help="language-model checkpoint directory (e.g. samples/models/tiny-lm)")
+    common.add_checkpoint(parser, help="language-model checkpoint directory (e.g. deamoe_trt/lm/data/tiny-lm)")
     parser.add_argument("--prompt", required=True, help="text to continue (characters the model's tokenizer knows)")
     parser.add_argument(
         "--max-new-tokens", type=common.positive_int, default=200, help="tokens to generate (default 200)"
@@ -185,14 +185,6 @@ class _Stream:
 
 
 def _decoder(runtime: str, model, threads: int):
-    from ..lm.generate import TorchDecoder
+    from .. import runtimes
 
-    if runtime == "torch":
-        return TorchDecoder(model)
-    if runtime == "cpu":
-        from ..lm.cpu import CpuDecoder
-
-        return CpuDecoder(model, threads=threads)
-    from ..lm.ort import OrtDecoder
-
-    return OrtDecoder.from_model(model, form="ort", threads=threads)
+    return runtimes.get(runtime).decoder(model, threads=threads)

@@ -75,10 +75,10 @@ def _run_model(args) -> int:
     import sys
 
     from ..checkpoint import CONFIG_FILE
+    from ..console import format_bytes
     from ..errors import UsageError
     from ..importers.hf_lm import import_hf_lm, peak_rss_bytes, read_config
     from ..lm.checkpoint import FORMAT
-    from ..report import format_bytes
 
     model_dir, output = Path(args.model_dir), Path(args.output)
     read_config(model_dir)

@@ -8,6 +8,7 @@ import os
 import sys
 
 from ..errors import DeaMoEError, one_line
+from .args import Parser
 
 # Each module defines register(subparsers) and sets func(args) -> int | None on its parser.
 SUBCOMMANDS = (
@@ -32,13 +33,6 @@ SUBCOMMANDS = (
     "deamoe_trt.cli.export_edgellm_cmd",
     "deamoe_trt.cli.export_vllm_cmd",
 )
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line naming the command and where help is."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

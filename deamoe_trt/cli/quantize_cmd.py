@@ -249,11 +249,11 @@ def _run_lm_awq(args, quant, loaded) -> int:
     held-out FFN inputs and both models' held-out perplexity next to the input's."""
     import torch
 
+    from ..console import format_table
     from ..errors import UsageError
     from ..lm.quantize import calibration_windows, ffn_inputs, quantize_lm_awq
     from ..lm.train import TrainSettings, shipped_text, split_text
     from ..quant import QuantConfig
-    from ..report import format_table
     from ..summary import layer_error
 
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -325,9 +325,9 @@ def _print_perplexity(checkpoint, tokenizer, model, quantized: list) -> dict | N
     import math
 
     from ..checkpoint import dtype_name
+    from ..console import format_table
     from ..lm.quantize import held_out_loss
     from ..lm.train import TEXT_SOURCE
-    from ..report import format_table
 
     names = " and ".join(label for label, _ in quantized)
     print(f"measuring the held-out perplexity of {checkpoint} and of its {names} model(s) ...", flush=True)
@@ -349,7 +349,7 @@ def _print_perplexity(checkpoint, tokenizer, model, quantized: list) -> dict | N
 def _print_error(args, reference, quantized, labels=None) -> None:
     """The error table of round to nearest: on --eval FILE's layer inputs, else on random tokens."""
     from ..awq import read_calibration
-    from ..report import format_table
+    from ..console import format_table
     from ..summary import quantization_error
 
     if args.eval:
@@ -370,8 +370,8 @@ def _print_error(args, reference, quantized, labels=None) -> None:
 def _awq(args, stack, quant):
     """Quantize with AWQ and print RTN's and AWQ's held-out error side by side."""
     from ..awq import quantize_stack_awq, read_calibration, split_held_out
+    from ..console import format_table
     from ..quant import QuantConfig
-    from ..report import format_table
     from ..summary import layer_error
 
     inputs = read_calibration(args.calibration, stack, seed=args.seed)
@@ -423,7 +423,7 @@ def _awq(args, stack, quant):
 def _print_written(args, what: str, path) -> None:
     from pathlib import Path
 
-    from ..report import format_bytes
+    from ..console import format_bytes
 
     size = sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
     print(f"wrote {what}, int{args.bits}, group size {args.group_size}, {args.method}, {format_bytes(size)} to {path}")

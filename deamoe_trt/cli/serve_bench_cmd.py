@@ -10,6 +10,7 @@ was lost or wrong or a fault check failed.
 
 from __future__ import annotations
 
+from ..lm.shipped import PROMPTS_FILE, TINY_LM
 from . import args as common
 
 
@@ -21,8 +22,14 @@ def register(subparsers) -> None:
         "checkpoint",
         metavar="CKPT",
         nargs="?",
-        default="samples/models/tiny-lm",
-        help="language-model checkpoint (default samples/models/tiny-lm)",
+        default=str(TINY_LM),
+        help="language-model checkpoint (default: the shipped tiny-lm)",
+    )
+    parser.add_argument(
+        "--prompts",
+        metavar="FILE",
+        default=str(PROMPTS_FILE),
+        help="text file of prompts, one a line, rotated over the requests (default: the shipped prompts.txt)",
     )
     parser.add_argument(
         "--runtime", choices=("ort", "torch"), default="ort", help="decoder in the server (default ort)"
@@ -39,15 +46,18 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import sys
 
+    from ..bench.serve_load import fault_table, load_table, run_bench
     from ..errors import MissingDependencyError
-    from ..serving.load_test import fault_table, load_table, run_bench
+    from ..lm.shipped import read_prompts
     from ..serving.server import unavailable
 
+    prompts = read_prompts(args.prompts)  # bad input is reported before anything starts
     reason = unavailable()
     if reason:
         raise MissingDependencyError(reason)
     result = run_bench(
         args.checkpoint,
+        prompts=prompts,
         runtime=args.runtime,
         clients=args.clients,
         requests=args.requests,

@@ -55,7 +55,7 @@ def register(subparsers) -> None:
     ort.add_argument("--ort-name", default="deamoe_ort", help="model name (default deamoe_ort)")
     ort.add_argument("--ort-kind", choices=("gpu", "cpu"), default="gpu", help="CUDA or CPU execution (default gpu)")
     lm = parser.add_argument_group("LM decode service (Python backend, decoupled)")
-    lm.add_argument("--lm", metavar="CKPT", help="language-model checkpoint (e.g. samples/models/tiny-lm)")
+    lm.add_argument("--lm", metavar="CKPT", help="language-model checkpoint (e.g. deamoe_trt/lm/data/tiny-lm)")
     lm.add_argument("--lm-name", default="tiny_lm", help="model name (default tiny_lm)")
     lm.add_argument(
         "--lm-runtime",

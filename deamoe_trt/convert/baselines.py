@@ -1,7 +1,7 @@
 """The alternatives a user would try instead of converting, each sized to the converted
 model's bytes per one-token decoding step (one function per alternative).
 
-- pruned experts: every expert keeps its w most important neurons (importance as in fit.py),
+- pruned experts: every expert keeps its w most important neurons (importance as in department_fit.py),
   down projection refitted by least squares; the source's routing;
 - lower top-k: the source's experts and router with k' < k, the kept weights renormalised;
 - low-rank delta (D2-MoE's structure): per department a base expert (usage-weighted mean of
@@ -36,8 +36,8 @@ from ..routing import Routing, route
 from ..traffic import BYTES_PER_WEIGHT, ffn_bytes, weights_loaded
 from .align import align, neuron_vectors
 from .core import ConvertSettings, convert_layer
+from .department_fit import tokens_of
 from .experts import ExpertWeights
-from .fit import tokens_of
 from .metrics import BYTES_TOKENS, layer_step_bytes, one_token, step_bytes
 
 PRUNED, TOP_K, DELTA, DELTA_ONE = "pruned experts", "lower top-k", "low-rank delta", "low-rank delta, 1 base"

@@ -39,7 +39,8 @@ from .._io import atomic_path, atomic_write_text, read_json
 from ..checkpoint import CONFIG_FILE, ROUTER_BIAS, WEIGHTS_FILE, dtype_name
 from ..errors import UsageError
 from ..importers.safetensors_io import ShardReader, StreamingWriter
-from ..lm.checkpoint import FORMAT, FORMAT_VERSION, checked_index, expected_tensors, read_lm_header
+from ..lm.checkpoint import FORMAT, FORMAT_VERSION, expected_tensors, read_lm_header
+from ..lm.checkpoint_format import checked_index
 from ..lm.model import Block, DeaMoELM, rope_tables
 from ..lm.tokenizer import HFTokenizer
 from .core import ConvertSettings, convert_layer, plan_order
@@ -76,7 +77,7 @@ def convert_lm_blockwise(
     if not moe:
         raise UsageError(f"{source} has no MoE blocks to convert")
     settings.check(config.moe)
-    index = checked_index(source, skeleton, header["dtype"])
+    index = checked_index(source, expected_tensors(skeleton), header["dtype"])
     _, _, calibration, heldout = lm_windows(config, tokenizer, text, seq_len, heldout_fraction)
     work = work_dir(output)
     fingerprint = _fingerprint(source, settings, calibration, heldout)

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import DEPARTMENT_SCORES, DeaMoEConfig
+from ..console import Progress
 from ..errors import UsageError
 from ..layer import DeaMoELayer
-from ..report import Progress
 from ..routing import Routing, route
 from . import grouping
+from .department_fit import ALIGNED, NAIVE, DepartmentParts, build_department, merge_department, tokens_of
 from .experts import ExpertWeights
-from .fit import ALIGNED, NAIVE, DepartmentParts, build_department, merge_department, tokens_of
 
 GROUPINGS = ("cluster", "keep")
 METHODS = ("aligned", "naive", "merged")

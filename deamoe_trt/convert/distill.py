@@ -28,8 +28,8 @@ import torch
 from torch.nn import functional as F
 
 from .._io import atomic_path
+from ..console import Progress
 from ..errors import UsageError
-from ..report import Progress
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from ..console import Progress
 from ..layer import DeaMoELayer
-from ..report import Progress
 from .distill import DistillSettings, cosine_lr, distill_lm
 
 LAYER_BATCH = 512

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .._io import atomic_path
+from ..console import format_bytes, format_table
 from ..errors import MissingDependencyError
-from ..report import format_bytes, format_table
 from .baselines import BASELINES, DELTA, DELTA_ONE, PRUNED, TOP_K
 
 METHODS = ("source", "converted", "naive", "merged", *BASELINES)

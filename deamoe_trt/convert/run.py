@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..console import Progress
 from ..layer import DeaMoELayer, DeaMoEStack
-from ..report import Progress
 from ..traffic import BYTES_PER_WEIGHT
 from . import baselines
 from .core import ConvertSettings, LayerConversion, convert_layer, expert_agreement, plan_order, score_agreement

@@ -18,11 +18,11 @@ import ctypes
 import torch
 
 from ..config import DeaMoEConfig
-from ..errors import MissingDependencyError, UsageError
+from ..errors import UsageError
 from ..layer import DeaMoELayer
 from ..routing import Routing
 from . import _ops
-from ._library import ENV_LIBRARY, KernelBuildError, load_library
+from ._library import ENV_LIBRARY, CudaUnavailableError, KernelBuildError, load_library
 from ._ops import KernelError
 
 __all__ = [
@@ -38,10 +38,6 @@ __all__ = [
     "set_programmatic_launch",
     "workspace_size",
 ]
-
-
-class CudaUnavailableError(MissingDependencyError):
-    """deamoe_trt.cuda was used where PyTorch sees no CUDA GPU."""
 
 
 def _require_cuda(*tensors: torch.Tensor | None) -> torch.device:

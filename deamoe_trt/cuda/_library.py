@@ -23,6 +23,10 @@ LIBRARY_NAME = "libdeamoe_kernels.so"
 _loaded: dict[str, ctypes.CDLL] = {}
 
 
+class CudaUnavailableError(MissingDependencyError):
+    """deamoe_trt.cuda was used where PyTorch sees no CUDA GPU."""
+
+
 class KernelBuildError(MissingDependencyError):
     """The kernel library is not there and could not be built (no nvcc/CMake, a failed build)."""
 
@@ -101,8 +105,6 @@ def _local_architecture() -> str:
     import torch
 
     if not torch.cuda.is_available():
-        from . import CudaUnavailableError
-
         raise CudaUnavailableError(
             "deamoe_trt.cuda needs a CUDA GPU to pick the architecture to build for: "
             "torch.cuda.is_available() is False (pass cuda_architectures=, or set "

@@ -1,4 +1,4 @@
-"""ONNX export of DeaMoE layers in three forms (see export/README.md at the repository root).
+"""ONNX export of DeaMoE layers in three forms (see export-recipes/README.md at the repository root).
 
 - plugin: each layer as one DeaMoE node for the TensorRT plugin (plugins/deamoe/README.md).
 - ort:    stock ONNX Runtime: routing in standard ops, experts in com.microsoft.MoE.

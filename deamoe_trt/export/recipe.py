@@ -1,6 +1,6 @@
 """Export recipes: small TOML files naming how to export (form, dtype, opset, max_tokens, layers).
 
-    # export/tiny-ort.toml
+    # export-recipes/tiny-ort.toml
     description = "tiny preset on stock ONNX Runtime"
     form = "ort"            # plugin | ort | onnx
     dtype = "fp32"          # fp32 | fp16 | bf16 (bf16: plugin form only)

@@ -27,7 +27,6 @@ import resource
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -59,14 +58,6 @@ _MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_
 # Tensors that are derived, not weights (old checkpoints saved the rotary frequencies).
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
-
-
-@dataclass(frozen=True)
-class HFLayout:
-    """Where a family keeps its tensors (source names, with the "model." prefix)."""
-
-    model_type: str
-    moe_module: tuple[str, ...]  # "mlp" or Mixtral's "block_sparse_moe"
 
 
 def supported_list() -> str:

@@ -3,7 +3,7 @@ multi-head latent attention what caching expanded keys and values would hold ins
 
 from __future__ import annotations
 
-from ..report import format_bytes, format_table
+from ..console import format_bytes, format_table
 from .config import LMConfig
 
 

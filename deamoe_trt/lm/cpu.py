@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..cpu import CpuDeaMoE, _single_threaded_torch
+from ..cpu.layer import CpuDeaMoE, _single_threaded_torch
 from .model import DeaMoELM, KVCache
 
 

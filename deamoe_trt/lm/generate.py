@@ -20,8 +20,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from ..console import format_table
 from ..errors import UsageError
-from ..report import format_table
 from .model import DeaMoELM, KVCache
 
 

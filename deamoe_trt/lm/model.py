@@ -21,18 +21,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..checkpoint import DTYPES
 from ..errors import UsageError
 from ..layer import SUPPORTED_DTYPES, DeaMoELayer
 from ..quant import QuantConfig
 from ..routing import Routing
 from .attention import Attention, RMSNorm, apply_rope  # noqa: F401 - re-exported, their historical home
+from .checkpoint_format import read_lm_header, read_lm_tensors, stored_state, write_lm
 from .config import LMConfig
 from .rope import rope_tables as _rope_tables
+from .tokenizer import Tokenizer
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -329,16 +333,29 @@ class DeaMoELM(nn.Module):
 
     # Checkpoints ------------------------------------------------------------------------------
 
-    def save_pretrained(self, directory: str | Path, **kwargs) -> Path:
-        from .checkpoint import save_lm
-
-        return save_lm(self, directory, **kwargs)
+    def save_pretrained(
+        self,
+        directory: str | Path,
+        *,
+        tokenizer: Tokenizer | None = None,
+        training: dict[str, Any] | None = None,
+    ) -> Path:
+        """Write the checkpoint (deamoe_trt.lm.checkpoint_format); each file appears whole or not at all.
+        tokenizer defaults to the byte tokenizer of the config's vocabulary."""
+        return write_lm(self.state_dict(), self.config, self.dtype, directory, tokenizer=tokenizer, training=training)
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, *, device=None) -> DeaMoELM:
-        from .checkpoint import load_lm
-
-        return load_lm(directory, device=device).model
+    def from_pretrained(cls, directory: str | Path, *, device=None, header: dict[str, Any] | None = None) -> DeaMoELM:
+        """Read a checkpoint written by save_pretrained, checking every tensor against its config.
+        header: its config.json as read_lm_header returned it, when the caller has read it already."""
+        if header is None:
+            header = read_lm_header(directory)
+        model = cls(header["config"], dtype=DTYPES[header["dtype"]], device="meta")
+        model.load_state_dict(
+            read_lm_tensors(directory, header, stored_state(model.state_dict(), model.config)), assign=True
+        )
+        model.tie_weights()
+        return model.materialize_rope(device).eval()
 
 
 def cache_length(cache: KVCache | None, config: LMConfig | None = None) -> int:

@@ -7,7 +7,8 @@ from ..errors import UsageError
 from .config import LMConfig
 
 LM_PRESETS: dict[str, LMConfig] = {
-    # Trains on 2 CPU cores in a couple of minutes on a byte-level text; what samples/ ships.
+    # Trains on 2 CPU cores in a couple of minutes on a byte-level text; the shipped tiny-lm
+    # (deamoe_trt.lm.shipped).
     # DeaMoE FFN: 4 departments of 4 experts, each expert 96 wide of which 64 are its
     # department's shared part (f_s = 2 * f_p); 4 experts per token from the top 2 departments.
     "tiny-lm": LMConfig(

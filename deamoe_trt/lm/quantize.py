@@ -125,7 +125,7 @@ def quantize_lm_awq(
     gate columns * s (awq.fold_input_scales): powers of two, so the float model and every
     expert choice stay exactly as they were. `linears`' projections: round to nearest."""
     from .. import awq
-    from ..report import Progress
+    from ..console import Progress
 
     if model.config.quantization is not None:
         model.quantized(quant)  # the one "already quantized" error
@@ -183,7 +183,8 @@ def quantize_checkpoint_streamed(
     from ..errors import CheckpointError
     from ..importers.safetensors_io import ShardReader
     from ..quant import quantize_rtn
-    from .checkpoint import checked_index, expected_tensors, lm_header, read_lm_header
+    from .checkpoint import expected_tensors
+    from .checkpoint_format import checked_index, lm_header, read_lm_header
     from .tokenizer import HFTokenizer
 
     source, output = Path(source), Path(output)
@@ -195,7 +196,7 @@ def quantize_checkpoint_streamed(
     if config.quantization is not None:
         skeleton.quantized(quant)  # the one "already quantized" error
     quantized = config.replace(quantization=quant, quantized_linears=())  # checks the widths, before any work
-    index = checked_index(source, skeleton, header["dtype"])
+    index = checked_index(source, expected_tensors(skeleton), header["dtype"])
     target = DeaMoELM(quantized, dtype=dtype, device="meta")
     schema = {name: (tuple(t.shape), t.dtype) for name, t in expected_tensors(target).items()}
     weights = source / WEIGHTS_FILE

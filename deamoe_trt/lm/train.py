@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
+from ..console import Progress
 from ..errors import UsageError
-from ..report import Progress
 from ..routing import Routing
 from .config import LMConfig
 from .model import DeaMoELM

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..dtypes import BY_TRT
 from ..errors import DeaMoEError, MissingDependencyError, UsageError
 from .config import LMConfig
 from .onnx_export import INPUT_IDS, LOGITS, past_names, present_names
@@ -95,25 +96,19 @@ class TrtDecoder:
     name = "tensorrt"
 
     def __init__(self, engine_path: str | Path, config: LMConfig, *, plugin: str | None = None):
-        from ..trt._tensorrt import import_tensorrt, make_logger
-        from ..trt.plugin import load_plugin, resolve_plugin
+        from ..trt._tensorrt import import_tensorrt
+        from ..trt.runner import load_engine
 
-        trt = import_tensorrt()
+        import_tensorrt()  # first: without TensorRT, say so before anything else
         try:
             import torch
         except ImportError:  # pragma: no cover - torch is a dependency
             raise MissingDependencyError("the TensorRT decoder needs torch for device buffers") from None
         if not torch.cuda.is_available():
             raise MissingDependencyError("the TensorRT decoder needs a CUDA GPU and a CUDA build of torch")
-        choice = resolve_plugin(plugin)
-        if choice.kind != "none":
-            load_plugin(choice, trt)
         self.torch, self.config = torch, config
         self.max_context = config.max_position_embeddings
-        runtime = trt.Runtime(make_logger(trt))
-        self.engine = runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
-        if self.engine is None:
-            raise UsageError(f"{engine_path} is not a TensorRT engine this TensorRT ({trt.__version__}) can load")
+        _, self.engine = load_engine(engine_path, plugin)
         if self.engine.num_optimization_profiles != 2:
             raise UsageError(
                 f"{engine_path} has {self.engine.num_optimization_profiles} profiles; build it with build_lm_engine"
@@ -124,7 +119,7 @@ class TrtDecoder:
             context = self.engine.create_execution_context()
             context.set_optimization_profile_async(profile, self.stream.cuda_stream)
             self.contexts.append(context)
-        dtype = self._torch_dtype(trt, self.engine.get_tensor_dtype(past_names(0)[0]))
+        dtype = BY_TRT[self.engine.get_tensor_dtype(past_names(0)[0]).name].torch
         c, dev = config, "cuda"
         self.cache_shapes = c.cache_shapes()  # (heads, width) of the two tensors of a block
         shapes = [(1, heads, self.max_context, width) for heads, width in self.cache_shapes]
@@ -134,12 +129,6 @@ class TrtDecoder:
         self.logits = torch.zeros((1, self.max_context, c.vocab_size), dtype=torch.float32, device=dev)
         self.ids = torch.zeros((1, self.max_context), dtype=torch.int64, device=dev)
         self.current, self.length = 0, 0
-
-    @staticmethod
-    def _torch_dtype(trt, trt_dtype):
-        import torch
-
-        return {trt.float32: torch.float32, trt.float16: torch.float16, trt.bfloat16: torch.bfloat16}[trt_dtype]
 
     def _run(self, ids: list[int], profile: int) -> np.ndarray:
         c, torch = self.config, self.torch

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import TextIO
 
 from .._io import atomic_path
+from ..console import format_bytes
 from ..dtypes import DTYPES
 from ..errors import DeaMoEError, MissingDependencyError, UsageError
 from ..fit import TARGET_MEMORY, MemoryNeed
-from ..report import format_bytes
 from . import targets as tg
 from .onnx_info import ModelFacts, model_facts, read_metadata
 from .plugin import BUILD_HINT, PLUGIN_NAME, PluginChoice, load_plugin, resolve_plugin

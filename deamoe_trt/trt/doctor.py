@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..console import format_table
 from ..errors import DeaMoEError, MissingDependencyError, one_line
-from ..report import format_table
 from . import targets as tg
 
 OK, MISSING, FAILED, SKIPPED, INFO = "ok", "missing", "FAILED", "skipped", "info"

@@ -48,3 +48,19 @@ def mentions_plugin(path: Path) -> bool:
                 return data.find(PLUGIN_NAME.encode()) >= 0
         except ValueError:  # an empty file cannot be mapped
             return False
+
+
+def load_engine(path: str | Path, plugin_path: str | None = None):
+    """(tensorrt module, the deserialised engine at path), the DeaMoE plugin registered first
+    (plugin_path as for make_engine_runner); a one-line UsageError for a file this TensorRT
+    cannot load. For code that drives the engine itself (execution contexts, device buffers)."""
+    from ._tensorrt import import_tensorrt, make_logger
+
+    trt = import_tensorrt()
+    choice = resolve_plugin(plugin_path)
+    if choice.kind != "none":
+        load_plugin(choice, trt)
+    engine = trt.Runtime(make_logger(trt)).deserialize_cuda_engine(Path(path).read_bytes())
+    if engine is None:
+        raise UsageError(f"{path} is not a TensorRT engine this TensorRT ({trt.__version__}) can load")
+    return trt, engine

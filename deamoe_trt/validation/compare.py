@@ -11,8 +11,8 @@ from polygraphy.comparator import Comparator
 from polygraphy.exception import PolygraphyException
 from polygraphy.logger import G_LOGGER
 
+from ..console import format_table
 from ..errors import DeaMoEError
-from ..report import format_table
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from .compare import Comparison, comparison_table, nonfinite_summary
 
 # (atol, rtol) per dtype; an element fails only when it exceeds both. Measured errors on the
-# tiny and DeepSeek-style test configs are 10-100x below these (export/README.md).
+# tiny and DeepSeek-style test configs are 10-100x below these (export-recipes/README.md).
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "fp32": (1e-4, 1e-3),
     "fp16": (1e-2, 1e-2),

@@ -27,8 +27,8 @@
 #endif
 
 // DEAMOE_SIMT_EMULATION: the kernels compiled by a host compiler against
-// tests/plugins/deamoe/simt_emulator.h, which runs every CUDA thread as a host thread.
-// Tests only; it lets the CPU-only CI execute the real kernel code.
+// deamoe_trt/cuda/simt_emulator/simt_emulator.h, which runs every CUDA thread as a host thread.
+// It lets the CPU-only CI (and `check-gpu --dry-run`) execute the real kernel code.
 #if defined(__CUDACC__) || defined(DEAMOE_SIMT_EMULATION)
 #define DEAMOE_HAS_DEVICE_CODE 1
 #else

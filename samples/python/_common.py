@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-SAMPLES = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = SAMPLES / "models" / "tiny-lm"
+from deamoe_trt.lm.shipped import TINY_LM
+
+DEFAULT_MODEL = TINY_LM  # package data: there in a wheel as in a checkout
 DEFAULT_PROMPT = "Anne Elliot was"
 TWINS = ("deamoe", "expanded")
 

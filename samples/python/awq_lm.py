@@ -42,11 +42,11 @@ def run(args) -> int:
     import torch
 
     from deamoe_trt.awq import quantize_awq
+    from deamoe_trt.console import Progress, format_table
     from deamoe_trt.lm.checkpoint import load_lm
     from deamoe_trt.lm.quantize import calibration_windows, ffn_inputs, quantize_lm_awq
     from deamoe_trt.lm.train import TrainSettings, evaluate, shipped_text, split_text
     from deamoe_trt.quant import QuantConfig
-    from deamoe_trt.report import Progress, format_table
     from deamoe_trt.summary import layer_error
 
     torch.set_num_threads(1)  # many small matmuls: one thread is faster than two on a busy machine

@@ -93,10 +93,10 @@ def main() -> int:
 
     import torch
 
+    from deamoe_trt.console import format_table
     from deamoe_trt.lm import load_lm
     from deamoe_trt.lm.quantize import held_out_loss, quantize_lm
     from deamoe_trt.quant import QuantConfig
-    from deamoe_trt.report import format_table
 
     torch.set_num_threads(1)
     loaded = load_lm(args.model)

@@ -61,12 +61,12 @@ def run(args) -> int:
 def measure(args, out: Path) -> int:
     import torch
 
+    from deamoe_trt.console import format_table
     from deamoe_trt.lm.checkpoint import load_lm
     from deamoe_trt.lm.generate import generate, warm_up
     from deamoe_trt.lm.ort import OrtDecoder
     from deamoe_trt.lm.quantize import held_out_loss
     from deamoe_trt.quant import QuantConfig
-    from deamoe_trt.report import format_table
 
     torch.set_num_threads(1)
     loaded = load_lm(args.model)

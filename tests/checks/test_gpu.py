@@ -66,7 +66,7 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path, capsys):
     assert main(["--out", str(tmp_path), "--presets", "tiny"]) == 2  # no GPU here, no --dry-run
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert main(["--out", str(tmp_path), "--dry-run", "--bits", "4,3"]) == 2
-    assert "--bits takes 0, 4 and/or 8" in capsys.readouterr().err
+    assert "argument --bits: takes 0, 4 and/or 8" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from deamoe_trt import DeaMoEStack, get_preset
 from deamoe_trt.cli.main import main
 from deamoe_trt.export import export_info, load_model
 
-RECIPES = Path(__file__).resolve().parents[2] / "export"
+RECIPES = Path(__file__).resolve().parents[2] / "export-recipes"
 
 
 def table_rows(out: str) -> list[list[str]]:

@@ -11,7 +11,7 @@ import torch
 from deamoe_trt import DeaMoELayer, get_preset
 from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.convert.core import ConvertSettings, convert_layer
-from deamoe_trt.convert.fit import fit_downs
+from deamoe_trt.convert.department_fit import fit_downs
 from deamoe_trt.convert.heal import heal_layer
 from deamoe_trt.convert.metrics import relative_error, step_bytes
 from deamoe_trt.errors import UsageError

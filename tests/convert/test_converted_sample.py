@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from deamoe_trt.convert.report import lm_step_bytes
 from deamoe_trt.lm import load_lm
+from deamoe_trt.lm.shipped import TINY_LM_CONVERTED
 from deamoe_trt.lm.train import shipped_text
 
-SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "models" / "tiny-lm-converted"
+SAMPLE = TINY_LM_CONVERTED
 
 
 def test_converted_sample_is_small_and_records_the_target_met():

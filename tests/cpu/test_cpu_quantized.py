@@ -171,7 +171,7 @@ def test_avx2_build_matches_reference(tmp_path, monkeypatch):
     _build._declare(lib)
     assert lib.dm_simd().decode() == "avx2"
     monkeypatch.setattr(_build, "_lib", lib)
-    monkeypatch.setattr(cpu, "_pools", {})
+    monkeypatch.setattr(cpu.runtime, "_pools", {})
     for bits, mode in [(4, "convert"), (4, "subnormal"), (8, None)]:
         if mode:
             cpu.int4_mode(mode)

@@ -3,9 +3,11 @@
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
+import deamoe_trt
 from deamoe_trt.cuda._library import kernel_source_dir, plugins_dir
 from deamoe_trt.cuda._sources import kernel_sources
 
@@ -35,6 +37,18 @@ def test_wheel_carries_the_kernel_sources_and_the_finder_uses_them(tmp_path):
         for name, source in expected.items():
             assert archive.read(name) == source.read_bytes(), name
         assert not any("deamoePlugin" in name or name.endswith("plugin.cmake") for name in archive.namelist())
+        # What the product runs beside the kernels ships too: the tiny models, the prompts and
+        # the SIMT emulator (tests/test_package_paths.py keeps the package off the repository).
+        package = Path(deamoe_trt.__file__).resolve().parent
+        shipped = [
+            *(package / "lm" / "data").glob("tiny-lm*/*"),
+            package / "lm" / "data" / "prompts.txt",
+            *(package / "cuda" / "simt_emulator").iterdir(),
+        ]
+        assert len(shipped) >= 8
+        for source in shipped:
+            name = source.relative_to(package.parent).as_posix()
+            assert archive.read(name) == source.read_bytes(), name
         archive.extractall(tmp_path / "site")
     package_dir = tmp_path / "site" / "deamoe_trt" / "cuda"
     assert kernel_source_dir(package_dir) == package_dir / "_src"

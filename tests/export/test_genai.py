@@ -19,10 +19,10 @@ from deamoe_trt.lm.generate import generate
 from deamoe_trt.lm.onnx_export import build_lm_model
 from deamoe_trt.lm.ort import OrtDecoder
 from deamoe_trt.lm.quantize import quantize_lm
+from deamoe_trt.lm.shipped import TINY_LM
 from deamoe_trt.lm.tokenizer import PRINTABLE_ASCII
 from deamoe_trt.quant import QuantConfig
 
-TINY_LM = Path(__file__).resolve().parents[2] / "samples" / "models" / "tiny-lm"
 # Different lengths, so GenAI pads the batch and the graph's attention_mask must hide the padding.
 PROMPTS = ("It was a truth ", "Anne", "The Musgroves had ")
 NEW_TOKENS = 24

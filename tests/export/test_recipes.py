@@ -9,7 +9,7 @@ import pytest
 from deamoe_trt import UsageError
 from deamoe_trt.export.recipe import Recipe, load_recipe, parse_layers
 
-RECIPES = sorted((Path(__file__).resolve().parents[2] / "export").glob("*.toml"))
+RECIPES = sorted((Path(__file__).resolve().parents[2] / "export-recipes").glob("*.toml"))
 
 
 def test_the_repository_has_recipes_for_each_form_and_the_required_dtypes():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,10 +13,11 @@ from deamoe_trt.config import ConfigError
 from deamoe_trt.lm import get_lm_preset
 from deamoe_trt.lm.config import LMConfig
 from deamoe_trt.lm.rope import inverse_frequencies
+from deamoe_trt.lm.shipped import TINY_LM
 
 
 def test_a_config_written_before_the_new_fields_reads_with_their_defaults():
-    data = json.loads(Path("samples/models/tiny-lm/config.json").read_text())["config"]
+    data = json.loads((TINY_LM / "config.json").read_text())["config"]
     old = {k: v for k, v in data.items() if k in ("vocab_size", "hidden_size", "num_layers", "num_heads",
            "num_key_value_heads", "max_position_embeddings", "moe", "rope_theta", "rms_norm_eps")}  # fmt: skip
     config = LMConfig.from_dict(old)

@@ -10,8 +10,9 @@ from deamoe_trt.cli.main import main
 from deamoe_trt.lm import load_lm
 from deamoe_trt.lm.cpu import CpuDecoder
 from deamoe_trt.lm.generate import TorchDecoder, generate
+from deamoe_trt.lm.shipped import TINY_LM
 
-SAMPLE = "samples/models/tiny-lm"
+SAMPLE = str(TINY_LM)
 
 
 @pytest.fixture(autouse=True)

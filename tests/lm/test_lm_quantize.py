@@ -17,6 +17,7 @@ from deamoe_trt.lm.generate import TorchDecoder
 from deamoe_trt.lm.onnx_export import build_lm_model
 from deamoe_trt.lm.ort import OrtDecoder
 from deamoe_trt.lm.quantize import fold_ffn_input_scales, held_out_loss, quantize_lm, quantize_lm_awq
+from deamoe_trt.lm.shipped import TINY_LM
 from deamoe_trt.lm.tokenizer import NoTokenizer
 from deamoe_trt.quant import QuantConfig, dequantize, quantize_rtn
 
@@ -261,7 +262,7 @@ def test_awq_held_out_loss_is_no_worse_than_round_to_nearest_on_the_trained_tiny
     """Calibrated on the training part of the shipped text, measured on its held-out part."""
     from deamoe_trt.lm.train import TrainSettings, shipped_text, split_text
 
-    loaded = load_lm("samples/models/tiny-lm")
+    loaded = load_lm(TINY_LM)
     model, tokenizer = loaded.model, loaded.tokenizer
     train_ids, _ = split_text(shipped_text(), tokenizer, TrainSettings().val_fraction)
     quant = QuantConfig(4, 32)

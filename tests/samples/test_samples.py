@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 
 from deamoe_trt.lm import load_lm
+from deamoe_trt.lm.shipped import TINY_LM
 from deamoe_trt.trt._tensorrt import has_tensorrt
 
 pytestmark = pytest.mark.slow  # runs the samples in subprocesses and compiles the C++ one
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
-SHIPPED = SAMPLES / "models" / "tiny-lm"
+SHIPPED = TINY_LM
 
 
 def run(script, *args, timeout=300):

@@ -9,14 +9,13 @@ from deamoe_trt.cli.main import main
 from deamoe_trt.errors import UsageError
 from deamoe_trt.export import build_model, save_model
 from deamoe_trt.layer import DeaMoEStack
+from deamoe_trt.lm.shipped import TINY_LM
 from deamoe_trt.presets import get_preset
 from deamoe_trt.serving import repo as triton
 
-TINY_LM = Path(__file__).resolve().parents[2] / "samples" / "models" / "tiny-lm"
-
 pytest.importorskip("tritonclient.grpc", reason="tritonclient (the test extra) holds Triton's model config schema")
-from google.protobuf import text_format  # noqa: E402
-from tritonclient.grpc import model_config_pb2  # noqa: E402
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 
 TRITON_TYPE = {onnx.TensorProto.FLOAT: model_config_pb2.TYPE_FP32, onnx.TensorProto.FLOAT16: model_config_pb2.TYPE_FP16}
 

@@ -1,7 +1,6 @@
 """The step scheduler with real decoders on the shipped tiny LM: interleaving must not change any output."""
 
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +9,7 @@ from deamoe_trt.errors import UsageError
 from deamoe_trt.lm import load_lm
 from deamoe_trt.lm.generate import Sampling, TorchDecoder, generate, pick
 from deamoe_trt.lm.ort import OrtDecoder
+from deamoe_trt.lm.shipped import TINY_LM
 from deamoe_trt.serving.scheduler import (
     CANCELLED,
     CONTEXT,
@@ -22,7 +22,6 @@ from deamoe_trt.serving.scheduler import (
     nucleus,
 )
 
-TINY_LM = Path(__file__).resolve().parents[2] / "samples" / "models" / "tiny-lm"
 PROMPTS = ["Anne was", "Captain Wentworth said", "Mary", "It was a fine morning, and"]
 
 

@@ -6,17 +6,15 @@ includes slow tests); it skips, saying why, only where the wheel or its Python e
 is missing (see deamoe_trt/serving/server.py).
 """
 
-from pathlib import Path
-
 import pytest
 
+from deamoe_trt.bench import serve_load
 from deamoe_trt.cli.main import main
 from deamoe_trt.errors import DeaMoEError
-from deamoe_trt.serving import load_test
+from deamoe_trt.lm.shipped import TINY_LM
 from deamoe_trt.serving.repo import write_lm_model
 from deamoe_trt.serving.server import TritonServer, unavailable
 
-TINY_LM = Path(__file__).resolve().parents[2] / "samples" / "models" / "tiny-lm"
 REASON = unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=f"no tritonserver here: {REASON}")]
 MAX_TOKENS = 16
@@ -24,13 +22,13 @@ MAX_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def expected():
-    return load_test.expected_outputs(TINY_LM, list(load_test.PROMPTS), MAX_TOKENS)
+    return serve_load.expected_outputs(TINY_LM, list(serve_load.PROMPTS), MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("triton")
-    write_lm_model(folder / "repo", TINY_LM, name=load_test.MODEL)
+    write_lm_model(folder / "repo", TINY_LM, name=serve_load.MODEL)
     with TritonServer(folder / "repo", workdir=folder, start_timeout_s=180) as running:
         yield running
 
@@ -39,22 +37,22 @@ def test_http_client_sees_a_ready_decoupled_model_and_streams_the_same_tokens(se
     import tritonclient.http as httpclient
 
     client = httpclient.InferenceServerClient(server.http_url)
-    assert client.is_server_live() and client.is_model_ready(load_test.MODEL)
-    assert client.get_model_config(load_test.MODEL)["model_transaction_policy"]["decoupled"] is True
-    prompt = load_test.PROMPTS[2]
-    outcome = load_test.generate_over_http(server.http_url, prompt, MAX_TOKENS)
+    assert client.is_server_live() and client.is_model_ready(serve_load.MODEL)
+    assert client.get_model_config(serve_load.MODEL)["model_transaction_policy"]["decoupled"] is True
+    prompt = serve_load.PROMPTS[2]
+    outcome = serve_load.generate_over_http(server.http_url, prompt, MAX_TOKENS)
     assert outcome.error is None and outcome.ids == expected[prompt] and outcome.finish == "length"
     assert len(outcome.arrivals_s) == MAX_TOKENS  # streamed: one event per token
 
 
 def test_sampling_parameters_reach_the_model(server):
     prompt = "Anne was"
-    first = load_test.one_request(server.grpc_url, prompt, 24, temperature=1.0, top_p=0.9, random_seed=5)
-    again = load_test.one_request(server.grpc_url, prompt, 24, temperature=1.0, top_p=0.9, random_seed=5)
-    other = load_test.one_request(server.grpc_url, prompt, 24, temperature=1.0, top_p=0.9, random_seed=6)
+    first = serve_load.one_request(server.grpc_url, prompt, 24, temperature=1.0, top_p=0.9, random_seed=5)
+    again = serve_load.one_request(server.grpc_url, prompt, 24, temperature=1.0, top_p=0.9, random_seed=5)
+    other = serve_load.one_request(server.grpc_url, prompt, 24, temperature=1.0, top_p=0.9, random_seed=6)
     assert first.complete and first.ids == again.ids and first.ids != other.ids
-    stopped = load_test.one_request(server.grpc_url, prompt, 24, stop_words=[first.text[3:5]])
-    greedy = load_test.one_request(server.grpc_url, prompt, 24)
+    stopped = serve_load.one_request(server.grpc_url, prompt, 24, stop_words=[first.text[3:5]])
+    greedy = serve_load.one_request(server.grpc_url, prompt, 24)
     stop = first.text[3:5]
     if stop in greedy.text:
         assert stopped.finish == "stop" and stopped.text == greedy.text[: greedy.text.index(stop) + len(stop)]

@@ -53,7 +53,7 @@ def test_the_need_is_the_files_plus_activations_workspace_and_reserve(tmp_path, 
     stated = capsys.readouterr().err
     activations = ACTIVATION_FACTOR * 100 * (2 * D * 2)  # x and y, fp16, per token
     device = weights + activations + 512 * 2**20 + RESERVE_BYTES
-    from deamoe_trt.report import format_bytes
+    from deamoe_trt.console import format_bytes
 
     assert f"device {format_bytes(device)} (weights {format_bytes(weights)}" in stated
     assert f"host {format_bytes(2 * weights + RESERVE_BYTES)}" in stated and "shared" not in stated

@@ -104,7 +104,7 @@ def test_every_registered_validator_exists_for_its_format():
 
 def test_an_engine_is_validated_against_the_layers_and_dtype_its_metadata_names(tmp_path, monkeypatch):
     """No guessing from the engine's input: layer 1 of a 2-layer checkpoint, in bf16."""
-    import deamoe_trt.validation as validation
+    import deamoe_trt.validation.layers as validation
     from deamoe_trt.export.metadata import ExportInfo, engine_metadata_path, write_engine_metadata
 
     stack = DeaMoEStack.random(get_preset("tiny"), 2, seed=3)

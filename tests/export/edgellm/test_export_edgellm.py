@@ -25,6 +25,7 @@ from importers.hf_lm_models import CHAT_TEMPLATE, make_tokenizer
 from deamoe_trt.cli.main import main as cli
 from deamoe_trt.errors import DeaMoEError, MissingDependencyError, UsageError
 from deamoe_trt.export.edgellm import SIDECAR, check_version, edgellm_python, export_edgellm
+from deamoe_trt.lm.shipped import TINY_LM
 from deamoe_trt.validation.edgellm import LLM, MODEL, deamoe_nodes, graph_differences, node_checks, signature
 
 try:
@@ -196,7 +197,7 @@ def test_lm_without_a_chat_template_is_refused_and_nothing_is_written(tmp_path, 
 
 
 def test_lm_edgellm_cannot_represent_is_refused_in_one_line(capsys, tmp_path):
-    tiny = Path(__file__).resolve().parents[3] / "samples" / "models" / "tiny-lm"  # no q/k norm, byte tokenizer
+    tiny = TINY_LM  # no q/k norm, byte tokenizer
     assert cli(["export-edgellm", str(tiny), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert "qk_norm is 'none'" in err and len(err.splitlines()) == 1

@@ -4,7 +4,7 @@ The emulated library is the real kernel source (plugins/deamoe/*.cu) behind the 
 ABI, driven through deamoe_trt.cuda's own marshalling (_ops) with CPU tensors: launch
 geometry, the plan's consumption, warp reductions, the fused ordered down reduction and
 the tile loop all run. Timing and memory behaviour are not modelled (see
-tests/plugins/deamoe/simt_emulator.h); `deamoe-trt check-gpu` (deamoe_trt/checks/gpu.py) covers the GPU.
+deamoe_trt/cuda/simt_emulator/simt_emulator.h); `deamoe-trt check-gpu` (deamoe_trt/checks/gpu/) covers the GPU.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import compile_shared
 
-from deamoe_trt.checks.emulated import EMULATOR_DIR, KERNEL_DIR
+from deamoe_trt.checks.emulated import KERNEL_DIR
 from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.native import find_cxx
 from deamoe_trt.routing import Routing, route_logits
@@ -160,7 +160,14 @@ def test_nonfinite_tokens_under_address_and_ub_sanitizers(tmp_path):
     flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"]
     compile_shared(
         cxx,
-        ["-std=c++17", "-O1", "-ffp-contract=off", *flags, f"-I{KERNEL_DIR}", str(EMULATOR_DIR / "deamoeHostTest.cpp")],
+        [
+            "-std=c++17",
+            "-O1",
+            "-ffp-contract=off",
+            *flags,
+            f"-I{KERNEL_DIR}",
+            str(Path(__file__).with_name("deamoeHostTest.cpp")),
+        ],
         lib,
     )
     out = tmp_path / "results.json"

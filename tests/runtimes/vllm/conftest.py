@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from deamoe_trt.lm import shipped
+
 # No traffic off this machine: no usage reports, no Hugging Face Hub look-ups (engine
 # subprocesses inherit these).
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -21,8 +23,8 @@ os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[3]
-TINY_LM = ROOT / "samples" / "models" / "tiny-lm"
-CONVERTED_LM = ROOT / "samples" / "models" / "tiny-lm-converted"
+TINY_LM = shipped.TINY_LM
+CONVERTED_LM = shipped.TINY_LM_CONVERTED
 # The CPU engine reserves this fraction of the machine's memory for its KV cache (its
 # --gpu-memory-utilization); the tiny models need far less than the default 0.92.
 CPU_MEMORY_FRACTION = 0.15

@@ -26,22 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..console import format_table
 from ..errors import DeaMoEError, MissingDependencyError
-from ..report import format_table
+from ..lm.shipped import read_prompts
 
 MODEL = "tiny_lm"
 
-# Prompts of different lengths, so caches differ in length; the tiny LM knows printable ASCII.
-PROMPTS = (
-    "Anne was",
-    "Captain Wentworth said",
-    "It was a fine morning, and",
-    "Sir Walter Elliot, of Kellynch Hall, in Somersetshire,",
-    "Lady Russell",
-    "The Musgroves",
-    "She had been forced into prudence in her youth,",
-    "Mary",
-)
+# The default prompts: different lengths, so caches differ in length.
+PROMPTS = tuple(read_prompts())
 
 
 def _grpc():
@@ -535,6 +527,7 @@ class BenchResult:
 def run_bench(
     checkpoint: Path,
     *,
+    prompts: list[str] | None = None,
     runtime: str = "ort",
     clients: int = 4,
     requests: int = 4,
@@ -545,16 +538,17 @@ def run_bench(
 ) -> BenchResult:
     """Write a repository with the decode service, start tritonserver on loopback, measure
     one request alone, then clients x requests at once, then alone again (so drift shows in both
-    directions), then an HTTP request and the fault checks; stop the server."""
+    directions), then an HTTP request and the fault checks; stop the server. prompts default
+    to PROMPTS; they rotate over the requests."""
     import tempfile
 
     from ..lm.checkpoint import load_lm
-    from .repo import write_lm_model
-    from .server import TritonServer
+    from ..serving.repo import write_lm_model
+    from ..serving.server import TritonServer
 
     checkpoint = Path(checkpoint)
     max_context = load_lm(checkpoint).model.config.max_position_embeddings
-    prompts = list(PROMPTS)
+    prompts = list(PROMPTS if prompts is None else prompts)
     log(f"decoding {len(prompts)} prompts alone in this process ({runtime}) for the expected outputs")
     expected = expected_outputs(checkpoint, prompts, max_tokens, runtime)
     with tempfile.TemporaryDirectory(prefix="deamoe-serve-bench-") as tmp:

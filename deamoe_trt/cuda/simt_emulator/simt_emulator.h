@@ -12,7 +12,8 @@
  * guard against, or concurrently running blocks. A warp collective called while some
  * lanes of the warp have exited aborts (it is undefined on the GPU as well).
  *
- * Tests only. Build: g++ -std=c++20 -pthread -I<cuda>/include -Iplugins/deamoe ...
+ * Used by the kernel tests and `deamoe-trt check-gpu --dry-run` (deamoe_trt/checks/emulated.py
+ * builds it). Build: g++ -std=c++20 -pthread -I<cuda>/include -I<kernel sources>/deamoe ...
  */
 #pragma once
 

@@ -1,7 +1,7 @@
 /*
  * The kernel library (plugins/deamoe/deamoeKernels.cu and the three dtype instantiations)
  * built for the CPU under the SIMT emulator: libdeamoe_emulated.so exports the same C ABI
- * as libdeamoe_kernels.so, operating on host memory. Tests only.
+ * as libdeamoe_kernels.so, operating on host memory (the kernel tests, `check-gpu --dry-run`).
  */
 #include "simt_emulator.h"
 

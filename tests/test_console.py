@@ -2,7 +2,7 @@ import io
 
 import pytest
 
-from deamoe_trt.report import Progress, format_bytes, format_table
+from deamoe_trt.console import Progress, format_bytes, format_table
 
 
 def test_table_aligns_columns_under_their_headers():

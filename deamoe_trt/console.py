@@ -1,4 +1,4 @@
-"""Plain-text tables and progress lines shared by every command."""
+"""Plain-text tables, byte counts and progress lines on the console, shared by every command."""
 
 from __future__ import annotations
 

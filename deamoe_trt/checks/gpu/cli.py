@@ -1,0 +1,201 @@
+"""check-gpu's arguments (checked before anything is written: one line, exit 2) and the run:
+environment, kernel library, bandwidth, then per planned layer its correctness rows and
+benchmarks, gpu_check.json and gpu_check.txt rewritten after each."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from ...cli import args as common
+from ...dtypes import BY_TORCH
+from ...runtimes.cuda import CudaRuntime
+from ...traffic import layer_bytes
+from .cases import CASES, CHECK_TOKENS, PLAN, case_config, free, quantized_layer, random_layer
+from .correctness import check_correctness
+from .report import Clock, table, targets
+from .timing import Bench, bench_preset, measure_bandwidth
+
+PROG = "deamoe-trt check-gpu"
+DEFAULT_PRESETS = "tiny,deepseek-v3-layer,qwen3-30b-a3b-layer,gpt-oss-20b-style"
+WEIGHT_BITS = (0, 4, 8)
+
+
+def weight_bits(text: str) -> set[int]:
+    """'0,4' -> {0, 4}: FFN weight formats, 0 float, 4 int4, 8 int8."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts or any(p not in {str(b) for b in WEIGHT_BITS} for p in parts):
+        raise argparse.ArgumentTypeError(f"takes 0, 4 and/or 8 (float, int4, int8), got {text!r}")
+    return {int(p) for p in parts}
+
+
+def output_folder(text: str) -> Path:
+    return Path(common.writable_directory(text))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __doc__ as doc
+
+    parser = common.Parser(prog=PROG, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, type=output_folder, help="folder for gpu_check.json and gpu_check.txt")
+    parser.add_argument("--library", help="a built libdeamoe_kernels.so (default: build for this GPU, cached)")
+    common.add_tokens(parser, default="1,2,4,8,16")
+    parser.add_argument("--iters", type=common.positive_int, default=40, help="timed iterations per kernel measurement")
+    parser.add_argument(
+        "--torch-iters", type=common.positive_int, default=10, help="timed iterations of the PyTorch reference"
+    )
+    parser.add_argument(
+        "--pdl-tokens",
+        type=common.token_counts,
+        default=[1, 4, 16],
+        metavar="N,N,...",
+        help="token counts also timed with programmatic launch (default 1,4,16)",
+    )
+    parser.add_argument("--skip-bench", action="store_true", help="correctness only")
+    parser.add_argument("--budget-s", type=float, default=270.0, help="stop starting benchmarks after this many s")
+    parser.add_argument("--dry-run", action="store_true", help="CPU + SIMT-emulated kernels, shrunken presets")
+    parser.add_argument(
+        "--presets",
+        type=common.name_list(tuple(CASES), "preset"),
+        default=DEFAULT_PRESETS.split(","),
+        help=f"presets to run (default {DEFAULT_PRESETS})",
+    )
+    parser.add_argument(
+        "--bits", type=weight_bits, default=set(WEIGHT_BITS), help="FFN weight formats: 0 float, 4 int4, 8 int8"
+    )
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace | int:
+    """The arguments, or the exit status when they are bad (after one line on stderr) or --help."""
+    return common.parse(build_parser(), argv)
+
+
+def environment(dry_run: bool) -> dict:
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+    }
+    if not dry_run:
+        props = torch.cuda.get_device_properties(0)
+        env.update(
+            gpu=props.name,
+            capability=f"{props.major}.{props.minor}",
+            sms=props.multi_processor_count,
+            memory_GiB=round(props.total_memory / 2**30, 1),
+            l2_MiB=round(getattr(props, "L2_cache_size", 0) / 2**20, 1),
+        )
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if isinstance(args, int):
+        return args
+    clock = Clock()  # --budget-s counts from here, not from the import
+    dry = args.dry_run
+    backend = CudaRuntime.emulated(args.library) if dry else CudaRuntime(library=args.library)
+    if reason := backend.available():
+        print(f"{PROG}: error: this check {reason}; --dry-run runs it on the CPU", file=sys.stderr)
+        return 2
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    tokens, iters, torch_iters = list(args.tokens), args.iters, args.torch_iters
+    check_tokens = CHECK_TOKENS
+    if dry:
+        # A check of the flow, not of the kernels (tests/plugins does that): one token
+        # count, one iteration; the emulator runs each CUDA thread as a host thread.
+        check_tokens = {name: [2] for name in CHECK_TOKENS}
+        tokens, iters, torch_iters = tokens[:1], 1, 1
+
+    results: dict = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "mode": "dry-run (CPU, emulated kernels)" if dry else "gpu",
+        "correctness": [],
+        "benchmarks": [],
+        "errors": [],
+        "skipped": [],
+        "environment": environment(dry),
+    }
+    clock.log(f"environment: {results['environment']}")
+
+    def write() -> None:
+        results["elapsed_s"] = clock.elapsed()
+        results["targets"] = targets(results)
+        for name, text in (
+            ("gpu_check.json", json.dumps(results, indent=2, default=str)),
+            ("gpu_check.txt", table(results) + "\n"),
+        ):
+            tmp = out / f".{name}.tmp"
+            tmp.write_text(text)
+            tmp.replace(out / name)
+
+    try:
+        clock.log("loading the kernel library (builds for this GPU on first use)")
+        backend.load()
+        results["build"] = {"seconds": backend.build_seconds, "library": backend.library_path}
+        clock.log(f"kernel library ready in {backend.build_seconds:.1f}s: {backend.library_path}")
+    except Exception as exc:
+        results["errors"].append(f"kernel library: {type(exc).__name__}: {exc}")
+        write()
+        print(table(results))
+        return 1
+
+    try:
+        clock.log("measuring device bandwidth")
+        results["bandwidth"] = measure_bandwidth(backend, (2**30) if not dry else (2**22), 20 if not dry else 2)
+        bw = results["bandwidth"]
+        clock.log(f"  copy {bw['copy_GBps']:.0f} GB/s (read+write), read-only {bw['read_GBps']:.0f} GB/s")
+    except Exception as exc:
+        results["errors"].append(f"bandwidth: {type(exc).__name__}: {exc}")
+        results["bandwidth"] = {"copy_GBps": 0.0}
+    copy_GBps = results["bandwidth"].get("copy_GBps", 0.0)
+    bench = None if args.skip_bench else Bench(backend, iters, torch_iters, 2**30 if not dry else 2**16)
+
+    for preset, check_dtypes, bench_dtype, bits in [s for s in PLAN if s[0] in args.presets and s[3] in args.bits]:
+        config = case_config(preset, bits, dry)
+        for dtype in check_dtypes:
+            layer = None
+            name = f"{BY_TORCH[dtype].name}-int{bits}" if bits else BY_TORCH[dtype].name
+            try:
+                size_gb = layer_bytes(config, dtype) / 1e9
+                clock.log(f"{preset} {name}: making the layer ({size_gb:.2f} GB before quantization)")
+                if bits:
+                    layer = quantized_layer(config, dtype, backend.device, 0, bits)
+                else:
+                    layer = random_layer(config, dtype, backend.device, seed=0)
+                backend.sync()
+                for i, T in enumerate(check_tokens[preset]):
+                    results["correctness"].append(check_correctness(backend, layer, preset, T, 10 * i + T, clock))
+                write()
+                if bench is not None and dtype == bench_dtype:
+                    if clock.elapsed() > args.budget_s:
+                        results["skipped"].append(f"{preset} {name} benchmarks: time budget")
+                        clock.log(f"time budget reached: skipping the {preset} {name} benchmarks")
+                    else:
+                        clock.log(f"{preset} {name}: benchmarks at T={tokens}")
+                        bench_preset(
+                            bench, preset, layer, tokens, copy_GBps, results, set(args.pdl_tokens), args.budget_s, clock
+                        )
+            except Exception as exc:
+                results["errors"].append(f"{preset} {name}: {type(exc).__name__}: {exc}")
+                results.setdefault("tracebacks", []).append(traceback.format_exc())
+                clock.log(f"ERROR {preset} {name}: {type(exc).__name__}: {exc}")
+            finally:
+                free(layer)
+                write()
+
+    write()
+    print("\n" + table(results), flush=True)
+    clock.log(f"wrote {out / 'gpu_check.json'} and {out / 'gpu_check.txt'}")
+    passed = all(r["pass"] for r in results["correctness"]) and results["correctness"] and not results["errors"]
+    return 0 if passed else 1

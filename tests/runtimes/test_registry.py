@@ -1,0 +1,54 @@
+"""deamoe_trt.runtimes: the registry lists every runtime, on any machine, and each one that
+cannot run here says why in one line, and refuses to prepare with that reason."""
+
+import pytest
+import torch
+
+from deamoe_trt import PRESETS, DeaMoELayer, MissingDependencyError, UsageError, runtimes
+
+
+def test_names_lists_every_runtime_and_get_returns_it():
+    assert runtimes.names() == ("torch", "cpu", "cuda", "ort", "tensorrt")
+    for name in runtimes.names():
+        runtime = runtimes.get(name)
+        assert runtime.name == name and runtime.label and runtime.dtypes
+
+
+def test_an_unknown_name_is_one_line_naming_the_choices():
+    with pytest.raises(UsageError, match="unknown runtime 'nope'; choose one of: torch, cpu, cuda, ort, tensorrt"):
+        runtimes.get("nope")
+
+
+@pytest.mark.parametrize("name", runtimes.names())
+def test_availability_is_none_or_one_line_and_an_unavailable_runtime_refuses_to_prepare(name):
+    runtime = runtimes.get(name)
+    reason = runtime.available()
+    if reason is None:
+        return
+    assert isinstance(reason, str) and reason.strip() and "\n" not in reason
+    layer = DeaMoELayer.random(PRESETS["tiny"], seed=0, dtype=torch.float16)
+    with pytest.raises(MissingDependencyError) as caught:
+        runtime.prepare(layer)
+    assert reason in str(caught.value)
+
+
+def test_the_gpu_runtimes_say_what_is_missing_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    assert "CUDA GPU" in runtimes.get("cuda").available()
+    assert runtimes.get("tensorrt").available() is not None
+
+
+@pytest.mark.parametrize("name", ["cpu", "ort"])
+def test_a_dtype_the_runtime_does_not_run_is_one_line(name):
+    runtime = runtimes.get(name)
+    if reason := runtime.available():
+        pytest.skip(reason)
+    layer = DeaMoELayer.random(PRESETS["tiny"], seed=0, dtype=torch.bfloat16)
+    with pytest.raises(UsageError, match="not bf16"):
+        runtime.prepare(layer)
+
+
+def test_a_runtime_without_a_decoder_says_so():
+    with pytest.raises(UsageError, match="does not decode language models"):
+        runtimes.get("cuda").decoder(None)
