@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -23,14 +23,10 @@ from ..config import DeaMoEConfig
 from ..errors import MissingDependencyError, one_line
 from ..runtimes.base import Prepared, identity
 from ..traffic import layer_bytes
-
-if TYPE_CHECKING:
-    from .options import BenchOptions
+from .options import PRIORITY, BenchOptions
 
 MODELS = ("deamoe", "expanded", "vanilla")
 RUNTIMES = ("cpu", "ort", "torch")
-# Build (and keep) order: the most informative first, so a tight memory budget keeps them.
-PRIORITY = ("deamoe/cpu", "expanded/cpu", "vanilla/ort", "deamoe/ort", "expanded/ort", "deamoe/torch", "expanded/torch")
 # Resident memory of an ONNX Runtime CPU session over its weights, measured with the qwen3
 # layer's twins (2.42 GB of weights: +4.85 GB; the same with pre-packing disabled).
 ORT_RESIDENT_FACTOR = 2

@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 from ..dtypes import BY_NAME
 from ..errors import UsageError
 from ..presets import get_preset
-from .contenders import PRIORITY
 
+# Every contender `bench` knows, in build (and keep) order: the most informative first, so a
+# tight memory budget keeps them.
+PRIORITY = ("deamoe/cpu", "expanded/cpu", "vanilla/ort", "deamoe/ort", "expanded/ort", "deamoe/torch", "expanded/torch")
 SCHEMA = "deamoe-trt-bench/1"
 
 
