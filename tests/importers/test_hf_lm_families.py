@@ -27,12 +27,8 @@ from .hf_lm_models import prompt_ids
 NEW_TOKENS = 32
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# Tiny models: PyTorch's intra-op threads only add fork/join waits on a small machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module", params=VARIANTS)

@@ -15,14 +15,8 @@ from deamoe_trt.lm.shipped import TINY_LM
 SAMPLE = str(TINY_LM)
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny models: PyTorch's intra-op threads only add fork/join waits (10x slower measured
-    on this shared 2-core VM)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# Tiny models: PyTorch's intra-op threads only add fork/join waits on a small machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_cpu_decoder_matches_the_reference_logits_and_tokens():

@@ -26,12 +26,8 @@ def mla_config(q_lora_rank: int = 8) -> LMConfig:
     return QUANTIZABLE_MICRO_LM.replace(**MLA_SIZES, q_lora_rank=q_lora_rank, attention_multiplier=16**-0.5)
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# Tiny models: PyTorch's intra-op threads only add fork/join waits on a small machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def expanded_attention(attn, x, cos, sin):

@@ -20,12 +20,8 @@ from .conftest import MICRO
 SINKS = MICRO.replace(num_layers=3, sliding_window=4, sliding_window_layers=(0, 2), attention_sinks=True)
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# Tiny models: PyTorch's intra-op threads only add fork/join waits on a small machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

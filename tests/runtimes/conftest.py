@@ -77,9 +77,5 @@ def decoder_gap():
 
 
 @pytest.fixture(autouse=True)
-def _one_torch_thread():
+def _one_torch_thread(one_thread):
     """Tiny models: PyTorch's intra-op threads only add fork/join waits on a small machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
