@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The whole pipeline on a synthetic checkpoint of a real model, each step timed:
-#   [FROM=STEP] [UNTIL=STEP] scripts/scale_pipeline.sh CONFIG LAYERS DIR
+#   [FROM=STEP] [UNTIL=STEP] [CALIBRATION_TOKENS=N] scripts/scale_pipeline.sh CONFIG LAYERS DIR
 # e.g. scripts/scale_pipeline.sh olmoe-1b-7b 4 /tmp/scale. Writes DIR/steps.tsv (step, wall s,
 # peak RSS KB, bytes written, command) and each step's log; DIR needs the checkpoint's size
 # about four times over (source, import, converted, int4 and its export).
 # Steps: synth import-hf convert quantize export-lm generate-ort generate-cpu. FROM=STEP starts
 # at STEP on the outputs already in DIR (steps.tsv keeps the earlier steps' rows); UNTIL=STEP
-# stops after STEP.
+# stops after STEP. CALIBRATION_TOKENS (default 12000): random token ids convert fits on.
 set -euo pipefail
 config=$1 layers=$2 dir=$3
 py=${PYTHON:-python}
@@ -53,11 +53,12 @@ step synth "$dir/hf" $py -m $dt.bench.synth --config "$config" --layers "$layers
 step import-hf "$dir/lm" $py -m $dt import-hf "$dir/hf" -o "$dir/lm"
 if runs convert; then
   # Random token ids over the vocabulary as calibration: the synthetic tokenizer's words are not English.
-  $py - "$dir/lm" "$dir/ids.safetensors" <<'PY'
+  $py - "$dir/lm" "$dir/ids.safetensors" "${CALIBRATION_TOKENS:-12000}" <<'PY'
 import json, sys, torch
 from safetensors.torch import save_file
 vocab = json.load(open(f"{sys.argv[1]}/config.json"))["config"]["vocab_size"]
-save_file({"input_ids": torch.randint(3, vocab, (12000,), generator=torch.Generator().manual_seed(0))}, sys.argv[2])
+n = int(sys.argv[3])
+save_file({"input_ids": torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(0))}, sys.argv[2])
 PY
 fi
 step convert "$dir/conv" $py -m $dt convert "$dir/lm" -o "$dir/conv" --departments 8 --shared-fraction 0.25 \
