@@ -425,8 +425,8 @@ class DeaMoELayer(nn.Module):
         """This layer with its FFN weights quantized (round to nearest); router and gate kept.
 
         clip: per weight name ("experts.down", ...) the per-(row, group) ratios of max|w| its
-        scales cover (deamoe_trt.awq's clipping search); absent names are plain round to
-        nearest. Method "awq" is deamoe_trt.awq.quantize_awq, which calls this with them."""
+        scales cover (deamoe_trt.quantize.awq's clipping search); absent names are plain round to
+        nearest. Method "awq" is deamoe_trt.quantize.awq.quantize_awq, which calls this with them."""
         if self.quant is not None:
             raise UsageError(
                 f"the layer is already quantized ({self.quant.bits}-bit, group size {self.quant.group_size}); "
@@ -434,7 +434,7 @@ class DeaMoELayer(nn.Module):
             )
         if quant.method != "rtn" and clip is None:
             raise UsageError(
-                f"method {quant.method!r} needs calibration tokens: use deamoe_trt.awq.quantize_awq "
+                f"method {quant.method!r} needs calibration tokens: use deamoe_trt.quantize.awq.quantize_awq "
                 "(deamoe-trt quantize --method awq --calibration FILE)"
             )
         clip = clip or {}

@@ -27,7 +27,7 @@ from .errors import UsageError
 
 BITS = (4, 8)
 GROUP_SIZES = (16, 32, 64, 128)
-# rtn: round to nearest, scale = max|w| / qmax. awq: activation-aware (deamoe_trt.awq): the
+# rtn: round to nearest, scale = max|w| / qmax. awq: activation-aware (deamoe_trt.quantize.awq): the
 # same codes and scales, chosen with calibration tokens; the format does not change.
 METHODS = ("rtn", "awq")
 
@@ -127,7 +127,7 @@ def quantize_rtn(
     scale = clip * max |w| over the group / qmax (7 for int4, 127 for int8), rounded to the
     weight's dtype first so that the codes are the nearest for the scale actually stored.
     clip: [..., rows, cols / group_size] ratios in (0, 1] (AWQ's clipping search,
-    deamoe_trt.awq); default 1, plain round to nearest."""
+    deamoe_trt.quantize.awq); default 1, plain round to nearest."""
     bits, gs = config.bits, config.group_size
     *lead, cols = weight.shape
     if cols % gs:

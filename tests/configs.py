@@ -80,8 +80,28 @@ DEEPSEEK_STYLE_GROUPED = deepseek_style(
 QWEN2_STYLE_GROUPED = QWEN2_STYLE_GATED_SHARED.replace(hidden_size=48, shared_expert_intermediate_size=32)
 
 
-# A micro language model (tests/lm/conftest.py's MICRO) whose quantized widths are all
-# multiples of the smallest group size, 16 (MICRO's f_p = 8 is not), with a dense block, a
+# A micro language model: small enough that every test builds, runs and exports it in well under a second.
+MICRO_LM = LMConfig(
+    vocab_size=256,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=48,
+    moe=DeaMoEConfig(
+        hidden_size=32,
+        num_departments=2,
+        experts_per_department=2,
+        shared_intermediate_size=16,
+        private_intermediate_size=8,
+        top_k=2,
+        top_departments=1,
+    ),
+)
+
+
+# A micro language model (MICRO_LM's shape) whose quantized widths are all
+# multiples of the smallest group size, 16 (MICRO_LM's f_p = 8 is not), with a dense block, a
 # gated shared expert and a router bias, so that "only the DeaMoE FFN weights" is visible.
 QUANTIZABLE_MICRO_LM = LMConfig(
     vocab_size=256,

@@ -1,5 +1,6 @@
-"""Fixtures for the DeaMoE kernel tests (tests/plugins, tests/checks): host builds of the kernel
-sources, made once per session.
+"""Shared fixtures: the micro language model (micro_config, micro_model, micro_checkpoint), and for
+the DeaMoE kernel tests (tests/plugins, tests/checks) host builds of the kernel sources, made once
+per session.
 
 - host_lib: tests/plugins/deamoe/deamoeHostTest.cpp (the device routing + plan logic compiled
   for the CPU) as a shared library; needs a C++17 compiler.
@@ -18,12 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from configs import MICRO_LM
 from deamoe_trt.checks.emulated import (
     KERNEL_DIR,
     emulated_library_command,
     find_cuda_include,
     find_cxx,
 )
+from deamoe_trt.lm import DeaMoELM
 
 # Test-only C entry points of the kernels' routing and plan code.
 HOST_TEST_SOURCE = Path(__file__).resolve().parent / "plugins" / "deamoe" / "deamoeHostTest.cpp"
@@ -86,3 +89,19 @@ def emulated_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     out = tmp_path_factory.mktemp("emulated_lib") / "libdeamoe_emulated.so"
     run(emulated_library_command(cxx, include, out), out)
     return bind(ctypes.CDLL(str(out)))
+
+
+# The micro language model (configs.MICRO_LM), random weights, and its checkpoint.
+@pytest.fixture
+def micro_config():
+    return MICRO_LM
+
+
+@pytest.fixture
+def micro_model():
+    return DeaMoELM.random(MICRO_LM, seed=3).eval()
+
+
+@pytest.fixture
+def micro_checkpoint(tmp_path, micro_model):
+    return micro_model.save_pretrained(tmp_path / "micro-lm")

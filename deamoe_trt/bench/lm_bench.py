@@ -18,19 +18,19 @@ built, interleaved and freed before the next runtime's, so memory holds one runt
 twins at a time; ratios are taken within a runtime. Bytes per token: the FFN weights each
 step's routing reads (deamoe_trt.traffic, from the hidden states the CPU contenders saw)
 plus every other weight a step reads (attention, norms, router, LM head, one embedding
-row; in float32 on the CPU runtime, which runs that part in float32, see deamoe_trt.lm.cpu).
+row; in float32 on the CPU runtime, which runs that part in float32, see deamoe_trt.runtimes.cpu_kernel).
 The roof: the CPU kernel's streaming read bandwidth measured before and after.
 
 `--attention mla`: the blocks have DeepSeek-V2-Lite's multi-head latent attention instead
 (16 heads, latent cache of 512 + 64 values per token; deamoe_trt.lm.mla), same FFNs.
 
 `--quantized 4|8`: the same model with every DeaMoE FFN (and so every twin's) quantized,
-round to nearest, fp16 scales (deamoe_trt.lm.quantize); the ort runtime runs
+round to nearest, fp16 scales (deamoe_trt.quantize.lm); the ort runtime runs
 com.microsoft.QMoE, the CPU kernel its quantized path, and the FFN bytes are the packed
 codes plus scales each step's routing reads.
 
 `--llama-bench PATH` (a llama-bench binary; deamoe_trt.bench.llama_cpp): llama.cpp joins as a
-contender on the vanilla twin, written as a GGUF qwen3moe file at F16 (deamoe_trt.lm.gguf_export)
+contender on the vanilla twin, written as a GGUF qwen3moe file at F16 (deamoe_trt.export.gguf)
 and quantized by llama-quantize to Q8_0 and Q4_0 (from the floating-point twin, whatever
 --quantized says). Inside every runtime's step loop, at its start and half way, each file gets
 one llama-bench call of `llama_tokens` decode steps after a prompt-long context, so llama.cpp
@@ -58,12 +58,12 @@ from ..config import DeaMoEConfig
 from ..console import format_bytes, format_table
 from ..errors import UsageError
 from ..lm.config import LMConfig
+from ..lm.model import TWINS
 from ..presets import get_preset
 from ..quant import QuantConfig
 from ..traffic import BYTES_PER_WEIGHT, weights_loaded
 from . import llama_cpp
 
-TWINS = ("deamoe", "expanded", "vanilla")
 RUNTIMES = ("cpu", "ort")
 LLAMA = "llama.cpp"
 PPL_CONTEXT = 128  # tokens per llama-perplexity chunk (the evaluation length of train-tiny)
@@ -115,6 +115,8 @@ class Contender:
     token: int = 0
     step_s: list[float] = field(default_factory=list)
     hidden: list[list[torch.Tensor]] = field(default_factory=list)  # per step, per MoE block: its FFN input
+    layers: dict = field(default_factory=dict)  # CPU kernel: block -> its packed FFN
+    sink: list = field(default_factory=list)  # CPU kernel: each FFN call's input, in order
 
 
 class _Recording:
@@ -128,40 +130,21 @@ class _Recording:
         return self.ffn(x)
 
 
-def _cpu_contender(base, twin: str, threads: int) -> Contender:
-    """base's attention (PyTorch) with the twin's FFNs packed for the CPU kernel one block at a
-    time (the twin's PyTorch weights are dropped as soon as they are packed)."""
-    from ..cpu import CpuDeaMoE
-    from ..lm.cpu import CpuDecoder
+def _contender(base, twin: str, runtime: str, threads: int) -> Contender:
+    """The twin of base on runtime (deamoe_trt.runtimes). On the CPU kernel the twin's FFNs are
+    packed one block at a time onto base's attention, and each records its inputs for the
+    traffic count; on ONNX Runtime the twin's fp16 export runs with its weights in memory and
+    threads that do not spin (they would steal a core from the next contender)."""
+    from .. import runtimes
 
-    ffns = {}
-    for i in base.moe_layers():
-        layer = base.layers[i].mlp
-        ffns[i] = CpuDeaMoE(layer if twin == "deamoe" else getattr(layer, twin)(), threads=threads)
-        gc.collect()
-    decoder = CpuDecoder(base, threads=threads, ffns=ffns)
-    contender = Contender(twin, "cpu", decoder)
-    contender.layers = ffns
-    contender.sink = []
-    decoder.ffns = {i: _Recording(ffn, contender.sink) for i, ffn in ffns.items()}
+    if runtime == "ort":
+        return Contender(
+            twin, runtime, runtimes.get(runtime).decoder(base, threads=threads, twin=twin, dtype="fp16", spinning=False)
+        )
+    decoder = runtimes.get(runtime).decoder(base, threads=threads, twin=twin)
+    contender = Contender(twin, runtime, decoder, layers=decoder.ffns)
+    decoder.ffns = {i: _Recording(ffn, contender.sink) for i, ffn in decoder.ffns.items()}
     return contender
-
-
-def _ort_contender(base, twin: str, threads: int) -> Contender:
-    from ..lm.onnx_export import build_lm_model, lm_export_info
-    from ..lm.ort import OrtDecoder
-    from ..runtimes.onnxruntime import make_session
-
-    model = base.twin(twin)
-    proto = build_lm_model(model, "ort", "fp16", twin=twin)
-    del model
-    gc.collect()
-    info = lm_export_info(proto)
-    session = make_session(proto, threads)  # weights moved out of the proto into in-memory arrays
-    del proto
-    decoder = OrtDecoder(session.session, info)
-    decoder.keep_alive = session
-    return Contender(twin, "ort", decoder)
 
 
 def memory_estimate(config, runtime: str) -> int:
@@ -221,7 +204,7 @@ def run_lm_bench(
     config = bench_config(layers, departments, attention=attention).replace(quantization=quant)
     tools = None
     if llama_bench is not None:
-        from ..lm.gguf_export import check_writable_as_gguf
+        from ..export.gguf import check_writable_as_gguf
 
         tools = llama_cpp.LlamaTools.beside(llama_bench)
         check_writable_as_gguf(config.replace(quantization=None).vanilla())
@@ -269,8 +252,7 @@ def _run_contenders(base, config, runtimes, twins, steps, prompt, threads, seed,
         contenders = []
         for twin in twins:
             progress(f"  building {twin} on {runtime} ...")
-            make = _cpu_contender if runtime == "cpu" else _ort_contender
-            contenders.append(make(base, twin, threads))
+            contenders.append(_contender(base, twin, runtime, threads))
             gc.collect()
         for c in contenders:  # prefill and one untimed step: first-call costs stay out
             c.token = int(np.argmax(c.decoder.prefill(prompt_ids)))
@@ -294,7 +276,7 @@ def _run_contenders(base, config, runtimes, twins, steps, prompt, threads, seed,
     roofs.append(kernel_bandwidth(1 << 29, 5, threads)["bytes_per_s"])
     roof = statistics.median(roofs)
     # FFN bytes for ORT rows: the same twin's count from the CPU run (same model, same tokens).
-    # Outside the FFNs the CPU runtime reads float32 copies (deamoe_trt.lm.cpu), ORT fp16.
+    # Outside the FFNs the CPU runtime reads float32 copies (deamoe_trt.runtimes.cpu_kernel), ORT fp16.
     by_twin = {r["twin"]: r["ffn_bytes_per_token"] for r in rows if r["ffn_bytes_per_token"]}
     for r in rows:
         if r["runtime"] != LLAMA:
@@ -339,7 +321,7 @@ def _bits(config) -> int | None:
 def held_out_ids(vocab_size: int) -> torch.Tensor:
     """The held-out 10% of the shipped text as byte-tokenizer ids (what train-tiny validates on)."""
     from ..lm.tokenizer import ByteTokenizer
-    from ..lm.train import TrainSettings, shipped_text, split_text
+    from ..train.lm import TrainSettings, shipped_text, split_text
 
     return split_text(shipped_text(), ByteTokenizer(vocab_size=vocab_size), TrainSettings().val_fraction)[1]
 
@@ -363,7 +345,7 @@ class _LlamaContenders:
     held-out text by llama-perplexity and timed by llama-bench one call at a time."""
 
     def __init__(self, tools, base, folder: Path, threads: int, progress):
-        from ..lm.gguf_export import write_gguf
+        from ..export.gguf import write_gguf
         from ..lm.tokenizer import ByteTokenizer
 
         self.tools, self.threads = tools, threads

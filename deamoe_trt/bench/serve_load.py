@@ -278,11 +278,12 @@ def expected_outputs(
 ) -> dict[str, list[int]]:
     """Each prompt decoded alone, greedy, in this process on the service's runtime: what the server must return."""
     from ..lm.checkpoint import load_lm
-    from ..lm.generate import TorchDecoder, generate
+    from ..runtimes.decode import generate
+    from ..runtimes.torch import TorchDecoder
 
     loaded = load_lm(checkpoint)
     if runtime == "ort":
-        from ..lm.ort import OrtDecoder
+        from ..runtimes.onnxruntime import OrtDecoder
 
         decoder = OrtDecoder.from_model(loaded.model, threads=1)
     else:

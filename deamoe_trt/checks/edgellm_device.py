@@ -105,7 +105,8 @@ class EdgeLLMCheck(Check):
         import torch
 
         from ..lm.checkpoint import load_lm
-        from ..lm.generate import TorchDecoder, generate
+        from ..runtimes.decode import generate
+        from ..runtimes.torch import TorchDecoder
 
         loaded = load_lm(self.lm_dir, device="cuda" if torch.cuda.is_available() else None)
         tokenizer = loaded.tokenizer

@@ -159,7 +159,7 @@ def _run(args) -> int:
     data = None
     if is_lm:
         from ..lm.checkpoint import load_lm, read_lm_header
-        from ..lm.train import shipped_text
+        from ..train.lm import shipped_text
 
         header = read_lm_header(args.source)
         if args.data:

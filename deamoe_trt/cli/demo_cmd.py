@@ -150,7 +150,7 @@ def _routing(checkpoint: Path, seed: int) -> None:
 def _converted(path: Path) -> None:
     from ..convert.report import lm_bytes_table, recorded_table
     from ..lm import load_lm
-    from ..lm.train import shipped_text
+    from ..train.lm import shipped_text
 
     loaded = load_lm(path)
     print(f"\n=== a trained vanilla MoE converted to DeaMoE ({path.name}): loads fewer bytes per step")

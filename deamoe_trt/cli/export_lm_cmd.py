@@ -61,8 +61,8 @@ def run(args) -> int:
 
     from ..console import format_bytes
     from ..errors import DeaMoEError
+    from ..export.lm import export_lm
     from ..lm.checkpoint import load_lm
-    from ..lm.onnx_export import export_lm
 
     loaded = load_lm(args.checkpoint)
     if args.target == "genai":
@@ -79,7 +79,7 @@ def run(args) -> int:
     size = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
     print(f"wrote {path} ({args.twin}, {args.form} form, {args.dtype}, {format_bytes(size)})")
     if args.validate:
-        from ..lm.validate import validate_lm
+        from ..validation.lm import validate_lm
 
         report = validate_lm(path, args.checkpoint)
         print(report.table())

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..lm.model import TWINS
 from . import args as common
 
-TWINS = ("deamoe", "expanded", "vanilla")
 RUNTIMES = ("torch", "ort", "cpu")
 
 
@@ -82,7 +82,7 @@ def run(args) -> int:
 def _run(args) -> int:
     from ..errors import UsageError
     from ..lm.checkpoint import load_lm
-    from ..lm.generate import Sampling
+    from ..runtimes.decode import Sampling
 
     args.sampling = Sampling(temperature=args.temperature, top_k=args.top_k, seed=args.seed)  # checked first
     if args.onnx is not None:
@@ -103,10 +103,10 @@ def _run_onnx(args) -> int:
     from pathlib import Path
 
     from ..errors import UsageError
+    from ..export.lm import lm_export_info
     from ..export.metadata import load_model
     from ..lm.checkpoint import read_lm_header
-    from ..lm.onnx_export import lm_export_info
-    from ..lm.ort import OrtDecoder, make_lm_session
+    from ..runtimes.onnxruntime import OrtDecoder, make_lm_session
 
     header = read_lm_header(args.checkpoint)
     path = Path(args.onnx)
@@ -131,7 +131,7 @@ def _run_onnx(args) -> int:
 def _prompt(args, tokenizer, config) -> tuple[str, list[int]]:
     """The prompt (in the chat template with --chat) and its token ids, checked against the context."""
     from ..errors import UsageError
-    from ..lm.generate import check_prompt
+    from ..runtimes.decode import check_prompt
 
     prompt = args.prompt
     if args.chat:
@@ -146,7 +146,7 @@ def _prompt(args, tokenizer, config) -> tuple[str, list[int]]:
 
 def _generate(args, tokenizer, prompt: str, prompt_ids: list[int], decoders) -> int:
     """Generate with each (model name, decoder factory) in turn: the text as it comes, then the table."""
-    from ..lm.generate import generate, timing_table, warm_up
+    from ..runtimes.decode import generate, timing_table, warm_up
 
     sampling = args.sampling
     results = []

@@ -124,7 +124,7 @@ def run(args) -> int:
 def _run_lm(args, quant) -> int:
     from ..errors import UsageError
     from ..lm.checkpoint import load_lm
-    from ..lm.quantize import quantize_lm
+    from ..quantize.lm import quantize_lm
 
     if args.eval:
         raise UsageError(
@@ -167,9 +167,9 @@ def _run_lm(args, quant) -> int:
 
 
 def _run_lm_streamed(args, quant) -> int:
-    """Round to nearest tensor by tensor from disk (deamoe_trt.lm.quantize.quantize_checkpoint_streamed)."""
+    """Round to nearest tensor by tensor from disk (deamoe_trt.quantize.lm.quantize_checkpoint_streamed)."""
     from ..lm.checkpoint import read_lm_header
-    from ..lm.quantize import quantize_checkpoint_streamed
+    from ..quantize.lm import quantize_checkpoint_streamed
 
     path = quantize_checkpoint_streamed(args.checkpoint, args.output, quant, _record(args, quant, {}, None))
     config = read_lm_header(path)["config"]
@@ -221,7 +221,7 @@ def _calibration_ids(args, tokenizer):
     import torch
 
     from ..errors import UsageError
-    from ..lm.train import TrainSettings, shipped_text, split_text
+    from ..train.lm import TrainSettings, shipped_text, split_text
 
     if args.calibration is None:
         try:
@@ -251,10 +251,10 @@ def _run_lm_awq(args, quant, loaded) -> int:
 
     from ..console import format_table
     from ..errors import UsageError
-    from ..lm.quantize import calibration_windows, ffn_inputs, quantize_lm_awq
-    from ..lm.train import TrainSettings, shipped_text, split_text
     from ..quant import QuantConfig
+    from ..quantize.lm import calibration_windows, ffn_inputs, quantize_lm_awq
     from ..summary import layer_error
+    from ..train.lm import TrainSettings, shipped_text, split_text
 
     model, tokenizer = loaded.model, loaded.tokenizer
     model.config.replace(quantization=quant)  # widths against the group size: before reading any text
@@ -326,8 +326,8 @@ def _print_perplexity(checkpoint, tokenizer, model, quantized: list) -> dict | N
 
     from ..checkpoint import dtype_name
     from ..console import format_table
-    from ..lm.quantize import held_out_loss
-    from ..lm.train import TEXT_SOURCE
+    from ..quantize.lm import held_out_loss
+    from ..train.lm import TEXT_SOURCE
 
     names = " and ".join(label for label, _ in quantized)
     print(f"measuring the held-out perplexity of {checkpoint} and of its {names} model(s) ...", flush=True)
@@ -348,8 +348,8 @@ def _print_perplexity(checkpoint, tokenizer, model, quantized: list) -> dict | N
 
 def _print_error(args, reference, quantized, labels=None) -> None:
     """The error table of round to nearest: on --eval FILE's layer inputs, else on random tokens."""
-    from ..awq import read_calibration
     from ..console import format_table
+    from ..quantize.awq import read_calibration
     from ..summary import quantization_error
 
     if args.eval:
@@ -369,9 +369,9 @@ def _print_error(args, reference, quantized, labels=None) -> None:
 
 def _awq(args, stack, quant):
     """Quantize with AWQ and print RTN's and AWQ's held-out error side by side."""
-    from ..awq import quantize_stack_awq, read_calibration, split_held_out
     from ..console import format_table
     from ..quant import QuantConfig
+    from ..quantize.awq import quantize_stack_awq, read_calibration, split_held_out
     from ..summary import layer_error
 
     inputs = read_calibration(args.calibration, stack, seed=args.seed)

@@ -36,8 +36,9 @@ def run(args) -> int:
     from pathlib import Path
 
     from ..console import format_bytes, format_table
-    from ..lm.generate import TorchDecoder, generate
-    from ..lm.train import QUICK, TEXT_SOURCE, TrainSettings, save_trained, train
+    from ..runtimes.decode import generate
+    from ..runtimes.torch import TorchDecoder
+    from ..train.lm import QUICK, TEXT_SOURCE, TrainSettings, save_trained, train
 
     base = QUICK if args.quick else TrainSettings(steps=DEFAULT_STEPS)
     settings = dataclasses.replace(base, steps=args.steps or base.steps, seed=args.seed, threads=args.threads)

@@ -16,7 +16,7 @@ import torch
 
 from ..config import DeaMoEConfig
 from ..lm import DeaMoELM, LMConfig
-from ..lm.train import TrainResult, TrainSettings, train
+from ..train.lm import TrainResult, TrainSettings, train
 
 EXPERTS, TOP_K, WIDTH = 16, 4, 64
 

@@ -1,6 +1,6 @@
 """A language model as an ONNX Runtime GenAI model folder (`onnxruntime_genai.Model(folder)`).
 
-The folder holds the whole-LM graph of deamoe_trt.lm.onnx_export with two inputs GenAI
+The folder holds the whole-LM graph of deamoe_trt.export.lm with two inputs GenAI
 feeds (model.onnx), a genai_config.json that maps GenAI's decoder inputs and outputs onto
 the graph's names, and the tokenizer files GenAI's tokenizer reads:
 
@@ -32,8 +32,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import MissingDependencyError, UsageError, one_line
+from ..export.lm import INPUT_IDS, LOGITS, build_lm_model
 from ..lm.model import DeaMoELM
-from ..lm.onnx_export import INPUT_IDS, LOGITS, build_lm_model
 from ..lm.tokenizer import (
     HFTokenizer,
     NoTokenizer,

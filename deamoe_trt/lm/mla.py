@@ -92,7 +92,7 @@ class LatentAttention(nn.Module):
 
 
 def emit_latent_attention(b, block: LatentAttention, h: str, prefix: str, graph) -> str:
-    """The block's attention in the ONNX graph of deamoe_trt.lm.onnx_export (standard ops, the
+    """The block's attention in the ONNX graph of deamoe_trt.export.lm (standard ops, the
     same absorbed form as forward): h [N, d] -> [N, d]; extends the block's cache inputs
     graph.past (c_kv, k_pe) into the outputs named graph.present.
 

@@ -102,6 +102,16 @@ class Block(nn.Module):
         return branch if self.residual_multiplier == 1 else branch * self.residual_multiplier
 
 
+# A model and its two twins (DeaMoELM.expanded, DeaMoELM.vanilla), by name.
+TWINS = ("deamoe", "expanded", "vanilla")
+
+
+def check_twin(name: str) -> None:
+    """A one-line UsageError unless name is one of TWINS."""
+    if name not in TWINS:
+        raise UsageError(f"unknown twin {name!r}; choose one of: {', '.join(TWINS)}")
+
+
 @dataclass
 class LMOutput:
     logits: torch.Tensor  # [B, T, vocab] float32
@@ -278,7 +288,7 @@ class DeaMoELM(nn.Module):
         size; embeddings, norms, routers and the other projections shared with this model.
 
         ffns: {block: that block's FFN already quantized with quant} (a calibrated method's,
-        e.g. deamoe_trt.awq.quantize_awq's); default: DeaMoELayer.quantized, round to nearest."""
+        e.g. deamoe_trt.quantize.awq.quantize_awq's); default: DeaMoELayer.quantized, round to nearest."""
         if self.config.quantization is not None:
             q = self.config.quantization
             raise UsageError(
@@ -300,11 +310,8 @@ class DeaMoELM(nn.Module):
 
     def twin(self, name: str) -> DeaMoELM:
         """'deamoe' (this model), 'expanded' or 'vanilla'."""
-        if name == "deamoe":
-            return self
-        if name in ("expanded", "vanilla"):
-            return getattr(self, name)()
-        raise UsageError(f"unknown twin {name!r}; choose deamoe, expanded or vanilla")
+        check_twin(name)
+        return self if name == "deamoe" else getattr(self, name)()
 
     def _twin(self, config: LMConfig, mlps: dict[int, DeaMoELayer], extra: dict | None = None) -> DeaMoELM:
         """A model of config sharing this one's tensors, with mlps as those blocks' FFNs and

@@ -4,8 +4,9 @@ A runtime takes a DeaMoE layer (or stack) the PyTorch reference defines and runs
 forward pass its own way. `prepare` does the one-off work (packing, export, engine build)
 and returns a `Prepared`: `run` is the step a benchmark times, on an input already in the
 runtime's form (`to_input`, untimed), and `to_torch` turns its output back for checks. A
-runtime that also decodes whole language models has a `decoder` (the
-deamoe_trt.lm.generate.Decoder protocol); the others raise a UsageError saying so.
+runtime that also decodes whole language models has a `decoder`, a `Decoder` (prefill a
+prompt, then step one token at a time, each returning the last position's logits), which
+deamoe_trt.runtimes.decode's loop drives and times; the others raise a UsageError saying so.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from ..errors import MissingDependencyError, UsageError
@@ -39,6 +41,28 @@ class Prepared:
         return self.to_torch(self.run(self.to_input(x)))
 
 
+class Decoder(Protocol):
+    """One sequence on a runtime: prefill(prompt ids) keeps its KV cache and returns the last
+    position's logits; step(token) feeds one token and returns its logits."""
+
+    name: str  # the runtime, for tables
+    max_context: int
+
+    def prefill(self, ids: list[int]) -> np.ndarray: ...
+
+    def step(self, token: int) -> np.ndarray: ...
+
+
+@dataclass
+class DecoderPool:
+    """Decoders of one model over one copy of its weights, one KV cache each (a server's
+    sequences): acquire() one per sequence, release() it when the sequence ends."""
+
+    acquire: Callable[[], Decoder]
+    release: Callable[[Decoder], None] = lambda decoder: None
+    keep_alive: Any = None  # what the decoders share (a session's weight arrays, a folder)
+
+
 class Runtime(Protocol):
     name: str  # registry key and the name in result files: "cpu", "ort"...
     label: str  # for tables: "deamoe-trt CPU kernel"
@@ -60,8 +84,13 @@ class Runtime(Protocol):
         """module (a DeaMoELayer or DeaMoEStack; cast to dtype when given) ready on this runtime."""
         ...
 
-    def decoder(self, model, *, threads: int | None = None):
-        """A deamoe_trt.lm.generate.Decoder for the language model on this runtime."""
+    def decoder(self, model, *, threads: int | None = None, twin: str = "deamoe", **options: Any) -> Decoder:
+        """A Decoder for the language model (a DeaMoELM) on this runtime; twin "expanded" or
+        "vanilla" decodes that twin of it (DeaMoELM.twin) in its place."""
+        ...
+
+    def decoder_pool(self, model, *, threads: int | None = None, size: int = 1, **options: Any) -> DecoderPool:
+        """Decoders for up to size sequences at once sharing the model's weights on this runtime."""
         ...
 
 
@@ -94,7 +123,10 @@ class RuntimeBase:
         self.check_dtype(target)
         return module if module.dtype == target else module.to(target)
 
-    def decoder(self, model, *, threads: int | None = None):
+    def decoder(self, model, *, threads: int | None = None, twin: str = "deamoe", **options: Any) -> Decoder:
+        raise UsageError(f"{self.label} does not decode language models")
+
+    def decoder_pool(self, model, *, threads: int | None = None, size: int = 1, **options: Any) -> DecoderPool:
         raise UsageError(f"{self.label} does not decode language models")
 
     def __repr__(self) -> str:

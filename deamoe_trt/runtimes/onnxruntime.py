@@ -1,4 +1,5 @@
-"""ONNX Runtime (CPU) as a runtime: a layer's `ort` export form (deamoe_trt.export), one session.
+"""ONNX Runtime (CPU) as a runtime: a layer's `ort` export form (deamoe_trt.export), one session;
+a language model's export (deamoe_trt.export.lm) decoded with its cache fed back each step.
 
 The vanilla anchor is the `ort` form of DeaMoELayer.vanilla(): router logits straight into
 com.microsoft.MoE, which does its own softmax top-k routing (deamoe_trt/export/ort_form.py).
@@ -6,12 +7,22 @@ com.microsoft.MoE, which does its own softmax top-k routing (deamoe_trt/export/o
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
-from ..dtypes import DTYPES
+from ..dtypes import BY_NAME, DTYPES
 from ..errors import MissingDependencyError, UsageError
-from .base import Prepared, RuntimeBase, state_bytes
+from ..export.lm import INPUT_IDS, LOGITS, LMExportInfo, build_lm_model, lm_export_info, past_names, present_names
+from ..export.metadata import load_model
+from ..lm.model import DeaMoELM
+from ..lm.tokenizer import Tokenizer
+from .base import DecoderPool, Prepared, RuntimeBase, state_bytes
+
+if TYPE_CHECKING:
+    import onnx
 
 # ONNX Runtime's CPU MoE has no bf16 kernel.
 ONNX_DTYPES = {d.torch: d.name for d in DTYPES if d.name != "bf16"}
@@ -43,7 +54,7 @@ class OrtModel:
         return self.session.run([self.output_name], {self.input_name: x})[0]
 
 
-def make_session(model, threads: int | None, *, spinning: bool = False) -> OrtModel:
+def make_session(model, threads: int | None, *, spinning: bool | None = False) -> OrtModel:
     """An ONNX Runtime CPU session for model (consumed: its weights are moved out of it).
 
     The weights reach ONNX Runtime as in-memory initializers (numpy arrays it uses in place),
@@ -118,10 +129,103 @@ class OnnxRuntime(RuntimeBase):
             keep_alive=session,
         )
 
-    def decoder(self, model, *, threads=None):
-        from ..lm.ort import OrtDecoder
+    def decoder(
+        self,
+        model,
+        *,
+        threads=None,
+        twin="deamoe",
+        form: str = "ort",
+        dtype: str = "fp32",
+        tokenizer=None,
+        spinning: bool | None = None,
+        **options,
+    ) -> OrtDecoder:
+        """The twin's export (form, dtype) in one session holding its weights in memory
+        (make_session); spinning None: ONNX Runtime's default."""
+        self.require()
+        proto = build_lm_model(model.twin(twin), form, dtype, tokenizer=tokenizer, twin=twin)
+        info = lm_export_info(proto, directory=getattr(tokenizer, "directory", None))
+        session = make_session(proto, threads, spinning=spinning)
+        del proto
+        decoder = OrtDecoder(session.session, info)
+        decoder.keep_alive = session
+        return decoder
 
-        return OrtDecoder.from_model(model, form="ort", threads=threads)
+    def decoder_pool(self, model, *, threads=None, size=1, **options) -> DecoderPool:
+        shared = self.decoder(model, threads=threads, **options)
+        return DecoderPool(lambda: OrtDecoder(shared.session, shared.info), keep_alive=shared)
+
+
+NUMPY_DTYPES = {name: BY_NAME[name].numpy for name in ("fp32", "fp16")}
+
+
+def make_lm_session(model: onnx.ModelProto | str | Path, *, threads: int | None = None):
+    """An ONNX Runtime CPU session for an exported language model, with intra_op_num_threads =
+    threads when given (plugin form: each DeaMoE node runs the PyTorch reference, for
+    checking, not speed)."""
+    from ..validation.session import make_session, session_options
+
+    return make_session(model, options=session_options(threads))
+
+
+class OrtDecoder:
+    """Prefill + decode through one exported graph; present.* become the next past_key_values.*."""
+
+    name = "ort"
+    keep_alive: object = None  # what the session's in-memory weights live in
+
+    def __init__(self, session, info: LMExportInfo):
+        self.session, self.info = session, info
+        c = info.config
+        self.max_context = c.max_position_embeddings
+        if info.dtype not in NUMPY_DTYPES:
+            raise UsageError(f"ONNX Runtime decoding supports fp32 and fp16 exports, not {info.dtype}")
+        self.np_dtype = NUMPY_DTYPES[info.dtype]
+        self.output_names = [LOGITS] + [n for i in range(c.num_layers) for n in present_names(i)]
+        self.cache: list[np.ndarray] = []
+        if info.form == "plugin":
+            self.name = "ort (plugin form, reference op)"
+
+    @classmethod
+    def from_model(
+        cls,
+        model: DeaMoELM,
+        *,
+        form: str = "ort",
+        dtype: str = "fp32",
+        threads: int | None = None,
+        tokenizer: Tokenizer | None = None,
+    ) -> OrtDecoder:
+        return RUNTIME.decoder(model, form=form, dtype=dtype, threads=threads, tokenizer=tokenizer)
+
+    @classmethod
+    def from_file(cls, path: str | Path, *, threads: int | None = None) -> OrtDecoder:
+        proto = load_model(path)
+        info = lm_export_info(proto, where=str(path), directory=Path(path).parent)
+        return cls(make_lm_session(path, threads=threads), info)
+
+    def run(self, ids: np.ndarray, cache: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """logits [B, T, V] and the extended cache for ids [B, T] after cache (2 arrays per block)."""
+        feeds = {INPUT_IDS: ids.astype(np.int64)}
+        for i in range(self.info.config.num_layers):
+            key, value = past_names(i)
+            feeds[key], feeds[value] = cache[2 * i], cache[2 * i + 1]
+        outputs = self.session.run(self.output_names, feeds)
+        return outputs[0], outputs[1:]
+
+    def empty_cache(self, batch: int = 1) -> list[np.ndarray]:
+        c = self.info.config
+        shapes = [(batch, heads, 0, width) for heads, width in c.cache_shapes()]
+        return [np.zeros(shapes[j % 2], dtype=self.np_dtype) for j in range(2 * c.num_layers)]
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        logits, self.cache = self.run(np.asarray([ids], dtype=np.int64), self.empty_cache())
+        return logits[0, -1]
+
+    def step(self, token: int) -> np.ndarray:
+        logits, self.cache = self.run(np.asarray([[token]], dtype=np.int64), self.cache)
+        return logits[0, -1]
 
 
 RUNTIME = OnnxRuntime()

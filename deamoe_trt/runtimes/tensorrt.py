@@ -1,6 +1,6 @@
 """TensorRT as a runtime: a layer's plugin-form export built into an engine on this GPU, run
 through polygraphy with the DeaMoE plugin loaded (deamoe_trt.trt); a language model's
-plugin-form export built into a two-profile engine and decoded by deamoe_trt.lm.trt.
+plugin-form export built into a two-profile engine and decoded by deamoe_trt.runtimes.tensorrt.TrtDecoder.
 
 TensorRT, polygraphy and a CUDA build of torch are imported when used: on a machine
 without them `available()` says which is missing.
@@ -14,8 +14,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import MissingDependencyError, one_line
-from .base import Prepared, RuntimeBase
+from ..dtypes import BY_TRT
+from ..errors import DeaMoEError, MissingDependencyError, UsageError, one_line
+from ..export.lm import INPUT_IDS, LOGITS, past_names, present_names
+from ..lm.config import LMConfig
+from ..trt.lm_engine import DECODE, PREFILL
+from .base import DecoderPool, Prepared, RuntimeBase
 
 
 class TensorRTRuntime(RuntimeBase):
@@ -84,23 +88,117 @@ class TensorRTRuntime(RuntimeBase):
             keep_alive=(runner, holder),
         )
 
-    def decoder(self, model, *, threads=None, plugin: str | None = None, work_dir: str | Path | None = None):
-        """The model's plugin-form export built into a prefill + decode engine (deamoe_trt.lm.trt)."""
-        from ..lm.onnx_export import export_lm
-        from ..lm.trt import TrtDecoder, build_lm_engine
+    def decoder(
+        self,
+        model,
+        *,
+        threads=None,
+        twin="deamoe",
+        plugin: str | None = None,
+        engine: str | Path | None = None,
+        work_dir: str | Path | None = None,
+        **options,
+    ) -> TrtDecoder:
+        """A decoder on engine (made by deamoe_trt.trt.lm_engine.build_lm_engine for this model);
+        without one, the twin's plugin-form export is built into such an engine in work_dir
+        (default: a temporary folder kept as long as the decoder)."""
+        from ..export.lm import export_lm
+        from ..trt.lm_engine import build_lm_engine
 
         self.require()
         holder = None
-        if work_dir is None:
-            holder = tempfile.TemporaryDirectory(prefix="deamoe-trt-runtime-")
-            work_dir = holder.name
-        work = Path(work_dir)
-        half = model.dtype == torch.float16
-        onnx_path = export_lm(model, work / "model.onnx", "plugin", "fp16" if half else "fp32")
-        engine = build_lm_engine(onnx_path, work / "model.engine", model.config, plugin=plugin, fp16=half)
+        if engine is None:
+            if work_dir is None:
+                holder = tempfile.TemporaryDirectory(prefix="deamoe-trt-runtime-")
+                work_dir = holder.name
+            work = Path(work_dir)
+            source = model.twin(twin)
+            half = source.dtype == torch.float16
+            onnx_path = export_lm(source, work / "model.onnx", "plugin", "fp16" if half else "fp32")
+            engine = build_lm_engine(onnx_path, work / "model.engine", source.config, plugin=plugin, fp16=half)
         decoder = TrtDecoder(engine, model.config, plugin=plugin)
-        decoder.keep_alive = holder  # type: ignore[attr-defined]
+        decoder.keep_alive = holder
         return decoder
+
+    def decoder_pool(self, model, *, threads=None, size=1, plugin: str | None = None, **options) -> DecoderPool:
+        """A fixed pool of size decoders on one engine: each holds device buffers for a whole context."""
+        first = self.decoder(model, plugin=plugin, **options)
+        pool = [first] + [TrtDecoder(first.engine_path, model.config, plugin=plugin) for _ in range(size - 1)]
+        return DecoderPool(pool.pop, pool.append, keep_alive=first.keep_alive)
+
+
+class TrtDecoder:
+    """Prefill + decode on a TensorRT engine made by build_lm_engine (batch 1)."""
+
+    name = "tensorrt"
+    keep_alive: object = None  # the folder of an engine built for it
+
+    def __init__(self, engine_path: str | Path, config: LMConfig, *, plugin: str | None = None):
+        self.engine_path = Path(engine_path)
+        from ..trt._tensorrt import import_tensorrt
+        from ..trt.runner import load_engine
+
+        import_tensorrt()  # first: without TensorRT, say so before anything else
+        try:
+            import torch
+        except ImportError:  # pragma: no cover - torch is a dependency
+            raise MissingDependencyError("the TensorRT decoder needs torch for device buffers") from None
+        if not torch.cuda.is_available():
+            raise MissingDependencyError("the TensorRT decoder needs a CUDA GPU and a CUDA build of torch")
+        self.torch, self.config = torch, config
+        self.max_context = config.max_position_embeddings
+        _, self.engine = load_engine(engine_path, plugin)
+        if self.engine.num_optimization_profiles != 2:
+            raise UsageError(
+                f"{engine_path} has {self.engine.num_optimization_profiles} profiles; build it with build_lm_engine"
+            )
+        self.stream = torch.cuda.Stream()
+        self.contexts = []
+        for profile in (PREFILL, DECODE):
+            context = self.engine.create_execution_context()
+            context.set_optimization_profile_async(profile, self.stream.cuda_stream)
+            self.contexts.append(context)
+        dtype = BY_TRT[self.engine.get_tensor_dtype(past_names(0)[0]).name].torch
+        c, dev = config, "cuda"
+        self.cache_shapes = c.cache_shapes()  # (heads, width) of the two tensors of a block
+        shapes = [(1, heads, self.max_context, width) for heads, width in self.cache_shapes]
+        self.buffers = [
+            [torch.zeros(shapes[j % 2], dtype=dtype, device=dev) for j in range(2 * c.num_layers)] for _ in range(2)
+        ]
+        self.logits = torch.zeros((1, self.max_context, c.vocab_size), dtype=torch.float32, device=dev)
+        self.ids = torch.zeros((1, self.max_context), dtype=torch.int64, device=dev)
+        self.current, self.length = 0, 0
+
+    def _run(self, ids: list[int], profile: int) -> np.ndarray:
+        c, torch = self.config, self.torch
+        context = self.contexts[profile]
+        tokens, past = len(ids), self.length
+        self.ids[0, :tokens] = torch.tensor(ids, dtype=torch.int64)
+        reads, writes = self.buffers[self.current], self.buffers[1 - self.current]
+        context.set_input_shape(INPUT_IDS, (1, tokens))
+        context.set_tensor_address(INPUT_IDS, self.ids.data_ptr())
+        for i in range(c.num_layers):
+            for j, (past_name, present_name) in enumerate(zip(past_names(i), present_names(i), strict=True)):
+                heads, width = self.cache_shapes[j]
+                context.set_input_shape(past_name, (1, heads, c.cached_keys(i, past), width))
+                context.set_tensor_address(past_name, reads[2 * i + j].data_ptr())
+                context.set_tensor_address(present_name, writes[2 * i + j].data_ptr())
+        context.set_tensor_address(LOGITS, self.logits.data_ptr())
+        torch.cuda.current_stream().synchronize()
+        if not context.execute_async_v3(self.stream.cuda_stream):
+            raise DeaMoEError("TensorRT execution failed (see its errors above)")
+        self.stream.synchronize()
+        self.current, self.length = 1 - self.current, past + tokens
+        # present is [1, kv, past + tokens, hd] (a sliding block's: its kept keys) packed at the
+        # start of each buffer: the next step reads exactly that as its past.
+        return self.logits.view(-1)[(tokens - 1) * c.vocab_size : tokens * c.vocab_size].cpu().numpy()
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        self.current, self.length = 0, 0
+        return self._run(list(ids), PREFILL)
+
+    def step(self, token: int) -> np.ndarray:
+        return self._run([token], DECODE)
 
 
 RUNTIME = TensorRTRuntime()

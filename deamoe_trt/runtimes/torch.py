@@ -1,10 +1,13 @@
-"""The PyTorch reference (deamoe_trt.layer) as a runtime: the expectation every other runtime meets."""
+"""The PyTorch reference (deamoe_trt.layer, deamoe_trt.lm.model) as a runtime: the expectation
+every other runtime meets."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from .base import Prepared, RuntimeBase, state_bytes
+from ..lm.model import DeaMoELM, KVCache
+from .base import DecoderPool, Prepared, RuntimeBase, state_bytes
 
 
 class TorchRuntime(RuntimeBase):
@@ -23,10 +26,35 @@ class TorchRuntime(RuntimeBase):
         # The reference runs the module's own tensors; memory_bytes says how much they are.
         return Prepared(self.name, run, memory_bytes=state_bytes(module), info={"threads": torch.get_num_threads()})
 
-    def decoder(self, model, *, threads=None):
-        from ..lm.generate import TorchDecoder
+    def decoder(self, model, *, threads=None, twin="deamoe", **options) -> TorchDecoder:
+        return TorchDecoder(model.twin(twin))
 
-        return TorchDecoder(model)
+    def decoder_pool(self, model, *, threads=None, size=1, twin="deamoe", **options) -> DecoderPool:
+        source = model.twin(twin)
+        return DecoderPool(lambda: TorchDecoder(source))
+
+
+class TorchDecoder:
+    """The PyTorch reference with its list-of-tensors KV cache."""
+
+    name = "torch"
+
+    def __init__(self, model: DeaMoELM):
+        self.model = model.eval()
+        self.max_context = model.config.max_position_embeddings
+        self.cache: KVCache | None = None
+
+    @torch.no_grad()
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        out = self.model(torch.tensor([ids], dtype=torch.long, device=self.model.device))
+        self.cache = out.past_key_values
+        return out.logits[0, -1].float().cpu().numpy()
+
+    @torch.no_grad()
+    def step(self, token: int) -> np.ndarray:
+        out = self.model(torch.tensor([[token]], dtype=torch.long, device=self.model.device), self.cache)
+        self.cache = out.past_key_values
+        return out.logits[0, -1].float().cpu().numpy()
 
 
 RUNTIME = TorchRuntime()

@@ -205,22 +205,15 @@ def _emitter(sender, stream: bool):
 
 
 def _decoders(runtime: str, model, threads: int, max_active: int, version_dir: Path, params: dict):
-    """(new_decoder, release_decoder or None): fresh decoders over shared weights, one KV cache each."""
-    if runtime == "torch":
-        from ..lm.generate import TorchDecoder
+    """(new_decoder, release_decoder): fresh decoders over shared weights, one KV cache each."""
+    from .. import runtimes
+    from .repo import LM_RUNTIMES
 
-        return (lambda: TorchDecoder(model)), None
-    if runtime == "ort":
-        from ..lm.ort import OrtDecoder
-
-        shared = OrtDecoder.from_model(model, threads=threads)
-        return (lambda: OrtDecoder(shared.session, shared.info)), None
+    if runtime not in LM_RUNTIMES:
+        raise UsageError(f"unknown runtime {runtime!r}; choose one of: {', '.join(LM_RUNTIMES)}")
+    options: dict = {}
     if runtime == "trt":
-        # A TensorRT decoder holds device buffers for a whole context: a fixed pool, one per active sequence.
-        from ..lm.trt import TrtDecoder
-
-        engine = version_dir / params.get("engine", "model.engine")
-        plugin = params.get("plugin") or os.environ.get("DEAMOE_TRT_PLUGIN")
-        pool = [TrtDecoder(engine, model.config, plugin=plugin) for _ in range(max_active)]
-        return pool.pop, pool.append
-    raise UsageError(f"unknown runtime {runtime!r}; choose ort, torch or trt")
+        options["engine"] = version_dir / params.get("engine", "model.engine")
+        options["plugin"] = params.get("plugin") or os.environ.get("DEAMOE_TRT_PLUGIN")
+    pool = runtimes.get(LM_RUNTIMES[runtime]).decoder_pool(model, threads=threads, size=max_active, **options)
+    return pool.acquire, pool.release

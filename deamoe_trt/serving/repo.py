@@ -62,7 +62,8 @@ LM_OUTPUTS = (
     ("token_ids", "TYPE_INT32", "[ -1 ]"),
     ("finish_reason", "TYPE_STRING", "[ 1 ]"),
 )
-LM_RUNTIMES = ("ort", "torch", "trt")
+# The decode service's runtimes, and each one's name in deamoe_trt.runtimes.
+LM_RUNTIMES = {"ort": "ort", "torch": "torch", "trt": "tensorrt"}
 KINDS = {"gpu": "KIND_GPU", "cpu": "KIND_CPU"}
 
 

@@ -6,7 +6,7 @@ token as it comes; a sequence leaves as soon as it finishes, is cancelled or fai
 new one joins at the next turn without waiting for the others (iteration-level scheduling,
 as in Orca and TensorRT-LLM's in-flight batching).
 
-Each sequence keeps its own KV cache in its own `Decoder` (deamoe_trt.lm.generate's
+Each sequence keeps its own KV cache in its own `Decoder` (deamoe_trt.runtimes.decode's
 protocol: prefill, step), all sharing one set of weights. The steps of one turn run one
 sequence after another, not as one fused forward: the exported LM graph takes a single past
 length for the whole batch (no padding mask or per-row positions), so rows with different
@@ -14,7 +14,7 @@ cache lengths cannot share a forward. The effect is the same every row gets a st
 and the output is bit-for-bit what that prompt decodes to alone; what fusing would add on a
 GPU is throughput, not correctness (see docs/serving.md).
 
-Sampling reuses deamoe_trt.lm.generate.pick (greedy, temperature, top-k, seeded PCG64) and
+Sampling reuses deamoe_trt.runtimes.decode.pick (greedy, temperature, top-k, seeded PCG64) and
 adds nucleus (top-p) filtering in front of it.
 """
 
@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import UsageError
-from ..lm.generate import Decoder, Sampling, check_prompt, pick
+from ..runtimes.base import Decoder
+from ..runtimes.decode import Sampling, check_prompt, pick
 
 # Finish reasons, as OpenAI-style front ends name them.
 LENGTH, STOP, CONTEXT, CANCELLED, ERROR = "length", "stop", "context", "cancelled", "error"

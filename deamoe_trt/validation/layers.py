@@ -40,9 +40,9 @@ from .session import make_session
 
 # The validator of each kind of export other than layers and stacks, by the deamoe_trt.format
 # its metadata carries: (module, function), imported when used, so that validation does not
-# import the packages built on it (deamoe_trt.lm.validate uses this package's report).
+# import the packages built on it (deamoe_trt.validation.lm uses this package's report).
 VALIDATORS: dict[str, tuple[str, str]] = {
-    "deamoe-trt-lm-onnx": ("deamoe_trt.lm.validate", "validate_lm"),
+    "deamoe-trt-lm-onnx": ("deamoe_trt.validation.lm", "validate_lm"),
 }
 
 

@@ -13,7 +13,8 @@ TWINS = ("deamoe", "expanded")
 
 def run_twins(make_decoder, loaded, prompt: str, max_new_tokens: int, runtime: str) -> int:
     """Decode prompt with each twin's decoder, print the texts and the TPOT table; check against PyTorch."""
-    from deamoe_trt.lm.generate import TorchDecoder, generate, timing_table, warm_up
+    from deamoe_trt.runtimes.decode import generate, timing_table, warm_up
+    from deamoe_trt.runtimes.torch import TorchDecoder
 
     tokenizer = loaded.tokenizer
     prompt_ids = tokenizer.encode(prompt)

@@ -3,7 +3,7 @@
 Each block's DeaMoE FFN input (the post-attention RMSNorm's output) is captured on windows
 of the training text (calibration) and of the held-out last 10% of *Persuasion* (held out,
 never seen by the search). The model is quantized with round to nearest, with AWQ's
-language-model path (deamoe_trt.lm.quantize.quantize_lm_awq, as `deamoe-trt quantize
+language-model path (deamoe_trt.quantize.lm.quantize_lm_awq, as `deamoe-trt quantize
 --method awq` runs it: gate_up input scales folded into the RMSNorm, down scales, clipping)
 from the calibration windows, and with AWQ's clipping search alone (no channel scaling); the
 table gives, per bit width and group size, each block's relative output error on the
@@ -41,13 +41,13 @@ def main() -> int:
 def run(args) -> int:
     import torch
 
-    from deamoe_trt.awq import quantize_awq
     from deamoe_trt.console import Progress, format_table
     from deamoe_trt.lm.checkpoint import load_lm
-    from deamoe_trt.lm.quantize import calibration_windows, ffn_inputs, quantize_lm_awq
-    from deamoe_trt.lm.train import TrainSettings, evaluate, shipped_text, split_text
     from deamoe_trt.quant import QuantConfig
+    from deamoe_trt.quantize.awq import quantize_awq
+    from deamoe_trt.quantize.lm import calibration_windows, ffn_inputs, quantize_lm_awq
     from deamoe_trt.summary import layer_error
+    from deamoe_trt.train.lm import TrainSettings, evaluate, shipped_text, split_text
 
     torch.set_num_threads(1)  # many small matmuls: one thread is faster than two on a busy machine
     loaded = load_lm(args.model)

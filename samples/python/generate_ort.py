@@ -40,9 +40,9 @@ def main(argv=None) -> int:
         args.max_new_tokens = min(args.max_new_tokens, 16)
 
     def body() -> int:
+        from deamoe_trt.export.lm import export_lm
         from deamoe_trt.lm.checkpoint import load_lm
-        from deamoe_trt.lm.onnx_export import export_lm
-        from deamoe_trt.lm.ort import OrtDecoder
+        from deamoe_trt.runtimes.onnxruntime import OrtDecoder
 
         loaded = load_lm(args.model)
         with tempfile.TemporaryDirectory(prefix="deamoe-lm-") as tmp:

@@ -2,7 +2,7 @@
 """Prompt in, text out on TensorRT: the tiny DeaMoE language model and its expanded twin.
 
 Exports both models in the `plugin` form (one deamoe_trt::DeaMoE node per FFN), builds one
-engine each with a prefill and a decode optimisation profile (deamoe_trt.lm.trt), decodes
+engine each with a prefill and a decode optimisation profile (deamoe_trt.runtimes.tensorrt), decodes
 greedily with the KV cache on the GPU, prints the texts, tokens/s and TPOT, and checks the
 tokens against PyTorch greedy decoding (exit 1 if they differ). Needs TensorRT 10.3+, a
 CUDA GPU with a CUDA build of torch, and the DeaMoE plugin library (plugins/).
@@ -47,9 +47,10 @@ def main(argv=None) -> int:
         from deamoe_trt.trt._tensorrt import import_tensorrt
 
         trt = import_tensorrt()
+        from deamoe_trt.export.lm import export_lm
         from deamoe_trt.lm.checkpoint import load_lm
-        from deamoe_trt.lm.onnx_export import export_lm
-        from deamoe_trt.lm.trt import TrtDecoder, build_lm_engine
+        from deamoe_trt.runtimes.tensorrt import TrtDecoder
+        from deamoe_trt.trt.lm_engine import build_lm_engine
 
         loaded = load_lm(args.model)
         workdir = Path(args.workdir)

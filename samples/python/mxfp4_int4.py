@@ -71,7 +71,7 @@ def agreement(model, reference, tokenizer) -> float:
     """Share of held-out positions whose argmax next byte equals reference's."""
     import torch
 
-    from deamoe_trt.lm.train import TrainSettings, shipped_text, split_text
+    from deamoe_trt.train.lm import TrainSettings, shipped_text, split_text
 
     _, held_out = split_text(shipped_text(), tokenizer, TrainSettings().val_fraction)
     length = model.config.max_position_embeddings
@@ -95,8 +95,8 @@ def main() -> int:
 
     from deamoe_trt.console import format_table
     from deamoe_trt.lm import load_lm
-    from deamoe_trt.lm.quantize import held_out_loss, quantize_lm
     from deamoe_trt.quant import QuantConfig
+    from deamoe_trt.quantize.lm import held_out_loss, quantize_lm
 
     torch.set_num_threads(1)
     loaded = load_lm(args.model)

@@ -1,7 +1,7 @@
 """The shipped tiny language model with int8 and int4 FFN weights next to fp32: perplexity on
 the held-out text and time per output token on ONNX Runtime.
 
-Each block's DeaMoE FFN is quantized (deamoe_trt.lm.quantize.quantize_lm, round to nearest,
+Each block's DeaMoE FFN is quantized (deamoe_trt.quantize.lm.quantize_lm, round to nearest,
 group size 32: the widest that divides f_p = 32); attention, norms, embeddings and routers
 stay fp32. Each quantized model is saved as a checkpoint (what `deamoe-trt quantize` writes)
 and loaded back, and the loaded model is the one measured.
@@ -29,7 +29,7 @@ def saved_and_reloaded(loaded, quant, out: Path):
     """loaded's model with its DeaMoE FFNs quantized, written as a checkpoint under out and
     read back (quant None: the model itself)."""
     from deamoe_trt.lm.checkpoint import load_lm, save_lm
-    from deamoe_trt.lm.quantize import quantize_lm
+    from deamoe_trt.quantize.lm import quantize_lm
 
     if quant is None:
         return loaded.model
@@ -63,10 +63,10 @@ def measure(args, out: Path) -> int:
 
     from deamoe_trt.console import format_table
     from deamoe_trt.lm.checkpoint import load_lm
-    from deamoe_trt.lm.generate import generate, warm_up
-    from deamoe_trt.lm.ort import OrtDecoder
-    from deamoe_trt.lm.quantize import held_out_loss
     from deamoe_trt.quant import QuantConfig
+    from deamoe_trt.quantize.lm import held_out_loss
+    from deamoe_trt.runtimes.decode import generate, warm_up
+    from deamoe_trt.runtimes.onnxruntime import OrtDecoder
 
     torch.set_num_threads(1)
     loaded = load_lm(args.model)

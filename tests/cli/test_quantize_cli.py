@@ -209,7 +209,7 @@ def test_quantize_a_language_model_reports_error_and_perplexity_beside_the_input
     import math
 
     from deamoe_trt.lm import load_lm
-    from deamoe_trt.lm.quantize import held_out_loss
+    from deamoe_trt.quantize.lm import held_out_loss
 
     capsys.readouterr()
     out_dir = tmp_path / "lm-int4"
@@ -230,7 +230,7 @@ def test_quantize_a_language_model_reports_error_and_perplexity_beside_the_input
 
 def test_language_model_bad_input_is_one_line_and_writes_nothing(micro_lm, tmp_path, capsys):
     from deamoe_trt.lm import load_lm
-    from deamoe_trt.lm.quantize import quantize_lm
+    from deamoe_trt.quantize.lm import quantize_lm
 
     quantized = quantize_lm(load_lm(micro_lm).model, QuantConfig(8, 16)).save_pretrained(tmp_path / "q8")
     out_dir = tmp_path / "out"
@@ -287,7 +287,7 @@ def test_awq_language_model_prints_rtn_and_awq_on_held_out_text_and_writes_a_loa
     import math
 
     from deamoe_trt.lm import load_lm
-    from deamoe_trt.lm.quantize import held_out_loss
+    from deamoe_trt.quantize.lm import held_out_loss
 
     text = tmp_path / "calibration.txt"
     text.write_text("It was a truth universally acknowledged, that a single man in possession of a good fortune. " * 8)

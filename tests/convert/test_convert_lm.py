@@ -15,7 +15,7 @@ from deamoe_trt.convert.run import convert_model
 from deamoe_trt.convert.sources import lm_source
 from deamoe_trt.errors import UsageError
 from deamoe_trt.lm import ByteTokenizer, DeaMoELM, LMConfig, load_lm
-from deamoe_trt.lm.train import shipped_text
+from deamoe_trt.train.lm import shipped_text
 
 # A micro language model whose FFNs are vanilla MoEs: 4 experts of width 24, top-2.
 VANILLA = LMConfig(

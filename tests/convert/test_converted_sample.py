@@ -5,7 +5,7 @@ from __future__ import annotations
 from deamoe_trt.convert.report import lm_step_bytes
 from deamoe_trt.lm import load_lm
 from deamoe_trt.lm.shipped import TINY_LM_CONVERTED
-from deamoe_trt.lm.train import shipped_text
+from deamoe_trt.train.lm import shipped_text
 
 SAMPLE = TINY_LM_CONVERTED
 

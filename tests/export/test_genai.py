@@ -14,14 +14,14 @@ import pytest
 from deamoe_trt.cli.main import main
 from deamoe_trt.errors import UsageError
 from deamoe_trt.export import genai
+from deamoe_trt.export.lm import build_lm_model
 from deamoe_trt.lm.checkpoint import load_lm
-from deamoe_trt.lm.generate import generate
-from deamoe_trt.lm.onnx_export import build_lm_model
-from deamoe_trt.lm.ort import OrtDecoder
-from deamoe_trt.lm.quantize import quantize_lm
 from deamoe_trt.lm.shipped import TINY_LM
 from deamoe_trt.lm.tokenizer import PRINTABLE_ASCII
 from deamoe_trt.quant import QuantConfig
+from deamoe_trt.quantize.lm import quantize_lm
+from deamoe_trt.runtimes.decode import generate
+from deamoe_trt.runtimes.onnxruntime import OrtDecoder
 
 # Different lengths, so GenAI pads the batch and the graph's attention_mask must hide the padding.
 PROMPTS = ("It was a truth ", "Anne", "The Musgroves had ")

@@ -18,8 +18,9 @@ pytest.importorskip("transformers")
 
 from deamoe_trt.importers.hf_lm import import_hf_lm
 from deamoe_trt.lm import load_lm
-from deamoe_trt.lm.generate import TorchDecoder, generate
-from deamoe_trt.lm.ort import OrtDecoder
+from deamoe_trt.runtimes.decode import generate
+from deamoe_trt.runtimes.onnxruntime import OrtDecoder
+from deamoe_trt.runtimes.torch import TorchDecoder
 
 from .hf_lm_families import MLA_VARIANTS, VARIANTS, build_family_model
 from .hf_lm_models import prompt_ids
@@ -75,7 +76,7 @@ def test_greedy_generation_equals_transformers_generate(imported):
 
 
 def test_greedy_generation_on_the_cpu_kernel_equals_transformers(imported):
-    from deamoe_trt.lm.cpu import CpuDecoder
+    from deamoe_trt.runtimes.cpu_kernel import CpuDecoder
 
     variant, _, loaded, expected = imported
     result = generate(CpuDecoder(loaded.model, threads=1), prompt_ids(), NEW_TOKENS)

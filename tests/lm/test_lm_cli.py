@@ -121,8 +121,8 @@ def test_generate_from_a_quantized_checkpoint_agrees_on_every_runtime(int4_check
 @pytest.mark.slow
 def test_export_lm_of_quantized_checkpoints_validates(int4_checkpoint, tmp_path, capsys):
     from deamoe_trt.lm import load_lm
-    from deamoe_trt.lm.quantize import quantize_lm
     from deamoe_trt.quant import QuantConfig
+    from deamoe_trt.quantize.lm import quantize_lm
 
     assert (
         main(["export-lm", str(int4_checkpoint), "-o", str(tmp_path / "m4.onnx"), "--form", "onnx", "--validate"]) == 0

@@ -11,13 +11,12 @@ import torch
 from configs import QUANTIZABLE_MICRO_LM
 from deamoe_trt.config import ConfigError
 from deamoe_trt.lm import DeaMoELM, LMConfig, load_lm, save_lm
-from deamoe_trt.lm.cpu import CpuDecoder
-from deamoe_trt.lm.generate import TorchDecoder
-from deamoe_trt.lm.ort import OrtDecoder
-from deamoe_trt.lm.quantize import quantize_lm
 from deamoe_trt.quant import QuantConfig
-
-from .test_lm_quantize import dequantized_model, logits_of
+from deamoe_trt.quantize.lm import quantize_lm
+from deamoe_trt.runtimes.cpu_kernel import CpuDecoder
+from deamoe_trt.runtimes.onnxruntime import OrtDecoder
+from deamoe_trt.runtimes.torch import TorchDecoder
+from lm_reference import dequantized_model, logits_of
 
 MLA_SIZES = dict(num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12)
 
@@ -110,7 +109,7 @@ def test_quantized_mla_model_on_every_runtime_matches_the_dequantized_model(quan
 
 def test_export_lm_validates_an_mla_model_and_tensorrt_profiles_size_the_latent_cache(tmp_path, capsys):
     from deamoe_trt.cli.main import main
-    from deamoe_trt.lm.trt import DECODE, PREFILL, lm_profiles
+    from deamoe_trt.trt.lm_engine import DECODE, PREFILL, lm_profiles
 
     checkpoint = save_lm(DeaMoELM.random(mla_config(0), seed=4), tmp_path / "mla")
     assert main(["export-lm", str(checkpoint), "-o", str(tmp_path / "onnx" / "m.onnx"), "--validate"]) == 0, (

@@ -14,11 +14,11 @@ from configs import QUANTIZABLE_MICRO_LM
 from deamoe_trt.cli.main import main
 from deamoe_trt.config import ConfigError
 from deamoe_trt.errors import UsageError
+from deamoe_trt.export.lm import build_lm_model
 from deamoe_trt.lm import DeaMoELM, load_lm, save_lm
-from deamoe_trt.lm.cpu import CpuDecoder
-from deamoe_trt.lm.generate import TorchDecoder
-from deamoe_trt.lm.onnx_export import build_lm_model
 from deamoe_trt.quant import QuantConfig, dequantize, quantize_rtn
+from deamoe_trt.runtimes.cpu_kernel import CpuDecoder
+from deamoe_trt.runtimes.torch import TorchDecoder
 
 IDS = [5, 17, 99, 3, 42, 7]
 ALL = ("attention", "dense", "head")

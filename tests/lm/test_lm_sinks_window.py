@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from configs import MICRO_LM
 from deamoe_trt.config import ConfigError
 from deamoe_trt.lm import DeaMoELM, LMConfig
 from deamoe_trt.lm.attention import Attention
 
-from .conftest import MICRO
-
 # Blocks 0 and 2 slide over 4 positions, block 1 sees every key; every head has a sink.
-SINKS = MICRO.replace(num_layers=3, sliding_window=4, sliding_window_layers=(0, 2), attention_sinks=True)
+SINKS = MICRO_LM.replace(num_layers=3, sliding_window=4, sliding_window_layers=(0, 2), attention_sinks=True)
 
 
 # Tiny models: PyTorch's intra-op threads only add fork/join waits on a small machine.
@@ -102,7 +101,7 @@ def test_every_block_sliding_keeps_full_caches():
 
 
 def test_attention_sinks_is_written_only_when_set_and_must_be_a_bool():
-    assert "attention_sinks" not in MICRO.to_dict()
+    assert "attention_sinks" not in MICRO_LM.to_dict()
     assert SINKS.to_dict()["attention_sinks"] is True
     assert LMConfig.from_dict(SINKS.to_dict()) == SINKS
     with pytest.raises(ConfigError, match="attention_sinks must be true or false"):
@@ -111,7 +110,7 @@ def test_attention_sinks_is_written_only_when_set_and_must_be_a_bool():
 
 @pytest.mark.parametrize("form", ["ort", "onnx", "plugin"])
 def test_onnx_runtime_decodes_sinks_and_windowed_caches_like_pytorch(model, form):
-    from deamoe_trt.lm.ort import OrtDecoder
+    from deamoe_trt.runtimes.onnxruntime import OrtDecoder
 
     decoder = OrtDecoder.from_model(model, form=form, threads=1)
     ids = _ids(12, seed=4, batch=1)
@@ -128,8 +127,8 @@ def test_onnx_runtime_decodes_sinks_and_windowed_caches_like_pytorch(model, form
 
 
 def test_tensorrt_decode_profile_of_a_sliding_block_stops_at_its_kept_keys():
-    from deamoe_trt.lm.onnx_export import past_names
-    from deamoe_trt.lm.trt import DECODE, lm_profiles
+    from deamoe_trt.export.lm import past_names
+    from deamoe_trt.trt.lm_engine import DECODE, lm_profiles
 
     decode = lm_profiles(SINKS)[DECODE]
     longest = [decode[past_names(i)[0]][2][2] for i in range(3)]

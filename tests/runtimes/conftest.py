@@ -50,27 +50,55 @@ def layer_errors():
     return errors
 
 
+def _relative_gap(got: np.ndarray, model, ids: list[int]) -> float:
+    """|got - logits| / max |logits| at the last of ids, the model run over all of ids without a cache."""
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0, -1].float().numpy()
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
 @pytest.fixture
 def decoder_gap():
-    """gap(runtime): the largest |logits - reference| / max |reference| over a prefill and
-    three steps of the runtime's decoder for the tiny sample model, where the reference is
-    the PyTorch model run over the whole sequence so far, without a cache."""
+    """gap(runtime, twin=...): the largest relative logits gap over a prefill and three steps of
+    the runtime's decoder for the tiny sample model (or that twin of it), against the PyTorch
+    model (the same twin) run over the whole sequence so far, without a cache."""
+    from deamoe_trt.lm import load_lm
+
+    def gap(runtime, twin: str = "deamoe", **options) -> float:
+        model = load_lm(TINY_LM).model
+        decoder = runtime.decoder(model, twin=twin, **options)
+        reference = model.twin(twin)
+        ids = list(b"The tiny model ")
+        worst = _relative_gap(decoder.prefill(ids), reference, ids)
+        for token in b"say":
+            ids.append(token)
+            worst = max(worst, _relative_gap(decoder.step(token), reference, ids))
+        return worst
+
+    return gap
+
+
+@pytest.fixture
+def pool_gap():
+    """gap(runtime): two decoders of one decoder_pool, stepped in turn on different prompts
+    (one cache each over shared weights); the largest relative logits gap of either against
+    the uncached PyTorch model on its own sequence. Both go back to the pool at the end."""
     from deamoe_trt.lm import load_lm
 
     def gap(runtime, **options) -> float:
         model = load_lm(TINY_LM).model
-        decoder = runtime.decoder(model, **options)
-        ids = list(b"The tiny model ")
+        pool = runtime.decoder_pool(model, size=2, **options)
+        decoders = [pool.acquire(), pool.acquire()]
+        sequences = [list(b"The tiny model "), list(b"Once upon a time, ")]
         worst = 0.0
-        for token in [None, *b"say"]:
-            if token is None:
-                got = decoder.prefill(ids)
-            else:
+        for decoder, ids in zip(decoders, sequences, strict=True):
+            worst = max(worst, _relative_gap(decoder.prefill(ids), model, ids))
+        for token in b"and":
+            for decoder, ids in zip(decoders, sequences, strict=True):
                 ids.append(token)
-                got = decoder.step(token)
-            with torch.no_grad():
-                want = model(torch.tensor([ids])).logits[0, -1].float().numpy()
-            worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
+                worst = max(worst, _relative_gap(decoder.step(token), model, ids))
+        for decoder in decoders:
+            pool.release(decoder)
         return worst
 
     return gap

@@ -38,3 +38,12 @@ def test_prepared_reports_its_memory_and_threads():
 
 def test_decoder_matches_the_uncached_model(decoder_gap):
     assert decoder_gap(RUNTIME, threads=1) < 1e-4
+
+
+@pytest.mark.parametrize("twin", ["expanded", "vanilla"])
+def test_decoder_runs_the_twin_it_is_asked_for(decoder_gap, twin):
+    assert decoder_gap(RUNTIME, twin=twin, threads=1) < 1e-4
+
+
+def test_decoders_of_one_pool_keep_their_own_caches(pool_gap):
+    assert pool_gap(RUNTIME, threads=1) < 1e-4

@@ -7,9 +7,10 @@ import pytest
 
 from deamoe_trt.errors import UsageError
 from deamoe_trt.lm import load_lm
-from deamoe_trt.lm.generate import Sampling, TorchDecoder, generate, pick
-from deamoe_trt.lm.ort import OrtDecoder
 from deamoe_trt.lm.shipped import TINY_LM
+from deamoe_trt.runtimes.decode import Sampling, generate, pick
+from deamoe_trt.runtimes.onnxruntime import OrtDecoder
+from deamoe_trt.runtimes.torch import TorchDecoder
 from deamoe_trt.serving.scheduler import (
     CANCELLED,
     CONTEXT,

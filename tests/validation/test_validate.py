@@ -94,7 +94,7 @@ def test_bf16_plugin_model_is_fed_and_read_as_float32_holding_bf16_values():
 def test_every_registered_validator_exists_for_its_format():
     import importlib
 
-    from deamoe_trt.lm.onnx_export import FORMAT as LM_FORMAT
+    from deamoe_trt.export.lm import FORMAT as LM_FORMAT
     from deamoe_trt.validation import VALIDATORS
 
     assert LM_FORMAT in VALIDATORS

@@ -17,8 +17,9 @@ pytest.importorskip("transformers")
 from deamoe_trt.errors import UsageError
 from deamoe_trt.importers.hf_lm import import_hf_lm
 from deamoe_trt.lm import load_lm
-from deamoe_trt.lm.generate import TorchDecoder, generate
-from deamoe_trt.lm.ort import OrtDecoder
+from deamoe_trt.runtimes.decode import generate
+from deamoe_trt.runtimes.onnxruntime import OrtDecoder
+from deamoe_trt.runtimes.torch import TorchDecoder
 
 from ..hf_lm_models import prompt_ids
 from .gpt_oss_models import LIMIT, build_gpt_oss
@@ -102,7 +103,7 @@ def test_greedy_generation_equals_transformers_generate(imported):
 
 
 def test_greedy_generation_on_the_cpu_kernel_equals_transformers(imported):
-    from deamoe_trt.lm.cpu import CpuDecoder
+    from deamoe_trt.runtimes.cpu_kernel import CpuDecoder
 
     _, loaded, expected = imported
     assert generate(CpuDecoder(loaded.model, threads=1), prompt_ids(), NEW_TOKENS).new_ids == expected

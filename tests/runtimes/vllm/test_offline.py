@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from deamoe_trt.lm import load_lm
-from deamoe_trt.lm.generate import TorchDecoder, generate
+from deamoe_trt.runtimes.decode import generate
+from deamoe_trt.runtimes.torch import TorchDecoder
 from deamoe_trt.runtimes.vllm.model_dir import write_model_dir
 
 from .conftest import CONVERTED_LM, CPU_MEMORY_FRACTION, TINY_LM, vllm_or_skip

@@ -15,46 +15,12 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
-import torch
 
 from ..console import format_table
 from ..errors import UsageError
-from .model import DeaMoELM, KVCache
-
-
-class Decoder(Protocol):
-    name: str  # the runtime, for tables
-    max_context: int
-
-    def prefill(self, ids: list[int]) -> np.ndarray: ...
-
-    def step(self, token: int) -> np.ndarray: ...
-
-
-class TorchDecoder:
-    """The PyTorch reference with its list-of-tensors KV cache."""
-
-    name = "torch"
-
-    def __init__(self, model: DeaMoELM):
-        self.model = model.eval()
-        self.max_context = model.config.max_position_embeddings
-        self.cache: KVCache | None = None
-
-    @torch.no_grad()
-    def prefill(self, ids: list[int]) -> np.ndarray:
-        out = self.model(torch.tensor([ids], dtype=torch.long, device=self.model.device))
-        self.cache = out.past_key_values
-        return out.logits[0, -1].float().cpu().numpy()
-
-    @torch.no_grad()
-    def step(self, token: int) -> np.ndarray:
-        out = self.model(torch.tensor([[token]], dtype=torch.long, device=self.model.device), self.cache)
-        self.cache = out.past_key_values
-        return out.logits[0, -1].float().cpu().numpy()
+from .base import Decoder
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ import torch
 
 from .._io import atomic_path
 from ..errors import UsageError
-from .config import LMConfig
-from .model import DeaMoELM
+from ..lm.config import LMConfig
+from ..lm.model import DeaMoELM
 
 ARCHITECTURE = "qwen3moe"
 BYTE_TOKENS = 256

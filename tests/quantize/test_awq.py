@@ -1,4 +1,4 @@
-"""AWQ (deamoe_trt.awq): folding keeps the float function, the result is an ordinary quantized
+"""AWQ (deamoe_trt.quantize.awq): folding keeps the float function, the result is an ordinary quantized
 checkpoint, and on inputs with outlier channels it beats round to nearest on held-out tokens."""
 
 import numpy as np
@@ -7,9 +7,9 @@ import torch
 
 from configs import DEEPSEEK_STYLE_GROUPED, GPT_OSS_STYLE, QWEN2_STYLE_GROUPED, gpt_oss_style
 from deamoe_trt import PRESETS, DeaMoELayer, DeaMoEStack, UsageError
-from deamoe_trt.awq import fold, fold_input_scales, quantize_awq, read_calibration, search, search_input_scales
 from deamoe_trt.inputs import random_hidden
 from deamoe_trt.quant import QuantConfig, unpack
+from deamoe_trt.quantize.awq import fold, fold_input_scales, quantize_awq, read_calibration, search, search_input_scales
 from spec_reference import spec_dequantized_tensors, spec_forward
 
 CONFIGS = {"tiny": PRESETS["tiny"], "deepseek-style": DEEPSEEK_STYLE_GROUPED, "qwen2-style": QWEN2_STYLE_GROUPED}

@@ -27,14 +27,14 @@ from polygraphy.common import TensorMetadata
 
 from ..errors import UsageError
 from ..export.dtypes import DTYPES, to_numpy
+from ..export.lm import INPUT_IDS, LOGITS, lm_export_info, past_names, present_names
 from ..export.metadata import load_model
 from ..inputs import input_generator
+from ..lm.checkpoint import load_lm
+from ..lm.model import DeaMoELM
+from ..runtimes.onnxruntime import make_lm_session
 from ..validation.compare import compare
 from ..validation.report import ValidationReport, ort_cpu_int8_tolerances, tolerances
-from .checkpoint import load_lm
-from .model import DeaMoELM
-from .onnx_export import INPUT_IDS, LOGITS, lm_export_info, past_names, present_names
-from .ort import make_lm_session
 
 DEFAULT_TOKENS = (1, 5, 16)
 

@@ -23,7 +23,7 @@ the scales they are rounded with, from calibration tokens (the layer's inputs):
   fold a scale into: clipping is all AWQ can do for it there. In a language model x is
   the pre-FFN RMSNorm's output, which can absorb 1/s: search_input_scales chooses one s
   per channel for the layer and fold_input_scales multiplies every reader of x by it
-  (deamoe_trt.lm.quantize.quantize_lm_awq folds the norm); gate/up biases are added after
+  (deamoe_trt.quantize.lm.quantize_lm_awq folds the norm); gate/up biases are added after
   x Wg^T and are untouched by it. Biases are never quantized.
 
 Calibration tokens reach each part as the router sends them: an expert sees the tokens that
@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn import functional as F
 
-from .activation import glu
-from .errors import UsageError
-from .quant import QuantConfig, group_scales, round_to_grid
+from ..activation import glu
+from ..errors import UsageError
+from ..quant import QuantConfig, group_scales, round_to_grid
 
 # alpha = 0: no scaling (round to nearest's weights). AWQ's grid is 0, 0.05, ..., 0.95.
 ALPHAS = tuple(i / 10 for i in range(11))
@@ -113,7 +113,7 @@ def search(layer, quant: QuantConfig, x: torch.Tensor, progress=None, *, alphas=
     """Channel scales and clip ratios for a float layer from its calibration inputs x [T, d].
 
     alphas: the grid of the channel-scale search; (0.0,) searches clipping only."""
-    from .layer import check_quantizable
+    from ..layer import check_quantizable
 
     if layer.quant is not None:
         raise UsageError("the layer is already quantized; AWQ starts from the floating-point checkpoint")
@@ -348,9 +348,9 @@ def read_calibration(source: str, stack, *, seed: int = 0, what: str = "--calibr
     One line (UsageError) naming the problem otherwise."""
     from pathlib import Path
 
-    from .checkpoint import read_tensors
-    from .convert.run import stack_hidden
-    from .inputs import random_hidden
+    from ..checkpoint import read_tensors
+    from ..convert.run import stack_hidden
+    from ..inputs import random_hidden
 
     d, layers = stack.config.hidden_size, len(stack.layers)
     if source.startswith("random:"):
@@ -405,8 +405,8 @@ def split_held_out(inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list
 
 def quantize_stack_awq(stack, quant: QuantConfig, inputs: list[torch.Tensor], *, progress: bool = True):
     """(The stack quantized with AWQ, each layer from its calibration inputs, the plans)."""
-    from .console import Progress
-    from .layer import DeaMoEStack
+    from ..console import Progress
+    from ..layer import DeaMoEStack
 
     bar = Progress(2 * sum(group_count(layer) for layer in stack.layers), "awq search", enabled=progress)
     pairs = [quantize_awq(layer, quant, x, bar) for layer, x in zip(stack.layers, inputs, strict=True)]

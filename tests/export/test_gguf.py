@@ -11,8 +11,8 @@ import torch
 
 from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.errors import UsageError
+from deamoe_trt.export.gguf import byte_token_texts, write_gguf
 from deamoe_trt.lm import DeaMoELM, LMConfig
-from deamoe_trt.lm.gguf_export import byte_token_texts, write_gguf
 
 gguf = pytest.importorskip("gguf")
 

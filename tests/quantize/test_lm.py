@@ -11,18 +11,18 @@ from safetensors.torch import load_file, save_file
 
 from configs import QUANTIZABLE_MICRO_LM
 from deamoe_trt.errors import CheckpointError, UsageError
+from deamoe_trt.export.lm import build_lm_model
 from deamoe_trt.lm import ByteTokenizer, DeaMoELM, load_lm, save_lm
-from deamoe_trt.lm.cpu import CpuDecoder
-from deamoe_trt.lm.generate import TorchDecoder
-from deamoe_trt.lm.onnx_export import build_lm_model
-from deamoe_trt.lm.ort import OrtDecoder
-from deamoe_trt.lm.quantize import fold_ffn_input_scales, held_out_loss, quantize_lm, quantize_lm_awq
 from deamoe_trt.lm.shipped import TINY_LM
 from deamoe_trt.lm.tokenizer import NoTokenizer
-from deamoe_trt.quant import QuantConfig, dequantize, quantize_rtn
+from deamoe_trt.quant import QuantConfig, quantize_rtn
+from deamoe_trt.quantize.lm import fold_ffn_input_scales, held_out_loss, quantize_lm, quantize_lm_awq
+from deamoe_trt.runtimes.cpu_kernel import CpuDecoder
+from deamoe_trt.runtimes.onnxruntime import OrtDecoder
+from deamoe_trt.runtimes.torch import TorchDecoder
+from lm_reference import IDS, dequantized_model, logits_of
 
 QMICRO = QUANTIZABLE_MICRO_LM
-IDS = [5, 17, 99, 3, 42, 7]
 
 
 @pytest.fixture(scope="module")
@@ -33,28 +33,6 @@ def float_model():
 @pytest.fixture(scope="module", params=[4, 8], ids=["int4", "int8"])
 def quantized(request, float_model):
     return quantize_lm(float_model, QuantConfig(request.param, 16))
-
-
-def dequantized_model(model: DeaMoELM) -> DeaMoELM:
-    """The float model a quantized one stands for: each qweight/scales pair replaced by dequantize()."""
-    quant = model.config.quantization
-    state = {}
-    for name, tensor in model.state_dict().items():
-        if name.endswith(".scales"):
-            continue
-        if name.endswith(".qweight"):
-            base = name.removesuffix(".qweight")
-            state[base] = dequantize(tensor, model.state_dict()[base + ".scales"], quant.bits, quant.group_size)
-        else:
-            state[name] = tensor
-    reference = DeaMoELM(model.config.replace(quantization=None), dtype=model.dtype)
-    reference.load_state_dict(state)
-    return reference.eval()
-
-
-def logits_of(decoder) -> np.ndarray:
-    """Prefill of IDS[:-1] then one decode step: [2, vocab]."""
-    return np.stack([decoder.prefill(IDS[:-1]), decoder.step(IDS[-1])])
 
 
 def test_only_the_deamoe_ffns_are_quantized(float_model, quantized):
@@ -260,7 +238,7 @@ def test_awq_language_model_checkpoint_loads_and_runs_its_dequantized_weights(fl
 @torch.no_grad()
 def test_awq_held_out_loss_is_no_worse_than_round_to_nearest_on_the_trained_tiny_lm():
     """Calibrated on the training part of the shipped text, measured on its held-out part."""
-    from deamoe_trt.lm.train import TrainSettings, shipped_text, split_text
+    from deamoe_trt.train.lm import TrainSettings, shipped_text, split_text
 
     loaded = load_lm(TINY_LM)
     model, tokenizer = loaded.model, loaded.tokenizer

@@ -14,7 +14,7 @@ ARGS = ["--prompt", "Anne", "--max-new-tokens", "10"]
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """An int4 checkpoint and its ort-form export, with its weights in external data."""
-    from deamoe_trt.lm.onnx_export import export_lm
+    from deamoe_trt.export.lm import export_lm
 
     folder = tmp_path_factory.mktemp("gen")
     model = DeaMoELM.random(QUANTIZABLE_MICRO_LM.replace(quantization=QuantConfig(4, 16)), seed=2)
@@ -42,8 +42,8 @@ def test_the_file_decodes_the_tokens_of_the_in_memory_export(exported, capsys):
 
 
 def test_an_expanded_export_runs_as_the_expanded_twin(exported, tmp_path, capsys):
+    from deamoe_trt.export.lm import export_lm
     from deamoe_trt.lm import load_lm
-    from deamoe_trt.lm.onnx_export import export_lm
 
     checkpoint, _ = exported
     onnx = export_lm(load_lm(checkpoint).model.expanded(), tmp_path / "x.onnx", "ort", twin="expanded")

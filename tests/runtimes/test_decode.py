@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from deamoe_trt.errors import UsageError
-from deamoe_trt.lm.generate import Sampling, TorchDecoder, generate, pick, timing_table
+from deamoe_trt.runtimes.decode import Sampling, generate, pick, timing_table
+from deamoe_trt.runtimes.torch import TorchDecoder
 
 
 def test_greedy_generation_is_deterministic_and_timed(micro_model):

@@ -8,9 +8,10 @@ import torch
 
 from deamoe_trt.cli.main import main
 from deamoe_trt.lm import load_lm
-from deamoe_trt.lm.cpu import CpuDecoder
-from deamoe_trt.lm.generate import TorchDecoder, generate
 from deamoe_trt.lm.shipped import TINY_LM
+from deamoe_trt.runtimes.cpu_kernel import CpuDecoder
+from deamoe_trt.runtimes.decode import generate
+from deamoe_trt.runtimes.torch import TorchDecoder
 
 SAMPLE = str(TINY_LM)
 

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from ..errors import UsageError
+from ..lm.model import DeaMoELM
+from ..lm.tokenizer import NoTokenizer, Tokenizer
 from ..quant import QuantConfig
-from .model import DeaMoELM
-from .tokenizer import NoTokenizer, Tokenizer
 
 
 def quantize_lm(
@@ -98,7 +98,7 @@ def fold_ffn_input_scales(model: DeaMoELM, scales: dict[int, torch.Tensor]) -> D
     FFN input: post-attention RMSNorm weight / s, the FFN's router, gate_ups and shared-expert
     gate * s on their input columns (awq.fold_input_scales). Powers of two: the copy's logits
     and expert choices are the model's, bit for bit. Other tensors are shared with model."""
-    from ..awq import fold_input_scales
+    from ..quantize.awq import fold_input_scales
 
     folded = model._twin(model.config, {i: fold_input_scales(model.layers[i].mlp, s) for i, s in scales.items()})
     for i, s in scales.items():
@@ -119,13 +119,13 @@ def quantize_lm_awq(
     """AWQ for every DeaMoE FFN, from the FFN inputs the float model computes on calibration
     token ids [N] (up to CALIBRATION_WINDOWS windows of min(128, context) tokens).
 
-    Beyond the layer path (deamoe_trt.awq.quantize_awq): a block's FFN input is its
+    Beyond the layer path (deamoe_trt.quantize.awq.quantize_awq): a block's FFN input is its
     pre-FFN RMSNorm's output, so gate_up's input channels get AWQ scales too
     (awq.search_input_scales), folded as norm weight / s and router, gate_up and shared-expert
     gate columns * s (awq.fold_input_scales): powers of two, so the float model and every
     expert choice stay exactly as they were. `linears`' projections: round to nearest."""
-    from .. import awq
     from ..console import Progress
+    from . import awq
 
     if model.config.quantization is not None:
         model.quantized(quant)  # the one "already quantized" error
@@ -150,10 +150,10 @@ def quantize_lm_awq(
 
 def held_out_loss(model: DeaMoELM, tokenizer: Tokenizer) -> float | None:
     """Mean next-token cross-entropy (nats per token) on the held-out 10% of the shipped text,
-    over the fixed windows of deamoe_trt.lm.train.evaluate (no longer than the model's
+    over the fixed windows of deamoe_trt.train.lm.evaluate (no longer than the model's
     context); None when the model's tokenizer cannot encode the text (an imported model without
     tokenizer.json, a byte tokenizer with a smaller alphabet)."""
-    from .train import TrainSettings, evaluate, shipped_text, split_text
+    from ..train.lm import TrainSettings, evaluate, shipped_text, split_text
 
     if isinstance(tokenizer, NoTokenizer):
         return None
@@ -182,10 +182,10 @@ def quantize_checkpoint_streamed(
     from ..checkpoint import DTYPES, ROUTER_BIAS, WEIGHTS_FILE, write_files_streamed
     from ..errors import CheckpointError
     from ..importers.safetensors_io import ShardReader
+    from ..lm.checkpoint import expected_tensors
+    from ..lm.checkpoint_format import checked_index, lm_header, read_lm_header
+    from ..lm.tokenizer import HFTokenizer
     from ..quant import quantize_rtn
-    from .checkpoint import expected_tensors
-    from .checkpoint_format import checked_index, lm_header, read_lm_header
-    from .tokenizer import HFTokenizer
 
     source, output = Path(source), Path(output)
     if quant.method != "rtn":

@@ -25,11 +25,11 @@ from torch.nn import functional as F
 
 from ..console import Progress
 from ..errors import UsageError
+from ..lm.config import LMConfig
+from ..lm.model import DeaMoELM
+from ..lm.presets import get_lm_preset
+from ..lm.tokenizer import ByteTokenizer
 from ..routing import Routing
-from .config import LMConfig
-from .model import DeaMoELM
-from .presets import get_lm_preset
-from .tokenizer import ByteTokenizer
 
 TEXT_NAME = "persuasion.txt"
 TEXT_SOURCE = "Jane Austen, Persuasion (1818), public domain; via Debian r-cran-janeaustenr 1.0.0-1"

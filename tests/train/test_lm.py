@@ -1,5 +1,5 @@
 from deamoe_trt.lm import load_lm
-from deamoe_trt.lm.train import TrainSettings, save_trained, shipped_text, train
+from deamoe_trt.train.lm import TrainSettings, save_trained, shipped_text, train
 
 SETTINGS = TrainSettings(steps=12, batch_size=4, seq_len=32, lr=1e-2, warmup=2, eval_batches=2, log_every=4)
 

@@ -8,11 +8,11 @@ import pytest
 
 from configs import QUANTIZABLE_MICRO_LM
 from deamoe_trt.export import ExternalData, save_model
+from deamoe_trt.export.lm import build_lm_model, export_lm
 from deamoe_trt.export.save import MIN_EXTERNAL_TENSOR
 from deamoe_trt.lm import DeaMoELM
-from deamoe_trt.lm.onnx_export import build_lm_model, export_lm
-from deamoe_trt.lm.ort import OrtDecoder
 from deamoe_trt.quant import QuantConfig
+from deamoe_trt.runtimes.onnxruntime import OrtDecoder
 
 IDS = [5, 17, 99, 3, 42, 7]
 

@@ -48,14 +48,14 @@ from onnx import TensorProto
 
 from .. import __version__
 from ..errors import UsageError
-from ..export import EXTERNAL_DATA_THRESHOLD, ExternalData, GraphBuilder, emit_layer, get_dtype, save_model_streamed
-from ..export.layer_graph import check_form
-from ..export.onnx_form import export_opset
-from ..export.routing_graph import to_float32
-from .config import LMConfig
-from .mla import emit_latent_attention
-from .model import DeaMoELM
-from .tokenizer import HFTokenizer, Tokenizer, default_tokenizer, tokenizer_from_dict
+from ..lm.config import LMConfig
+from ..lm.mla import emit_latent_attention
+from ..lm.model import DeaMoELM
+from ..lm.tokenizer import HFTokenizer, Tokenizer, default_tokenizer, tokenizer_from_dict
+from . import EXTERNAL_DATA_THRESHOLD, ExternalData, GraphBuilder, emit_layer, get_dtype, save_model_streamed
+from .layer_graph import check_form
+from .onnx_form import export_opset
+from .routing_graph import to_float32
 
 F32 = TensorProto.FLOAT
 I64 = TensorProto.INT64

@@ -2,8 +2,9 @@ import pytest
 
 from deamoe_trt.errors import MissingDependencyError
 from deamoe_trt.lm import get_lm_preset
-from deamoe_trt.lm.trt import DECODE, PREFILL, TrtDecoder, build_lm_engine, lm_profiles
+from deamoe_trt.runtimes.tensorrt import TrtDecoder
 from deamoe_trt.trt._tensorrt import has_tensorrt
+from deamoe_trt.trt.lm_engine import DECODE, PREFILL, build_lm_engine, lm_profiles
 
 
 def test_profiles_cover_prefill_and_decode():

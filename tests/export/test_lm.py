@@ -5,11 +5,12 @@ import torch
 
 from deamoe_trt.cli.main import main
 from deamoe_trt.errors import UsageError
+from deamoe_trt.export.lm import build_lm_model, export_lm, lm_export_info
 from deamoe_trt.lm import DeaMoELM, load_lm
-from deamoe_trt.lm.generate import TorchDecoder, generate
-from deamoe_trt.lm.onnx_export import build_lm_model, export_lm, lm_export_info
-from deamoe_trt.lm.ort import OrtDecoder
-from deamoe_trt.lm.validate import validate_lm
+from deamoe_trt.runtimes.decode import generate
+from deamoe_trt.runtimes.onnxruntime import OrtDecoder
+from deamoe_trt.runtimes.torch import TorchDecoder
+from deamoe_trt.validation.lm import validate_lm
 
 PROMPT = list(b"Anne was ")
 

@@ -1,0 +1,1 @@
+"""The train stage: recipes that train small DeaMoE language models from scratch on shipped text."""

@@ -1,0 +1,31 @@
+"""The float model a quantized language model stands for, and the logits a decoder gives on a fixed
+prompt: the expectation the quantized-model tests of every runtime compare against."""
+
+import numpy as np
+
+from deamoe_trt.lm import DeaMoELM
+from deamoe_trt.quant import dequantize
+
+IDS = [5, 17, 99, 3, 42, 7]
+
+
+def dequantized_model(model: DeaMoELM) -> DeaMoELM:
+    """The float model a quantized one stands for: each qweight/scales pair replaced by dequantize()."""
+    quant = model.config.quantization
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if name.endswith(".scales"):
+            continue
+        if name.endswith(".qweight"):
+            base = name.removesuffix(".qweight")
+            state[base] = dequantize(tensor, model.state_dict()[base + ".scales"], quant.bits, quant.group_size)
+        else:
+            state[name] = tensor
+    reference = DeaMoELM(model.config.replace(quantization=None), dtype=model.dtype)
+    reference.load_state_dict(state)
+    return reference.eval()
+
+
+def logits_of(decoder) -> np.ndarray:
+    """Prefill of IDS[:-1] then one decode step: [2, vocab]."""
+    return np.stack([decoder.prefill(IDS[:-1]), decoder.step(IDS[-1])])
