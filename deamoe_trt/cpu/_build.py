@@ -24,10 +24,12 @@ from ..errors import DeaMoEError, MissingDependencyError
 from ..native import cache_dir, find_cxx
 
 SOURCE = Path(__file__).with_name("deamoe_cpu.cpp")
+# Sources SOURCE includes from its own folder (the whole model's decode step).
+LOCAL_HEADERS = (Path(__file__).with_name("deamoe_cpu_model.h"),)
 # The routing is the CUDA kernels' (deamoe/deamoeRouting.cuh under the kernel sources).
 ROUTING_HEADER = "deamoe/deamoeRouting.cuh"
 FLAGS = ("-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-pthread", "-DNDEBUG")
-ABI_VERSION = 6
+ABI_VERSION = 7
 LIBRARY_NAME = "libdeamoe_cpu.so"
 
 _lib: ctypes.CDLL | None = None
@@ -80,6 +82,7 @@ def library_path(cxx: str) -> Path:
     key = hashlib.sha256()
     for part in (
         SOURCE.read_bytes(),
+        *(header.read_bytes() for header in LOCAL_HEADERS),
         *(header.read_bytes() for header in _headers()),
         " ".join(FLAGS).encode(),
         cxx.encode(),
@@ -155,6 +158,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dm_stream_read": (f64, [ptr, ptr, i64]),
         "dm_busy_wait": (None, [ptr, i64]),
         "dm_int4_mode": (i32, [i32]),
+        "dm_lm_create": (ptr, [ptr, ptr]),
+        "dm_lm_destroy": (None, [ptr]),
+        "dm_lm_position": (i64, [ptr]),
+        "dm_lm_reset": (None, [ptr]),
+        "dm_lm_forward": (i32, [ptr, ptr, i64, ptr]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)

@@ -948,7 +948,7 @@ void busy_job(void* ctx, int, int) {
 
 extern "C" {
 
-int dm_abi_version() { return 6; }
+int dm_abi_version() { return 7; }
 // The int4 code-to-float mode (see kConvert / kSubnormal): set it with 0 or 1 (tests run
 // both), pass -1 to only read it. Returns the mode in force.
 int dm_int4_mode(int mode) {
@@ -1385,3 +1385,6 @@ double dm_stream_read(void* pool_handle, const float* buf, int64_t n) {
 }
 
 }  // extern "C"
+
+// The whole language model's decode step, on the pieces above.
+#include "deamoe_cpu_model.h"

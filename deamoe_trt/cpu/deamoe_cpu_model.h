@@ -1,0 +1,405 @@
+// deamoe_cpu_model.h: one decode step of a whole DeaMoE language model on the CPU kernel.
+// Included at the end of deamoe_cpu.cpp (one translation unit: it runs the MoE step, the
+// thread pool and the vector helpers defined there).
+//
+// A step is: embedding row -> per block [RMSNorm -> q/k/v projections (+ biases, q/k norms,
+// clipping) -> rotary -> attention over the block's KV cache (grouped-query heads, sliding
+// window, sinks) -> output projection -> residual -> RMSNorm -> FFN (the DeaMoE layer step of
+// deamoe_cpu.cpp; a dense SwiGLU MLP as a layer with one always-on part) -> residual] ->
+// RMSNorm -> head. Everything stays in native code between the embedding and the logits, and
+// the same pool of threads runs every matrix of every block.
+//
+// Projections are matrix-vector products over row-major weights (fp32 or fp16, rows padded
+// to kPad): each thread streams one contiguous range of rows, four rows at a time (one load
+// of x per four weight vectors), so every weight is read once per step. Activations, norms,
+// rotary, attention and the KV cache are fp32.
+//
+// The KV cache is the session's: [position][kv head][head_dim] per block, keys rotated. A
+// block attending to every key keeps every position (grown by doubling up to the context);
+// a sliding block keeps its window in a ring (position p in slot p % window).
+
+namespace {
+
+struct LinearRows {
+  const void* w;      // [rows, colsp]
+  const float* bias;  // [rows] or null
+  int64_t rows, colsp;
+  const float* x;  // [colsp]
+  float* y;        // [rows]
+};
+
+// y[r] = w[r] . x (+ bias[r]) for rows [r0, r1): four rows share each load of x.
+template <typename WT>
+void gemv_rows(const LinearRows& L, int64_t r0, int64_t r1) {
+  const WT* w = static_cast<const WT*>(L.w);
+  const int64_t n = L.colsp;
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    const WT* w0 = w + r * n;
+    V a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+    for (int64_t c = 0; c < n; c += W) {
+      const V x = vload(L.x + c);
+      a0 = vfma(vload(w0 + c), x, a0);
+      a1 = vfma(vload(w0 + n + c), x, a1);
+      a2 = vfma(vload(w0 + 2 * n + c), x, a2);
+      a3 = vfma(vload(w0 + 3 * n + c), x, a3);
+    }
+    L.y[r] = vsum(a0) + (L.bias ? L.bias[r] : 0.0f);
+    L.y[r + 1] = vsum(a1) + (L.bias ? L.bias[r + 1] : 0.0f);
+    L.y[r + 2] = vsum(a2) + (L.bias ? L.bias[r + 2] : 0.0f);
+    L.y[r + 3] = vsum(a3) + (L.bias ? L.bias[r + 3] : 0.0f);
+  }
+  const float* xs[1] = {L.x};
+  for (; r < r1; ++r) {
+    float dot;
+    dot_rows<1>(w + r * n, xs, n, &dot);
+    L.y[r] = dot + (L.bias ? L.bias[r] : 0.0f);
+  }
+}
+
+// Up to three matrices in one job (q, k and v): their rows split evenly over the threads as
+// one range, so each thread streams one contiguous share of the bytes.
+struct GemvJob {
+  int dtype;  // 0 fp32, 1 fp16
+  int count;
+  LinearRows mats[3];
+};
+
+void gemv_job(void* ctx, int tid, int nthreads) {
+  const GemvJob& j = *static_cast<const GemvJob*>(ctx);
+  int64_t total = 0;
+  for (int m = 0; m < j.count; ++m) total += j.mats[m].rows;
+  int64_t b, e;
+  split(total, tid, nthreads, &b, &e);
+  // Start each share on a multiple of four rows where possible: the four-row loop then
+  // covers it (the split depends on the thread count only through where the shares begin;
+  // a row's sum does not).
+  int64_t offset = 0;
+  for (int m = 0; m < j.count; ++m) {
+    const LinearRows& L = j.mats[m];
+    const int64_t r0 = std::max<int64_t>(b - offset, 0), r1 = std::min<int64_t>(e - offset, L.rows);
+    if (r0 < r1) {
+      if (j.dtype == 1)
+        gemv_rows<uint16_t>(L, r0, r1);
+      else
+        gemv_rows<float>(L, r0, r1);
+    }
+    offset += L.rows;
+  }
+}
+
+void gemv(Pool* pool, GemvJob& job) {
+  if (pool->size() == 1)
+    gemv_job(&job, 0, 1);
+  else
+    pool->run(gemv_job, &job);
+}
+
+// out = x * rsqrt(mean(x^2) + eps) * w over n values (Hugging Face's RMSNorm, fp32).
+inline void rms_norm(const float* x, const float* w, int64_t n, float eps, float* out) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(n)) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv * w[i];
+}
+
+// Llama's non-interleaved rotary: halves (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
+inline void rotate(float* x, const float* cos, const float* sin, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = x[i], x2 = x[i + half];
+    x[i] = x1 * cos[i] - x2 * sin[i];
+    x[i + half] = x2 * cos[i] + x1 * sin[i];
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// A projection y = W x (+ b): W [rows, cols_p] in the model's weight dtype (columns
+// zero-padded to a multiple of dm_row_pad), b fp32 or null.
+struct dm_lm_linear {
+  const void* w;
+  const float* bias;
+  int64_t rows, cols_p;
+};
+
+struct dm_lm_block {
+  const float* input_norm;  // [d] fp32
+  const float* post_norm;   // [d] fp32
+  dm_lm_linear q, k, v, o;  // q [H*hd, dp], k and v [Hkv*hd, dp], o [d, round_up(H*hd)]
+  const float* q_norm;      // qk_norm "head": [hd]; "full": [H*hd]; else null (fp32)
+  const float* k_norm;      // likewise, [hd] or [Hkv*hd]
+  const float* sinks;       // [H] fp32 sink logits, or null
+  int64_t window;           // sliding window (0: every key)
+  const dm_layer* ffn;      // the block's DeaMoE layer, or its dense MLP as a layer of one shared part
+  int32_t dense;            // 1: ffn is a dense MLP (run without routing)
+};
+
+struct dm_lm {
+  int32_t dtype;    // non-FFN weights: 0 fp32, 1 fp16
+  int32_t qk_norm;  // 0 none, 1 per head, 2 over the whole projection
+  int64_t vocab, d, dp, layers, heads, kv_heads, head_dim, max_context;
+  float eps, clip_qkv, attention_scale, embedding_multiplier, residual_multiplier, logits_scaling;
+  const void* embed;        // [vocab, dp]
+  const float* final_norm;  // [d]
+  dm_lm_linear head;        // [vocab, dp] (may be embed)
+  const float* rope_cos;    // [max_context, hd / 2]
+  const float* rope_sin;
+  const dm_lm_block* blocks;  // [layers]
+};
+
+}  // extern "C"
+
+namespace {
+
+// One sequence: its position, KV caches and scratch; the weights are the caller's.
+struct LmSession {
+  dm_lm m;
+  std::vector<dm_lm_block> blocks;
+  Pool* pool;
+  int64_t position = 0;
+  int64_t capacity = 0;                // positions the full blocks' caches hold now
+  std::vector<std::vector<float>> kc;  // per block: [slots, kv_heads, hd]
+  std::vector<std::vector<float>> vc;
+  std::vector<float> x, xn, q, k, v, attn, o, ffn, scores, scratch, router_logits, router_w;
+  std::vector<int64_t> router_ids;
+};
+
+void reserve(LmSession& s, int64_t positions) {
+  if (positions <= s.capacity) return;
+  int64_t cap = std::max<int64_t>(s.capacity, 64);
+  while (cap < positions) cap *= 2;
+  cap = std::min(cap, s.m.max_context);
+  const int64_t kv = s.m.kv_heads * s.m.head_dim;
+  for (int64_t l = 0; l < s.m.layers; ++l) {
+    const int64_t window = s.blocks[l].window;
+    // A ring must not change size once it wraps: it is made whole (window slots) at once.
+    const int64_t n = window ? std::min(window, s.m.max_context) : cap;
+    s.kc[l].resize(static_cast<size_t>(n * kv));
+    s.vc[l].resize(static_cast<size_t>(n * kv));
+  }
+  s.scores.resize(static_cast<size_t>(s.m.heads * cap));
+  s.capacity = cap;
+}
+
+struct AttentionJob {
+  LmSession* s;
+  int64_t layer, position;
+};
+
+// Heads [h0, h1) of one query position: softmax(q k^T * scale [+ sink]) v.
+void attention_heads(LmSession& s, int64_t layer, int64_t p, int64_t h0, int64_t h1) {
+  const dm_lm& m = s.m;
+  const dm_lm_block& B = s.blocks[layer];
+  const int64_t hd = m.head_dim, kvh = m.kv_heads, groups = m.heads / m.kv_heads;
+  const int64_t window = B.window;
+  const int64_t first = window ? std::max<int64_t>(0, p - window + 1) : 0;
+  const int64_t ring = window ? std::min(window, m.max_context) : 0;
+  const float* kc = s.kc[layer].data();
+  const float* vc = s.vc[layer].data();
+  for (int64_t h = h0; h < h1; ++h) {
+    const float* q = s.q.data() + h * hd;
+    const int64_t g = h / groups;
+    float* sc = s.scores.data() + h * s.capacity;
+    float top = -INFINITY;
+    for (int64_t j = first; j <= p; ++j) {
+      const int64_t slot = ring ? j % ring : j;
+      const float* kj = kc + (slot * kvh + g) * hd;
+      float dot = 0.0f;
+      for (int64_t i = 0; i < hd; ++i) dot += q[i] * kj[i];
+      sc[j - first] = dot * m.attention_scale;
+      top = std::max(top, sc[j - first]);
+    }
+    const float sink = B.sinks ? B.sinks[h] : -INFINITY;
+    top = std::max(top, sink);
+    float total = B.sinks ? std::exp(sink - top) : 0.0f;
+    for (int64_t j = 0; j <= p - first; ++j) {
+      sc[j] = std::exp(sc[j] - top);
+      total += sc[j];
+    }
+    float* out = s.attn.data() + h * hd;
+    std::fill(out, out + hd, 0.0f);
+    const float inv = 1.0f / total;
+    for (int64_t j = first; j <= p; ++j) {
+      const int64_t slot = ring ? j % ring : j;
+      const float* vj = vc + (slot * kvh + g) * hd;
+      const float pj = sc[j - first] * inv;
+      for (int64_t i = 0; i < hd; ++i) out[i] += pj * vj[i];
+    }
+  }
+}
+
+void attention_job(void* ctx, int tid, int nthreads) {
+  const AttentionJob& j = *static_cast<const AttentionJob*>(ctx);
+  int64_t h0, h1;
+  split(j.s->m.heads, tid, nthreads, &h0, &h1);
+  attention_heads(*j.s, j.layer, j.position, h0, h1);
+}
+
+template <typename ET>
+void embed_row(const dm_lm& m, int64_t id, float* x) {
+  const ET* row = static_cast<const ET*>(m.embed) + id * m.dp;
+  for (int64_t i = 0; i < m.dp; i += W) vstore(x + i, vmul(vload(row + i), vset1(m.embedding_multiplier)));
+}
+
+LinearRows rows_of(const dm_lm_linear& L, const float* x, float* y) {
+  return LinearRows{L.w, L.bias, L.rows, L.cols_p, x, y};
+}
+
+// One token at the session's position; logits [vocab] when not null.
+void lm_token(LmSession& s, int64_t id, float* logits) {
+  const dm_lm& m = s.m;
+  const int64_t d = m.d, hd = m.head_dim, half = hd / 2, p = s.position;
+  const int64_t qd = m.heads * hd, kvd = m.kv_heads * hd;
+  float* x = s.x.data();
+  float* xn = s.xn.data();
+  if (m.dtype == 1)
+    embed_row<uint16_t>(m, id, x);
+  else
+    embed_row<float>(m, id, x);
+  const float* cos = m.rope_cos + p * half;
+  const float* sin = m.rope_sin + p * half;
+  for (int64_t l = 0; l < m.layers; ++l) {
+    const dm_lm_block& B = s.blocks[l];
+    rms_norm(x, B.input_norm, d, m.eps, xn);
+    GemvJob qkv{m.dtype, 3, {rows_of(B.q, xn, s.q.data()), rows_of(B.k, xn, s.k.data()), rows_of(B.v, xn, s.v.data())}};
+    gemv(s.pool, qkv);
+    float *q = s.q.data(), *k = s.k.data(), *v = s.v.data();
+    if (m.qk_norm == 2) {
+      rms_norm(q, B.q_norm, qd, m.eps, q);
+      rms_norm(k, B.k_norm, kvd, m.eps, k);
+    }
+    if (m.clip_qkv > 0) {
+      for (float* t : {q, k, v}) {
+        const int64_t n = t == q ? qd : kvd;
+        for (int64_t i = 0; i < n; ++i) t[i] = std::min(std::max(t[i], -m.clip_qkv), m.clip_qkv);
+      }
+    }
+    if (m.qk_norm == 1) {
+      for (int64_t h = 0; h < m.heads; ++h) rms_norm(q + h * hd, B.q_norm, hd, m.eps, q + h * hd);
+      for (int64_t h = 0; h < m.kv_heads; ++h) rms_norm(k + h * hd, B.k_norm, hd, m.eps, k + h * hd);
+    }
+    for (int64_t h = 0; h < m.heads; ++h) rotate(q + h * hd, cos, sin, half);
+    for (int64_t h = 0; h < m.kv_heads; ++h) rotate(k + h * hd, cos, sin, half);
+    const int64_t slot = B.window ? p % std::min(B.window, m.max_context) : p;
+    std::memcpy(s.kc[l].data() + slot * kvd, k, static_cast<size_t>(kvd) * sizeof(float));
+    std::memcpy(s.vc[l].data() + slot * kvd, v, static_cast<size_t>(kvd) * sizeof(float));
+    AttentionJob aj{&s, l, p};
+    // Few keys: the pool's fork/join would cost more than the heads.
+    if (s.pool->size() == 1 || (p + 1) * m.heads * hd < 65536)
+      attention_job(&aj, 0, 1);
+    else
+      s.pool->run(attention_job, &aj);
+    GemvJob out{m.dtype, 1, {rows_of(B.o, s.attn.data(), s.o.data())}};
+    gemv(s.pool, out);
+    for (int64_t i = 0; i < d; ++i) x[i] += m.residual_multiplier * s.o[i];
+    rms_norm(x, B.post_norm, d, m.eps, xn);
+    float* y = s.ffn.data();
+    if (B.dense) {
+      run_step(s.pool, *B.ffn, xn, 1, s.router_ids.data(), s.router_w.data(), nullptr, y, s.scratch.data());
+    } else {
+      dm_layer_forward(s.pool, B.ffn, xn, 1, y, s.scratch.data(), s.router_logits.data(), s.router_ids.data(),
+                       s.router_w.data());
+    }
+    for (int64_t i = 0; i < d; ++i) x[i] += m.residual_multiplier * y[i];
+  }
+  ++s.position;
+  if (!logits) return;
+  rms_norm(x, m.final_norm, d, m.eps, xn);
+  GemvJob head{m.dtype, 1, {rows_of(m.head, xn, logits)}};
+  gemv(s.pool, head);
+  if (m.logits_scaling != 1.0f)
+    for (int64_t i = 0; i < m.vocab; ++i) logits[i] /= m.logits_scaling;
+}
+
+int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+bool valid_lm(const dm_lm& m) {
+  if (m.dtype != 0 && m.dtype != 1) return false;
+  if (m.vocab < 1 || m.d < 1 || m.dp < m.d || m.dp % kPad || m.layers < 1 || m.heads < 1 || m.kv_heads < 1 ||
+      m.heads % m.kv_heads || m.head_dim < 2 || m.head_dim % 2 || m.max_context < 1)
+    return false;
+  if (m.qk_norm < 0 || m.qk_norm > 2 || !m.embed || !m.final_norm || !m.head.w || !m.rope_cos || !m.rope_sin ||
+      !m.blocks)
+    return false;
+  if (m.head.rows != m.vocab || m.head.cols_p != m.dp) return false;
+  const int64_t qd = m.heads * m.head_dim, kvd = m.kv_heads * m.head_dim;
+  for (int64_t l = 0; l < m.layers; ++l) {
+    const dm_lm_block& B = m.blocks[l];
+    if (!B.input_norm || !B.post_norm || !B.ffn || B.window < 0) return false;
+    if (B.q.rows != qd || B.k.rows != kvd || B.v.rows != kvd || B.o.rows != m.d) return false;
+    if (B.q.cols_p != m.dp || B.k.cols_p != m.dp || B.v.cols_p != m.dp || B.o.cols_p != round_up(qd, kPad))
+      return false;
+    if (!B.q.w || !B.k.w || !B.v.w || !B.o.w || (m.qk_norm && (!B.q_norm || !B.k_norm))) return false;
+    if (B.ffn->d != m.d || B.ffn->dp != m.dp || (!B.dense && !valid(*B.ffn))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+extern "C" {
+
+// A sequence of the model m on pool (its weights must outlive it); null on bad arguments.
+void* dm_lm_create(const dm_lm* m, void* pool) {
+  if (!m || !pool || !valid_lm(*m)) return nullptr;
+  try {
+    auto* s = new LmSession();
+    s->m = *m;
+    s->blocks.assign(m->blocks, m->blocks + m->layers);
+    s->pool = static_cast<Pool*>(pool);
+    s->kc.resize(static_cast<size_t>(m->layers));
+    s->vc.resize(static_cast<size_t>(m->layers));
+    const int64_t qdp = round_up(m->heads * m->head_dim, kPad);
+    s->x.assign(static_cast<size_t>(m->dp), 0.0f);
+    s->xn.assign(static_cast<size_t>(m->dp), 0.0f);
+    s->q.assign(static_cast<size_t>(qdp), 0.0f);
+    s->k.assign(static_cast<size_t>(m->kv_heads * m->head_dim), 0.0f);
+    s->v.assign(static_cast<size_t>(m->kv_heads * m->head_dim), 0.0f);
+    s->attn.assign(static_cast<size_t>(qdp), 0.0f);  // the padding stays zero
+    s->o.assign(static_cast<size_t>(m->d), 0.0f);
+    s->ffn.assign(static_cast<size_t>(m->d), 0.0f);
+    int64_t experts = 1, top_k = 1;
+    for (int64_t l = 0; l < m->layers; ++l) {
+      const dm_layer& L = *m->blocks[l].ffn;
+      if (m->blocks[l].dense) continue;
+      experts = std::max(experts, L.num_departments * L.experts_per_department);
+      top_k = std::max(top_k, L.top_k);
+    }
+    s->scratch.assign(static_cast<size_t>(step_slices(s->pool->size()) * m->dp), 0.0f);
+    s->router_logits.assign(static_cast<size_t>(experts), 0.0f);
+    s->router_ids.assign(static_cast<size_t>(top_k), 0);
+    s->router_w.assign(static_cast<size_t>(top_k), 0.0f);
+    return s;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void dm_lm_destroy(void* session) { delete static_cast<LmSession*>(session); }
+
+int64_t dm_lm_position(void* session) { return static_cast<LmSession*>(session)->position; }
+
+// Forget the sequence (the cache's memory is kept for the next one).
+void dm_lm_reset(void* session) { static_cast<LmSession*>(session)->position = 0; }
+
+// Feed `tokens` ids at the session's position, one step each; logits [vocab] of the last
+// one (fp32). -2: the context would overflow; -3: an id outside the vocabulary; -4: out of
+// memory. Nothing changes on an error.
+int dm_lm_forward(void* session, const int64_t* ids, int64_t tokens, float* logits) {
+  auto& s = *static_cast<LmSession*>(session);
+  if (tokens < 1 || !ids || !logits) return -1;
+  if (s.position + tokens > s.m.max_context) return -2;
+  for (int64_t t = 0; t < tokens; ++t)
+    if (ids[t] < 0 || ids[t] >= s.m.vocab) return -3;
+  try {
+    reserve(s, s.position + tokens);
+  } catch (...) {
+    return -4;
+  }
+  for (int64_t t = 0; t < tokens; ++t) lm_token(s, ids[t], t + 1 == tokens ? logits : nullptr);
+  return 0;
+}
+
+}  // extern "C"

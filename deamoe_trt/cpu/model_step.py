@@ -1,0 +1,297 @@
+"""A whole language model's decode step in native code (deamoe_cpu_model.h): embedding,
+attention, DeaMoE FFNs on the kernel, head, with no Python between the layers.
+
+    from deamoe_trt.cpu.model_step import NativeDecoder
+    decoder = NativeDecoder(model)     # packs every weight once
+    logits = decoder.prefill(ids)      # then decoder.step(token), as any Decoder
+
+Weights outside the FFNs are held in the model's dtype when it is float32 or float16
+(a bfloat16 model's in float32, exactly; its FFNs in float16, as the kernel runs them);
+projections quantized in the checkpoint (`quantized_linears`) are held dequantized.
+Activations, the KV cache and every sum are float32.
+
+Multi-head latent attention (DeepSeek's MLA) is not in the native step: `unsupported(config)`
+says so, and such models decode on the PyTorch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+from ..errors import DeaMoEError, UsageError
+from ..lm.config import LMConfig
+from ..lm.model import DeaMoELM
+from .layer import CpuDeaMoE, _LayerDesc, _round_up
+from .runtime import _Buffer, pool
+
+_QK_NORMS = {"none": 0, "head": 1, "full": 2}
+
+
+class _Linear(ctypes.Structure):
+    """Mirror of `struct dm_lm_linear` in deamoe_cpu_model.h."""
+
+    _fields_ = [
+        ("w", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("rows", ctypes.c_int64),
+        ("cols_p", ctypes.c_int64),
+    ]
+
+
+class _Block(ctypes.Structure):
+    """Mirror of `struct dm_lm_block`."""
+
+    _fields_ = [
+        ("input_norm", ctypes.c_void_p),
+        ("post_norm", ctypes.c_void_p),
+        ("q", _Linear),
+        ("k", _Linear),
+        ("v", _Linear),
+        ("o", _Linear),
+        ("q_norm", ctypes.c_void_p),
+        ("k_norm", ctypes.c_void_p),
+        ("sinks", ctypes.c_void_p),
+        ("window", ctypes.c_int64),
+        ("ffn", ctypes.c_void_p),
+        ("dense", ctypes.c_int32),
+    ]
+
+
+class _Model(ctypes.Structure):
+    """Mirror of `struct dm_lm`."""
+
+    _fields_ = [
+        ("dtype", ctypes.c_int32),
+        ("qk_norm", ctypes.c_int32),
+        *((name, ctypes.c_int64) for name in ("vocab", "d", "dp", "layers", "heads", "kv_heads", "head_dim")),
+        ("max_context", ctypes.c_int64),
+        *(
+            (name, ctypes.c_float)
+            for name in (
+                "eps",
+                "clip_qkv",
+                "attention_scale",
+                "embedding_multiplier",
+                "residual_multiplier",
+                "logits_scaling",
+            )
+        ),
+        ("embed", ctypes.c_void_p),
+        ("final_norm", ctypes.c_void_p),
+        ("head", _Linear),
+        ("rope_cos", ctypes.c_void_p),
+        ("rope_sin", ctypes.c_void_p),
+        ("blocks", ctypes.c_void_p),
+    ]
+
+
+def unsupported(config: LMConfig) -> str | None:
+    """Why the native step cannot run a model of config (one line), or None when it can."""
+    if config.is_mla:
+        return "the native CPU step does not run multi-head latent attention (MLA) models; they decode on PyTorch"
+    return None
+
+
+class NativeModel:
+    """A DeaMoELM's weights packed once for the native step; sessions (`NativeDecoder`) share them."""
+
+    def __init__(self, model: DeaMoELM, *, threads: int | None = None, ffns: dict[int, CpuDeaMoE] | None = None):
+        """ffns: {block: CpuDeaMoE} already packed (a twin's FFNs, say); default: model's own."""
+        c = model.config
+        reason = unsupported(c)
+        if reason:
+            raise UsageError(reason)
+        if model.device.type != "cpu":
+            raise UsageError("the native CPU step needs the model's weights on the CPU")
+        self.config = c
+        self.pool = pool(threads)
+        self.lib = self.pool.lib
+        self.dtype = torch.float16 if model.dtype == torch.float16 else torch.float32
+        self.dp = _round_up(c.hidden_size, int(self.lib.dm_row_pad()))
+        self._keep: list = []  # every tensor and buffer the native side points into
+        state = model.state_dict()
+        if c.quantized_linears:  # held dequantized, as the reference runs them
+            from ..lm.qlinear import dequantized_state
+
+            assert c.quantization is not None  # LMConfig checks
+            moe = tuple(f"layers.{i}.mlp." for i in model.moe_layers())
+            state = dequantized_state({k: v for k, v in state.items() if not k.startswith(moe)}, c.quantization)
+        self.ffns: dict[int, CpuDeaMoE] = dict(ffns or {})
+        self.nbytes = 0
+        with torch.no_grad():
+            embed = self._rows(state["embed_tokens.weight"], self.dp)
+            head = embed if c.tie_word_embeddings else self._rows(state["lm_head.weight"], self.dp)
+            blocks = (_Block * c.num_layers)()
+            for i in range(c.num_layers):
+                blocks[i] = self._block(model, state, i)
+            cos = model.rope_cos.float().contiguous()
+            sin = model.rope_sin.float().contiguous()
+            self._keep += [cos, sin, blocks]
+        self.desc = _Model(
+            dtype=1 if self.dtype == torch.float16 else 0,
+            qk_norm=_QK_NORMS[c.qk_norm],
+            vocab=c.vocab_size,
+            d=c.hidden_size,
+            dp=self.dp,
+            layers=c.num_layers,
+            heads=c.num_heads,
+            kv_heads=c.num_key_value_heads,
+            head_dim=c.head_dim,
+            max_context=c.max_position_embeddings,
+            eps=c.rms_norm_eps,
+            clip_qkv=c.clip_qkv,
+            attention_scale=c.attention_multiplier or c.head_dim**-0.5,
+            embedding_multiplier=c.embedding_multiplier,
+            residual_multiplier=c.residual_multiplier,
+            logits_scaling=c.logits_scaling,
+            embed=embed.data_ptr(),
+            final_norm=self._f32(state["norm.weight"]).data_ptr(),
+            head=_Linear(head.data_ptr(), None, c.vocab_size, self.dp),
+            rope_cos=cos.data_ptr(),
+            rope_sin=sin.data_ptr(),
+            blocks=ctypes.addressof(blocks),
+        )
+        self.nbytes += sum(layer.nbytes for layer in self.ffns.values())
+
+    # Packing --------------------------------------------------------------------------------
+
+    def _rows(self, weight: torch.Tensor, cols_p: int) -> torch.Tensor:
+        """weight [rows, cols] in the step's dtype with its columns zero-padded to cols_p."""
+        rows, cols = weight.shape
+        out = torch.zeros(rows, cols_p, dtype=self.dtype)
+        out[:, :cols] = weight
+        self._keep.append(out)
+        self.nbytes += out.numel() * out.element_size()
+        return out
+
+    def _f32(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        out = t.detach().float().contiguous()
+        self._keep.append(out)
+        return out
+
+    def _linear(self, state: dict, prefix: str, cols_p: int) -> _Linear:
+        w = self._rows(state[f"{prefix}.weight"], cols_p)
+        bias = self._f32(state.get(f"{prefix}.bias"))
+        return _Linear(w.data_ptr(), _ptr(bias), w.shape[0], cols_p)
+
+    def _block(self, model: DeaMoELM, state: dict, i: int) -> _Block:
+        c = self.config
+        p = f"layers.{i}."
+        qdp = _round_up(c.q_dim, int(self.lib.dm_row_pad()))
+        block = model.layers[i]
+        desc = _Block(
+            input_norm=self._f32(state[p + "input_layernorm.weight"]).data_ptr(),
+            post_norm=self._f32(state[p + "post_attention_layernorm.weight"]).data_ptr(),
+            q=self._linear(state, p + "self_attn.q_proj", self.dp),
+            k=self._linear(state, p + "self_attn.k_proj", self.dp),
+            v=self._linear(state, p + "self_attn.v_proj", self.dp),
+            o=self._linear(state, p + "self_attn.o_proj", qdp),
+            q_norm=_ptr(self._f32(state.get(p + "self_attn.q_norm.weight"))),
+            k_norm=_ptr(self._f32(state.get(p + "self_attn.k_norm.weight"))),
+            sinks=_ptr(self._f32(state.get(p + "self_attn.sinks"))),
+            window=c.window(i),
+        )
+        if block.is_moe:
+            if i not in self.ffns:
+                layer = block.mlp
+                if layer.dtype == torch.bfloat16:
+                    layer = layer.to(torch.float16)
+                self.ffns[i] = CpuDeaMoE(layer, threads=self.pool.threads)
+            desc.ffn = ctypes.addressof(self.ffns[i].desc)
+        else:
+            desc.ffn = ctypes.addressof(self._dense(state, p + "mlp."))
+            desc.dense = 1
+        return desc
+
+    def _dense(self, state: dict, prefix: str) -> _LayerDesc:
+        """A dense SwiGLU MLP as a layer of one always-on part (the kernel's shared experts)."""
+        c = self.config
+        gate, up, down = (state[f"{prefix}{name}_proj.weight"] for name in ("gate", "up", "down"))
+        gate_up = torch.cat((gate, up)).to(self.dtype).contiguous()
+        down = down.to(self.dtype).contiguous()
+        width = down.shape[1]
+        nb = int(self.lib.dm_neurons_per_group())
+        groups = -(-width // nb)
+        esize = gate_up.element_size()
+        buf = _Buffer(groups * 3 * nb * self.dp * esize)
+        code = self.lib.dm_pack(gate_up.data_ptr(), down.data_ptr(), 1, width, c.hidden_size, self.dp, esize, buf.ptr)
+        if code != 0:
+            raise DeaMoEError(f"CPU kernel: packing the dense MLP {prefix} failed (code {code})")
+        self.nbytes += buf.nbytes
+        desc = _LayerDesc(
+            dtype=1 if self.dtype == torch.float16 else 0,
+            d=c.hidden_size,
+            dp=self.dp,
+            num_departments=1,
+            experts_per_department=1,
+            top_k=1,
+            top_departments=1,
+            shared=buf.ptr,
+            groups_sh=groups,
+        )
+        self._keep += [buf, desc]
+        return desc
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class NativeDecoder:
+    """The Decoder protocol (deamoe_trt.runtimes.base) on the native step: one sequence, its
+    KV cache held natively."""
+
+    name = "cpu-native"
+
+    def __init__(self, model: DeaMoELM | NativeModel, *, threads: int | None = None):
+        self.model = model if isinstance(model, NativeModel) else NativeModel(model, threads=threads)
+        self.lib = self.model.lib
+        self.max_context = self.model.config.max_position_embeddings
+        self.vocab = self.model.config.vocab_size
+        self.handle = self.lib.dm_lm_create(ctypes.byref(self.model.desc), self.model.pool.handle)
+        if not self.handle:
+            raise DeaMoEError("the native CPU step refused the packed model (its sizes do not match)")
+        self._logits = np.empty(self.vocab, dtype=np.float32)
+
+    def fork(self) -> NativeDecoder:
+        """A decoder over the same packed weights with a cache of its own (a new sequence)."""
+        return NativeDecoder(self.model)
+
+    @property
+    def position(self) -> int:
+        """Tokens in the cache."""
+        return int(self.lib.dm_lm_position(self.handle))
+
+    def _run(self, ids: list[int]) -> np.ndarray:
+        arr = np.ascontiguousarray(ids, dtype=np.int64)
+        if arr.ndim != 1 or arr.size < 1:
+            raise UsageError("a step needs at least one token id")
+        self.model.pool.wake()
+        code = self.lib.dm_lm_forward(self.handle, arr.ctypes.data, arr.size, self._logits.ctypes.data)
+        if code == -2:
+            raise UsageError(
+                f"{self.position} cached + {arr.size} new tokens exceed the model's context of {self.max_context}"
+            )
+        if code == -3:
+            bad = next(int(i) for i in arr if not 0 <= i < self.vocab)
+            raise UsageError(f"token id {bad} is outside the vocabulary of {self.vocab}")
+        if code != 0:
+            raise DeaMoEError(f"the native CPU step failed (code {code})")
+        return self._logits.copy()
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        self.lib.dm_lm_reset(self.handle)
+        return self._run(list(ids))
+
+    def step(self, token: int) -> np.ndarray:
+        return self._run([token])
+
+    def __del__(self):
+        handle, self.handle = getattr(self, "handle", None), None
+        if handle:
+            self.lib.dm_lm_destroy(handle)
