@@ -18,7 +18,8 @@ built, interleaved and freed before the next runtime's, so memory holds one runt
 twins at a time; ratios are taken within a runtime. Bytes per token: the FFN weights each
 step's routing reads (deamoe_trt.traffic, from the hidden states the CPU contenders saw)
 plus every other weight a step reads (attention, norms, router, LM head, one embedding
-row; in float32 on the CPU runtime, which runs that part in float32, see deamoe_trt.runtimes.cpu_kernel).
+row; in float32 on the cpu runtime, which runs that part in float32, see deamoe_trt.runtimes.cpu_kernel;
+in fp16 on cpu-native, the whole step in native code, deamoe_trt.cpu.model_step).
 The roof: the CPU kernel's streaming read bandwidth measured before and after.
 
 `--attention mla`: the blocks have DeepSeek-V2-Lite's multi-head latent attention instead
@@ -64,7 +65,8 @@ from ..quant import QuantConfig
 from ..traffic import BYTES_PER_WEIGHT, weights_loaded
 from . import llama_cpp
 
-RUNTIMES = ("cpu", "ort")
+# cpu: attention in PyTorch (float32), FFNs on the kernel; cpu-native: the whole step in native code.
+RUNTIMES = ("cpu", "cpu-native", "ort")
 LLAMA = "llama.cpp"
 PPL_CONTEXT = 128  # tokens per llama-perplexity chunk (the evaluation length of train-tiny)
 PPL_CHUNKS = 4
@@ -133,7 +135,8 @@ class _Recording:
 def _contender(base, twin: str, runtime: str, threads: int) -> Contender:
     """The twin of base on runtime (deamoe_trt.runtimes). On the CPU kernel the twin's FFNs are
     packed one block at a time onto base's attention, and each records its inputs for the
-    traffic count; on ONNX Runtime the twin's fp16 export runs with its weights in memory and
+    traffic count (cpu-native runs the same FFNs in native code, and takes its FFN bytes
+    from the cpu contender of its twin); on ONNX Runtime the twin's fp16 export runs with its weights in memory and
     threads that do not spin (they would steal a core from the next contender)."""
     from .. import runtimes
 
@@ -141,7 +144,9 @@ def _contender(base, twin: str, runtime: str, threads: int) -> Contender:
         return Contender(
             twin, runtime, runtimes.get(runtime).decoder(base, threads=threads, twin=twin, dtype="fp16", spinning=False)
         )
-    decoder = runtimes.get(runtime).decoder(base, threads=threads, twin=twin)
+    if runtime == "cpu-native":
+        return Contender(twin, runtime, runtimes.get("cpu").decoder(base, threads=threads, twin=twin, step="native"))
+    decoder = runtimes.get(runtime).decoder(base, threads=threads, twin=twin, step="torch")
     contender = Contender(twin, runtime, decoder, layers=decoder.ffns)
     decoder.ffns = {i: _Recording(ffn, contender.sink) for i, ffn in decoder.ffns.items()}
     return contender
@@ -156,7 +161,7 @@ def memory_estimate(config, runtime: str) -> int:
     moe_blocks = config.num_layers - len(config.dense_layers)
     twins = sum(ffn_bytes(m) for m in (config.moe, config.moe.expanded(), config.moe.vanilla())) * moe_blocks
     base = ffn_bytes(config.moe) * moe_blocks + _other_bytes(config, 2)
-    if runtime == "cpu":
+    if runtime in ("cpu", "cpu-native"):
         return base + twins
     # While a twin's session is made, its PyTorch model and ONNX proto exist too.
     return base + 4 * twins + 2 * ffn_bytes(config.moe.vanilla()) * moe_blocks
@@ -208,6 +213,12 @@ def run_lm_bench(
 
         tools = llama_cpp.LlamaTools.beside(llama_bench)
         check_writable_as_gguf(config.replace(quantization=None).vanilla())
+    if "cpu-native" in runtimes:
+        from ..cpu.model_step import unsupported
+
+        reason = unsupported(config)
+        if reason:
+            raise UsageError(f"{reason}; leave cpu-native out of the runtimes")
     need = max(memory_estimate(config, r) for r in runtimes)
     # llama-bench maps its GGUF file (page cache, evictable; its repacked Q4_0 copy is a
     # tenth of our twins' FFNs), so llama.cpp adds nothing here.
@@ -430,7 +441,11 @@ def _row(c: Contender, config, b: int, steps: int) -> dict:
 
 def lm_bench_table(result: dict) -> str:
     names = {"deamoe": "DeaMoE", "expanded": "expanded twin", "vanilla": "vanilla twin"}
-    rt = {"cpu": "deamoe-trt CPU kernel", "ort": "ONNX Runtime (ort form)"}
+    rt = {
+        "cpu": "CPU kernel, PyTorch attention",
+        "cpu-native": "CPU kernel, native step",
+        "ort": "ONNX Runtime (ort form)",
+    }
     llama = result.get("llama_cpp")
     rows = []
     for r in result["rows"]:
@@ -501,7 +516,12 @@ def write_plot(result: dict, path: Path) -> Path:
                 roofs.append(row.get("roof_ms") or 0)
         ax.bar(xs, ys, width, label=twin)
         ax.scatter(xs, roofs, marker="_", s=300, color="black", zorder=3)
-    labels = {"cpu": "deamoe-trt CPU kernel", "ort": "ONNX Runtime", LLAMA: "llama.cpp (f16)"}
+    labels = {
+        "cpu": "CPU kernel + PyTorch",
+        "cpu-native": "CPU kernel, native",
+        "ort": "ONNX Runtime",
+        LLAMA: "llama.cpp (f16)",
+    }
     ax.set_xticks(range(len(runtimes)), [labels[r] for r in runtimes])
     ax.set_ylabel("TPOT, ms (median)")
     c = result["config"]

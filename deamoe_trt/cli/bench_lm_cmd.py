@@ -34,7 +34,10 @@ def register(subparsers) -> None:
     parser.add_argument("--steps", type=common.positive_int, default=32, help="interleaved decode steps (default 32)")
     parser.add_argument("--threads", type=common.positive_int, default=2, help="threads per contender (default 2)")
     parser.add_argument(
-        "--runtimes", default="cpu,ort", help="comma-separated: cpu (deamoe-trt CPU kernel), ort (default both)"
+        "--runtimes",
+        default="cpu,cpu-native,ort",
+        help="comma-separated: cpu (the CPU kernel's FFNs, PyTorch attention), cpu-native (the whole step in "
+        "native code), ort (default all three)",
     )
     parser.add_argument(
         "--max-memory-gb", type=float, default=8.0, help="refuse configurations estimated above this (default 8)"

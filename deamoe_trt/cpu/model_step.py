@@ -23,7 +23,7 @@ import torch
 
 from ..errors import DeaMoEError, UsageError
 from ..lm.config import LMConfig
-from ..lm.model import DeaMoELM
+from ..lm.model import DeaMoELM, check_twin
 from .layer import CpuDeaMoE, _LayerDesc, _round_up
 from .runtime import _Buffer, pool
 
@@ -98,8 +98,10 @@ def unsupported(config: LMConfig) -> str | None:
 class NativeModel:
     """A DeaMoELM's weights packed once for the native step; sessions (`NativeDecoder`) share them."""
 
-    def __init__(self, model: DeaMoELM, *, threads: int | None = None, ffns: dict[int, CpuDeaMoE] | None = None):
-        """ffns: {block: CpuDeaMoE} already packed (a twin's FFNs, say); default: model's own."""
+    def __init__(self, model: DeaMoELM, *, threads: int | None = None, twin: str = "deamoe"):
+        """twin: whose FFNs run on model's attention: "deamoe" (model's own), "expanded" or
+        "vanilla" (DeaMoELayer's twins, each made and packed one block at a time)."""
+        check_twin(twin)
         c = model.config
         reason = unsupported(c)
         if reason:
@@ -119,7 +121,8 @@ class NativeModel:
             assert c.quantization is not None  # LMConfig checks
             moe = tuple(f"layers.{i}.mlp." for i in model.moe_layers())
             state = dequantized_state({k: v for k, v in state.items() if not k.startswith(moe)}, c.quantization)
-        self.ffns: dict[int, CpuDeaMoE] = dict(ffns or {})
+        self.twin = twin
+        self.ffns: dict[int, CpuDeaMoE] = {}
         self.nbytes = 0
         with torch.no_grad():
             embed = self._rows(state["embed_tokens.weight"], self.dp)
@@ -197,11 +200,10 @@ class NativeModel:
             window=c.window(i),
         )
         if block.is_moe:
-            if i not in self.ffns:
-                layer = block.mlp
-                if layer.dtype == torch.bfloat16:
-                    layer = layer.to(torch.float16)
-                self.ffns[i] = CpuDeaMoE(layer, threads=self.pool.threads)
+            layer = block.mlp if self.twin == "deamoe" else getattr(block.mlp, self.twin)()
+            if layer.dtype == torch.bfloat16:
+                layer = layer.to(torch.float16)
+            self.ffns[i] = CpuDeaMoE(layer, threads=self.pool.threads)
             desc.ffn = ctypes.addressof(self.ffns[i].desc)
         else:
             desc.ffn = ctypes.addressof(self._dense(state, p + "mlp."))

@@ -1,9 +1,10 @@
 """deamoe-trt's CPU kernel (deamoe_trt.cpu) as a runtime: built with the system C++ compiler at first use.
 
-Language models decode with every DeaMoE FFN on the kernel (CpuDecoder).
-
-Attention, norms, dense layers, embeddings and head stay PyTorch; each DeaMoE block's FFN
-is one kernel call per step that routes and streams every used weight once. The kernel runs
+Language models decode on the native step (deamoe_trt.cpu.model_step: the whole model in
+C++, every weight streamed once per step by the kernel's threads), or, for models it does
+not run (multi-head latent attention) and with step="torch", on CpuDecoder: attention,
+norms, dense layers, embeddings and head in PyTorch, and each DeaMoE block's FFN one kernel
+call per step that routes and streams every used weight once. The kernel runs
 float32 and float16 weights; a bfloat16 model's FFNs are converted to float16 for it (a
 different rounding: tokens may differ from the bf16 model).
 
@@ -22,7 +23,8 @@ import numpy as np
 import torch
 
 from ..cpu.layer import CpuDeaMoE, _single_threaded_torch
-from ..errors import DeaMoEError, one_line
+from ..cpu.model_step import NativeDecoder, NativeModel, unsupported
+from ..errors import DeaMoEError, UsageError, one_line
 from ..lm.model import DeaMoELM, KVCache, check_twin
 from .base import DecoderPool, Prepared, RuntimeBase
 
@@ -50,12 +52,29 @@ class CpuKernelRuntime(RuntimeBase):
         fast = kind(module, threads=threads, routing=routing)
         return Prepared(self.name, fast, memory_bytes=fast.nbytes, info={"simd": simd(), "threads": threads})
 
-    def decoder(self, model, *, threads=None, twin="deamoe", **options) -> CpuDecoder:
-        return CpuDecoder(model, threads=threads, twin=twin)
+    def decoder(self, model, *, threads=None, twin="deamoe", step="native", **options) -> CpuDecoder | NativeDecoder:
+        """step "native": the whole model in native code where it can run (falls back to
+        "torch" for the others); "torch": attention in PyTorch, the FFNs on the kernel."""
+        return cpu_decoder(model, threads=threads, twin=twin, step=step)
 
-    def decoder_pool(self, model, *, threads=None, size=1, twin="deamoe", **options) -> DecoderPool:
-        shared = CpuDecoder(model, threads=threads, twin=twin)
+    def decoder_pool(self, model, *, threads=None, size=1, twin="deamoe", step="native", **options) -> DecoderPool:
+        shared = cpu_decoder(model, threads=threads, twin=twin, step=step)
         return DecoderPool(shared.fork, keep_alive=shared)
+
+
+STEPS = ("native", "torch")
+
+
+def cpu_decoder(
+    model: DeaMoELM, *, threads: int | None = None, twin: str = "deamoe", step: str = "native"
+) -> CpuDecoder | NativeDecoder:
+    """A decoder of model (with its twin's FFNs) on the CPU kernel: the native step when
+    step is "native" and the model is one it runs, else CpuDecoder."""
+    if step not in STEPS:
+        raise UsageError(f"step must be one of {', '.join(STEPS)}, got {step!r}")
+    if step == "native" and unsupported(model.config) is None:
+        return NativeDecoder(NativeModel(model, threads=threads, twin=twin))
+    return CpuDecoder(model, threads=threads, twin=twin)
 
 
 class CpuDecoder:

@@ -32,7 +32,7 @@ def test_one_block_bench_on_the_cpu_kernel(tmp_path):
 
 def test_bench_lm_rejects_unknown_runtimes(capsys):
     assert main(["bench-lm", "--runtimes", "cpu,trt"]) == 2
-    assert "--runtimes takes a comma-separated list of cpu, ort" in capsys.readouterr().err
+    assert "--runtimes takes a comma-separated list of cpu, cpu-native, ort" in capsys.readouterr().err
 
 
 @pytest.mark.slow

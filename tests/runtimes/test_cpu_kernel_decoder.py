@@ -57,3 +57,48 @@ def test_cpu_decoder_leaves_dense_blocks_to_pytorch():
         want = model(torch.tensor([ids])).logits[0, -1].numpy()
     got = decoder.prefill(ids)
     assert abs(got - want).max() <= 1e-4 * abs(want).max()
+
+
+def test_the_cpu_runtime_decodes_on_the_native_step_where_it_can():
+    from deamoe_trt import runtimes
+    from deamoe_trt.cpu.model_step import NativeDecoder
+    from deamoe_trt.errors import UsageError
+    from deamoe_trt.lm.model import DeaMoELM
+
+    runtime = runtimes.get("cpu")
+    model = load_lm(SAMPLE).model
+    ids = list(b"The tiny model ")
+    for twin in ("deamoe", "expanded", "vanilla"):
+        native = runtime.decoder(model, threads=1, twin=twin)
+        assert isinstance(native, NativeDecoder)
+        want = generate(TorchDecoder(model.twin(twin)), ids, 24).new_ids
+        assert generate(native, ids, 24).new_ids == want
+    assert isinstance(runtime.decoder(model, threads=1, step="torch"), CpuDecoder)
+    mla = model.config.replace(
+        num_key_value_heads=model.config.num_heads,
+        kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=8,
+        v_head_dim=8,
+        head_dim=8,
+    )
+    assert isinstance(runtime.decoder(DeaMoELM.random(mla, seed=1), threads=1), CpuDecoder)
+    with pytest.raises(UsageError, match="step must be one of native, torch"):
+        runtime.decoder(model, threads=1, step="fast")
+
+
+def test_native_decoders_of_a_pool_share_weights_and_keep_their_own_caches():
+    from deamoe_trt import runtimes
+
+    model = load_lm(SAMPLE).model
+    pool = runtimes.get("cpu").decoder_pool(model, threads=1)
+    a, b = pool.acquire(), pool.acquire()
+    assert a.model is b.model
+    ref = TorchDecoder(model)
+    want = ref.prefill(list(b"Once"))
+    b.prefill(list(b"Other text"))
+    got = a.prefill(list(b"Once"))
+    b.step(5)
+    step = ref.step(7)
+    assert abs(a.step(7) - step).max() <= 1e-5 * abs(step).max()
+    assert abs(got - want).max() <= 1e-5 * abs(want).max()
