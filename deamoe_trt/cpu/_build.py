@@ -163,6 +163,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dm_lm_position": (i64, [ptr]),
         "dm_lm_reset": (None, [ptr]),
         "dm_lm_forward": (i32, [ptr, ptr, i64, ptr]),
+        "dm_pack_linear_q_bytes": (i64, [i64, i64, i64, i32]),
+        "dm_pack_linear_q": (i32, [ptr, ptr, i64, i64, i64, i32, ptr]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)

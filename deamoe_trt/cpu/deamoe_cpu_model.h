@@ -18,49 +18,120 @@
 // block attending to every key keeps every position (grown by doubling up to the context);
 // a sliding block keeps its window in a ring (position p in slot p % window).
 
-namespace {
+extern "C" {
 
-struct LinearRows {
-  const void* w;      // [rows, colsp]
-  const float* bias;  // [rows] or null
-  int64_t rows, colsp;
-  const float* x;  // [colsp]
-  float* y;        // [rows]
+// A projection y = W x (+ b), W [rows, cols_p], b fp32 or null. bits 0: W in the model's
+// weight dtype, row-major, columns zero-padded to a multiple of dm_row_pad. bits 4 or 8:
+// weight-only quantized (deamoe_trt/quant.py), packed by dm_pack_linear_q (cols_p = cols, a
+// whole number of groups of group_size columns).
+struct dm_lm_linear {
+  const void* w;
+  const float* bias;
+  int64_t rows, cols_p;
+  int32_t bits, group_size;
 };
 
-// y[r] = w[r] . x (+ bias[r]) for rows [r0, r1): four rows share each load of x.
+}  // extern "C"
+
+namespace {
+
+// Rows are computed four at a time (a quad): one load of x serves four weight vectors, and
+// a quantized quad is one contiguous run of memory. Threads get whole quads.
+constexpr int kQuad = 4;
+
+// Quantized layout, per quad of rows (rows padded to a multiple of four with zero scales),
+// per quantization group of GS columns: the quad's four fp32 scales, then per column chunk
+// (W columns): int8: four rows of W signed codes (q - 128); int4: W 16-bit lanes, lane i
+// holding the four rows' codes of column i, row r in bits 4r..4r+3 (the kernel's down-part
+// lanes). Row r's int4 codes are used as masked out of the lanes, q * 2^(4r) (exact as a
+// float), and its scale is taken times 2^(-4r); the zero point 8 is taken off once per
+// group with the group's sum of x: x . w = sum_G s_G (sum_{j in G} x_j q_j - 8 sum_{j in G} x_j).
+inline int64_t q_quad_bytes(int bits, int64_t cols, int64_t gs) {
+  return cols / gs * (kQuad * 4 + kQuad * gs * bits / 8);
+}
+
+constexpr float kQuadRowFactor[kQuad] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f};
+
+struct LinearRows {
+  dm_lm_linear L;
+  const float* x;     // [cols_p]
+  const float* xsum;  // int4: [cols / group_size] sums of x per group
+  float* y;           // [rows]
+};
+
+// y[r] = w[r] . x (+ bias[r]) for rows [r0, r1).
 template <typename WT>
-void gemv_rows(const LinearRows& L, int64_t r0, int64_t r1) {
-  const WT* w = static_cast<const WT*>(L.w);
-  const int64_t n = L.colsp;
+void gemv_rows(const LinearRows& J, int64_t r0, int64_t r1) {
+  const WT* w = static_cast<const WT*>(J.L.w);
+  const float* bias = J.L.bias;
+  const int64_t n = J.L.cols_p;
   int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) {
+  for (; r + kQuad <= r1; r += kQuad) {
     const WT* w0 = w + r * n;
     V a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
     for (int64_t c = 0; c < n; c += W) {
-      const V x = vload(L.x + c);
+      const V x = vload(J.x + c);
       a0 = vfma(vload(w0 + c), x, a0);
       a1 = vfma(vload(w0 + n + c), x, a1);
       a2 = vfma(vload(w0 + 2 * n + c), x, a2);
       a3 = vfma(vload(w0 + 3 * n + c), x, a3);
     }
-    L.y[r] = vsum(a0) + (L.bias ? L.bias[r] : 0.0f);
-    L.y[r + 1] = vsum(a1) + (L.bias ? L.bias[r + 1] : 0.0f);
-    L.y[r + 2] = vsum(a2) + (L.bias ? L.bias[r + 2] : 0.0f);
-    L.y[r + 3] = vsum(a3) + (L.bias ? L.bias[r + 3] : 0.0f);
+    J.y[r] = vsum(a0) + (bias ? bias[r] : 0.0f);
+    J.y[r + 1] = vsum(a1) + (bias ? bias[r + 1] : 0.0f);
+    J.y[r + 2] = vsum(a2) + (bias ? bias[r + 2] : 0.0f);
+    J.y[r + 3] = vsum(a3) + (bias ? bias[r + 3] : 0.0f);
   }
-  const float* xs[1] = {L.x};
+  const float* xs[1] = {J.x};
   for (; r < r1; ++r) {
     float dot;
     dot_rows<1>(w + r * n, xs, n, &dot);
-    L.y[r] = dot + (L.bias ? L.bias[r] : 0.0f);
+    J.y[r] = dot + (bias ? bias[r] : 0.0f);
   }
 }
 
-// Up to three matrices in one job (q, k and v): their rows split evenly over the threads as
-// one range, so each thread streams one contiguous share of the bytes.
+// Quads [q0, q1) of a quantized projection.
+template <int BITS>
+void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
+  const int64_t cols = J.L.cols_p, gs = J.L.group_size, rows = J.L.rows;
+  const int64_t quad_bytes = q_quad_bytes(BITS, cols, gs);
+  for (int64_t quad = q0; quad < q1; ++quad) {
+    const uint8_t* p = static_cast<const uint8_t*>(J.L.w) + quad * quad_bytes;
+    V total[kQuad] = {vzero(), vzero(), vzero(), vzero()};
+    float zero[kQuad] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t g = 0; g < cols / gs; ++g) {
+      const float* scale = reinterpret_cast<const float*>(p);
+      p += kQuad * 4;
+      V acc[kQuad] = {vzero(), vzero(), vzero(), vzero()};
+      for (int64_t c = g * gs; c < (g + 1) * gs; c += W) {
+        const V x = vload(J.x + c);
+        if constexpr (BITS == 4) {
+          const VI lanes = load_u16(p);
+          p += 2 * W;
+#pragma GCC unroll 4
+          for (int r = 0; r < kQuad; ++r) acc[r] = vfma(to_float(iand(lanes, 0xFu << (4 * r))), x, acc[r]);
+        } else {
+#pragma GCC unroll 4
+          for (int r = 0; r < kQuad; ++r) acc[r] = vfma(to_float(load_s8(p + r * W)), x, acc[r]);
+          p += kQuad * W;
+        }
+      }
+      for (int r = 0; r < kQuad; ++r) {
+        total[r] = vfma(acc[r], vset1(BITS == 4 ? scale[r] * kQuadRowFactor[r] : scale[r]), total[r]);
+        if constexpr (BITS == 4) zero[r] += scale[r] * J.xsum[g];
+      }
+    }
+    for (int r = 0; r < kQuad; ++r) {
+      const int64_t row = quad * kQuad + r;
+      if (row >= rows) break;
+      J.y[row] = vsum(total[r]) - (BITS == 4 ? 8.0f * zero[r] : 0.0f) + (J.L.bias ? J.L.bias[row] : 0.0f);
+    }
+  }
+}
+
+// Up to three projections in one job (q, k and v): their quads split evenly over the
+// threads as one range, so each thread streams one contiguous share of the bytes.
 struct GemvJob {
-  int dtype;  // 0 fp32, 1 fp16
+  int dtype;  // float weights: 0 fp32, 1 fp16
   int count;
   LinearRows mats[3];
 };
@@ -68,27 +139,44 @@ struct GemvJob {
 void gemv_job(void* ctx, int tid, int nthreads) {
   const GemvJob& j = *static_cast<const GemvJob*>(ctx);
   int64_t total = 0;
-  for (int m = 0; m < j.count; ++m) total += j.mats[m].rows;
+  for (int m = 0; m < j.count; ++m) total += (j.mats[m].L.rows + kQuad - 1) / kQuad;
   int64_t b, e;
   split(total, tid, nthreads, &b, &e);
-  // Start each share on a multiple of four rows where possible: the four-row loop then
-  // covers it (the split depends on the thread count only through where the shares begin;
-  // a row's sum does not).
   int64_t offset = 0;
   for (int m = 0; m < j.count; ++m) {
-    const LinearRows& L = j.mats[m];
-    const int64_t r0 = std::max<int64_t>(b - offset, 0), r1 = std::min<int64_t>(e - offset, L.rows);
-    if (r0 < r1) {
-      if (j.dtype == 1)
-        gemv_rows<uint16_t>(L, r0, r1);
-      else
-        gemv_rows<float>(L, r0, r1);
-    }
-    offset += L.rows;
+    const LinearRows& J = j.mats[m];
+    const int64_t quads = (J.L.rows + kQuad - 1) / kQuad;
+    const int64_t q0 = std::max<int64_t>(b - offset, 0), q1 = std::min<int64_t>(e - offset, quads);
+    offset += quads;
+    if (q0 >= q1) continue;
+    if (J.L.bits == 4)
+      gemv_quads_q<4>(J, q0, q1);
+    else if (J.L.bits == 8)
+      gemv_quads_q<8>(J, q0, q1);
+    else if (j.dtype == 1)
+      gemv_rows<uint16_t>(J, q0 * kQuad, std::min(q1 * kQuad, J.L.rows));
+    else
+      gemv_rows<float>(J, q0 * kQuad, std::min(q1 * kQuad, J.L.rows));
   }
 }
 
-void gemv(Pool* pool, GemvJob& job) {
+// xsum: room for the int4 projections' group sums of their input (shared by the projections
+// of one job, which read the same x).
+void gemv(Pool* pool, GemvJob& job, std::vector<float>& xsum) {
+  for (int m = 0; m < job.count; ++m) {
+    LinearRows& J = job.mats[m];
+    if (J.L.bits != 4) continue;
+    const int64_t gs = J.L.group_size, groups = J.L.cols_p / gs;
+    if (static_cast<int64_t>(xsum.size()) < groups) xsum.resize(static_cast<size_t>(groups));
+    if (m == 0 || job.mats[m - 1].L.bits != 4 || job.mats[m - 1].L.group_size != gs || job.mats[m - 1].x != J.x) {
+      for (int64_t g = 0; g < groups; ++g) {
+        float sum = 0.0f;
+        for (int64_t c = 0; c < gs; ++c) sum += J.x[g * gs + c];
+        xsum[g] = sum;
+      }
+    }
+    J.xsum = xsum.data();
+  }
   if (pool->size() == 1)
     gemv_job(&job, 0, 1);
   else
@@ -115,14 +203,6 @@ inline void rotate(float* x, const float* cos, const float* sin, int64_t half) {
 }  // namespace
 
 extern "C" {
-
-// A projection y = W x (+ b): W [rows, cols_p] in the model's weight dtype (columns
-// zero-padded to a multiple of dm_row_pad), b fp32 or null.
-struct dm_lm_linear {
-  const void* w;
-  const float* bias;
-  int64_t rows, cols_p;
-};
 
 struct dm_lm_block {
   const float* input_norm;  // [d] fp32
@@ -162,7 +242,7 @@ struct LmSession {
   int64_t capacity = 0;                // positions the full blocks' caches hold now
   std::vector<std::vector<float>> kc;  // per block: [slots, kv_heads, hd]
   std::vector<std::vector<float>> vc;
-  std::vector<float> x, xn, q, k, v, attn, o, ffn, scores, scratch, router_logits, router_w;
+  std::vector<float> x, xn, q, k, v, attn, o, ffn, scores, scratch, router_logits, router_w, xsum;
   std::vector<int64_t> router_ids;
 };
 
@@ -243,9 +323,7 @@ void embed_row(const dm_lm& m, int64_t id, float* x) {
   for (int64_t i = 0; i < m.dp; i += W) vstore(x + i, vmul(vload(row + i), vset1(m.embedding_multiplier)));
 }
 
-LinearRows rows_of(const dm_lm_linear& L, const float* x, float* y) {
-  return LinearRows{L.w, L.bias, L.rows, L.cols_p, x, y};
-}
+LinearRows rows_of(const dm_lm_linear& L, const float* x, float* y) { return LinearRows{L, x, nullptr, y}; }
 
 // One token at the session's position; logits [vocab] when not null.
 void lm_token(LmSession& s, int64_t id, float* logits) {
@@ -264,7 +342,7 @@ void lm_token(LmSession& s, int64_t id, float* logits) {
     const dm_lm_block& B = s.blocks[l];
     rms_norm(x, B.input_norm, d, m.eps, xn);
     GemvJob qkv{m.dtype, 3, {rows_of(B.q, xn, s.q.data()), rows_of(B.k, xn, s.k.data()), rows_of(B.v, xn, s.v.data())}};
-    gemv(s.pool, qkv);
+    gemv(s.pool, qkv, s.xsum);
     float *q = s.q.data(), *k = s.k.data(), *v = s.v.data();
     if (m.qk_norm == 2) {
       rms_norm(q, B.q_norm, qd, m.eps, q);
@@ -292,7 +370,7 @@ void lm_token(LmSession& s, int64_t id, float* logits) {
     else
       s.pool->run(attention_job, &aj);
     GemvJob out{m.dtype, 1, {rows_of(B.o, s.attn.data(), s.o.data())}};
-    gemv(s.pool, out);
+    gemv(s.pool, out, s.xsum);
     for (int64_t i = 0; i < d; ++i) x[i] += m.residual_multiplier * s.o[i];
     rms_norm(x, B.post_norm, d, m.eps, xn);
     float* y = s.ffn.data();
@@ -308,12 +386,18 @@ void lm_token(LmSession& s, int64_t id, float* logits) {
   if (!logits) return;
   rms_norm(x, m.final_norm, d, m.eps, xn);
   GemvJob head{m.dtype, 1, {rows_of(m.head, xn, logits)}};
-  gemv(s.pool, head);
+  gemv(s.pool, head, s.xsum);
   if (m.logits_scaling != 1.0f)
     for (int64_t i = 0; i < m.vocab; ++i) logits[i] /= m.logits_scaling;
 }
 
 int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+bool valid_linear(const dm_lm_linear& L) {
+  if (!L.w || L.rows < 1 || L.cols_p < 1 || L.cols_p % kPad) return false;
+  if (L.bits == 0) return true;
+  return (L.bits == 4 || L.bits == 8) && L.group_size > 0 && L.group_size % W == 0 && L.cols_p % L.group_size == 0;
+}
 
 bool valid_lm(const dm_lm& m) {
   if (m.dtype != 0 && m.dtype != 1) return false;
@@ -323,7 +407,7 @@ bool valid_lm(const dm_lm& m) {
   if (m.qk_norm < 0 || m.qk_norm > 2 || !m.embed || !m.final_norm || !m.head.w || !m.rope_cos || !m.rope_sin ||
       !m.blocks)
     return false;
-  if (m.head.rows != m.vocab || m.head.cols_p != m.dp) return false;
+  if (m.head.rows != m.vocab || m.head.cols_p != m.dp || !valid_linear(m.head)) return false;
   const int64_t qd = m.heads * m.head_dim, kvd = m.kv_heads * m.head_dim;
   for (int64_t l = 0; l < m.layers; ++l) {
     const dm_lm_block& B = m.blocks[l];
@@ -331,7 +415,8 @@ bool valid_lm(const dm_lm& m) {
     if (B.q.rows != qd || B.k.rows != kvd || B.v.rows != kvd || B.o.rows != m.d) return false;
     if (B.q.cols_p != m.dp || B.k.cols_p != m.dp || B.v.cols_p != m.dp || B.o.cols_p != round_up(qd, kPad))
       return false;
-    if (!B.q.w || !B.k.w || !B.v.w || !B.o.w || (m.qk_norm && (!B.q_norm || !B.k_norm))) return false;
+    if (!valid_linear(B.q) || !valid_linear(B.k) || !valid_linear(B.v) || !valid_linear(B.o)) return false;
+    if (m.qk_norm && (!B.q_norm || !B.k_norm)) return false;
     if (B.ffn->d != m.d || B.ffn->dp != m.dp || (!B.dense && !valid(*B.ffn))) return false;
   }
   return true;
@@ -340,6 +425,41 @@ bool valid_lm(const dm_lm& m) {
 }  // namespace
 
 extern "C" {
+
+// Bytes of a quantized projection of rows x cols packed by dm_pack_linear_q.
+int64_t dm_pack_linear_q_bytes(int64_t rows, int64_t cols, int64_t gs, int bits) {
+  return (rows + kQuad - 1) / kQuad * q_quad_bytes(bits, cols, gs);
+}
+
+// Pack a quantized projection (see q_quad_bytes): codes [rows, cols] unsigned, one per byte;
+// scales [rows, cols / gs] fp32. cols a whole number of groups, gs a multiple of the vector width.
+int dm_pack_linear_q(const uint8_t* codes, const float* scales, int64_t rows, int64_t cols, int64_t gs, int bits,
+                     void* out) {
+  if ((bits != 4 && bits != 8) || rows < 1 || cols < 1 || gs < 1 || gs % W || cols % gs) return -1;
+  const int64_t groups = cols / gs, quads = (rows + kQuad - 1) / kQuad;
+  const int64_t group_bytes = kQuad * 4 + kQuad * gs * bits / 8, chunk_bytes = bits == 4 ? 2 * W : kQuad * W;
+  auto* dst = static_cast<uint8_t*>(out);
+  std::memset(dst, 0, static_cast<size_t>(quads * groups * group_bytes));
+  for (int64_t quad = 0; quad < quads; ++quad)
+    for (int64_t g = 0; g < groups; ++g) {
+      uint8_t* base = dst + (quad * groups + g) * group_bytes;
+      for (int r = 0; r < kQuad; ++r) {
+        const int64_t row = quad * kQuad + r;
+        if (row >= rows) continue;  // zero scale and codes: the padding row adds nothing
+        std::memcpy(base + 4 * r, scales + row * groups + g, 4);
+        for (int64_t c = 0; c < gs; ++c) {
+          uint8_t* chunk = base + kQuad * 4 + (c / W) * chunk_bytes;
+          const int64_t i = c % W;
+          const uint8_t v = codes[row * cols + g * gs + c];
+          if (bits == 8)
+            chunk[r * W + i] = static_cast<uint8_t>(static_cast<int8_t>(static_cast<int>(v) - 128));
+          else  // lane i (2 bytes), bits 4r..4r+3
+            chunk[2 * i + r / 2] |= static_cast<uint8_t>((v & 15) << (4 * (r % 2)));
+        }
+      }
+    }
+  return 0;
+}
 
 // A sequence of the model m on pool (its weights must outlive it); null on bad arguments.
 void* dm_lm_create(const dm_lm* m, void* pool) {

@@ -7,7 +7,8 @@ attention, DeaMoE FFNs on the kernel, head, with no Python between the layers.
 
 Weights outside the FFNs are held in the model's dtype when it is float32 or float16
 (a bfloat16 model's in float32, exactly; its FFNs in float16, as the kernel runs them);
-projections quantized in the checkpoint (`quantized_linears`) are held dequantized.
+projections quantized in the checkpoint (`quantized_linears`: attention, dense MLPs, head)
+are held in int8/int4 and read as they are (the codes turned into floats in registers).
 Activations, the KV cache and every sum are float32.
 
 Multi-head latent attention (DeepSeek's MLA) is not in the native step: `unsupported(config)`
@@ -24,6 +25,7 @@ import torch
 from ..errors import DeaMoEError, UsageError
 from ..lm.config import LMConfig
 from ..lm.model import DeaMoELM, check_twin
+from ..quant import unpack
 from .layer import CpuDeaMoE, _LayerDesc, _round_up
 from .runtime import _Buffer, pool
 
@@ -38,6 +40,8 @@ class _Linear(ctypes.Structure):
         ("bias", ctypes.c_void_p),
         ("rows", ctypes.c_int64),
         ("cols_p", ctypes.c_int64),
+        ("bits", ctypes.c_int32),
+        ("group_size", ctypes.c_int32),
     ]
 
 
@@ -115,18 +119,15 @@ class NativeModel:
         self.dp = _round_up(c.hidden_size, int(self.lib.dm_row_pad()))
         self._keep: list = []  # every tensor and buffer the native side points into
         state = model.state_dict()
-        if c.quantized_linears:  # held dequantized, as the reference runs them
-            from ..lm.qlinear import dequantized_state
-
-            assert c.quantization is not None  # LMConfig checks
-            moe = tuple(f"layers.{i}.mlp." for i in model.moe_layers())
-            state = dequantized_state({k: v for k, v in state.items() if not k.startswith(moe)}, c.quantization)
+        self.quant = c.quantization if c.quantized_linears else None
         self.twin = twin
         self.ffns: dict[int, CpuDeaMoE] = {}
         self.nbytes = 0
         with torch.no_grad():
             embed = self._rows(state["embed_tokens.weight"], self.dp)
-            head = embed if c.tie_word_embeddings else self._rows(state["lm_head.weight"], self.dp)
+            head = _Linear(embed.data_ptr(), None, c.vocab_size, self.dp)
+            if not c.tie_word_embeddings:
+                head = self._linear(state, "lm_head", self.dp)
             blocks = (_Block * c.num_layers)()
             for i in range(c.num_layers):
                 blocks[i] = self._block(model, state, i)
@@ -152,7 +153,7 @@ class NativeModel:
             logits_scaling=c.logits_scaling,
             embed=embed.data_ptr(),
             final_norm=self._f32(state["norm.weight"]).data_ptr(),
-            head=_Linear(head.data_ptr(), None, c.vocab_size, self.dp),
+            head=head,
             rope_cos=cos.data_ptr(),
             rope_sin=sin.data_ptr(),
             blocks=ctypes.addressof(blocks),
@@ -178,9 +179,24 @@ class NativeModel:
         return out
 
     def _linear(self, state: dict, prefix: str, cols_p: int) -> _Linear:
-        w = self._rows(state[f"{prefix}.weight"], cols_p)
-        bias = self._f32(state.get(f"{prefix}.bias"))
-        return _Linear(w.data_ptr(), _ptr(bias), w.shape[0], cols_p)
+        """A projection as the step reads it: float rows padded to cols_p, or its quantized
+        codes and scales packed (deamoe_cpu_model.h, q_quad_bytes)."""
+        bias = _ptr(self._f32(state.get(f"{prefix}.bias")))
+        if f"{prefix}.weight.qweight" not in state:
+            w = self._rows(state[f"{prefix}.weight"], cols_p)
+            return _Linear(w.data_ptr(), bias, w.shape[0], cols_p)
+        q = self.quant
+        assert q is not None  # a quantized projection comes with the config's quantization
+        codes = unpack(state[f"{prefix}.weight.qweight"], q.bits).contiguous()
+        scales = self._f32(state[f"{prefix}.weight.scales"])
+        rows, cols = codes.shape
+        buf = _Buffer(int(self.lib.dm_pack_linear_q_bytes(rows, cols, q.group_size, q.bits)))
+        code = self.lib.dm_pack_linear_q(codes.data_ptr(), scales.data_ptr(), rows, cols, q.group_size, q.bits, buf.ptr)
+        if code != 0 or cols != cols_p:
+            raise DeaMoEError(f"CPU kernel: packing the quantized projection {prefix} failed (code {code})")
+        self._keep.append(buf)
+        self.nbytes += buf.nbytes
+        return _Linear(buf.ptr, bias, rows, cols, q.bits, q.group_size)
 
     def _block(self, model: DeaMoELM, state: dict, i: int) -> _Block:
         c = self.config
@@ -212,6 +228,8 @@ class NativeModel:
 
     def _dense(self, state: dict, prefix: str) -> _LayerDesc:
         """A dense SwiGLU MLP as a layer of one always-on part (the kernel's shared experts)."""
+        if f"{prefix}down_proj.weight.qweight" in state:
+            return self._dense_quantized(state, prefix)
         c = self.config
         gate, up, down = (state[f"{prefix}{name}_proj.weight"] for name in ("gate", "up", "down"))
         gate_up = torch.cat((gate, up)).to(self.dtype).contiguous()
@@ -235,6 +253,39 @@ class NativeModel:
             top_departments=1,
             shared=buf.ptr,
             groups_sh=groups,
+        )
+        self._keep += [buf, desc]
+        return desc
+
+    def _dense_quantized(self, state: dict, prefix: str) -> _LayerDesc:
+        """A quantized dense MLP in the kernel's quantized layout (dm_pack_q), codes unpacked."""
+        c, q = self.config, self.quant
+        assert q is not None
+        parts = {name: state[f"{prefix}{name}_proj.weight.qweight"] for name in ("gate", "up", "down")}
+        codes = {name: unpack(t, q.bits) for name, t in parts.items()}
+        scales = {name: state[f"{prefix}{name}_proj.weight.scales"].float() for name in parts}
+        gu_codes = torch.cat((codes["gate"], codes["up"])).contiguous()
+        gu_scales = torch.cat((scales["gate"], scales["up"])).contiguous()
+        dn_codes, dn_scales = codes["down"].contiguous(), scales["down"].contiguous()
+        width = dn_codes.shape[1]
+        buf = _Buffer(int(self.lib.dm_pack_q_bytes(1, width, c.hidden_size, q.group_size, q.bits)))
+        pointers = (gu_codes.data_ptr(), gu_scales.data_ptr(), dn_codes.data_ptr(), dn_scales.data_ptr())
+        code = self.lib.dm_pack_q(*pointers, 1, width, c.hidden_size, q.group_size, q.bits, buf.ptr)
+        if code != 0 or self.dp != c.hidden_size:
+            raise DeaMoEError(f"CPU kernel: packing the quantized dense MLP {prefix} failed (code {code})")
+        self.nbytes += buf.nbytes
+        desc = _LayerDesc(
+            dtype=1 if self.dtype == torch.float16 else 0,
+            d=c.hidden_size,
+            dp=self.dp,
+            num_departments=1,
+            experts_per_department=1,
+            top_k=1,
+            top_departments=1,
+            shared=buf.ptr,
+            groups_sh=width // int(self.lib.dm_neurons_per_group()),
+            weight_bits=q.bits,
+            group_size=q.group_size,
         )
         self._keep += [buf, desc]
         return desc

@@ -47,6 +47,7 @@ VARIANTS = {
         embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=2.5
     ),
     "dense_block": BASE.replace(num_layers=3, dense_layers=(1,), dense_intermediate_size=20),
+    "rows_not_in_fours": BASE.replace(vocab_size=250, num_heads=6, num_key_value_heads=3, head_dim=6),
 }
 
 
@@ -114,15 +115,27 @@ def test_fp16_weights_are_read_as_they_are_and_match_the_fp16_model():
     assert max(relative_error(g, w) for g, w in zip(got, fp16, strict=True)) <= 2e-2
 
 
+# Quantized projections' widths are whole groups of 16; 250 head rows are not whole quads of four.
+QUANTIZED = QUANTIZABLE_MICRO_LM.replace(dense_intermediate_size=32, vocab_size=250, max_position_embeddings=80)
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_quantized_projections_run_as_the_dequantized_reference(bits):
-    float_model = random_model(QUANTIZABLE_MICRO_LM.replace(dense_intermediate_size=32), seed=5)
+    float_model = random_model(QUANTIZED, seed=5)
     model = float_model.quantized(QuantConfig(bits, 16), linears=("attention", "dense", "head")).eval()
     ids = ids_of(10, model.config.vocab_size)
     want = reference_logits(model, ids)
     decoder = NativeDecoder(model, threads=1)
     got = [decoder.prefill(ids[:3])] + [decoder.step(t) for t in ids[3:]]
     assert max(relative_error(g, w) for g, w in zip(got, want[2:], strict=True)) <= 1e-5
+    # The codes are what the step holds, not float copies of them.
+    only_ffns = float_model.quantized(QuantConfig(bits, 16)).eval()
+    assert decoder.model.nbytes < NativeModel(only_ffns, threads=1).nbytes
+    prompt = ids_of(5, model.config.vocab_size, seed=1)
+    assert (
+        generate(NativeDecoder(model, threads=1), prompt, 64).new_ids
+        == generate(TorchDecoder(model), prompt, 64).new_ids
+    )
 
 
 def test_two_threads_give_the_same_bits_as_one():
