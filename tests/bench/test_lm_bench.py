@@ -61,3 +61,25 @@ def test_mla_bench_config_has_deepseek_v2_lite_attention_and_counts_its_weights(
     assert _other_bytes(mla, 2) == (attention + d + v * d + d) * 2
     # Qwen3-30B-A3B's: q/k/v/o, q/k norms, two block norms
     assert _other_bytes(gqa, 2) == ((32 * 128 * 2 + 4 * 128 * 2) * d + 2 * 128 + 2 * d + d + v * d + d) * 2
+
+
+@pytest.mark.slow
+def test_the_native_step_joins_as_a_contender_with_its_fp16_bytes():
+    result = run_lm_bench(
+        layers=1, departments=2, steps=2, prompt=4, threads=1, runtimes=("cpu", "cpu-native"), progress=None
+    )
+    rows = {(r["runtime"], r["twin"]): r for r in result["rows"]}
+    assert {runtime for runtime, _ in rows} == {"cpu", "cpu-native"}
+    for twin in ("deamoe", "expanded", "vanilla"):
+        cpu, native = rows["cpu", twin], rows["cpu-native", twin]
+        # Same FFN bytes (the same routing); outside the FFNs fp16 instead of fp32 copies.
+        assert native["ffn_bytes_per_token"] == cpu["ffn_bytes_per_token"]
+        assert native["bytes_per_token"] < cpu["bytes_per_token"]
+    assert "CPU kernel, native step" in lm_bench_table(result)
+
+
+def test_the_native_step_refuses_mla_before_building_anything():
+    from deamoe_trt.errors import UsageError
+
+    with pytest.raises(UsageError, match="multi-head latent attention"):
+        run_lm_bench(layers=1, departments=2, steps=1, runtimes=("cpu-native",), attention="mla", progress=None)
