@@ -104,6 +104,7 @@ void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
       V acc[kQuad] = {vzero(), vzero(), vzero(), vzero()};
       for (int64_t c = g * gs; c < (g + 1) * gs; c += W) {
         const V x = vload(J.x + c);
+        prefetch_ahead(p, BITS == 4 ? 2 * W : kQuad * W);  // as the kernel's quantized loops
         if constexpr (BITS == 4) {
           const VI lanes = load_u16(p);
           p += 2 * W;
@@ -128,8 +129,10 @@ void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
   }
 }
 
-// Up to three projections in one job (q, k and v): their quads split evenly over the
-// threads as one range, so each thread streams one contiguous share of the bytes.
+// Up to three projections in one job (q, k and v): their quads cut evenly into slices as
+// one range, each slice one contiguous run of the bytes. As in the MoE step, the threads claim
+// the slices (a worker still waking up leaves its share to the others), and a row's sum does
+// not depend on which thread ran it.
 struct GemvJob {
   int dtype;  // float weights: 0 fp32, 1 fp16
   int count;
@@ -180,7 +183,7 @@ void gemv(Pool* pool, GemvJob& job, std::vector<float>& xsum) {
   if (pool->size() == 1)
     gemv_job(&job, 0, 1);
   else
-    pool->run(gemv_job, &job);
+    pool->run_slices(gemv_job, &job, step_slices(pool->size()));
 }
 
 // out = x * rsqrt(mean(x^2) + eps) * w over n values (Hugging Face's RMSNorm, fp32).
@@ -368,7 +371,7 @@ void lm_token(LmSession& s, int64_t id, float* logits) {
     if (s.pool->size() == 1 || (p + 1) * m.heads * hd < 65536)
       attention_job(&aj, 0, 1);
     else
-      s.pool->run(attention_job, &aj);
+      s.pool->run_slices(attention_job, &aj, step_slices(s.pool->size()));
     GemvJob out{m.dtype, 1, {rows_of(B.o, s.attn.data(), s.o.data())}};
     gemv(s.pool, out, s.xsum);
     for (int64_t i = 0; i < d; ++i) x[i] += m.residual_multiplier * s.o[i];

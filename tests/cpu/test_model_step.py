@@ -138,8 +138,11 @@ def test_quantized_projections_run_as_the_dequantized_reference(bits):
     )
 
 
-def test_two_threads_give_the_same_bits_as_one():
-    model = random_model(VARIANTS["dense_block"], seed=6)
+@pytest.mark.parametrize("bits", [None, 4])
+def test_two_threads_give_the_same_bits_as_one(bits):
+    model = random_model(QUANTIZED, seed=6)
+    if bits:
+        model = model.quantized(QuantConfig(bits, 16), linears=("attention", "dense", "head")).eval()
     ids = ids_of(9, model.config.vocab_size)
     one, two = NativeDecoder(model, threads=1), NativeDecoder(model, threads=2)
     np.testing.assert_array_equal(one.prefill(ids), two.prefill(ids))
