@@ -119,6 +119,19 @@ def test_fp16_weights_are_read_as_they_are_and_match_the_fp16_model():
 QUANTIZED = QUANTIZABLE_MICRO_LM.replace(dense_intermediate_size=32, vocab_size=250, max_position_embeddings=80)
 
 
+def test_a_bf16_model_runs_its_attention_exactly_and_its_ffns_in_fp16():
+    bf16 = random_model(VARIANTS["dense_block"], seed=2, dtype=torch.bfloat16)
+    # What the step holds: every weight widened exactly, the DeaMoE FFNs rounded to fp16 first.
+    held = bf16.float()
+    for i in held.moe_layers():
+        held.layers[i].mlp = bf16.layers[i].mlp.to(torch.float16).float()
+    ids = ids_of(10, bf16.config.vocab_size)
+    want = reference_logits(held, ids)
+    decoder = NativeDecoder(bf16, threads=1)
+    got = [decoder.prefill(ids[:1])] + [decoder.step(t) for t in ids[1:]]
+    assert max(relative_error(g, w) for g, w in zip(got, want, strict=True)) <= 1e-5
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_quantized_projections_run_as_the_dequantized_reference(bits):
     float_model = random_model(QUANTIZED, seed=5)
