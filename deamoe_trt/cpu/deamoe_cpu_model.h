@@ -52,14 +52,17 @@ inline int64_t q_quad_bytes(int bits, int64_t cols, int64_t gs) {
 
 constexpr float kQuadRowFactor[kQuad] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f};
 
+// A projection applied to `tokens` inputs: x [tokens, x_stride], y [tokens, y_stride].
 struct LinearRows {
   dm_lm_linear L;
-  const float* x;     // [cols_p]
-  const float* xsum;  // int4: [cols / group_size] sums of x per group
-  float* y;           // [rows]
+  const float* x;
+  float* y;
+  int64_t tokens, x_stride, y_stride;
+  const float* xsum;  // int4: [tokens, cols / group_size] sums of x per group
 };
 
-// y[r] = w[r] . x (+ bias[r]) for rows [r0, r1).
+// y[t, r] = w[r] . x[t] (+ bias[r]) for rows [r0, r1). Tokens take turns on each quad: its
+// rows are read from memory for the first and from the caches for the others.
 template <typename WT>
 void gemv_rows(const LinearRows& J, int64_t r0, int64_t r1) {
   const WT* w = static_cast<const WT*>(J.L.w);
@@ -68,25 +71,30 @@ void gemv_rows(const LinearRows& J, int64_t r0, int64_t r1) {
   int64_t r = r0;
   for (; r + kQuad <= r1; r += kQuad) {
     const WT* w0 = w + r * n;
-    V a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
-    for (int64_t c = 0; c < n; c += W) {
-      const V x = vload(J.x + c);
-      a0 = vfma(vload(w0 + c), x, a0);
-      a1 = vfma(vload(w0 + n + c), x, a1);
-      a2 = vfma(vload(w0 + 2 * n + c), x, a2);
-      a3 = vfma(vload(w0 + 3 * n + c), x, a3);
+    for (int64_t t = 0; t < J.tokens; ++t) {
+      const float* xt = J.x + t * J.x_stride;
+      float* y = J.y + t * J.y_stride;
+      V a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+      for (int64_t c = 0; c < n; c += W) {
+        const V x = vload(xt + c);
+        a0 = vfma(vload(w0 + c), x, a0);
+        a1 = vfma(vload(w0 + n + c), x, a1);
+        a2 = vfma(vload(w0 + 2 * n + c), x, a2);
+        a3 = vfma(vload(w0 + 3 * n + c), x, a3);
+      }
+      y[r] = vsum(a0) + (bias ? bias[r] : 0.0f);
+      y[r + 1] = vsum(a1) + (bias ? bias[r + 1] : 0.0f);
+      y[r + 2] = vsum(a2) + (bias ? bias[r + 2] : 0.0f);
+      y[r + 3] = vsum(a3) + (bias ? bias[r + 3] : 0.0f);
     }
-    J.y[r] = vsum(a0) + (bias ? bias[r] : 0.0f);
-    J.y[r + 1] = vsum(a1) + (bias ? bias[r + 1] : 0.0f);
-    J.y[r + 2] = vsum(a2) + (bias ? bias[r + 2] : 0.0f);
-    J.y[r + 3] = vsum(a3) + (bias ? bias[r + 3] : 0.0f);
   }
-  const float* xs[1] = {J.x};
-  for (; r < r1; ++r) {
-    float dot;
-    dot_rows<1>(w + r * n, xs, n, &dot);
-    J.y[r] = dot + (bias ? bias[r] : 0.0f);
-  }
+  for (; r < r1; ++r)
+    for (int64_t t = 0; t < J.tokens; ++t) {
+      const float* xs[1] = {J.x + t * J.x_stride};
+      float dot;
+      dot_rows<1>(w + r * n, xs, n, &dot);
+      J.y[t * J.y_stride + r] = dot + (bias ? bias[r] : 0.0f);
+    }
 }
 
 // Quads [q0, q1) of a quantized projection.
@@ -94,39 +102,43 @@ template <int BITS>
 void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
   const int64_t cols = J.L.cols_p, gs = J.L.group_size, rows = J.L.rows;
   const int64_t quad_bytes = q_quad_bytes(BITS, cols, gs);
-  for (int64_t quad = q0; quad < q1; ++quad) {
-    const uint8_t* p = static_cast<const uint8_t*>(J.L.w) + quad * quad_bytes;
-    V total[kQuad] = {vzero(), vzero(), vzero(), vzero()};
-    float zero[kQuad] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t g = 0; g < cols / gs; ++g) {
-      const float* scale = reinterpret_cast<const float*>(p);
-      p += kQuad * 4;
-      V acc[kQuad] = {vzero(), vzero(), vzero(), vzero()};
-      for (int64_t c = g * gs; c < (g + 1) * gs; c += W) {
-        const V x = vload(J.x + c);
-        prefetch_ahead(p, BITS == 4 ? 2 * W : kQuad * W);  // as the kernel's quantized loops
-        if constexpr (BITS == 4) {
-          const VI lanes = load_u16(p);
-          p += 2 * W;
+  for (int64_t quad = q0; quad < q1; ++quad)
+    for (int64_t t = 0; t < J.tokens; ++t) {
+      const uint8_t* p = static_cast<const uint8_t*>(J.L.w) + quad * quad_bytes;
+      const float* xt = J.x + t * J.x_stride;
+      const float* xsum = BITS == 4 ? J.xsum + t * (cols / gs) : nullptr;
+      float* y = J.y + t * J.y_stride;
+      V total[kQuad] = {vzero(), vzero(), vzero(), vzero()};
+      float zero[kQuad] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int64_t g = 0; g < cols / gs; ++g) {
+        const float* scale = reinterpret_cast<const float*>(p);
+        p += kQuad * 4;
+        V acc[kQuad] = {vzero(), vzero(), vzero(), vzero()};
+        for (int64_t c = g * gs; c < (g + 1) * gs; c += W) {
+          const V x = vload(xt + c);
+          prefetch_ahead(p, BITS == 4 ? 2 * W : kQuad * W);  // as the kernel's quantized loops
+          if constexpr (BITS == 4) {
+            const VI lanes = load_u16(p);
+            p += 2 * W;
 #pragma GCC unroll 4
-          for (int r = 0; r < kQuad; ++r) acc[r] = vfma(to_float(iand(lanes, 0xFu << (4 * r))), x, acc[r]);
-        } else {
+            for (int r = 0; r < kQuad; ++r) acc[r] = vfma(to_float(iand(lanes, 0xFu << (4 * r))), x, acc[r]);
+          } else {
 #pragma GCC unroll 4
-          for (int r = 0; r < kQuad; ++r) acc[r] = vfma(to_float(load_s8(p + r * W)), x, acc[r]);
-          p += kQuad * W;
+            for (int r = 0; r < kQuad; ++r) acc[r] = vfma(to_float(load_s8(p + r * W)), x, acc[r]);
+            p += kQuad * W;
+          }
+        }
+        for (int r = 0; r < kQuad; ++r) {
+          total[r] = vfma(acc[r], vset1(BITS == 4 ? scale[r] * kQuadRowFactor[r] : scale[r]), total[r]);
+          if constexpr (BITS == 4) zero[r] += scale[r] * xsum[g];
         }
       }
       for (int r = 0; r < kQuad; ++r) {
-        total[r] = vfma(acc[r], vset1(BITS == 4 ? scale[r] * kQuadRowFactor[r] : scale[r]), total[r]);
-        if constexpr (BITS == 4) zero[r] += scale[r] * J.xsum[g];
+        const int64_t row = quad * kQuad + r;
+        if (row >= rows) break;
+        y[row] = vsum(total[r]) - (BITS == 4 ? 8.0f * zero[r] : 0.0f) + (J.L.bias ? J.L.bias[row] : 0.0f);
       }
     }
-    for (int r = 0; r < kQuad; ++r) {
-      const int64_t row = quad * kQuad + r;
-      if (row >= rows) break;
-      J.y[row] = vsum(total[r]) - (BITS == 4 ? 8.0f * zero[r] : 0.0f) + (J.L.bias ? J.L.bias[row] : 0.0f);
-    }
-  }
 }
 
 // Up to three projections in one job (q, k and v): their quads cut evenly into slices as
@@ -170,13 +182,14 @@ void gemv(Pool* pool, GemvJob& job, std::vector<float>& xsum) {
     LinearRows& J = job.mats[m];
     if (J.L.bits != 4) continue;
     const int64_t gs = J.L.group_size, groups = J.L.cols_p / gs;
-    if (static_cast<int64_t>(xsum.size()) < groups) xsum.resize(static_cast<size_t>(groups));
+    if (static_cast<int64_t>(xsum.size()) < J.tokens * groups) xsum.resize(static_cast<size_t>(J.tokens * groups));
     if (m == 0 || job.mats[m - 1].L.bits != 4 || job.mats[m - 1].L.group_size != gs || job.mats[m - 1].x != J.x) {
-      for (int64_t g = 0; g < groups; ++g) {
-        float sum = 0.0f;
-        for (int64_t c = 0; c < gs; ++c) sum += J.x[g * gs + c];
-        xsum[g] = sum;
-      }
+      for (int64_t t = 0; t < J.tokens; ++t)
+        for (int64_t g = 0; g < groups; ++g) {
+          float sum = 0.0f;
+          for (int64_t c = 0; c < gs; ++c) sum += J.x[t * J.x_stride + g * gs + c];
+          xsum[t * groups + g] = sum;
+        }
     }
     J.xsum = xsum.data();
   }
@@ -247,6 +260,7 @@ struct LmSession {
   std::vector<std::vector<float>> vc;
   std::vector<float> x, xn, q, k, v, attn, o, ffn, scores, scratch, router_logits, router_w, xsum;
   std::vector<int64_t> router_ids;
+  int64_t experts = 1, top_k = 1;  // the largest router of the model's DeaMoE blocks
 };
 
 void reserve(LmSession& s, int64_t positions) {
@@ -269,10 +283,13 @@ void reserve(LmSession& s, int64_t positions) {
 struct AttentionJob {
   LmSession* s;
   int64_t layer, position;
+  const float* q;  // [heads * hd] the query at position
+  float* out;      // [heads * hd]
 };
 
-// Heads [h0, h1) of one query position: softmax(q k^T * scale [+ sink]) v.
-void attention_heads(LmSession& s, int64_t layer, int64_t p, int64_t h0, int64_t h1) {
+// Heads [h0, h1) of one query at position p: softmax(q k^T * scale [+ sink]) v.
+void attention_heads(LmSession& s, int64_t layer, int64_t p, const float* query, float* output, int64_t h0,
+                     int64_t h1) {
   const dm_lm& m = s.m;
   const dm_lm_block& B = s.blocks[layer];
   const int64_t hd = m.head_dim, kvh = m.kv_heads, groups = m.heads / m.kv_heads;
@@ -282,7 +299,7 @@ void attention_heads(LmSession& s, int64_t layer, int64_t p, int64_t h0, int64_t
   const float* kc = s.kc[layer].data();
   const float* vc = s.vc[layer].data();
   for (int64_t h = h0; h < h1; ++h) {
-    const float* q = s.q.data() + h * hd;
+    const float* q = query + h * hd;
     const int64_t g = h / groups;
     float* sc = s.scores.data() + h * s.capacity;
     float top = -INFINITY;
@@ -301,7 +318,7 @@ void attention_heads(LmSession& s, int64_t layer, int64_t p, int64_t h0, int64_t
       sc[j] = std::exp(sc[j] - top);
       total += sc[j];
     }
-    float* out = s.attn.data() + h * hd;
+    float* out = output + h * hd;
     std::fill(out, out + hd, 0.0f);
     const float inv = 1.0f / total;
     for (int64_t j = first; j <= p; ++j) {
@@ -317,7 +334,7 @@ void attention_job(void* ctx, int tid, int nthreads) {
   const AttentionJob& j = *static_cast<const AttentionJob*>(ctx);
   int64_t h0, h1;
   split(j.s->m.heads, tid, nthreads, &h0, &h1);
-  attention_heads(*j.s, j.layer, j.position, h0, h1);
+  attention_heads(*j.s, j.layer, j.position, j.q, j.out, h0, h1);
 }
 
 template <typename ET>
@@ -326,69 +343,107 @@ void embed_row(const dm_lm& m, int64_t id, float* x) {
   for (int64_t i = 0; i < m.dp; i += W) vstore(x + i, vmul(vload(row + i), vset1(m.embedding_multiplier)));
 }
 
-LinearRows rows_of(const dm_lm_linear& L, const float* x, float* y) { return LinearRows{L, x, nullptr, y}; }
+LinearRows rows_of(const dm_lm_linear& L, const float* x, int64_t x_stride, float* y, int64_t y_stride,
+                   int64_t tokens) {
+  return LinearRows{L, x, y, tokens, x_stride, y_stride, nullptr};
+}
 
-// One token at the session's position; logits [vocab] when not null.
-void lm_token(LmSession& s, int64_t id, float* logits) {
+// Room for T tokens in the session's activations.
+void reserve_tokens(LmSession& s, int64_t T) {
   const dm_lm& m = s.m;
-  const int64_t d = m.d, hd = m.head_dim, half = hd / 2, p = s.position;
-  const int64_t qd = m.heads * hd, kvd = m.kv_heads * hd;
+  const int64_t qdp = (m.heads * m.head_dim + kPad - 1) / kPad * kPad, kvd = m.kv_heads * m.head_dim;
+  if (static_cast<int64_t>(s.x.size()) >= T * m.dp) return;
+  // Zero-filled: the padding columns of x, xn and attn stay zero.
+  s.x.assign(static_cast<size_t>(T * m.dp), 0.0f);
+  s.xn.assign(static_cast<size_t>(T * m.dp), 0.0f);
+  s.q.assign(static_cast<size_t>(T * qdp), 0.0f);
+  s.attn.assign(static_cast<size_t>(T * qdp), 0.0f);
+  s.k.assign(static_cast<size_t>(T * kvd), 0.0f);
+  s.v.assign(static_cast<size_t>(T * kvd), 0.0f);
+  s.o.assign(static_cast<size_t>(T * m.d), 0.0f);
+  s.ffn.assign(static_cast<size_t>(T * m.d), 0.0f);
+  s.scratch.assign(static_cast<size_t>(step_slices(s.pool->size()) * T * m.dp), 0.0f);
+  s.router_logits.assign(static_cast<size_t>(T * s.experts), 0.0f);
+  s.router_ids.assign(static_cast<size_t>(T * s.top_k), 0);
+  s.router_w.assign(static_cast<size_t>(T * s.top_k), 0.0f);
+}
+
+// T tokens at the session's positions P..P+T-1, each projection streamed once for all of
+// them; logits [vocab] of the last one when not null.
+void lm_tokens(LmSession& s, const int64_t* ids, int64_t T, float* logits) {
+  const dm_lm& m = s.m;
+  const int64_t d = m.d, dp = m.dp, hd = m.head_dim, half = hd / 2, p0 = s.position;
+  const int64_t qd = m.heads * hd, kvd = m.kv_heads * hd, qdp = (qd + kPad - 1) / kPad * kPad;
+  reserve_tokens(s, T);
   float* x = s.x.data();
   float* xn = s.xn.data();
-  if (m.dtype == 1)
-    embed_row<uint16_t>(m, id, x);
-  else
-    embed_row<float>(m, id, x);
-  const float* cos = m.rope_cos + p * half;
-  const float* sin = m.rope_sin + p * half;
+  for (int64_t t = 0; t < T; ++t) {
+    if (m.dtype == 1)
+      embed_row<uint16_t>(m, ids[t], x + t * dp);
+    else
+      embed_row<float>(m, ids[t], x + t * dp);
+  }
   for (int64_t l = 0; l < m.layers; ++l) {
     const dm_lm_block& B = s.blocks[l];
-    rms_norm(x, B.input_norm, d, m.eps, xn);
-    GemvJob qkv{m.dtype, 3, {rows_of(B.q, xn, s.q.data()), rows_of(B.k, xn, s.k.data()), rows_of(B.v, xn, s.v.data())}};
+    for (int64_t t = 0; t < T; ++t) rms_norm(x + t * dp, B.input_norm, d, m.eps, xn + t * dp);
+    GemvJob qkv{m.dtype,
+                3,
+                {rows_of(B.q, xn, dp, s.q.data(), qdp, T), rows_of(B.k, xn, dp, s.k.data(), kvd, T),
+                 rows_of(B.v, xn, dp, s.v.data(), kvd, T)}};
     gemv(s.pool, qkv, s.xsum);
-    float *q = s.q.data(), *k = s.k.data(), *v = s.v.data();
-    if (m.qk_norm == 2) {
-      rms_norm(q, B.q_norm, qd, m.eps, q);
-      rms_norm(k, B.k_norm, kvd, m.eps, k);
-    }
-    if (m.clip_qkv > 0) {
-      for (float* t : {q, k, v}) {
-        const int64_t n = t == q ? qd : kvd;
-        for (int64_t i = 0; i < n; ++i) t[i] = std::min(std::max(t[i], -m.clip_qkv), m.clip_qkv);
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t p = p0 + t;
+      float *q = s.q.data() + t * qdp, *k = s.k.data() + t * kvd, *v = s.v.data() + t * kvd;
+      if (m.qk_norm == 2) {
+        rms_norm(q, B.q_norm, qd, m.eps, q);
+        rms_norm(k, B.k_norm, kvd, m.eps, k);
       }
+      if (m.clip_qkv > 0) {
+        for (float* u : {q, k, v}) {
+          const int64_t n = u == q ? qd : kvd;
+          for (int64_t i = 0; i < n; ++i) u[i] = std::min(std::max(u[i], -m.clip_qkv), m.clip_qkv);
+        }
+      }
+      if (m.qk_norm == 1) {
+        for (int64_t h = 0; h < m.heads; ++h) rms_norm(q + h * hd, B.q_norm, hd, m.eps, q + h * hd);
+        for (int64_t h = 0; h < m.kv_heads; ++h) rms_norm(k + h * hd, B.k_norm, hd, m.eps, k + h * hd);
+      }
+      const float* cos = m.rope_cos + p * half;
+      const float* sin = m.rope_sin + p * half;
+      for (int64_t h = 0; h < m.heads; ++h) rotate(q + h * hd, cos, sin, half);
+      for (int64_t h = 0; h < m.kv_heads; ++h) rotate(k + h * hd, cos, sin, half);
+      // Token by token: a sliding block's ring may reuse a slot an earlier token still reads.
+      const int64_t slot = B.window ? p % std::min(B.window, m.max_context) : p;
+      std::memcpy(s.kc[l].data() + slot * kvd, k, static_cast<size_t>(kvd) * sizeof(float));
+      std::memcpy(s.vc[l].data() + slot * kvd, v, static_cast<size_t>(kvd) * sizeof(float));
+      AttentionJob aj{&s, l, p, q, s.attn.data() + t * qdp};
+      // Few keys: the pool's fork/join would cost more than the heads.
+      if (s.pool->size() == 1 || (p + 1) * m.heads * hd < 65536)
+        attention_job(&aj, 0, 1);
+      else
+        s.pool->run_slices(attention_job, &aj, step_slices(s.pool->size()));
     }
-    if (m.qk_norm == 1) {
-      for (int64_t h = 0; h < m.heads; ++h) rms_norm(q + h * hd, B.q_norm, hd, m.eps, q + h * hd);
-      for (int64_t h = 0; h < m.kv_heads; ++h) rms_norm(k + h * hd, B.k_norm, hd, m.eps, k + h * hd);
-    }
-    for (int64_t h = 0; h < m.heads; ++h) rotate(q + h * hd, cos, sin, half);
-    for (int64_t h = 0; h < m.kv_heads; ++h) rotate(k + h * hd, cos, sin, half);
-    const int64_t slot = B.window ? p % std::min(B.window, m.max_context) : p;
-    std::memcpy(s.kc[l].data() + slot * kvd, k, static_cast<size_t>(kvd) * sizeof(float));
-    std::memcpy(s.vc[l].data() + slot * kvd, v, static_cast<size_t>(kvd) * sizeof(float));
-    AttentionJob aj{&s, l, p};
-    // Few keys: the pool's fork/join would cost more than the heads.
-    if (s.pool->size() == 1 || (p + 1) * m.heads * hd < 65536)
-      attention_job(&aj, 0, 1);
-    else
-      s.pool->run_slices(attention_job, &aj, step_slices(s.pool->size()));
-    GemvJob out{m.dtype, 1, {rows_of(B.o, s.attn.data(), s.o.data())}};
+    GemvJob out{m.dtype, 1, {rows_of(B.o, s.attn.data(), qdp, s.o.data(), d, T)}};
     gemv(s.pool, out, s.xsum);
-    for (int64_t i = 0; i < d; ++i) x[i] += m.residual_multiplier * s.o[i];
-    rms_norm(x, B.post_norm, d, m.eps, xn);
-    float* y = s.ffn.data();
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t i = 0; i < d; ++i) x[t * dp + i] += m.residual_multiplier * s.o[t * d + i];
+      rms_norm(x + t * dp, B.post_norm, d, m.eps, xn + t * dp);
+    }
+    float* y = s.ffn.data();  // [T, d]
     if (B.dense) {
-      run_step(s.pool, *B.ffn, xn, 1, s.router_ids.data(), s.router_w.data(), nullptr, y, s.scratch.data());
+      run_step(s.pool, *B.ffn, xn, T, s.router_ids.data(), s.router_w.data(), nullptr, y, s.scratch.data());
     } else {
-      dm_layer_forward(s.pool, B.ffn, xn, 1, y, s.scratch.data(), s.router_logits.data(), s.router_ids.data(),
+      dm_layer_forward(s.pool, B.ffn, xn, T, y, s.scratch.data(), s.router_logits.data(), s.router_ids.data(),
                        s.router_w.data());
     }
-    for (int64_t i = 0; i < d; ++i) x[i] += m.residual_multiplier * y[i];
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < d; ++i) x[t * dp + i] += m.residual_multiplier * y[t * d + i];
   }
-  ++s.position;
+  s.position += T;
   if (!logits) return;
-  rms_norm(x, m.final_norm, d, m.eps, xn);
-  GemvJob head{m.dtype, 1, {rows_of(m.head, xn, logits)}};
+  float* last = xn + (T - 1) * dp;
+  rms_norm(x + (T - 1) * dp, m.final_norm, d, m.eps, last);
+  GemvJob head{m.dtype, 1, {rows_of(m.head, last, dp, logits, m.vocab, 1)}};
   gemv(s.pool, head, s.xsum);
   if (m.logits_scaling != 1.0f)
     for (int64_t i = 0; i < m.vocab; ++i) logits[i] /= m.logits_scaling;
@@ -474,26 +529,13 @@ void* dm_lm_create(const dm_lm* m, void* pool) {
     s->pool = static_cast<Pool*>(pool);
     s->kc.resize(static_cast<size_t>(m->layers));
     s->vc.resize(static_cast<size_t>(m->layers));
-    const int64_t qdp = round_up(m->heads * m->head_dim, kPad);
-    s->x.assign(static_cast<size_t>(m->dp), 0.0f);
-    s->xn.assign(static_cast<size_t>(m->dp), 0.0f);
-    s->q.assign(static_cast<size_t>(qdp), 0.0f);
-    s->k.assign(static_cast<size_t>(m->kv_heads * m->head_dim), 0.0f);
-    s->v.assign(static_cast<size_t>(m->kv_heads * m->head_dim), 0.0f);
-    s->attn.assign(static_cast<size_t>(qdp), 0.0f);  // the padding stays zero
-    s->o.assign(static_cast<size_t>(m->d), 0.0f);
-    s->ffn.assign(static_cast<size_t>(m->d), 0.0f);
-    int64_t experts = 1, top_k = 1;
     for (int64_t l = 0; l < m->layers; ++l) {
-      const dm_layer& L = *m->blocks[l].ffn;
-      if (m->blocks[l].dense) continue;
-      experts = std::max(experts, L.num_departments * L.experts_per_department);
-      top_k = std::max(top_k, L.top_k);
+      const dm_lm_block& B = m->blocks[l];
+      if (B.dense) continue;
+      s->experts = std::max(s->experts, B.ffn->num_departments * B.ffn->experts_per_department);
+      s->top_k = std::max(s->top_k, B.ffn->top_k);
     }
-    s->scratch.assign(static_cast<size_t>(step_slices(s->pool->size()) * m->dp), 0.0f);
-    s->router_logits.assign(static_cast<size_t>(experts), 0.0f);
-    s->router_ids.assign(static_cast<size_t>(top_k), 0);
-    s->router_w.assign(static_cast<size_t>(top_k), 0.0f);
+    reserve_tokens(*s, 1);
     return s;
   } catch (...) {
     return nullptr;
@@ -507,8 +549,8 @@ int64_t dm_lm_position(void* session) { return static_cast<LmSession*>(session)-
 // Forget the sequence (the cache's memory is kept for the next one).
 void dm_lm_reset(void* session) { static_cast<LmSession*>(session)->position = 0; }
 
-// Feed `tokens` ids at the session's position, one step each; logits [vocab] of the last
-// one (fp32). -2: the context would overflow; -3: an id outside the vocabulary; -4: out of
+// Feed `tokens` ids at the session's position, all through each block together; logits
+// [vocab] of the last one (fp32). -2: the context would overflow; -3: an id outside the vocabulary; -4: out of
 // memory. Nothing changes on an error.
 int dm_lm_forward(void* session, const int64_t* ids, int64_t tokens, float* logits) {
   auto& s = *static_cast<LmSession*>(session);
@@ -518,10 +560,11 @@ int dm_lm_forward(void* session, const int64_t* ids, int64_t tokens, float* logi
     if (ids[t] < 0 || ids[t] >= s.m.vocab) return -3;
   try {
     reserve(s, s.position + tokens);
+    reserve_tokens(s, tokens);
   } catch (...) {
     return -4;
   }
-  for (int64_t t = 0; t < tokens; ++t) lm_token(s, ids[t], t + 1 == tokens ? logits : nullptr);
+  lm_tokens(s, ids, tokens, logits);
   return 0;
 }
 

@@ -88,8 +88,10 @@ def test_native_logits_match_the_reference_at_every_position(variant):
     errors = [relative_error(decoder.prefill(ids[:1]), want[0])]
     errors += [relative_error(decoder.step(token), want[t]) for t, token in enumerate(ids[1:], start=1)]
     assert max(errors) <= 1e-5, (variant, errors)
-    # A 16-token prefill ends where 16 one-token steps end.
+    # A 16-token prefill (each projection streamed once for all 16) ends where 16 steps end,
+    # and decoding goes on from its cache.
     assert relative_error(decoder.prefill(ids[:16]), want[15]) <= 1e-5
+    assert relative_error(decoder.step(ids[16]), want[16]) <= 1e-5
 
 
 @pytest.mark.parametrize("variant", ["gqa", "sliding_window_and_sinks", "dense_block"])
