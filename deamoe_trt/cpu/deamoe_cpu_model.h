@@ -2,7 +2,7 @@
 // Included at the end of deamoe_cpu.cpp (one translation unit: it runs the MoE step, the
 // thread pool and the vector helpers defined there).
 //
-// A step is: embedding row -> per block [RMSNorm -> q/k/v projections (+ biases, q/k norms,
+// A step (one token, or a prompt's tokens together) is: embedding row -> per block [RMSNorm -> q/k/v projections (+ biases, q/k norms,
 // clipping) -> rotary -> attention over the block's KV cache (grouped-query heads, sliding
 // window, sinks) -> output projection -> residual -> RMSNorm -> FFN (the DeaMoE layer step of
 // deamoe_cpu.cpp; a dense SwiGLU MLP as a layer with one always-on part) -> residual] ->
