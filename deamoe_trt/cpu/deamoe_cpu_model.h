@@ -2,17 +2,19 @@
 // Included at the end of deamoe_cpu.cpp (one translation unit: it runs the MoE step, the
 // thread pool and the vector helpers defined there).
 //
-// A step (one token, or a prompt's tokens together) is: embedding row -> per block [RMSNorm -> q/k/v projections (+ biases, q/k norms,
-// clipping) -> rotary -> attention over the block's KV cache (grouped-query heads, sliding
-// window, sinks) -> output projection -> residual -> RMSNorm -> FFN (the DeaMoE layer step of
-// deamoe_cpu.cpp; a dense SwiGLU MLP as a layer with one always-on part) -> residual] ->
-// RMSNorm -> head. Everything stays in native code between the embedding and the logits, and
-// the same pool of threads runs every matrix of every block.
+// A step (one token, or a prompt's tokens together) is: embedding row -> per block
+// [RMSNorm -> q/k/v projections (+ biases, q/k norms, clipping) -> rotary -> attention over
+// the block's KV cache (grouped-query heads, sliding window, sinks) -> output projection ->
+// residual -> RMSNorm -> FFN (the DeaMoE layer step of deamoe_cpu.cpp; a dense SwiGLU MLP
+// as a layer with one always-on part) -> residual] -> RMSNorm -> head. Everything stays in
+// native code between the embedding and the logits, and the same pool of threads runs every
+// matrix of every block.
 //
 // Projections are matrix-vector products over row-major weights (fp32 or fp16, rows padded
-// to kPad): each thread streams one contiguous range of rows, four rows at a time (one load
-// of x per four weight vectors), so every weight is read once per step. Activations, norms,
-// rotary, attention and the KV cache are fp32.
+// to kPad; or int8/int4 codes, see q_quad_bytes), cut into slices of contiguous rows that
+// the threads claim, four rows at a time (one load of x per four weight vectors), so every
+// weight is read once per step. Activations, norms, rotary, attention and the KV cache are
+// fp32.
 //
 // The KV cache is the session's: [position][kv head][head_dim] per block, keys rotated. A
 // block attending to every key keeps every position (grown by doubling up to the context);
