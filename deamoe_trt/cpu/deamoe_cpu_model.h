@@ -60,7 +60,9 @@ struct LinearRows {
   const float* x;
   float* y;
   int64_t tokens, x_stride, y_stride;
-  const float* xsum;  // int4: [tokens, cols / group_size] sums of x per group
+  const float* xsum;       // int4: [tokens, cols / group_size] sums of x per group
+  const float* x_shifted;  // int4 kSubnormal: x * 2^kSubnormalXShift, [tokens, x_stride]
+  int int4_mode;
 };
 
 // y[t, r] = w[r] . x[t] (+ bias[r]) for rows [r0, r1). Tokens take turns on each quad: its
@@ -99,15 +101,17 @@ void gemv_rows(const LinearRows& J, int64_t r0, int64_t r1) {
     }
 }
 
-// Quads [q0, q1) of a quantized projection.
-template <int BITS>
+// Quads [q0, q1) of a quantized projection. int4 takes the kernel's two ways of turning a
+// masked code into a float (Int4Mode): kConvert, or kSubnormal (the masked bits read as the
+// subnormal q * 2^(4r-149), against x * 2^64; the scales then carry 2^85 more).
+template <int BITS, int MODE = kConvert>
 void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
   const int64_t cols = J.L.cols_p, gs = J.L.group_size, rows = J.L.rows;
   const int64_t quad_bytes = q_quad_bytes(BITS, cols, gs);
   for (int64_t quad = q0; quad < q1; ++quad)
     for (int64_t t = 0; t < J.tokens; ++t) {
       const uint8_t* p = static_cast<const uint8_t*>(J.L.w) + quad * quad_bytes;
-      const float* xt = J.x + t * J.x_stride;
+      const float* xt = (MODE == kSubnormal ? J.x_shifted : J.x) + t * J.x_stride;
       const float* xsum = BITS == 4 ? J.xsum + t * (cols / gs) : nullptr;
       float* y = J.y + t * J.y_stride;
       V total[kQuad] = {vzero(), vzero(), vzero(), vzero()};
@@ -123,7 +127,10 @@ void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
             const VI lanes = load_u16(p);
             p += 2 * W;
 #pragma GCC unroll 4
-            for (int r = 0; r < kQuad; ++r) acc[r] = vfma(to_float(iand(lanes, 0xFu << (4 * r))), x, acc[r]);
+            for (int r = 0; r < kQuad; ++r) {
+              const VI bits = iand(lanes, 0xFu << (4 * r));
+              acc[r] = vfma(MODE == kSubnormal ? as_float(bits) : to_float(bits), x, acc[r]);
+            }
           } else {
 #pragma GCC unroll 4
             for (int r = 0; r < kQuad; ++r) acc[r] = vfma(to_float(load_s8(p + r * W)), x, acc[r]);
@@ -131,7 +138,8 @@ void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
           }
         }
         for (int r = 0; r < kQuad; ++r) {
-          total[r] = vfma(acc[r], vset1(BITS == 4 ? scale[r] * kQuadRowFactor[r] : scale[r]), total[r]);
+          const float factor = BITS == 4 ? kQuadRowFactor[r] * kInt4GateUpUnit[MODE] : 1.0f;
+          total[r] = vfma(acc[r], vset1(scale[r] * factor), total[r]);
           if constexpr (BITS == 4) zero[r] += scale[r] * xsum[g];
         }
       }
@@ -166,7 +174,9 @@ void gemv_job(void* ctx, int tid, int nthreads) {
     const int64_t q0 = std::max<int64_t>(b - offset, 0), q1 = std::min<int64_t>(e - offset, quads);
     offset += quads;
     if (q0 >= q1) continue;
-    if (J.L.bits == 4)
+    if (J.L.bits == 4 && J.int4_mode == kSubnormal)
+      gemv_quads_q<4, kSubnormal>(J, q0, q1);
+    else if (J.L.bits == 4)
       gemv_quads_q<4>(J, q0, q1);
     else if (J.L.bits == 8)
       gemv_quads_q<8>(J, q0, q1);
@@ -177,23 +187,58 @@ void gemv_job(void* ctx, int tid, int nthreads) {
   }
 }
 
-// xsum: room for the int4 projections' group sums of their input (shared by the projections
-// of one job, which read the same x).
-void gemv(Pool* pool, GemvJob& job, std::vector<float>& xsum) {
+// What int4 projections need of their input besides x, per token: its sums per group and,
+// in kSubnormal mode, x * 2^kSubnormalXShift.
+struct Int4Inputs {
+  std::vector<float> xsum, x_shifted;
+};
+
+void gemv(Pool* pool, GemvJob& job, Int4Inputs& in) {
+  int64_t sums = 0, shifted = 0;
+  for (int m = 0; m < job.count; ++m)
+    if (job.mats[m].L.bits == 4) {
+      sums += job.mats[m].tokens * (job.mats[m].L.cols_p / job.mats[m].L.group_size);
+      shifted += job.mats[m].tokens * job.mats[m].x_stride;
+    }
+  if (static_cast<int64_t>(in.xsum.size()) < sums) in.xsum.resize(static_cast<size_t>(sums));
+  if (static_cast<int64_t>(in.x_shifted.size()) < shifted) in.x_shifted.resize(static_cast<size_t>(shifted));
+  const int mode = g_int4_mode.load(std::memory_order_relaxed);
+  int64_t sum_at = 0, shifted_at = 0;
   for (int m = 0; m < job.count; ++m) {
     LinearRows& J = job.mats[m];
     if (J.L.bits != 4) continue;
-    const int64_t gs = J.L.group_size, groups = J.L.cols_p / gs;
-    if (static_cast<int64_t>(xsum.size()) < J.tokens * groups) xsum.resize(static_cast<size_t>(J.tokens * groups));
-    if (m == 0 || job.mats[m - 1].L.bits != 4 || job.mats[m - 1].L.group_size != gs || job.mats[m - 1].x != J.x) {
-      for (int64_t t = 0; t < J.tokens; ++t)
-        for (int64_t g = 0; g < groups; ++g) {
-          float sum = 0.0f;
-          for (int64_t c = 0; c < gs; ++c) sum += J.x[t * J.x_stride + g * gs + c];
-          xsum[t * groups + g] = sum;
-        }
+    const int64_t gs = J.L.group_size, groups = J.L.cols_p / gs, n = J.tokens * J.x_stride;
+    const LinearRows* prev = m > 0 && job.mats[m - 1].L.bits == 4 ? &job.mats[m - 1] : nullptr;
+    if (prev && prev->x == J.x && prev->L.group_size == gs && prev->L.cols_p == J.L.cols_p &&
+        prev->tokens == J.tokens && prev->x_stride == J.x_stride) {  // q, k and v: the same input
+      J.xsum = prev->xsum;
+      J.x_shifted = prev->x_shifted;
+      J.int4_mode = prev->int4_mode;
+      continue;
     }
-    J.xsum = xsum.data();
+    float* xsum = in.xsum.data() + sum_at;
+    for (int64_t t = 0; t < J.tokens; ++t)
+      for (int64_t g = 0; g < groups; ++g) {
+        float sum = 0.0f;
+        for (int64_t c = 0; c < gs; ++c) sum += J.x[t * J.x_stride + g * gs + c];
+        xsum[t * groups + g] = sum;
+      }
+    J.xsum = xsum;
+    J.int4_mode = mode;
+    if (mode == kSubnormal) {
+      // As the MoE step: x * 2^64 would overflow from |x| = 2^64 on; such inputs convert.
+      float* xs = in.x_shifted.data() + shifted_at;
+      const float shift = std::ldexp(1.0f, kSubnormalXShift);
+      float largest = 0.0f;
+      for (int64_t i = 0; i < n; ++i) {
+        xs[i] = J.x[i] * shift;
+        largest = std::max(largest, std::fabs(J.x[i]));
+      }
+      if (!(largest < 0x1p60f)) J.int4_mode = kConvert;
+      J.x_shifted = xs;
+    }
+    sum_at += J.tokens * groups;
+    shifted_at += n;
   }
   if (pool->size() == 1)
     gemv_job(&job, 0, 1);
@@ -260,7 +305,8 @@ struct LmSession {
   int64_t capacity = 0;                // positions the full blocks' caches hold now
   std::vector<std::vector<float>> kc;  // per block: [slots, kv_heads, hd]
   std::vector<std::vector<float>> vc;
-  std::vector<float> x, xn, q, k, v, attn, o, ffn, scores, scratch, router_logits, router_w, xsum;
+  std::vector<float> x, xn, q, k, v, attn, o, ffn, scores, scratch, router_logits, router_w;
+  Int4Inputs int4;
   std::vector<int64_t> router_ids;
   int64_t experts = 1, top_k = 1;  // the largest router of the model's DeaMoE blocks
 };
@@ -347,7 +393,7 @@ void embed_row(const dm_lm& m, int64_t id, float* x) {
 
 LinearRows rows_of(const dm_lm_linear& L, const float* x, int64_t x_stride, float* y, int64_t y_stride,
                    int64_t tokens) {
-  return LinearRows{L, x, y, tokens, x_stride, y_stride, nullptr};
+  return LinearRows{L, x, y, tokens, x_stride, y_stride, nullptr, nullptr, kConvert};
 }
 
 // Room for T tokens in the session's activations.
@@ -392,7 +438,7 @@ void lm_tokens(LmSession& s, const int64_t* ids, int64_t T, float* logits) {
                 3,
                 {rows_of(B.q, xn, dp, s.q.data(), qdp, T), rows_of(B.k, xn, dp, s.k.data(), kvd, T),
                  rows_of(B.v, xn, dp, s.v.data(), kvd, T)}};
-    gemv(s.pool, qkv, s.xsum);
+    gemv(s.pool, qkv, s.int4);
     for (int64_t t = 0; t < T; ++t) {
       const int64_t p = p0 + t;
       float *q = s.q.data() + t * qdp, *k = s.k.data() + t * kvd, *v = s.v.data() + t * kvd;
@@ -426,7 +472,7 @@ void lm_tokens(LmSession& s, const int64_t* ids, int64_t T, float* logits) {
         s.pool->run_slices(attention_job, &aj, step_slices(s.pool->size()));
     }
     GemvJob out{m.dtype, 1, {rows_of(B.o, s.attn.data(), qdp, s.o.data(), d, T)}};
-    gemv(s.pool, out, s.xsum);
+    gemv(s.pool, out, s.int4);
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t i = 0; i < d; ++i) x[t * dp + i] += m.residual_multiplier * s.o[t * d + i];
       rms_norm(x + t * dp, B.post_norm, d, m.eps, xn + t * dp);
@@ -446,7 +492,7 @@ void lm_tokens(LmSession& s, const int64_t* ids, int64_t T, float* logits) {
   float* last = xn + (T - 1) * dp;
   rms_norm(x + (T - 1) * dp, m.final_norm, d, m.eps, last);
   GemvJob head{m.dtype, 1, {rows_of(m.head, last, dp, logits, m.vocab, 1)}};
-  gemv(s.pool, head, s.xsum);
+  gemv(s.pool, head, s.int4);
   if (m.logits_scaling != 1.0f)
     for (int64_t i = 0; i < m.vocab; ++i) logits[i] /= m.logits_scaling;
 }

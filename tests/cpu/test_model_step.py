@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from configs import MICRO_LM, QUANTIZABLE_MICRO_LM
+from deamoe_trt.cpu import INT4_MODES, int4_mode
 from deamoe_trt.cpu.model_step import NativeDecoder, NativeModel, unsupported
 from deamoe_trt.errors import MissingDependencyError, UsageError
 from deamoe_trt.lm import DeaMoELM, LMConfig
@@ -134,8 +135,17 @@ def test_a_bf16_model_runs_its_attention_exactly_and_its_ffns_in_fp16():
     assert max(relative_error(g, w) for g, w in zip(got, want, strict=True)) <= 1e-5
 
 
+@pytest.fixture(params=INT4_MODES)
+def int4_in(request):
+    """Each of the kernel's ways of turning int4 codes into floats, the process's own restored after."""
+    before = int4_mode()
+    int4_mode(request.param)
+    yield request.param
+    int4_mode(before)
+
+
 @pytest.mark.parametrize("bits", [4, 8])
-def test_quantized_projections_run_as_the_dequantized_reference(bits):
+def test_quantized_projections_run_as_the_dequantized_reference(bits, int4_in):
     float_model = random_model(QUANTIZED, seed=5)
     model = float_model.quantized(QuantConfig(bits, 16), linears=("attention", "dense", "head")).eval()
     ids = ids_of(10, model.config.vocab_size)
