@@ -175,14 +175,28 @@ def _ffn_bytes(moe) -> int:
     return sum(t.numel() * 2 for t in layer.state_dict().values())
 
 
-def _other_bytes(config, bytes_per_weight: int) -> int:
-    """Weights a step reads outside the DeaMoE FFNs (per token): attention, norms, head, an embedding row."""
+def _other_bytes(config, bytes_per_weight: int) -> float:
+    """Bytes a step reads outside the DeaMoE FFNs (per token): attention, norms, head, an
+    embedding row; the projections of config.quantized_linears as stored (codes and fp16 scales)."""
     from ..lm.model import Block
 
-    d = config.hidden_size
+    d, b, q = config.hidden_size, bytes_per_weight, config.quantization
+
+    def matrix(weights: int, quantized: bool) -> float:
+        if not quantized:
+            return weights * b
+        assert q is not None  # LMConfig checks
+        return weights * q.bits / 8 + weights / q.group_size * BYTES_PER_WEIGHT[torch.float16]
+
     block = Block(config, 0, device="meta")  # attention and norms: every weight outside the FFN
-    attention = sum(p.numel() for name, p in block.named_parameters() if not name.startswith("mlp."))
-    return (config.num_layers * attention + d + config.vocab_size * d + d) * bytes_per_weight
+    quantized = "attention" in config.quantized_linears
+    attention = sum(
+        matrix(p.numel(), quantized and p.dim() == 2)
+        for name, p in block.named_parameters()
+        if not name.startswith("mlp.")
+    )
+    head = matrix(config.vocab_size * d, "head" in config.quantized_linears)
+    return config.num_layers * attention + (d + d) * b + head
 
 
 def run_lm_bench(
@@ -198,6 +212,7 @@ def run_lm_bench(
     progress=print,
     max_memory: float = 8 * 2**30,
     quant: QuantConfig | None = None,
+    linears: tuple[str, ...] = (),
     attention: str = "gqa",
     llama_bench: Path | None = None,
     llama_tokens: int = 64,
@@ -206,13 +221,19 @@ def run_lm_bench(
     progress = progress or (lambda *_: None)
     from ..lm.model import DeaMoELM
 
-    config = bench_config(layers, departments, attention=attention).replace(quantization=quant)
+    if linears and (quant is None or "ort" in runtimes):
+        raise UsageError(
+            "--linears needs --quantized, and runtimes without ort (its export takes no quantized projections)"
+        )
+    config = bench_config(layers, departments, attention=attention).replace(
+        quantization=quant, quantized_linears=tuple(linears)
+    )
     tools = None
     if llama_bench is not None:
         from ..export.gguf import check_writable_as_gguf
 
         tools = llama_cpp.LlamaTools.beside(llama_bench)
-        check_writable_as_gguf(config.replace(quantization=None).vanilla())
+        check_writable_as_gguf(config.replace(quantization=None, quantized_linears=()).vanilla())
     if "cpu-native" in runtimes:
         from ..cpu.model_step import unsupported
 
@@ -234,14 +255,14 @@ def run_lm_bench(
     torch.manual_seed(seed)
     # DeaMoELM.random of a quantized config is this float model quantized; llama.cpp gets
     # the float model's vanilla twin, which its own tool quantizes.
-    base = DeaMoELM.random(config.replace(quantization=None), seed=seed, dtype=torch.float16)
+    base = DeaMoELM.random(config.replace(quantization=None, quantized_linears=()), seed=seed, dtype=torch.float16)
     with contextlib.ExitStack() as stack:
         llama = None
         if tools is not None:
             folder = gguf_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-lm-gguf-")))
             llama = _LlamaContenders(tools, base, folder, threads, progress)
         if quant is not None:
-            base = base.quantized(quant)
+            base = base.quantized(quant, linears=config.quantized_linears)
         result = _run_contenders(
             base, config, runtimes, twins, steps, prompt, threads, seed, progress, llama, llama_tokens
         )
@@ -293,7 +314,9 @@ def _run_contenders(base, config, runtimes, twins, steps, prompt, threads, seed,
         if r["runtime"] != LLAMA:
             ffn = r["ffn_bytes_per_token"] = r["ffn_bytes_per_token"] or by_twin.get(r["twin"])
             if ffn:
-                r["bytes_per_token"] = ffn + _other_bytes(config, 4 if r["runtime"] == "cpu" else b)
+                # cpu runs quantized projections dequantized, in float32
+                other = _other_bytes(config.replace(quantized_linears=()), 4) if r["runtime"] == "cpu" else None
+                r["bytes_per_token"] = ffn + (other or _other_bytes(config, b))
             r["perplexity"] = quality.get(r["twin"])
         if r["bytes_per_token"]:
             r["roof_ms"] = r["bytes_per_token"] / roof * 1e3
@@ -493,7 +516,8 @@ def _ppl(value: float | None) -> str:
 def _weights(config) -> str:
     """fp16, or how the FFN weights are quantized beside it."""
     q = config.quantization
-    return "fp16" if q is None else f"fp16, FFNs int{q.bits} group {q.group_size}"
+    parts = "".join(f", {p}" for p in config.quantized_linears)
+    return "fp16" if q is None else f"fp16, FFNs{parts} int{q.bits} group {q.group_size}"
 
 
 def write_plot(result: dict, path: Path) -> Path:

@@ -49,6 +49,12 @@ def register(subparsers) -> None:
         "--group-size", type=int, choices=GROUP_SIZES, default=64, help="with --quantized: columns per scale (def. 64)"
     )
     parser.add_argument(
+        "--linears",
+        default="",
+        metavar="PARTS",
+        help="with --quantized: these projections too, comma-separated: attention, head (CPU runtimes only)",
+    )
+    parser.add_argument(
         "--attention",
         choices=("gqa", "mla"),
         default="gqa",
@@ -88,6 +94,7 @@ def run(args) -> int:
         runtimes=runtimes,
         max_memory=args.max_memory_gb * 2**30,
         quant=QuantConfig(args.quantized, args.group_size) if args.quantized else None,
+        linears=tuple(p.strip() for p in args.linears.split(",") if p.strip()),
         attention=args.attention,
         llama_bench=args.llama_bench,
         llama_tokens=args.llama_tokens,

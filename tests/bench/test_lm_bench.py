@@ -83,3 +83,21 @@ def test_the_native_step_refuses_mla_before_building_anything():
 
     with pytest.raises(UsageError, match="multi-head latent attention"):
         run_lm_bench(layers=1, departments=2, steps=1, runtimes=("cpu-native",), attention="mla", progress=None)
+
+
+def test_quantized_projections_count_their_codes_and_fp16_scales():
+    from deamoe_trt.bench.lm_bench import _other_bytes
+    from deamoe_trt.quant import QuantConfig
+
+    config = bench_config(layers=1).replace(quantization=QuantConfig(4, 64), quantized_linears=("attention", "head"))
+    d, v = 2048, config.vocab_size
+    per_weight = 4 / 8 + 2 / 64  # a code, and an fp16 scale per 64
+    projections = (32 * 128 * 2 + 4 * 128 * 2) * d
+    norms = 2 * 128 + 2 * d
+    assert _other_bytes(config, 2) == projections * per_weight + norms * 2 + 2 * d * 2 + v * d * per_weight
+
+
+def test_quantized_projections_are_refused_on_onnx_runtime(capsys):
+    args = ["bench-lm", "--quantized", "4", "--linears", "attention", "--runtimes", "cpu,ort"]
+    assert main(args) == 2
+    assert "--linears needs --quantized, and runtimes without ort" in capsys.readouterr().err
