@@ -355,14 +355,30 @@ void attention_heads(LmSession& s, int64_t layer, int64_t p, const float* query,
       const int64_t slot = ring ? j % ring : j;
       const float* kj = kc + (slot * kvh + g) * hd;
       float dot = 0.0f;
-      for (int64_t i = 0; i < hd; ++i) dot += q[i] * kj[i];
+      if (hd % W == 0) {
+        V acc = vzero();
+        for (int64_t i = 0; i < hd; i += W) acc = vfma(vload(q + i), vload(kj + i), acc);
+        dot = vsum(acc);
+      } else {
+        for (int64_t i = 0; i < hd; ++i) dot += q[i] * kj[i];
+      }
       sc[j - first] = dot * m.attention_scale;
       top = std::max(top, sc[j - first]);
     }
     const float sink = B.sinks ? B.sinks[h] : -INFINITY;
     top = std::max(top, sink);
     float total = B.sinks ? std::exp(sink - top) : 0.0f;
-    for (int64_t j = 0; j <= p - first; ++j) {
+    // exp(s - top) by the kernel's vector exp (within 2 ulp), the tail by the C library's.
+    const int64_t keys = p - first + 1;
+    int64_t j = 0;
+    V sum = vzero();
+    for (; j + W <= keys; j += W) {
+      const V e = vexp_neg(vsub(vset1(top), vload(sc + j)));
+      vstore(sc + j, e);
+      sum = vadd(sum, e);
+    }
+    total += vsum(sum);
+    for (; j < keys; ++j) {
       sc[j] = std::exp(sc[j] - top);
       total += sc[j];
     }
@@ -373,7 +389,11 @@ void attention_heads(LmSession& s, int64_t layer, int64_t p, const float* query,
       const int64_t slot = ring ? j % ring : j;
       const float* vj = vc + (slot * kvh + g) * hd;
       const float pj = sc[j - first] * inv;
-      for (int64_t i = 0; i < hd; ++i) out[i] += pj * vj[i];
+      if (hd % W == 0) {
+        for (int64_t i = 0; i < hd; i += W) vstore(out + i, vfma(vset1(pj), vload(vj + i), vload(out + i)));
+      } else {
+        for (int64_t i = 0; i < hd; ++i) out[i] += pj * vj[i];
+      }
     }
   }
 }
