@@ -216,3 +216,16 @@ def test_mla_models_are_refused_with_the_reason():
     assert reason is not None and "multi-head latent attention" in reason
     with pytest.raises(UsageError, match="multi-head latent attention"):
         NativeModel(DeaMoELM.random(mla, seed=1))
+
+
+def test_attention_split_over_threads_matches_the_reference_at_long_contexts():
+    # 8 heads of 128: from 64 keys on, a step's heads are split over the pool's threads.
+    config = BASE.replace(num_heads=8, num_key_value_heads=2, head_dim=128, num_layers=3, sliding_window=70)
+    config = config.replace(sliding_window_layers=(1,), attention_sinks=True)
+    model = random_model(config, seed=11)
+    ids = ids_of(90, config.vocab_size)
+    want = reference_logits(model, ids)
+    decoder = NativeDecoder(model, threads=2)
+    decoder.prefill(ids[:60])
+    errors = [relative_error(decoder.step(token), want[t]) for t, token in enumerate(ids[60:], start=60)]
+    assert max(errors) <= 1e-5
