@@ -1,7 +1,7 @@
 """Every copy of the plugin contract agrees with deamoe_trt/contract.py, C++ included.
 
 The C++ files are read as text (no compiler, no TensorRT), so this runs everywhere; the
-compiled checks of the same code are tests/trt/test_plugin_cpp.py (needs TensorRT headers).
+compiled checks of the same code are tests/plugins/deamoe/test_plugin_cpp.py (needs TensorRT headers).
 Each test names the file and the construct it reads, so a drift fails with where to look.
 """
 

@@ -87,7 +87,7 @@ message(STATUS "DeaMoE plugin: TensorRT ${DEAMOE_TENSORRT_VERSION} (${TENSORRT_I
                "libnvinfer: ${TENSORRT_NVINFER_LIBRARY}, kernels: ${DEAMOE_KERNELS_TARGET}")
 
 set(_deamoe_plugin_dir "${CMAKE_CURRENT_LIST_DIR}")
-# The plugin's sources (tests/trt/test_plugin_cpp.py compiles the same .cpp files).
+# The plugin's sources (tests/plugins/deamoe/test_plugin_cpp.py compiles the same .cpp files).
 set(_deamoe_plugin_sources
   "${_deamoe_plugin_dir}/deamoePlugin.cpp" "${_deamoe_plugin_dir}/deamoePlugin.h"
   "${_deamoe_plugin_dir}/deamoePluginFields.cpp" "${_deamoe_plugin_dir}/deamoePluginFields.h"
