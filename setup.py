@@ -1,8 +1,9 @@
 """Everything is in pyproject.toml except this: a wheel carries the CUDA kernel sources.
 
-deamoe_trt.cuda builds libdeamoe_kernels.so on first use from plugins/; an installed (non-
-editable) package has no repository around it, so build_py copies the kernel sources into
-deamoe_trt/cuda/_src/ (laid out like plugins/). Editable installs read plugins/ in place."""
+deamoe_trt.cuda builds libdeamoe_kernels.so on first use from native/cuda/; an installed
+(non-editable) package has no repository around it, so build_py copies the kernel sources
+into deamoe_trt/cuda/_src/ (laid out like native/cuda/). Editable installs read native/cuda/
+in place."""
 
 import runpy
 import shutil
@@ -20,13 +21,13 @@ class BuildPyWithKernels(build_py):
         super().run()
         if getattr(self, "editable_mode", False):
             return
-        plugins = ROOT / "plugins"
-        files = SOURCES["kernel_sources"](plugins)
-        if not files:  # an sdist without plugins/ would otherwise make a wheel that cannot build
-            raise RuntimeError(f"no CUDA kernel sources under {plugins}")
+        kernels = ROOT / "native" / "cuda"
+        files = SOURCES["kernel_sources"](kernels)
+        if not files:  # an sdist without native/cuda/ would otherwise make a wheel that cannot build
+            raise RuntimeError(f"no CUDA kernel sources under {kernels}")
         target = Path(self.build_lib) / "deamoe_trt" / "cuda" / SOURCES["PACKAGED_DIR"]
         for file in files:
-            destination = target / file.relative_to(plugins)
+            destination = target / file.relative_to(kernels)
             destination.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(file, destination)
 

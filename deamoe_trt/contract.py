@@ -5,11 +5,12 @@ them by tests/test_contract.py (no TensorRT needed):
 - generated: export/plugin_node.py (attribute types, input presence), trt/qdp.py (the
   QDP's tables and input dtypes), cuda/_abi.py (LayerParams, LayerWeights, enum codes) and
   the tables of plugins/deamoe/README.md (`python -m deamoe_trt.contract --write-readme`);
-- checked textually: deamoePlugin.h/.cpp and deamoePluginFields.h/.cpp (identity, field
-  table, parsing, serialisation, input roles, presence, shapes, weight pointers, a
-  quantized node's codes type, packing and allowed bits/group sizes),
-  deamoeKernels.h (enums, LayerParams, LayerWeights, the C ABI), deamoeRouting.cuh/deamoePlan.cuh against the host-test
-  bindings, tests/trt/plugin_harness.cpp, and the QDP's hand-written signatures.
+- checked textually: plugins/deamoe/'s deamoePlugin.h/.cpp and deamoePluginFields.h/.cpp
+  (identity, field table, parsing, serialisation, input roles, presence, shapes, weight
+  pointers, a quantized node's codes type, packing and allowed bits/group sizes),
+  native/cuda/'s deamoeKernels.h (enums, LayerParams, LayerWeights, the C ABI) and
+  deamoeRouting.cuh/deamoePlan.cuh against the host-test bindings,
+  tests/plugins/deamoe/plugin_harness.cpp, and the QDP's hand-written signatures.
 
 A quantized node (docs/quantization.md) is the same node with two more attributes, whose
 values come from the checkpoint's QuantConfig (Attribute.source), its FFN weight inputs

@@ -24,7 +24,7 @@ class Dtype:
     numpy: type  # storage type: float32, float16, or uint16 for bf16's bit pattern
     onnx: int  # onnx.TensorProto element type (checked against onnx in tests/test_dtypes.py)
     trt: str  # tensorrt.DataType member name
-    kernel: int  # deamoe::DataType (plugins/deamoe/deamoeKernels.h)
+    kernel: int  # deamoe::DataType (native/cuda/deamoeKernels.h)
     bytes: int
 
 

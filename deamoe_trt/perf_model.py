@@ -1,4 +1,4 @@
-"""A static performance model of the CUDA forward (plugins/deamoe/KERNELS.md, "Performance model").
+"""A static performance model of the CUDA forward (native/cuda/KERNELS.md, "Performance model").
 
     python -m deamoe_trt.perf_model [--markdown] [--ptxas-log build/kernels/build_kernels.log]
 
@@ -28,7 +28,7 @@ from .presets import PRESETS
 from .quant import QuantConfig
 from .traffic import ffn_bytes
 
-# The kernels' launch geometry (plugins/deamoe/deamoeInternal.h).
+# The kernels' launch geometry (native/cuda/deamoeInternal.h).
 THREADS = 128
 WARPS = THREADS // 32
 DOWN_ROWS_PER_BLOCK = 8
@@ -71,7 +71,7 @@ ROUTING_FIXED_S = 2.0e-6
 ROUTING_PER_ROUND_S = 0.3e-6
 
 # Registers per arch, kernel and token tile: ptxas's report for bf16 (nvcc 13.0, this
-# source, plugins/build_kernels.sh); --ptxas-log reads them from another build's log.
+# source, native/cuda/build_kernels.sh); --ptxas-log reads them from another build's log.
 DEFAULT_REGISTERS = {
     86: {
         "routerSharedKernel": {1: 78, 2: 72, 4: 94, 8: 104, 16: 120},

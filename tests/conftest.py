@@ -1,10 +1,10 @@
 """Shared fixtures: the micro language model (micro_config, micro_model, micro_checkpoint), and for
-the DeaMoE kernel tests (tests/plugins, tests/checks) host builds of the kernel sources, made once
-per session.
+the DeaMoE kernel tests (tests/native/cuda, tests/checks) host builds of the kernel sources, made
+once per session.
 
-- host_lib: tests/plugins/deamoe/deamoeHostTest.cpp (the device routing + plan logic compiled
+- host_lib: tests/native/cuda/deamoeHostTest.cpp (the device routing + plan logic compiled
   for the CPU) as a shared library; needs a C++17 compiler.
-- emulated_lib: the whole kernel library (plugins/deamoe/*.cu) compiled for the CPU under
+- emulated_lib: the whole kernel library (native/cuda/*.cu) compiled for the CPU under
   the SIMT emulator (deamoe_trt/cuda/simt_emulator/simt_emulator.h), exporting the real C ABI;
   needs a C++20 compiler and the CUDA headers (no GPU).
 Each skips with the reason when its tools are missing.
@@ -29,7 +29,7 @@ from deamoe_trt.checks.emulated import (
 from deamoe_trt.lm import DeaMoELM
 
 # Test-only C entry points of the kernels' routing and plan code.
-HOST_TEST_SOURCE = Path(__file__).resolve().parent / "plugins" / "deamoe" / "deamoeHostTest.cpp"
+HOST_TEST_SOURCE = Path(__file__).resolve().parent / "native" / "cuda" / "deamoeHostTest.cpp"
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Every copy of the plugin contract agrees with deamoe_trt/contract.py, C++ included.
 
 The C++ files are read as text (no compiler, no TensorRT), so this runs everywhere; the
-compiled checks of the same code are tests/trt/test_plugin_cpp.py (needs TensorRT headers).
+compiled checks of the same code are tests/plugins/deamoe/test_plugin_cpp.py (needs TensorRT headers).
 Each test names the file and the construct it reads, so a drift fails with where to look.
 """
 
@@ -24,8 +24,9 @@ from deamoe_trt.trt import qdp
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "plugins" / "deamoe"
-HOST_BINDINGS = ROOT / "tests" / "plugins" / "deamoe" / "host_bindings.py"
-HARNESS = ROOT / "tests" / "trt" / "plugin_harness.cpp"
+KERNELS = ROOT / "native" / "cuda"
+HOST_BINDINGS = ROOT / "tests" / "native" / "cuda" / "host_bindings.py"
+HARNESS = ROOT / "tests" / "plugins" / "deamoe" / "plugin_harness.cpp"
 
 ATTRIBUTES = {a.name: a for a in contract.ATTRIBUTES}
 SYMBOL_OF_PARAM = {a.param: a.symbol for a in contract.ATTRIBUTES if a.symbol}
@@ -226,7 +227,7 @@ def test_readme_tables_are_the_contract():
 
 
 def test_kernel_enums():
-    text = source(PLUGIN / "deamoeKernels.h")
+    text = source(KERNELS / "deamoeKernels.h")
     for attribute, type_name in contract.ENUM_TYPES.items():
         want = {"k" + value.upper(): code for code, value in enumerate(contract.ENUMS[attribute])}
         assert enum_values(text, type_name, "deamoeKernels.h") == want, f"deamoeKernels.h enum {type_name}"
@@ -239,7 +240,7 @@ def test_kernel_enums():
 
 
 def test_kernel_structs():
-    text = source(PLUGIN / "deamoeKernels.h")
+    text = source(KERNELS / "deamoeKernels.h")
     want = [(contract.ENUM_TYPES[a.name] if a.kind == "str" else C_TYPES[a.kind], a.param) for a in contract.ATTRIBUTES]
     want += [("int32_t", name) for name in contract.DTYPE_PARAMS]  # after the attributes' members
     assert struct_members(text, "LayerParams", "deamoeKernels.h") == want, "deamoeKernels.h struct LayerParams"
@@ -264,7 +265,7 @@ def _ctype_of(c_type: str):
 
 
 def test_c_abi_prototypes():
-    text = source(PLUGIN / "deamoeKernels.h")
+    text = source(KERNELS / "deamoeKernels.h")
     body = block(text, 'extern "C"', "deamoeKernels.h")
     declared = {}
     for m in re.finditer(r"([\w:]+(?:\s+const)?\s*\**)\s*(deamoe_\w+)\(([^)]*)\);", body):
@@ -278,14 +279,14 @@ def test_c_abi_prototypes():
 
 
 def test_host_test_structs_match_bindings():
-    # tests/plugins/deamoe/host_bindings.py mirrors the host-compiled routing and plan configs.
-    from plugins.deamoe import host_bindings
+    # tests/native/cuda/host_bindings.py mirrors the host-compiled routing and plan configs.
+    from native.cuda import host_bindings
 
     for header, struct, binding in (
         ("deamoeRouting.cuh", "RoutingConfig", host_bindings.RoutingConfigC),
         ("deamoePlan.cuh", "PlanConfig", host_bindings.PlanConfigC),
     ):
-        members = struct_members(source(PLUGIN / header), struct, header)
+        members = struct_members(source(KERNELS / header), struct, header)
         names = {"int32_t": "c_int", "float": "c_float"}
         assert [(names[t], m) for t, m in members] == [(t.__name__, m) for m, t in binding._fields_], (
             f"{header} struct {struct} vs host_bindings.{binding.__name__}"

@@ -20,7 +20,7 @@ PACKAGE = Path(deamoe_trt.__file__).resolve().parent
 # an installed package does instead. (module, what it names)
 SOURCE_TREE_FALLBACKS = {
     # The kernel sources of an editable install; a wheel carries its copy in deamoe_trt/cuda/_src.
-    ("deamoe_trt.cuda._library", "plugins_dir"),
+    ("deamoe_trt.cuda._library", "source_tree_kernel_dir"),
     # `python -m deamoe_trt.contract --write-readme`: a developer tool that rewrites the
     # contract tables of plugins/deamoe/README.md.
     ("deamoe_trt.contract", "README"),

@@ -13,7 +13,7 @@ from ..cuda._library import kernel_source_dir
 from ..errors import MissingDependencyError
 from ..native import find_cxx
 
-KERNEL_DIR = kernel_source_dir() / "deamoe"
+KERNEL_DIR = kernel_source_dir()
 EMULATOR_DIR = Path(__file__).resolve().parents[1] / "cuda" / "simt_emulator"
 
 

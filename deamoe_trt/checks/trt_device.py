@@ -42,10 +42,10 @@ from pathlib import Path
 
 from ..bench.timing import percentile
 from ..cli import args as common
-from ..cuda._library import plugins_dir
+from ..cuda._library import source_tree_kernel_dir
 from ..dtypes import BY_NAME, BY_TRT
 
-REPO = plugins_dir().parent
+REPO = source_tree_kernel_dir().parents[1]  # the checkout: plugins/ is not in the package
 
 PRESETS = ("tiny", "qwen3-30b-a3b-layer")
 FLUSH_BYTES = 1 << 30

@@ -26,8 +26,8 @@ from ..native import cache_dir, find_cxx
 SOURCE = Path(__file__).with_name("deamoe_cpu.cpp")
 # Sources SOURCE includes from its own folder (the whole model's decode step).
 LOCAL_HEADERS = (Path(__file__).with_name("deamoe_cpu_model.h"),)
-# The routing is the CUDA kernels' (deamoe/deamoeRouting.cuh under the kernel sources).
-ROUTING_HEADER = "deamoe/deamoeRouting.cuh"
+# The routing is the CUDA kernels' (native/cuda/deamoeRouting.cuh, or the wheel's copy).
+ROUTING_HEADER = "deamoeRouting.cuh"
 FLAGS = ("-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-pthread", "-DNDEBUG")
 ABI_VERSION = 7
 LIBRARY_NAME = "libdeamoe_cpu.so"
@@ -57,7 +57,7 @@ def _cpu_signature() -> str:
 
 
 def include_dir() -> Path:
-    """The folder holding deamoeRouting.cuh and the headers it includes: plugins/deamoe/ of a
+    """The folder holding deamoeRouting.cuh and the headers it includes: native/cuda/ of a
     checkout, or the copy a wheel carries (deamoe_trt.cuda._library.kernel_source_dir)."""
     header = kernel_source_dir() / ROUTING_HEADER
     if not header.is_file():

@@ -26,7 +26,7 @@
 //     by the one slice whose share of that block starts at its first group.
 // Routing: dm_layer_forward computes the router logits and the routing itself (the CUDA
 // kernels' routeToken from deamoeRouting.cuh, held to deamoe_trt/routing.py's decisions by
-// tests/cpu and tests/plugins), so a layer step is one call; dm_moe_forward instead
+// tests/cpu and tests/native/cuda), so a layer step is one call; dm_moe_forward instead
 // executes a routing the caller computed with deamoe_trt.routing.
 //
 // Plain C ABI (loaded with ctypes), no Python headers: built at first use with the system
@@ -50,7 +50,7 @@
 #include <sched.h>
 #include <sys/mman.h>
 
-#include "deamoeRouting.cuh"  // plugins/deamoe/ (or the wheel's copy): the routing, shared with CUDA
+#include "deamoeRouting.cuh"  // native/cuda/ (or the wheel's copy): the routing, shared with CUDA
 
 namespace {
 
@@ -1142,9 +1142,9 @@ struct dm_layer {
 
 namespace {
 
-// The spec's routing (steps 1-5) is plugins/deamoe/deamoeRouting.cuh's routeToken, the code
+// The spec's routing (steps 1-5) is native/cuda/deamoeRouting.cuh's routeToken, the code
 // the CUDA kernels run, here on one serial lane; it makes deamoe_trt/routing.py's decisions
-// (tests/cpu and tests/plugins hold both to them, ties and non-finite tokens included).
+// (tests/cpu and tests/native/cuda hold both to them, ties and non-finite tokens included).
 // Route every token; kept [tokens, g] (stage-1 departments, best first) and scores
 // [tokens, N] (s) are written when not null.
 void route_all(const dm_layer& L, const float* logits, int64_t tokens, int64_t* ids, float* w, int64_t* kept,

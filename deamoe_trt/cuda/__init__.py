@@ -1,4 +1,4 @@
-"""The DeaMoE CUDA kernels (plugins/deamoe/) on PyTorch CUDA tensors, through ctypes.
+"""The DeaMoE CUDA kernels (native/cuda/) on PyTorch CUDA tensors, through ctypes.
 
     from deamoe_trt import cuda
     y = cuda.forward(layer, x)          # the whole layer, like layer(x)

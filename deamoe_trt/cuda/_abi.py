@@ -1,4 +1,4 @@
-"""ctypes mirror of plugins/deamoe/deamoeKernels.h: structs, status codes, prototypes."""
+"""ctypes mirror of native/cuda/deamoeKernels.h: structs, status codes, prototypes."""
 
 from __future__ import annotations
 

@@ -31,18 +31,19 @@ class KernelBuildError(MissingDependencyError):
     """The kernel library is not there and could not be built (no nvcc/CMake, a failed build)."""
 
 
-def plugins_dir() -> Path:
-    """plugins/ of the source tree this package runs from."""
-    return Path(__file__).resolve().parents[2] / "plugins"
+def source_tree_kernel_dir() -> Path:
+    """native/cuda/ of the source tree this package runs from: the kernel library's sources."""
+    return Path(__file__).resolve().parents[2] / "native" / "cuda"
 
 
 def kernel_source_dir(package_dir: Path | None = None) -> Path:
-    """Where the kernel sources are: the copy a wheel carries (deamoe_trt/cuda/_src/, see
-    setup.py) if there is one, else the source tree's plugins/ (editable installs)."""
+    """Where the kernel sources are (the folder holding their CMakeLists.txt and headers): the
+    copy a wheel carries (deamoe_trt/cuda/_src/, see setup.py) if there is one, else the
+    source tree's native/cuda/ (editable installs)."""
     packaged = (package_dir or Path(__file__).resolve().parent) / PACKAGED_DIR
     if (packaged / "CMakeLists.txt").is_file():
         return packaged
-    return plugins_dir()
+    return source_tree_kernel_dir()
 
 
 def cache_root() -> Path:
@@ -82,7 +83,7 @@ def _cached_or_built(cuda_architectures: str | None) -> Path:
     if not (source / "CMakeLists.txt").is_file():
         raise KernelBuildError(
             f"the DeaMoE kernel sources are not at {source}; build libdeamoe_kernels.so "
-            f"(plugins/build_kernels.sh) and set {ENV_LIBRARY} to its path"
+            f"(native/cuda/build_kernels.sh) and set {ENV_LIBRARY} to its path"
         )
     archs = cuda_architectures or _local_architecture()
     nvcc = _find_nvcc()
@@ -159,7 +160,6 @@ def _build(source: Path, target_dir: Path, library: Path, cmake: str, nvcc: str,
         "-DCMAKE_BUILD_TYPE=Release",
         f"-DCMAKE_CUDA_COMPILER={nvcc}",
         f"-DCMAKE_CUDA_ARCHITECTURES={archs}",
-        "-DDEAMOE_KERNELS_ONLY=ON",
     ]
     if shutil.which("ninja"):
         configure += ["-G", "Ninja"]

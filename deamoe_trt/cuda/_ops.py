@@ -2,7 +2,7 @@
 
 Device-agnostic on purpose: the public functions in deamoe_trt.cuda pass CUDA tensors and
 the current stream; the tests pass CPU tensors to the SIMT-emulated build of the same
-library (tests/plugins/deamoe/), which runs the kernel code on the host.
+library (tests/native/cuda/, check-gpu --dry-run), which runs the kernel code on the host.
 """
 
 from __future__ import annotations

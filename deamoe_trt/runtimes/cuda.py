@@ -31,8 +31,8 @@ class CudaRuntime(RuntimeBase):
 
     @classmethod
     def emulated(cls, library: str | None = None) -> CudaRuntime:
-        """The kernels compiled for the CPU under the SIMT emulator (tests/plugins/deamoe; needs a
-        source checkout), on CPU tensors: a check of a flow, not of the GPU."""
+        """The kernels compiled for the CPU under the SIMT emulator (deamoe_trt.checks.emulated;
+        needs a C++20 compiler and the CUDA headers), on CPU tensors: a check of a flow, not of the GPU."""
         return cls(library=library, emulated=True)
 
     def available(self) -> str | None:

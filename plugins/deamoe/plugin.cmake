@@ -1,5 +1,5 @@
 # The DeaMoE TensorRT plugin libraries. plugins/CMakeLists.txt include()s this file when
-# TENSORRT_ROOT is set, after it has defined the kernel library target.
+# TENSORRT_ROOT is set, after it has added the kernel library (native/cuda/).
 #
 #   cmake -S plugins -B build/plugins -DTENSORRT_ROOT=/path/to/TensorRT   # or /usr on JetPack
 #   cmake --build build/plugins -j
@@ -8,7 +8,7 @@
 #   TENSORRT_ROOT              TensorRT install: a tarball layout (include/, lib/)
 #                              or a system prefix (/usr: include/<arch>-linux-gnu, lib/<arch>-linux-gnu).
 #   DEAMOE_KERNELS_TARGET      the kernel library target (default: deamoe::kernels, the static,
-#                              position-independent libdeamoe_kernels.a of plugins/CMakeLists.txt).
+#                              position-independent libdeamoe_kernels.a of native/cuda/CMakeLists.txt).
 #   DEAMOE_PLUGIN_ALLOW_MISSING_NVINFER
 #                              OFF (default): libnvinfer must be found. ON: build against
 #                              headers only, leaving libnvinfer's symbols to be resolved when
@@ -87,7 +87,7 @@ message(STATUS "DeaMoE plugin: TensorRT ${DEAMOE_TENSORRT_VERSION} (${TENSORRT_I
                "libnvinfer: ${TENSORRT_NVINFER_LIBRARY}, kernels: ${DEAMOE_KERNELS_TARGET}")
 
 set(_deamoe_plugin_dir "${CMAKE_CURRENT_LIST_DIR}")
-# The plugin's sources (tests/trt/test_plugin_cpp.py compiles the same .cpp files).
+# The plugin's sources (tests/plugins/deamoe/test_plugin_cpp.py compiles the same .cpp files).
 set(_deamoe_plugin_sources
   "${_deamoe_plugin_dir}/deamoePlugin.cpp" "${_deamoe_plugin_dir}/deamoePlugin.h"
   "${_deamoe_plugin_dir}/deamoePluginFields.cpp" "${_deamoe_plugin_dir}/deamoePluginFields.h"

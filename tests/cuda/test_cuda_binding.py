@@ -1,7 +1,7 @@
 """deamoe_trt.cuda: importable and clear without a GPU; on a GPU, the kernels against the reference.
 
 The kernels themselves are also exercised without a GPU, through the SIMT emulator
-(tests/plugins/deamoe/test_emulated_kernels_match_reference.py).
+(tests/native/cuda/test_emulated_kernels_match_reference.py).
 """
 
 from __future__ import annotations
@@ -65,19 +65,22 @@ def test_building_without_a_gpu_asks_for_an_architecture(monkeypatch):
 
 
 def test_build_cache_key_follows_sources_and_architectures(tmp_path):
-    source = tmp_path / "plugins"
-    (source / "deamoe").mkdir(parents=True)
+    source = tmp_path / "cuda"
+    source.mkdir()
     (source / "CMakeLists.txt").write_text("a")
-    (source / "deamoe" / "deamoeKernels.cu").write_text("b")
-    (source / "deamoe" / "deamoePlugin.cpp").write_text("plugin")  # not part of the kernel library
+    (source / "deamoeKernels.cu").write_text("b")
+    (source / "KERNELS.md").write_text("notes")  # not built from
     key = _library._build_key(source, "/nonexistent/nvcc", "90")
     assert key.endswith("-sm90")
     assert _library._build_key(source, "/nonexistent/nvcc", "90") == key
     assert _library._build_key(source, "/nonexistent/nvcc", "86") != key
-    (source / "deamoe" / "deamoePlugin.cpp").write_text("plugin changed")
+    (source / "KERNELS.md").write_text("notes changed")
     assert _library._build_key(source, "/nonexistent/nvcc", "90") == key
-    (source / "deamoe" / "deamoeKernels.cu").write_text("b changed")
-    assert _library._build_key(source, "/nonexistent/nvcc", "90") != key
+    (source / "deamoeKernels.cu").write_text("b changed")
+    changed = _library._build_key(source, "/nonexistent/nvcc", "90")
+    assert changed != key
+    (source / "architectures.cmake").write_text("c")  # the CMake files are sources too
+    assert _library._build_key(source, "/nonexistent/nvcc", "90") != changed
 
 
 # ---- On a GPU -------------------------------------------------------------------------

@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 
 import deamoe_trt
-from deamoe_trt.cuda._library import kernel_source_dir, plugins_dir
+from deamoe_trt.cuda._library import kernel_source_dir, source_tree_kernel_dir
 from deamoe_trt.cuda._sources import kernel_sources
 
 
 def test_source_finder_falls_back_to_the_repository(tmp_path):
-    assert kernel_source_dir(tmp_path) == plugins_dir()  # no _src/ here: an editable install
+    assert kernel_source_dir(tmp_path) == source_tree_kernel_dir()  # no _src/ here: an editable install
 
 
 @pytest.mark.slow
 def test_wheel_carries_the_kernel_sources_and_the_finder_uses_them(tmp_path):
-    repo = plugins_dir().parent
+    repo = source_tree_kernel_dir().parents[1]
     pip_wheel = [sys.executable, "-m", "pip", "wheel", str(repo), "--no-deps", "--no-build-isolation", "-q"]
     result = subprocess.run(
         [*pip_wheel, "-w", str(tmp_path)],
@@ -28,9 +28,12 @@ def test_wheel_carries_the_kernel_sources_and_the_finder_uses_them(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     (wheel,) = tmp_path.glob("deamoe_trt-*.whl")
-    plugins = plugins_dir()
-    expected = {f"deamoe_trt/cuda/_src/{f.relative_to(plugins).as_posix()}": f for f in kernel_sources(plugins)}
-    assert "deamoe_trt/cuda/_src/deamoe/deamoeKernels.cu" in expected  # the pattern really matches
+    kernels = source_tree_kernel_dir()
+    expected = {f"deamoe_trt/cuda/_src/{f.relative_to(kernels).as_posix()}": f for f in kernel_sources(kernels)}
+    # The patterns really match: the sources, and the CMake files the build reads.
+    assert {"deamoeKernels.cu", "deamoeRouting.cuh", "CMakeLists.txt", "architectures.cmake"} <= {
+        f.name for f in expected.values()
+    }
     with zipfile.ZipFile(wheel) as archive:
         packaged = {name for name in archive.namelist() if name.startswith("deamoe_trt/cuda/_src/")}
         assert packaged == set(expected)

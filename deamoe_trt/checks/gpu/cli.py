@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     tokens, iters, torch_iters = list(args.tokens), args.iters, args.torch_iters
     check_tokens = CHECK_TOKENS
     if dry:
-        # A check of the flow, not of the kernels (tests/plugins does that): one token
+        # A check of the flow, not of the kernels (tests/native/cuda does that): one token
         # count, one iteration; the emulator runs each CUDA thread as a host thread.
         check_tokens = {name: [2] for name in CHECK_TOKENS}
         tokens, iters, torch_iters = tokens[:1], 1, 1

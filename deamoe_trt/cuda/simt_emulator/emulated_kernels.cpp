@@ -1,5 +1,5 @@
 /*
- * The kernel library (plugins/deamoe/deamoeKernels.cu and the three dtype instantiations)
+ * The kernel library (native/cuda/deamoeKernels.cu and the three dtype instantiations)
  * built for the CPU under the SIMT emulator: libdeamoe_emulated.so exports the same C ABI
  * as libdeamoe_kernels.so, operating on host memory (the kernel tests, `check-gpu --dry-run`).
  */

@@ -1,5 +1,5 @@
 /*
- * A small SIMT emulator: runs the DeaMoE CUDA kernels (plugins/deamoe/deamoeForward.cuh)
+ * A small SIMT emulator: runs the DeaMoE CUDA kernels (native/cuda/deamoeForward.cuh)
  * on the CPU, one host thread per CUDA thread, so the CPU-only CI can execute the real
  * kernel code end to end (launch geometry, plan consumption, warp reductions, the fused
  * down reduction) and compare it with the PyTorch reference.

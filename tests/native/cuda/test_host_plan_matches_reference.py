@@ -10,7 +10,7 @@ import torch
 from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.presets import PRESETS
 from deamoe_trt.routing import Routing, route_logits
-from plugins.deamoe.host_bindings import max_tile_tokens, plan
+from native.cuda.host_bindings import max_tile_tokens, plan
 
 
 def reference_routing(c: DeaMoEConfig, num_tokens: int, seed: int) -> Routing:

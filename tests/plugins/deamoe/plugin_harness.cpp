@@ -1,7 +1,7 @@
 /*
  * Host-only harness for the DeaMoE plugin's TensorRT glue (plugins/deamoe/deamoePlugin*.cpp).
  *
- * Compiled by tests/trt/test_plugin_cpp.py against TensorRT *headers* only: the kernels are
+ * Compiled by tests/plugins/deamoe/test_plugin_cpp.py against TensorRT *headers* only: the kernels are
  * stubbed below, and the plugin is built as
  * its dynamic-library variant (DEAMOE_PLUGIN_DYNAMIC=1), so nothing from libnvinfer or a
  * GPU is needed. It drives the plugin the way the ONNX parser and the builder/runtime do:

@@ -1,5 +1,5 @@
 """ctypes wrappers for the test-only host build of the kernels' routing and plan logic
-(tests/plugins/deamoe/deamoeHostTest.cpp), returning torch tensors shaped like deamoe_trt.routing."""
+(tests/native/cuda/deamoeHostTest.cpp), returning torch tensors shaped like deamoe_trt.routing."""
 
 from __future__ import annotations
 

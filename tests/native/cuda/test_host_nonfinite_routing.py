@@ -24,8 +24,8 @@ from deamoe_trt.checks.emulated import KERNEL_DIR
 from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.native import find_cxx
 from deamoe_trt.routing import Routing, route_logits
-from plugins.deamoe.host_bindings import plan
-from plugins.deamoe.host_bindings import route_logits as host_route_logits
+from native.cuda.host_bindings import plan
+from native.cuda.host_bindings import route_logits as host_route_logits
 
 REPO = KERNEL_DIR.parents[1]
 
@@ -173,7 +173,7 @@ def test_nonfinite_tokens_under_address_and_ub_sanitizers(tmp_path):
     out = tmp_path / "results.json"
     child = (
         "import ctypes, json, sys; "
-        "from plugins.deamoe.test_host_nonfinite_routing import host_results; "
+        "from native.cuda.test_host_nonfinite_routing import host_results; "
         "json.dump(host_results(ctypes.CDLL(sys.argv[1])), open(sys.argv[2], 'w'))"
     )
     env = dict(

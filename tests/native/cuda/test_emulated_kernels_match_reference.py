@@ -1,6 +1,6 @@
 """The CUDA kernels, executed on the CPU by the SIMT emulator, against the PyTorch reference.
 
-The emulated library is the real kernel source (plugins/deamoe/*.cu) behind the real C
+The emulated library is the real kernel source (native/cuda/*.cu) behind the real C
 ABI, driven through deamoe_trt.cuda's own marshalling (_ops) with CPU tensors: launch
 geometry, the plan's consumption, warp reductions, the fused ordered down reduction and
 the tile loop all run. Timing and memory behaviour are not modelled (see

@@ -18,8 +18,9 @@ from deamoe_trt.trt.doctor import tensorrt_header_dirs
 
 pytestmark = pytest.mark.trt
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PLUGIN_DIR = ROOT / "plugins" / "deamoe"
+KERNEL_DIR = ROOT / "native" / "cuda"  # deamoeKernels.h, which the plugin calls
 # The plugin's translation units, as plugins/deamoe/plugin.cmake lists them.
 PLUGIN_SOURCES = [PLUGIN_DIR / name for name in ("deamoePlugin.cpp", "deamoePluginFields.cpp", "deamoePluginUtils.cpp")]
 
@@ -51,8 +52,8 @@ def toolchain():
 
 def _compile(toolchain, out: Path, sources: list[Path], *extra: str) -> None:
     headers, cuda, cxx = toolchain
-    cmd = [cxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{PLUGIN_DIR}", "-isystem", str(headers),
-           "-isystem", str(cuda), *extra, *map(str, sources), "-o", str(out)]  # fmt: skip
+    cmd = [cxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{PLUGIN_DIR}", f"-I{KERNEL_DIR}",
+           "-isystem", str(headers), "-isystem", str(cuda), *extra, *map(str, sources), "-o", str(out)]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr[-4000:]}"
 

@@ -5,7 +5,7 @@
  * small "lanes" interface: on the GPU the lanes are the 32 threads of a warp (or the
  * threads of a block), on the host a single serial lane. The same source therefore
  * compiles with nvcc for the device and with a plain C++17 compiler for the host tests
- * (tests/plugins/), which is how the tests can check the device's decision logic against
+ * (tests/native/cuda/), which is how the tests can check the device's decision logic against
  * deamoe_trt/routing.py without a GPU.
  *
  * Nothing here may include CUDA headers outside `#if defined(__CUDACC__)`.

@@ -142,7 +142,7 @@ Status forward(LayerParams const& params, LayerWeights const& weights, DataType 
     int32_t numTokens, void* workspace, size_t workspaceBytes, cudaStream_t stream) noexcept;
 
 // ---- Tiling, workspace, streams and quantized weights. ----
-// plugins/deamoe/KERNELS.md documents the design, workspace and stream behaviour.
+// native/cuda/KERNELS.md documents the design, workspace and stream behaviour.
 
 // forward() processes the batch in tiles of this many tokens: within a tile every used
 // weight row is read once; a batch of T tokens reads them ceil(T / kMaxTileTokens) times.

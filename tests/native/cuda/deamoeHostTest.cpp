@@ -1,9 +1,9 @@
 /*
  * Test-only host entry points: the device's routing and plan logic (deamoeRouting.cuh,
- * deamoePlan.cuh) compiled for the CPU, so tests/plugins/ can check it against
+ * deamoePlan.cuh) compiled for the CPU, so tests/native/cuda/ can check it against
  * deamoe_trt/routing.py without a GPU. Not part of the kernel library.
  *
- * Build: c++ -std=c++17 -O2 -ffp-contract=off -shared -fPIC -Iplugins/deamoe deamoeHostTest.cpp -o libdeamoe_host_test.so
+ * Build: c++ -std=c++17 -O2 -ffp-contract=off -shared -fPIC -Inative/cuda deamoeHostTest.cpp -o libdeamoe_host_test.so
  * (the pytest session fixture in tests/conftest.py does this).
  */
 #include <vector>

@@ -12,8 +12,8 @@ import torch
 from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.presets import PRESETS
 from deamoe_trt.routing import route, route_logits
-from plugins.deamoe.host_bindings import route as host_route
-from plugins.deamoe.host_bindings import route_logits as host_route_logits
+from native.cuda.host_bindings import route as host_route
+from native.cuda.host_bindings import route_logits as host_route_logits
 
 BASE = dict(hidden_size=16, shared_intermediate_size=8, private_intermediate_size=8)
 
