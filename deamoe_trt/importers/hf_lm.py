@@ -23,9 +23,7 @@ Order of work, so that bad input leaves nothing behind:
 from __future__ import annotations
 
 import json
-import resource
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -37,10 +35,11 @@ from ..checkpoint import CONFIG_FILE, DTYPES, WEIGHTS_FILE, dtype_name
 from ..config import ConfigError, DeaMoEConfig
 from ..errors import UsageError
 from ..lm.config import LMConfig
+from ..resources import peak_rss_bytes
 from .derived import Derived
 from .families import FAMILIES, gpt_oss
 from .families.common import rope_from_hf
-from .hf_dir import check_not_quantized, read_config_json, safetensors_files
+from .hf_directory import check_not_quantized, read_config_json, safetensors_files
 from .safetensors_io import ST_DTYPES, ShardReader, StreamingWriter, index_checkpoint
 
 # model_type -> the name users know it by.
@@ -57,7 +56,6 @@ _DEFAULT_THETA = {"qwen3_moe": 10000.0, "qwen2_moe": 10000.0, "mixtral": 1e6, "o
 _MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 # Tensors that are derived, not weights (old checkpoints saved the rotary frequencies).
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
 def supported_list() -> str:
@@ -318,22 +316,6 @@ def _write_tensor(writer: StreamingWriter, reader: ShardReader, name: str, recip
     for sources in recipe[1]:  # one expert at a time: [gate rows; up rows] or its down
         for source in sources:
             writer.append(reader.get(source))
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size so far.
-
-    Linux: VmHWM of /proc/self/status, the high-water mark of this process image. Not
-    getrusage's ru_maxrss, which survives exec: a process started by a big parent reports
-    the parent's peak (measured: 1.9 GB for an import whose own peak was 0.5 GB)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def import_hf_lm(
