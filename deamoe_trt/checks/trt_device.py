@@ -42,7 +42,7 @@ from pathlib import Path
 
 from ..bench.timing import percentile
 from ..cli import args as common
-from ..cuda._library import plugins_dir
+from ..cuda import plugins_dir
 from ..dtypes import BY_NAME, BY_TRT
 
 REPO = plugins_dir().parent
