@@ -38,7 +38,7 @@ from ..lm.config import LMConfig
 from ..resources import peak_rss_bytes
 from .derived import Derived
 from .families import FAMILIES, gpt_oss
-from .families.common import rope_from_hf
+from .families.common import HFConfig, check_silu, lm_fields, rope_from_hf
 from .hf_directory import check_not_quantized, read_config_json, safetensors_files
 from .safetensors_io import ST_DTYPES, ShardReader, StreamingWriter, index_checkpoint
 
@@ -97,22 +97,11 @@ def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
             return FAMILIES[t].lm_config(hf, where)
         except (ConfigError, TypeError, ValueError) as exc:
             raise UsageError(f"{where} has no deamoe-trt equivalent: {exc}") from None
-
-    def get(name: str, default: Any = None) -> Any:
-        value = hf.get(name)
-        return default if value is None else value
-
-    def need(name: str) -> Any:
-        if hf.get(name) is None:
-            raise UsageError(f"{where} lacks {name}, which a {SUPPORTED_LM_TYPES[t]} config must set")
-        return hf[name]
-
-    act = get("hidden_act", "silu")
-    if act != "silu":
-        raise UsageError(f"{where}: hidden_act {act!r} is not supported; deamoe-trt's FFNs are SwiGLU (silu)")
-    layers = int(need("num_hidden_layers"))
-    heads = int(need("num_attention_heads"))
-    hidden = int(need("hidden_size"))
+    cfg = HFConfig(hf, where, SUPPORTED_LM_TYPES[t])
+    get, need = cfg.get, cfg.need
+    check_silu(cfg)
+    layers = cfg.int("num_hidden_layers")
+    hidden = cfg.int("hidden_size")
 
     theta, scaling = rope_from_hf(hf, _DEFAULT_THETA[t], where)
 
@@ -150,16 +139,9 @@ def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
             shared_expert_gate=shared > 0,
         )
         return LMConfig(
-            vocab_size=int(need("vocab_size")),
-            hidden_size=hidden,
-            num_layers=layers,
-            num_heads=heads,
-            num_key_value_heads=int(get("num_key_value_heads", heads)),
-            max_position_embeddings=int(need("max_position_embeddings")),
+            **lm_fields(cfg, rms_norm_eps=1e-6),
             moe=moe,
             rope_theta=theta,
-            rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
-            head_dim=int(get("head_dim", 0)),
             qkv_bias=qkv_bias,
             o_bias=o_bias,
             qk_norm=qk_norm,
@@ -169,7 +151,6 @@ def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
             sliding_window_layers=window_layers,
             dense_layers=tuple(dense),
             dense_intermediate_size=int(get("intermediate_size", 0)) if dense else 0,
-            tie_word_embeddings=bool(get("tie_word_embeddings", False)),
         )
     except (ConfigError, TypeError, ValueError) as exc:
         raise UsageError(f"{where} has no deamoe-trt equivalent: {exc}") from None

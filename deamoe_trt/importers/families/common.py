@@ -39,6 +39,23 @@ class HFConfig:
         return value
 
 
+def lm_fields(cfg: HFConfig, *, rms_norm_eps: float, tie_word_embeddings: bool = False) -> dict[str, Any]:
+    """The LMConfig fields that every family with per-head attention reads alike from config.json;
+    the defaults that differ between families are arguments."""
+    heads = cfg.int("num_attention_heads")
+    return {
+        "vocab_size": cfg.int("vocab_size"),
+        "hidden_size": cfg.int("hidden_size"),
+        "num_layers": cfg.int("num_hidden_layers"),
+        "num_heads": heads,
+        "num_key_value_heads": cfg.int("num_key_value_heads", heads),
+        "max_position_embeddings": cfg.int("max_position_embeddings"),
+        "rms_norm_eps": float(cfg.get("rms_norm_eps", rms_norm_eps)),
+        "head_dim": cfg.int("head_dim", 0),
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", tie_word_embeddings)),
+    }
+
+
 def rope_from_hf(hf: dict[str, Any], default_theta: float, where: str) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling or None) of a config: transformers 5 writes rope_parameters,
     4.x rope_theta + rope_scaling. Partial rotary embeddings are refused."""

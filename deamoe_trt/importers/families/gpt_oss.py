@@ -28,6 +28,7 @@ from ...errors import UsageError
 from ...lm.config import LMConfig
 from ..derived import Derived, Source
 from ..mxfp4 import BLOCK, decode_mxfp4
+from .common import HFConfig, lm_fields, rope_from_hf
 
 MODEL_TYPE = "gpt_oss"
 DEFAULT_THETA = 150000.0  # transformers' GptOssConfig.default_theta
@@ -54,26 +55,11 @@ def is_mxfp4(hf: dict[str, Any]) -> bool:
 
 def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
     """The LMConfig of a gpt-oss config.json (a dict), or a one-line UsageError."""
-
-    def get(name: str, default: Any = None) -> Any:
-        value = hf.get(name)
-        return default if value is None else value
-
-    def need(name: str) -> Any:
-        if hf.get(name) is None:
-            raise UsageError(f"{where} lacks {name}, which a gpt-oss config must set")
-        return hf[name]
-
-    layers = int(need("num_hidden_layers"))
-    heads = int(need("num_attention_heads"))
-    hidden = int(need("hidden_size"))
-    rope = dict(get("rope_parameters", {}) or {})
-    theta = float(rope.pop("rope_theta", get("rope_theta", DEFAULT_THETA)))
-    scaling = rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None
-    if scaling is None and get("rope_scaling"):
-        scaling = dict(hf["rope_scaling"])
-    if (scaling or {}).get("partial_rotary_factor", 1.0) != 1.0:
-        raise UsageError(f"{where}: partial rotary embeddings are not supported")
+    cfg = HFConfig(hf, where, "gpt-oss")
+    get, need = cfg.get, cfg.need
+    layers = cfg.int("num_hidden_layers")
+    hidden = cfg.int("hidden_size")
+    theta, scaling = rope_from_hf(hf, DEFAULT_THETA, where)
     types = get("layer_types", [LAYER_TYPES[(i + 1) % 2] for i in range(layers)])  # transformers' default
     unknown = sorted({t for t in types if t not in LAYER_TYPES})
     if unknown or len(types) != layers:
@@ -107,22 +93,14 @@ def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
         )
         attention_bias = bool(get("attention_bias", True))
         return LMConfig(
-            vocab_size=int(need("vocab_size")),
-            hidden_size=hidden,
-            num_layers=layers,
-            num_heads=heads,
-            num_key_value_heads=int(get("num_key_value_heads", heads)),
-            max_position_embeddings=int(need("max_position_embeddings")),
+            **lm_fields(cfg, rms_norm_eps=1e-5),
             moe=moe,
             rope_theta=theta,
-            rms_norm_eps=float(get("rms_norm_eps", 1e-5)),
-            head_dim=int(get("head_dim", 0)),
             qkv_bias=attention_bias,
             o_bias=attention_bias,
             rope_scaling=scaling,
             sliding_window=window,
             sliding_window_layers=sliding if window else None,
-            tie_word_embeddings=bool(get("tie_word_embeddings", False)),
             attention_sinks=True,
         )
     except (ConfigError, TypeError, ValueError) as exc:
