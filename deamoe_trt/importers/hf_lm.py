@@ -32,7 +32,7 @@ import torch
 
 from .._io import atomic_path, atomic_write_text
 from ..checkpoint import CONFIG_FILE, DTYPES, WEIGHTS_FILE, dtype_name
-from ..config import ConfigError, DeaMoEConfig
+from ..config import ConfigError, top_k_moe
 from ..errors import UsageError
 from ..lm.config import LMConfig
 from ..resources import peak_rss_bytes
@@ -121,20 +121,13 @@ def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
     expert_width = int(need("moe_intermediate_size") if t.startswith("qwen") else need("intermediate_size"))
     shared = int(get("shared_expert_intermediate_size", 0)) if t == "qwen2_moe" else 0
     try:
-        moe = DeaMoEConfig(
+        moe = top_k_moe(
             hidden_size=hidden,
-            num_departments=1,
-            experts_per_department=experts,
-            shared_intermediate_size=0,
-            private_intermediate_size=expert_width,
+            num_experts=experts,
+            intermediate_size=expert_width,
             top_k=int(need("num_experts_per_tok")),
-            top_departments=1,
-            score_func="softmax",
-            department_score="max",
             # Mixtral always renormalises its top-k probabilities; the others say whether they do.
             norm_topk_prob=True if t == "mixtral" else bool(get("norm_topk_prob", False)),
-            routed_scaling_factor=1.0,
-            router_bias=False,
             shared_expert_intermediate_size=shared,
             shared_expert_gate=shared > 0,
         )

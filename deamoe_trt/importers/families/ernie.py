@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...config import DeaMoEConfig
+from ...config import top_k_moe
 from ...errors import UsageError
 from ...lm.config import LMConfig
 from .common import (
@@ -69,14 +69,11 @@ def lm_config(hf: dict[str, Any], where: str) -> LMConfig:
     dense = tuple(i for i in range(layers) if i not in moe)
     return LMConfig(
         **lm_fields(cfg, rms_norm_eps=1e-5, tie_word_embeddings=True),
-        moe=DeaMoEConfig(
+        moe=top_k_moe(
             hidden_size=hidden,
-            num_departments=1,
-            experts_per_department=cfg.int("moe_num_experts"),
-            shared_intermediate_size=0,
-            private_intermediate_size=width,
+            num_experts=cfg.int("moe_num_experts"),
+            intermediate_size=width,
             top_k=cfg.int("moe_k"),
-            top_departments=1,
             norm_topk_prob=True,
             router_bias=True,
             shared_expert_intermediate_size=shared * width,

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ...config import ConfigError, DeaMoEConfig
+from ...config import ConfigError, top_k_moe
 from ...errors import UsageError
 from ...lm.config import LMConfig
 from ..derived import Derived, Source
@@ -72,19 +72,12 @@ def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
     if sliding and window < 1:
         raise UsageError(f"{where}: sliding_attention layers need sliding_window >= 1, got {window}")
     try:
-        moe = DeaMoEConfig(
+        moe = top_k_moe(
             hidden_size=hidden,
-            num_departments=1,
-            experts_per_department=int(need("num_local_experts")),
-            shared_intermediate_size=0,
-            private_intermediate_size=int(need("intermediate_size")),
+            num_experts=int(need("num_local_experts")),
+            intermediate_size=int(need("intermediate_size")),
             top_k=int(need("num_experts_per_tok")),
-            top_departments=1,
-            score_func="softmax",
-            department_score="max",
             norm_topk_prob=True,  # softmax over the top-k logits
-            routed_scaling_factor=1.0,
-            router_bias=False,
             ffn_bias=True,
             activation="swiglu_clamped",
             swiglu_alpha=float(get("swiglu_alpha", 1.702)),
@@ -181,14 +174,11 @@ def layer_from_hf(module: torch.nn.Module, *, dtype: torch.dtype | None = None):
         raise UsageError(f"{name} holds packed MXFP4 experts; import the whole model (import-hf without --layers-only)")
     n, d = router.weight.shape
     try:
-        config = DeaMoEConfig(
+        config = top_k_moe(
             hidden_size=d,
-            num_departments=1,
-            experts_per_department=n,
-            shared_intermediate_size=0,
-            private_intermediate_size=experts.intermediate_size,
+            num_experts=n,
+            intermediate_size=experts.intermediate_size,
             top_k=router.top_k,
-            top_departments=1,
             norm_topk_prob=True,
             ffn_bias=True,
             activation="swiglu_clamped",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...config import DeaMoEConfig
+from ...config import top_k_moe
 from ...lm.config import LMConfig
 from .common import HFConfig, check_silu, lm_fields, norms, rope_from_hf
 
@@ -30,14 +30,11 @@ def lm_config(hf: dict[str, Any], where: str) -> LMConfig:
     hidden = cfg.int("hidden_size")
     theta, scaling = rope_from_hf(hf, 10000.0, where)
     shared = cfg.int("shared_intermediate_size", 0) if t == "granitemoeshared" else 0
-    moe = DeaMoEConfig(
+    moe = top_k_moe(
         hidden_size=hidden,
-        num_departments=1,
-        experts_per_department=cfg.int("num_local_experts"),
-        shared_intermediate_size=0,
-        private_intermediate_size=cfg.int("intermediate_size"),
+        num_experts=cfg.int("num_local_experts"),
+        intermediate_size=cfg.int("intermediate_size"),
         top_k=cfg.int("num_experts_per_tok"),
-        top_departments=1,
         norm_topk_prob=True,  # softmax over the top-k logits
         shared_expert_intermediate_size=shared,
     )
