@@ -22,15 +22,13 @@ alphabet) as eos so generation runs to max_length, as `deamoe-trt generate` does
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .._io import staged_folder
 from ..errors import MissingDependencyError, UsageError, one_line
 from ..lm.model import DeaMoELM
 from ..lm.onnx_export import INPUT_IDS, LOGITS, build_lm_model
@@ -166,14 +164,7 @@ def export_genai(
     folder = Path(folder)
     tokenizer = tokenizer or default_tokenizer(model.config.vocab_size)
     check_genai_model(model, form, dtype, tokenizer)
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"cannot write the GenAI folder {folder}: a file is in the way")
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
-    except OSError as exc:
-        raise UsageError(f"cannot write {folder}: {one_line(exc)}") from None
-    try:
+    with staged_folder(folder, "the GenAI folder", last=CONFIG_FILE) as staging:
         proto = build_lm_model(model, form, dtype, opset, tokenizer=tokenizer, twin=twin)
         add_padding_inputs(proto)
         save_model(proto, staging / MODEL_FILE)
@@ -191,16 +182,12 @@ def export_genai(
             eos_ids, bos_id, pad_id = [BYTE_EOS], BYTE_EOS, BYTE_EOS
         config = genai_config(model, eos_ids=eos_ids, bos_id=bos_id, pad_id=pad_id)
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        folder.mkdir(exist_ok=True)
-        names = sorted(p.name for p in staging.iterdir())
-        for name in sorted(names, key=lambda n: n == CONFIG_FILE):
-            os.replace(staging / name, folder / name)
-        if MODEL_FILE + ".data" not in names:  # a stale one from an earlier, larger export
+        external_data = (staging / (MODEL_FILE + ".data")).exists()
+    if not external_data:  # a stale one from an earlier, larger export
+        try:
             (folder / (MODEL_FILE + ".data")).unlink(missing_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot write {folder}: {one_line(exc)}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        except OSError as exc:
+            raise UsageError(f"cannot write {folder}: {one_line(exc)}") from None
     return folder
 
 
