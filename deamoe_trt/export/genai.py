@@ -39,6 +39,7 @@ from ..lm.tokenizer import (
     byte_level_tokenizer_json,
     default_tokenizer,
 )
+from ..versions import check_tested
 from .save import save_model
 
 MODEL_FILE = "model.onnx"
@@ -51,24 +52,10 @@ BYTE_EOS = 0
 ATTENTION_MASK, POSITION_IDS = "attention_mask", "position_ids"
 
 
-def tested_range() -> str:
-    (lo_major, lo_minor), (hi_major, hi_minor) = TESTED_VERSIONS
-    if (lo_major, lo_minor) == (hi_major, hi_minor):
-        return f"{lo_major}.{lo_minor}.x"
-    return f"{lo_major}.{lo_minor}.x to {hi_major}.{hi_minor}.x"
-
-
 def check_genai_version(version: str) -> None:
     """A UsageError unless version (onnxruntime_genai.__version__) is in TESTED_VERSIONS."""
-    try:
-        major_minor = tuple(int(part) for part in version.split(".")[:2])
-    except ValueError:
-        raise UsageError(f"onnxruntime-genai reports version {version!r}, which deamoe-trt cannot read") from None
-    if not TESTED_VERSIONS[0] <= major_minor <= TESTED_VERSIONS[1]:
-        raise UsageError(
-            f"onnxruntime-genai {version} is outside the versions deamoe-trt's GenAI folders were tested with "
-            f"({tested_range()}); install one of those: pip install 'onnxruntime-genai>=0.18,<0.19'"
-        )
+    install = "pip install 'onnxruntime-genai>=0.18,<0.19'"
+    check_tested(version, TESTED_VERSIONS, "onnxruntime-genai", "deamoe-trt's GenAI folders", install)
 
 
 def load_genai(folder: str | Path):
