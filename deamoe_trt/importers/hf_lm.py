@@ -38,7 +38,7 @@ from ..lm.config import LMConfig
 from ..resources import peak_rss_bytes
 from .derived import Derived
 from .families import FAMILIES, gpt_oss
-from .families.common import HFConfig, check_silu, lm_fields, rope_from_hf
+from .families.common import HFConfig, check_silu, dense_mlp, lm_fields, norms, rope_from_hf, routed_experts, shared_mlp
 from .hf_directory import check_not_quantized, read_config_json, safetensors_files
 from .safetensors_io import ST_DTYPES, ShardReader, StreamingWriter, index_checkpoint
 
@@ -186,10 +186,7 @@ def _block_sources(config: LMConfig, model_type: str, index: dict, i: int, hf: d
     if model_type in FAMILIES:
         return FAMILIES[model_type].block_sources(hf or {"model_type": model_type}, config, index, i)
     src = f"model.layers.{i}."
-    out: dict[str, Any] = {
-        "input_layernorm.weight": src + "input_layernorm.weight",
-        "post_attention_layernorm.weight": src + "post_attention_layernorm.weight",
-    }
+    out = norms(src)
     for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
         out[f"self_attn.{proj}.weight"] = src + f"self_attn.{proj}.weight"
         out[f"self_attn.{proj}.bias"] = src + f"self_attn.{proj}.bias"
@@ -200,24 +197,15 @@ def _block_sources(config: LMConfig, model_type: str, index: dict, i: int, hf: d
         out.update(gpt_oss.moe_sources(config, index, src + "mlp."))
         return out
     if config.is_dense(i):
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            out[f"mlp.{proj}.weight"] = src + f"mlp.{proj}.weight"
+        out.update(dense_mlp(src))
         return out
     moe = src + ("block_sparse_moe." if model_type == "mixtral" and src + "mlp.gate.weight" not in index else "mlp.")
-    n = config.moe.num_experts
     out["mlp.router.weight"] = moe + "gate.weight"
-    if moe + "experts.gate_up_proj" in index:  # transformers 5 fused layout: [E, 2I, d], [E, d, I]
-        out["mlp.experts.gate_up"] = ("fused", moe + "experts.gate_up_proj")
-        out["mlp.experts.down"] = ("fused", moe + "experts.down_proj")
-    else:
-        names = ("w1", "w3", "w2") if moe + "experts.0.w1.weight" in index else ("gate_proj", "up_proj", "down_proj")
-        gate, up, down = ([f"{moe}experts.{e}.{p}.weight" for e in range(n)] for p in names)
-        out["mlp.experts.gate_up"] = ("experts", list(zip(gate, up, strict=True)))
-        out["mlp.experts.down"] = ("experts", [(d,) for d in down])
+    # Mixtral's per-expert MLPs call gate, up and down w1, w3 and w2.
+    names = ("w1", "w3", "w2") if moe + "experts.0.w1.weight" in index else ("gate_proj", "up_proj", "down_proj")
+    out.update(routed_experts(moe, index, config.moe.num_experts, names))
     if config.moe.has_shared_experts:
-        sh = moe + "shared_expert."
-        out["mlp.shared_experts.gate_up"] = ("experts", [(sh + "gate_proj.weight", sh + "up_proj.weight")])
-        out["mlp.shared_experts.down"] = sh + "down_proj.weight"
+        out.update(shared_mlp(moe + "shared_expert."))
         out["mlp.shared_experts.gate"] = moe + "shared_expert_gate.weight"
     return out
 
