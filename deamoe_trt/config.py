@@ -132,6 +132,23 @@ class DeaMoEConfig:
         return cls.from_json(Path(path).read_text())
 
 
+def top_k_moe(*, hidden_size: int, num_experts: int, intermediate_size: int, top_k: int, **fields: Any) -> DeaMoEConfig:
+    """A vanilla top-k MoE layer as a DeaMoE layer: one department holding every expert (D = 1,
+    g = 1) and no department-shared neurons (f_s = 0), the spec's special case that existing
+    MoE models are. fields: any other DeaMoEConfig field (routing options, shared experts,
+    activation)."""
+    return DeaMoEConfig(
+        hidden_size=hidden_size,
+        num_departments=1,
+        experts_per_department=num_experts,
+        shared_intermediate_size=0,
+        private_intermediate_size=intermediate_size,
+        top_k=top_k,
+        top_departments=1,
+        **fields,
+    )
+
+
 # Fields written to JSON only when they differ from their defaults (see DeaMoEConfig).
 OPTIONAL_FIELDS = ("ffn_bias", "activation", "swiglu_alpha", "swiglu_limit", "router_logit_bias")
 CLAMP_FIELDS = ("swiglu_alpha", "swiglu_limit")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import DeaMoEConfig
+from .config import DeaMoEConfig, top_k_moe
 from .console import format_bytes, format_table
 from .errors import UsageError
 from .presets import PRESETS
@@ -85,14 +85,11 @@ def qwen3_moe(
     attention += num_attention_heads * head_dim * d + 2 * head_dim  # o_proj, q_norm, k_norm
     per_layer = attention + 2 * d  # two RMSNorms
     embeddings = vocab_size * d * (1 if tie_word_embeddings else 2)
-    vanilla = DeaMoEConfig(
+    vanilla = top_k_moe(
         hidden_size=d,
-        num_departments=1,
-        experts_per_department=num_experts,
-        shared_intermediate_size=0,
-        private_intermediate_size=moe_intermediate_size,
+        num_experts=num_experts,
+        intermediate_size=moe_intermediate_size,
         top_k=num_experts_per_tok,
-        top_departments=1,
         norm_topk_prob=True,
     )
     kv = 2 * num_hidden_layers * num_key_value_heads * head_dim * FP16
@@ -175,14 +172,11 @@ def gpt_oss(
     d, q, kv = hidden_size, num_attention_heads * head_dim, num_key_value_heads * head_dim
     attention = d * q + q + 2 * (d * kv + kv) + q * d + d + num_attention_heads
     per_layer = attention + 2 * d
-    vanilla = DeaMoEConfig(
+    vanilla = top_k_moe(
         hidden_size=d,
-        num_departments=1,
-        experts_per_department=num_local_experts,
-        shared_intermediate_size=0,
-        private_intermediate_size=intermediate_size,
+        num_experts=num_local_experts,
+        intermediate_size=intermediate_size,
         top_k=num_experts_per_tok,
-        top_departments=1,
         norm_topk_prob=True,
         ffn_bias=True,
         activation="swiglu_clamped",
@@ -242,14 +236,11 @@ def gqa_moe(
     attention = 2 * d * num_attention_heads * hd + 2 * d * num_key_value_heads * hd
     per_layer = attention + 2 * d
     embeddings = vocab_size * d * (1 if tie_word_embeddings else 2)
-    moe = DeaMoEConfig(
+    moe = top_k_moe(
         hidden_size=d,
-        num_departments=1,
-        experts_per_department=num_experts,
-        shared_intermediate_size=0,
-        private_intermediate_size=moe_intermediate_size,
+        num_experts=num_experts,
+        intermediate_size=moe_intermediate_size,
         top_k=num_experts_per_tok,
-        top_departments=1,
         norm_topk_prob=True,
         router_bias=router_bias,
         shared_expert_intermediate_size=shared_intermediate_size,

@@ -29,7 +29,7 @@ SOURCE_TREE_FALLBACKS = {
     ("deamoe_trt.trt.plugin", "_REPO_ROOT"),
     # The separate Edge-LLM environment scripts/setup.sh makes beside the checkout, and the
     # import root the exporter there needs to find this package.
-    ("deamoe_trt.export.edgellm", "REPO_ROOT"),
+    ("deamoe_trt.export.edgellm.environment", "REPO_ROOT"),
     # The directory holding the deamoe_trt package (site-packages or the checkout), put on the
     # Triton Python backend's import path.
     ("deamoe_trt.serving.server", "TritonServer"),

@@ -332,7 +332,7 @@ def _run_contenders(base, config, runtimes, twins, steps, prompt, threads, seed,
             if r["runtime"] == runtime:
                 r["vs_expanded"] = ref["expanded"] / r["tpot_ms"] if "expanded" in ref else None
                 r["vs_vanilla"] = ref["vanilla"] / r["tpot_ms"] if "vanilla" in ref else None
-    from ..importers.hf_lm import peak_rss_bytes
+    from ..resources import peak_rss_bytes
 
     return {
         "peak_rss_bytes": peak_rss_bytes(),

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..cuda._library import kernel_source_dir
+from ..cuda import kernel_source_dir
 from ..errors import MissingDependencyError
 from ..native import find_cxx
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from ..bench.timing import percentile
 from ..cli import args as common
-from ..cuda._library import source_tree_kernel_dir
+from ..cuda import source_tree_kernel_dir
 from ..dtypes import BY_NAME, BY_TRT
 
 REPO = source_tree_kernel_dir().parents[1]  # the checkout: plugins/ is not in the package
@@ -121,7 +121,7 @@ class Check:
     def environment(self) -> dict:
         import torch
 
-        from deamoe_trt.trt import _tensorrt
+        from deamoe_trt.trt import has_tensorrt, import_tensorrt
         from deamoe_trt.trt.doctor import run_doctor
 
         env = {
@@ -143,7 +143,7 @@ class Check:
             }
         except Exception as exc:
             env["gpu"] = f"none: {exc}"
-        env["tensorrt"] = _tensorrt.import_tensorrt().__version__ if _tensorrt.has_tensorrt() else None
+        env["tensorrt"] = import_tensorrt().__version__ if has_tensorrt() else None
         report = run_doctor(self.plugin_path)
         env["doctor"] = report.table().splitlines()
         self.results["environment"] = env
@@ -301,10 +301,10 @@ class Check:
     def routes(self) -> list[str]:
         if self.args.routes != "auto":
             return list(self.args.routes)
-        from deamoe_trt.trt import _tensorrt
+        from deamoe_trt.trt import has_tensorrt, tensorrt_version
 
         routes = ["cpp"]
-        if _tensorrt.has_tensorrt() and _tensorrt.tensorrt_version() >= (10, 6):
+        if has_tensorrt() and tensorrt_version() >= (10, 6):
             routes.append("python")
         return routes
 

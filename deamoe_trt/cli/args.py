@@ -10,44 +10,59 @@ from ..dtypes import DTYPES
 DTYPE_NAMES = {d.name: d.torch for d in DTYPES}
 
 
-def token_counts(text: str) -> list[int]:
-    """'1,4,16' -> [1, 4, 16]; argparse reports a ValueError/ArgumentTypeError as one line."""
-    try:
-        counts = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token counts like 1,4,16, got {text!r}") from None
-    if not counts or any(c < 1 for c in counts):
-        raise argparse.ArgumentTypeError(f"token counts must be integers >= 1, got {text!r}")
-    return counts
+# Argument types: argparse reports their ArgumentTypeError as one line, exit 2.
 
 
-def _int_at_least(text: str, low: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
-    return value
+def int_list(low: int, noun: str, example: str) -> Callable[[str], list[int]]:
+    """'1,4,16' -> [1, 4, 16]: at least one integer, each >= low; noun names them in errors."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {noun} like {example}, got {text!r}") from None
+        if not values or any(v < low for v in values):
+            raise argparse.ArgumentTypeError(f"{noun} must be integers >= {low}, got {text!r}")
+        return values
+
+    return parse
 
 
-def positive_int(text: str) -> int:
-    return _int_at_least(text, 1)
+def int_at_least(low: int, what: str | None = None) -> Callable[[str], int]:
+    """An integer >= low; what (default "an integer >= low") says what was expected."""
+    expected = what or f"an integer >= {low}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    return _int_at_least(text, 0)
+def number(what: str, accept: Callable[[float], bool]) -> Callable[[str], float]:
+    """A float that accept() takes (NaN never is); what says which ones, e.g. "a number in [0, 1)"."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value != value or not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def unit_fraction(text: str) -> float:
-    """A number in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
-    return value
+token_counts = int_list(1, "token counts", "1,4,16")
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
+unit_fraction = number("a number in [0, 1)", lambda v: 0 <= v < 1)
 
 
 def add_checkpoint(parser: argparse.ArgumentParser, *, name: str = "checkpoint", help: str | None = None) -> None:

@@ -10,17 +10,11 @@ import argparse
 
 from . import args as common
 
+_layer_count = common.int_at_least(0, "a layer count >= 0 or 'auto'")
+
 
 def _layers(text: str):
-    if text == "auto":
-        return "auto"
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a layer count or 'auto', got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a layer count >= 0 or 'auto', got {text!r}")
-    return value
+    return "auto" if text == "auto" else _layer_count(text)
 
 
 def _names(text: str) -> list[str]:
@@ -91,7 +85,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--memory-fraction",
-        type=_fraction,
+        type=common.number("a number in (0, 1]", lambda v: 0 < v <= 1),
         default=None,
         metavar="F",
         help="share of available memory the run may plan for (default 0.8); contenders beyond it are skipped",
@@ -110,16 +104,6 @@ def register(subparsers) -> None:
     )
     common.add_seed(parser)
     parser.set_defaults(func=run)
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return value
 
 
 def run(args) -> int:

@@ -6,8 +6,6 @@ on the target itself: the command checks this GPU against --target (auto picks o
 
 from __future__ import annotations
 
-import argparse
-
 from . import args as common
 
 
@@ -57,7 +55,12 @@ def register(subparsers) -> None:
         const=False,
         help="TensorRT 10: let the target's fp16/bf16 flag lower float32 layers",
     )
-    parser.add_argument("--workspace", type=_mib, metavar="MiB", help="override the target's workspace pool limit")
+    parser.add_argument(
+        "--workspace",
+        type=common.int_at_least(1, "a size in MiB (an integer >= 1)"),
+        metavar="MiB",
+        help="override the target's workspace pool limit",
+    )
     parser.add_argument(
         "--device-memory",
         type=float,
@@ -66,16 +69,6 @@ def register(subparsers) -> None:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="TensorRT's INFO messages too")
     parser.set_defaults(func=run, strongly_typed=None)
-
-
-def _mib(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size in MiB (an integer >= 1), got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a size in MiB (an integer >= 1), got {text!r}")
-    return value
 
 
 def run(args) -> int:

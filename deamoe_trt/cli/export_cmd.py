@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 from . import args as common
 
 
@@ -30,21 +28,11 @@ def register(subparsers) -> None:
     parser.add_argument("--recipe", metavar="TOML", help="export recipe, e.g. export-recipes/tiny-ort.toml")
     parser.add_argument(
         "--external-data-threshold",
-        type=_bytes,
+        type=common.int_at_least(0, "a byte count >= 0"),
         metavar="BYTES",
         help="weights past this many bytes go to <file>.data (default: protobuf's 2 GiB less 64 MiB)",
     )
     parser.set_defaults(func=run)
-
-
-def _bytes(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a byte count, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a byte count >= 0, got {text!r}")
-    return value
 
 
 def run(args) -> int:

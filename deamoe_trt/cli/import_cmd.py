@@ -77,8 +77,9 @@ def _run_model(args) -> int:
     from ..checkpoint import CONFIG_FILE
     from ..console import format_bytes
     from ..errors import UsageError
-    from ..importers.hf_lm import import_hf_lm, peak_rss_bytes, read_config
+    from ..importers.hf_lm import import_hf_lm, read_config
     from ..lm.checkpoint import FORMAT
+    from ..resources import peak_rss_bytes
 
     model_dir, output = Path(args.model_dir), Path(args.output)
     read_config(model_dir)
@@ -114,16 +115,16 @@ def _refuse_foreign(existing: Path, fmt: str) -> None:
 def _run_layers(args) -> int:
     from ..checkpoint import CONFIG_FILE, FORMAT
     from ..errors import UsageError
-    from ..importers.hf_dir import load_hf_dir, read_hf_config
+    from ..importers.hf_layers import load_moe_layers, read_layers_config
 
     model_dir, output = Path(args.model_dir), Path(args.output)
-    read_hf_config(model_dir)  # bad input fails before anything heavy is imported
+    read_layers_config(model_dir)  # bad input fails before anything heavy is imported
     if output.exists() and model_dir.exists() and output.resolve() == model_dir.resolve():
         raise UsageError(f"-o {output} is the model directory itself; write the checkpoint elsewhere")
     _refuse_foreign(output / CONFIG_FILE, FORMAT)
 
     dtype = None if args.dtype == "auto" else common.DTYPE_NAMES[args.dtype]
-    stack = load_hf_dir(model_dir, layers=args.layers, dtype=dtype)
+    stack = load_moe_layers(model_dir, layers=args.layers, dtype=dtype)
     stack.save_pretrained(output)
     c = stack.config
     layers = stack.source["layers"]

@@ -9,29 +9,7 @@ schema when tritonclient is installed. See docs/serving.md.
 
 from __future__ import annotations
 
-import argparse
-
 from . import args as common
-
-
-def _gpus(text: str) -> list[int]:
-    try:
-        gpus = [int(p) for p in text.split(",") if p.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected GPU indices like 0,1, got {text!r}") from None
-    if not gpus or any(g < 0 for g in gpus):
-        raise argparse.ArgumentTypeError(f"expected GPU indices >= 0 like 0,1, got {text!r}")
-    return gpus
-
-
-def _batch(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
 
 
 def register(subparsers) -> None:
@@ -69,11 +47,16 @@ def register(subparsers) -> None:
     )
     shared = parser.add_argument_group("all models")
     shared.add_argument("--instances", type=common.positive_int, default=1, help="instances per device (default 1)")
-    shared.add_argument("--gpus", type=_gpus, metavar="I,J", help="GPUs the instances go on (default: all)")
+    shared.add_argument(
+        "--gpus",
+        type=common.int_list(0, "GPU indices", "0,1"),
+        metavar="I,J",
+        help="GPUs the instances go on (default: all)",
+    )
     shared.add_argument("--threads", type=common.positive_int, default=1, help="CPU threads per instance (default 1)")
     shared.add_argument(
         "--max-batch-size",
-        type=_batch,
+        type=common.non_negative_int,
         metavar="N",
         help="Triton batch size for engine/ort (default: the export's max_tokens when tokens can batch; 0: off)",
     )

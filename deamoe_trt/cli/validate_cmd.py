@@ -3,9 +3,9 @@ with the PyTorch reference of its checkpoint on random inputs; exits 1 above tol
 
 from __future__ import annotations
 
-import argparse
-
 from . import args as common
+
+TOLERANCE = common.number("a number >= 0", lambda v: v >= 0)
 
 
 def register(subparsers) -> None:
@@ -16,26 +16,16 @@ def register(subparsers) -> None:
     parser.add_argument("--against", required=True, metavar="CKPT", help="checkpoint the model was exported from")
     common.add_tokens(parser, default="1,4,16")
     parser.add_argument(
-        "--atol", type=_tolerance, help="absolute tolerance (default by dtype: fp32 1e-4, fp16 1e-2, bf16 5e-2)"
+        "--atol", type=TOLERANCE, help="absolute tolerance (default by dtype: fp32 1e-4, fp16 1e-2, bf16 5e-2)"
     )
     parser.add_argument(
-        "--rtol", type=_tolerance, help="relative tolerance (default by dtype: fp32 1e-3, fp16 1e-2, bf16 5e-2)"
+        "--rtol", type=TOLERANCE, help="relative tolerance (default by dtype: fp32 1e-3, fp16 1e-2, bf16 5e-2)"
     )
     common.add_seed(parser)
     parser.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="ONNX Runtime execution provider")
     parser.add_argument("--plugin", metavar="PATH", help="plugin library for TensorRT engines")
     parser.add_argument("--inputs", metavar="NPY", help="hidden states [T, d] (.npy) to use instead of random ones")
     parser.set_defaults(func=run)
-
-
-def _tolerance(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
 
 
 def run(args) -> int:

@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-from ..config import DeaMoEConfig
+from ..config import top_k_moe
 from ..lm import DeaMoELM, LMConfig
 from ..train.lm import TrainResult, TrainSettings, train
 
@@ -27,16 +27,7 @@ MOE = LMConfig(
     num_heads=4,
     num_key_value_heads=2,
     max_position_embeddings=128,
-    moe=DeaMoEConfig(
-        hidden_size=128,
-        num_departments=1,
-        experts_per_department=EXPERTS,
-        shared_intermediate_size=0,
-        private_intermediate_size=WIDTH,
-        top_k=TOP_K,
-        top_departments=1,
-        norm_topk_prob=True,
-    ),
+    moe=top_k_moe(hidden_size=128, num_experts=EXPERTS, intermediate_size=WIDTH, top_k=TOP_K, norm_topk_prob=True),
 )
 DENSE = MOE.replace(moe=MOE.moe.replace(experts_per_department=1, top_k=1))
 SETTINGS = TrainSettings(steps=300, batch_size=16, seq_len=128, lr=3e-3, warmup=20, eval_batches=4, log_every=25)
@@ -82,15 +73,8 @@ def fine_grained(
         num_heads=max(1, hidden // 32),
         num_key_value_heads=max(1, hidden // 64),
         max_position_embeddings=context,
-        moe=DeaMoEConfig(
-            hidden_size=hidden,
-            num_departments=1,
-            experts_per_department=experts,
-            shared_intermediate_size=0,
-            private_intermediate_size=width,
-            top_k=top_k,
-            top_departments=1,
-            norm_topk_prob=True,
+        moe=top_k_moe(
+            hidden_size=hidden, num_experts=experts, intermediate_size=width, top_k=top_k, norm_topk_prob=True
         ),
     )
 

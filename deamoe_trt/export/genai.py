@@ -22,15 +22,13 @@ alphabet) as eos so generation runs to max_length, as `deamoe-trt generate` does
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .._io import staged_folder
 from ..errors import MissingDependencyError, UsageError, one_line
 from ..export.lm import INPUT_IDS, LOGITS, build_lm_model
 from ..lm.model import DeaMoELM
@@ -41,6 +39,7 @@ from ..lm.tokenizer import (
     byte_level_tokenizer_json,
     default_tokenizer,
 )
+from ..versions import check_tested
 from .save import save_model
 
 MODEL_FILE = "model.onnx"
@@ -53,24 +52,10 @@ BYTE_EOS = 0
 ATTENTION_MASK, POSITION_IDS = "attention_mask", "position_ids"
 
 
-def tested_range() -> str:
-    (lo_major, lo_minor), (hi_major, hi_minor) = TESTED_VERSIONS
-    if (lo_major, lo_minor) == (hi_major, hi_minor):
-        return f"{lo_major}.{lo_minor}.x"
-    return f"{lo_major}.{lo_minor}.x to {hi_major}.{hi_minor}.x"
-
-
 def check_genai_version(version: str) -> None:
     """A UsageError unless version (onnxruntime_genai.__version__) is in TESTED_VERSIONS."""
-    try:
-        major_minor = tuple(int(part) for part in version.split(".")[:2])
-    except ValueError:
-        raise UsageError(f"onnxruntime-genai reports version {version!r}, which deamoe-trt cannot read") from None
-    if not TESTED_VERSIONS[0] <= major_minor <= TESTED_VERSIONS[1]:
-        raise UsageError(
-            f"onnxruntime-genai {version} is outside the versions deamoe-trt's GenAI folders were tested with "
-            f"({tested_range()}); install one of those: pip install 'onnxruntime-genai>=0.18,<0.19'"
-        )
+    install = "pip install 'onnxruntime-genai>=0.18,<0.19'"
+    check_tested(version, TESTED_VERSIONS, "onnxruntime-genai", "deamoe-trt's GenAI folders", install)
 
 
 def load_genai(folder: str | Path):
@@ -166,14 +151,7 @@ def export_genai(
     folder = Path(folder)
     tokenizer = tokenizer or default_tokenizer(model.config.vocab_size)
     check_genai_model(model, form, dtype, tokenizer)
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"cannot write the GenAI folder {folder}: a file is in the way")
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
-    except OSError as exc:
-        raise UsageError(f"cannot write {folder}: {one_line(exc)}") from None
-    try:
+    with staged_folder(folder, "the GenAI folder", last=CONFIG_FILE) as staging:
         proto = build_lm_model(model, form, dtype, opset, tokenizer=tokenizer, twin=twin)
         add_padding_inputs(proto)
         save_model(proto, staging / MODEL_FILE)
@@ -191,16 +169,12 @@ def export_genai(
             eos_ids, bos_id, pad_id = [BYTE_EOS], BYTE_EOS, BYTE_EOS
         config = genai_config(model, eos_ids=eos_ids, bos_id=bos_id, pad_id=pad_id)
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        folder.mkdir(exist_ok=True)
-        names = sorted(p.name for p in staging.iterdir())
-        for name in sorted(names, key=lambda n: n == CONFIG_FILE):
-            os.replace(staging / name, folder / name)
-        if MODEL_FILE + ".data" not in names:  # a stale one from an earlier, larger export
+        external_data = (staging / (MODEL_FILE + ".data")).exists()
+    if not external_data:  # a stale one from an earlier, larger export
+        try:
             (folder / (MODEL_FILE + ".data")).unlink(missing_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot write {folder}: {one_line(exc)}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        except OSError as exc:
+            raise UsageError(f"cannot write {folder}: {one_line(exc)}") from None
     return folder
 
 

@@ -21,7 +21,7 @@ Where this importer differs from a Hugging Face implementation, see docs/importe
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..config import ConfigError, DeaMoEConfig
+from ..config import ConfigError, DeaMoEConfig, top_k_moe
 from ..errors import UsageError
 from ..layer import SUPPORTED_DTYPES, DeaMoELayer, DeaMoEStack
 
@@ -192,21 +192,14 @@ def _read_softmax_topk(module: nn.Module, name: str, family: str) -> tuple[DeaMo
         _read_shared(module, name, weights, "shared_expert", gated=True)
     fields = dict(
         hidden_size=hidden,
-        num_departments=1,
-        experts_per_department=num_experts,
-        shared_intermediate_size=0,
-        private_intermediate_size=weights.down.shape[-1],
+        num_experts=num_experts,
+        intermediate_size=weights.down.shape[-1],
         top_k=int(top_k),
-        top_departments=1,
-        score_func="softmax",
-        department_score="max",
         norm_topk_prob=norm,
-        routed_scaling_factor=1.0,
-        router_bias=False,
         shared_expert_intermediate_size=0 if weights.shared_down is None else weights.shared_down.shape[-1],
         shared_expert_gate=weights.shared_gate is not None,
     )
-    return _config(fields, name), weights
+    return _config(fields, name, top_k_moe), weights
 
 
 def _read_deepseek_v3(module: nn.Module, name: str) -> tuple[DeaMoEConfig, _Weights]:
@@ -410,9 +403,9 @@ def _check_silu(act: Any, where: str) -> None:
         raise UsageError(f"{where} uses activation {type(act).__name__}, not silu; DeaMoE experts are SwiGLU")
 
 
-def _config(fields: dict[str, Any], name: str) -> DeaMoEConfig:
+def _config(fields: dict[str, Any], name: str, make: Callable[..., DeaMoEConfig] = DeaMoEConfig) -> DeaMoEConfig:
     try:
-        return DeaMoEConfig(**fields)
+        return make(**fields)
     except ConfigError as exc:
         raise UsageError(f"{name} has no DeaMoE equivalent: {exc}") from None
 

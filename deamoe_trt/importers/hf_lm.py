@@ -23,9 +23,7 @@ Order of work, so that bad input leaves nothing behind:
 from __future__ import annotations
 
 import json
-import resource
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -34,13 +32,14 @@ import torch
 
 from .._io import atomic_path, atomic_write_text
 from ..checkpoint import CONFIG_FILE, DTYPES, WEIGHTS_FILE, dtype_name
-from ..config import ConfigError, DeaMoEConfig
+from ..config import ConfigError, top_k_moe
 from ..errors import UsageError
 from ..lm.config import LMConfig
+from ..resources import peak_rss_bytes
 from .derived import Derived
 from .families import FAMILIES, gpt_oss
-from .families.common import rope_from_hf
-from .hf_dir import check_not_quantized, read_config_json, safetensors_files
+from .families.common import HFConfig, check_silu, dense_mlp, lm_fields, norms, rope_from_hf, routed_experts, shared_mlp
+from .hf_directory import check_not_quantized, read_config_json, safetensors_files
 from .safetensors_io import ST_DTYPES, ShardReader, StreamingWriter, index_checkpoint
 
 # model_type -> the name users know it by.
@@ -57,7 +56,6 @@ _DEFAULT_THETA = {"qwen3_moe": 10000.0, "qwen2_moe": 10000.0, "mixtral": 1e6, "o
 _MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 # Tensors that are derived, not weights (old checkpoints saved the rotary frequencies).
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
 def supported_list() -> str:
@@ -99,22 +97,11 @@ def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
             return FAMILIES[t].lm_config(hf, where)
         except (ConfigError, TypeError, ValueError) as exc:
             raise UsageError(f"{where} has no deamoe-trt equivalent: {exc}") from None
-
-    def get(name: str, default: Any = None) -> Any:
-        value = hf.get(name)
-        return default if value is None else value
-
-    def need(name: str) -> Any:
-        if hf.get(name) is None:
-            raise UsageError(f"{where} lacks {name}, which a {SUPPORTED_LM_TYPES[t]} config must set")
-        return hf[name]
-
-    act = get("hidden_act", "silu")
-    if act != "silu":
-        raise UsageError(f"{where}: hidden_act {act!r} is not supported; deamoe-trt's FFNs are SwiGLU (silu)")
-    layers = int(need("num_hidden_layers"))
-    heads = int(need("num_attention_heads"))
-    hidden = int(need("hidden_size"))
+    cfg = HFConfig(hf, where, SUPPORTED_LM_TYPES[t])
+    get, need = cfg.get, cfg.need
+    check_silu(cfg)
+    layers = cfg.int("num_hidden_layers")
+    hidden = cfg.int("hidden_size")
 
     theta, scaling = rope_from_hf(hf, _DEFAULT_THETA[t], where)
 
@@ -134,34 +121,20 @@ def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
     expert_width = int(need("moe_intermediate_size") if t.startswith("qwen") else need("intermediate_size"))
     shared = int(get("shared_expert_intermediate_size", 0)) if t == "qwen2_moe" else 0
     try:
-        moe = DeaMoEConfig(
+        moe = top_k_moe(
             hidden_size=hidden,
-            num_departments=1,
-            experts_per_department=experts,
-            shared_intermediate_size=0,
-            private_intermediate_size=expert_width,
+            num_experts=experts,
+            intermediate_size=expert_width,
             top_k=int(need("num_experts_per_tok")),
-            top_departments=1,
-            score_func="softmax",
-            department_score="max",
             # Mixtral always renormalises its top-k probabilities; the others say whether they do.
             norm_topk_prob=True if t == "mixtral" else bool(get("norm_topk_prob", False)),
-            routed_scaling_factor=1.0,
-            router_bias=False,
             shared_expert_intermediate_size=shared,
             shared_expert_gate=shared > 0,
         )
         return LMConfig(
-            vocab_size=int(need("vocab_size")),
-            hidden_size=hidden,
-            num_layers=layers,
-            num_heads=heads,
-            num_key_value_heads=int(get("num_key_value_heads", heads)),
-            max_position_embeddings=int(need("max_position_embeddings")),
+            **lm_fields(cfg, rms_norm_eps=1e-6),
             moe=moe,
             rope_theta=theta,
-            rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
-            head_dim=int(get("head_dim", 0)),
             qkv_bias=qkv_bias,
             o_bias=o_bias,
             qk_norm=qk_norm,
@@ -171,7 +144,6 @@ def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
             sliding_window_layers=window_layers,
             dense_layers=tuple(dense),
             dense_intermediate_size=int(get("intermediate_size", 0)) if dense else 0,
-            tie_word_embeddings=bool(get("tie_word_embeddings", False)),
         )
     except (ConfigError, TypeError, ValueError) as exc:
         raise UsageError(f"{where} has no deamoe-trt equivalent: {exc}") from None
@@ -214,10 +186,7 @@ def _block_sources(config: LMConfig, model_type: str, index: dict, i: int, hf: d
     if model_type in FAMILIES:
         return FAMILIES[model_type].block_sources(hf or {"model_type": model_type}, config, index, i)
     src = f"model.layers.{i}."
-    out: dict[str, Any] = {
-        "input_layernorm.weight": src + "input_layernorm.weight",
-        "post_attention_layernorm.weight": src + "post_attention_layernorm.weight",
-    }
+    out = norms(src)
     for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
         out[f"self_attn.{proj}.weight"] = src + f"self_attn.{proj}.weight"
         out[f"self_attn.{proj}.bias"] = src + f"self_attn.{proj}.bias"
@@ -228,24 +197,15 @@ def _block_sources(config: LMConfig, model_type: str, index: dict, i: int, hf: d
         out.update(gpt_oss.moe_sources(config, index, src + "mlp."))
         return out
     if config.is_dense(i):
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            out[f"mlp.{proj}.weight"] = src + f"mlp.{proj}.weight"
+        out.update(dense_mlp(src))
         return out
     moe = src + ("block_sparse_moe." if model_type == "mixtral" and src + "mlp.gate.weight" not in index else "mlp.")
-    n = config.moe.num_experts
     out["mlp.router.weight"] = moe + "gate.weight"
-    if moe + "experts.gate_up_proj" in index:  # transformers 5 fused layout: [E, 2I, d], [E, d, I]
-        out["mlp.experts.gate_up"] = ("fused", moe + "experts.gate_up_proj")
-        out["mlp.experts.down"] = ("fused", moe + "experts.down_proj")
-    else:
-        names = ("w1", "w3", "w2") if moe + "experts.0.w1.weight" in index else ("gate_proj", "up_proj", "down_proj")
-        gate, up, down = ([f"{moe}experts.{e}.{p}.weight" for e in range(n)] for p in names)
-        out["mlp.experts.gate_up"] = ("experts", list(zip(gate, up, strict=True)))
-        out["mlp.experts.down"] = ("experts", [(d,) for d in down])
+    # Mixtral's per-expert MLPs call gate, up and down w1, w3 and w2.
+    names = ("w1", "w3", "w2") if moe + "experts.0.w1.weight" in index else ("gate_proj", "up_proj", "down_proj")
+    out.update(routed_experts(moe, index, config.moe.num_experts, names))
     if config.moe.has_shared_experts:
-        sh = moe + "shared_expert."
-        out["mlp.shared_experts.gate_up"] = ("experts", [(sh + "gate_proj.weight", sh + "up_proj.weight")])
-        out["mlp.shared_experts.down"] = sh + "down_proj.weight"
+        out.update(shared_mlp(moe + "shared_expert."))
         out["mlp.shared_experts.gate"] = moe + "shared_expert_gate.weight"
     return out
 
@@ -318,22 +278,6 @@ def _write_tensor(writer: StreamingWriter, reader: ShardReader, name: str, recip
     for sources in recipe[1]:  # one expert at a time: [gate rows; up rows] or its down
         for source in sources:
             writer.append(reader.get(source))
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size so far.
-
-    Linux: VmHWM of /proc/self/status, the high-water mark of this process image. Not
-    getrusage's ru_maxrss, which survives exec: a process started by a big parent reports
-    the parent's peak (measured: 1.9 GB for an import whose own peak was 0.5 GB)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def import_hf_lm(

@@ -50,11 +50,11 @@ class CudaRuntime(RuntimeBase):
             started = time.perf_counter()
             if self.is_emulated:
                 from ..checks.emulated import build_emulated_library
-                from ..cuda import _abi
+                from ..cuda import bind
 
                 default = Path("/tmp") / "deamoe_gpu_check_dry_run" / "libdeamoe_emulated.so"
                 path = Path(self.library) if self.library else build_emulated_library(default)
-                self._lib = _abi.bind(ctypes.CDLL(str(path)))
+                self._lib = bind(ctypes.CDLL(str(path)))
                 self.library_path = str(path)
             else:
                 from ..cuda import load_library
@@ -74,19 +74,19 @@ class CudaRuntime(RuntimeBase):
     # -- the kernels --------------------------------------------------------------------
 
     def forward(self, layer, x: torch.Tensor) -> torch.Tensor:
-        from ..cuda import _ops
+        from ..cuda import forward_with
 
-        return _ops.forward_with(self.lib, layer, x, self._stream())
+        return forward_with(self.lib, layer, x, self._stream())
 
     def route(self, layer, x: torch.Tensor):
-        from ..cuda import _ops
+        from ..cuda import route_with
 
-        return _ops.route_with(self.lib, layer, x, self._stream())
+        return route_with(self.lib, layer, x, self._stream())
 
     def router_logits(self, layer, x: torch.Tensor) -> torch.Tensor:
-        from ..cuda import _ops
+        from ..cuda import router_logits_with
 
-        return _ops.router_logits_with(self.lib, layer, x, self._stream())
+        return router_logits_with(self.lib, layer, x, self._stream())
 
     def set_programmatic_launch(self, enabled: bool) -> bool:
         """Launch the forward kernels as programmatic dependents; returns the previous setting."""

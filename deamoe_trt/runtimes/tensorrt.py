@@ -29,10 +29,10 @@ class TensorRTRuntime(RuntimeBase):
     dtypes = (torch.float32, torch.float16)
 
     def available(self) -> str | None:
-        from ..trt import _tensorrt
+        from ..trt import import_tensorrt
 
         try:
-            _tensorrt.import_tensorrt()
+            import_tensorrt()
         except MissingDependencyError as exc:
             return one_line(exc)
         if not torch.cuda.is_available():

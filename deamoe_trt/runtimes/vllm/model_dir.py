@@ -18,16 +18,14 @@ failed export leaves nothing vLLM would load. No vLLM is needed to write it.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from safetensors.torch import save_file
 
+from ..._io import staged_folder
 from ...checkpoint import CONFIG_FILE, WEIGHTS_FILE, dtype_name
-from ...errors import UsageError, one_line
+from ...errors import UsageError
 from ...lm.checkpoint import load_lm, read_lm_header, stored_state
 from ...lm.config import LMConfig
 from ...lm.model import DeaMoELM
@@ -90,14 +88,7 @@ def write_lm_dir(model: DeaMoELM, tokenizer: Tokenizer, directory: str | Path) -
     config = model.config
     check_servable(config)
     check_tokenizer(tokenizer)
-    if directory.exists() and not directory.is_dir():
-        raise UsageError(f"cannot write the vLLM model directory {directory}: a file is in the way")
-    try:
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
-    except OSError as exc:
-        raise UsageError(f"cannot write {directory}: {one_line(exc)}") from None
-    try:
+    with staged_folder(directory, "the vLLM model directory", last=CONFIG_FILE) as staging:
         tensors = {name: t.detach().cpu().contiguous() for name, t in stored_state(model.state_dict(), config).items()}
         save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
         eos = _write_tokenizer(tokenizer, staging)
@@ -107,14 +98,6 @@ def write_lm_dir(model: DeaMoELM, tokenizer: Tokenizer, directory: str | Path) -
         if eos is not None:
             hf["eos_token_id"] = eos
         (staging / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
-        directory.mkdir(exist_ok=True)
-        names = sorted(p.name for p in staging.iterdir())
-        for name in sorted(names, key=lambda n: n == CONFIG_FILE):
-            os.replace(staging / name, directory / name)
-    except OSError as exc:
-        raise UsageError(f"cannot write {directory}: {one_line(exc)}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return directory
 
 

@@ -1,4 +1,4 @@
-"""A local Hugging Face model directory (config.json + *.safetensors) as a DeaMoE stack.
+"""The MoE layers of a local Hugging Face model directory as a DeaMoE stack (`import-hf --layers-only`).
 
 The model is built by transformers from the directory alone (local_files_only, no remote
 code) and its weights are read from safetensors only: pickled weights (*.bin, *.pt) are
@@ -15,15 +15,13 @@ from typing import Any
 
 import torch
 
-from .._io import read_json
 from ..errors import MissingDependencyError, UsageError, one_line
 from ..layer import DeaMoEStack
 from .hf import SUPPORTED_MODEL_TYPES, find_moe_blocks, from_hf_model
+from .hf_directory import check_not_quantized, read_config_json, safetensors_files
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
-
-def read_hf_config(model_dir: str | Path) -> dict[str, Any]:
+def read_layers_config(model_dir: str | Path) -> dict[str, Any]:
     """config.json of a local Hugging Face model directory, checked for a supported model_type."""
     config = read_config_json(model_dir)
     model_type = config.get("model_type")
@@ -36,51 +34,7 @@ def read_hf_config(model_dir: str | Path) -> dict[str, Any]:
     return config
 
 
-def read_config_json(model_dir: str | Path) -> dict[str, Any]:
-    """config.json of a local model directory as a dict; one-line errors for a missing
-    directory or file and for invalid JSON (the layer and the whole-model imports share them)."""
-    path = Path(model_dir)
-    if not path.exists():
-        raise UsageError(f"{path} does not exist; pass a local Hugging Face model directory")
-    if not path.is_dir():
-        raise UsageError(
-            f"{path} is not a directory; pass a local Hugging Face model directory (config.json + *.safetensors)"
-        )
-    config_path = path / "config.json"
-    if not config_path.is_file():
-        raise UsageError(f"{path} has no config.json; is it a Hugging Face model directory?")
-    config = read_json(config_path)
-    if not isinstance(config, dict):
-        raise UsageError(f"{config_path} is not a JSON object")
-    return config
-
-
-def check_not_quantized(config: dict[str, Any], model_dir: str | Path) -> None:
-    quantization = config.get("quantization_config")
-    if quantization:
-        method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else "?"
-        raise UsageError(
-            f"{model_dir} holds quantized weights (quant_method {method!r}); "
-            "dequantize them to bfloat16 or float32 safetensors first"
-        )
-
-
-def safetensors_files(model_dir: str | Path) -> list[Path]:
-    """The directory's *.safetensors files; a clear error when it has only pickled weights."""
-    path = Path(model_dir)
-    files = sorted(path.glob("*.safetensors"))
-    if files:
-        return files
-    pickled = sorted(p.name for p in path.iterdir() if p.is_file() and p.suffix in PICKLE_SUFFIXES)
-    if pickled:
-        raise UsageError(
-            f"{path} has only pickled weights ({pickled[0]}); deamoe-trt never unpickles files: "
-            "convert them to safetensors first (e.g. load and save_pretrained with transformers where you trust them)"
-        )
-    raise UsageError(f"{path} has no *.safetensors weights")
-
-
-def load_hf_dir(
+def load_moe_layers(
     model_dir: str | Path, *, layers: Sequence[int] | None = None, dtype: torch.dtype | None = None
 ) -> DeaMoEStack:
     """The MoE layers of the model in model_dir (all, or the HF layer indices in layers).
@@ -88,7 +42,7 @@ def load_hf_dir(
     dtype: the stack's dtype; default the dtype the weights are stored in. The stack's
     ``source`` is {"hf_model_type", "hf_module", "layers"} (see from_hf_model).
     """
-    read_hf_config(model_dir)
+    read_layers_config(model_dir)
     safetensors_files(model_dir)
     try:
         import transformers
