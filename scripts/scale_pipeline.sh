@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The whole pipeline on a synthetic checkpoint of a real model, each step timed:
-#   [FROM=STEP] [UNTIL=STEP] [CALIBRATION_TOKENS=N] scripts/scale_pipeline.sh CONFIG LAYERS DIR
+#   [FROM=STEP] [UNTIL=STEP] [CALIBRATION_TOKENS=N] [SHARD_GB=X] [EXTERNAL_DATA_THRESHOLD=BYTES] \
+#     scripts/scale_pipeline.sh CONFIG LAYERS DIR
 # e.g. scripts/scale_pipeline.sh olmoe-1b-7b 4 /tmp/scale. Writes DIR/steps.tsv (step, wall s,
 # peak RSS KB, bytes written, command) and each step's log; DIR needs the checkpoint's size
 # about four times over (source, import, converted, int4 and its export).
 # Steps: synth import-hf convert quantize export-lm generate-ort generate-cpu. FROM=STEP starts
 # at STEP on the outputs already in DIR (steps.tsv keeps the earlier steps' rows); UNTIL=STEP
 # stops after STEP. CALIBRATION_TOKENS (default 12000): random token ids convert fits on.
+# SHARD_GB (synth's --shard-gb, default 5) and EXTERNAL_DATA_THRESHOLD (export-lm's
+# --external-data-threshold, default 2 GiB less 64 MiB) lower the sizes at which the checkpoint
+# is sharded and the export's weights leave the graph, so that a small model takes those paths.
 set -euo pipefail
 config=$1 layers=$2 dir=$3
 py=${PYTHON:-python}
@@ -49,7 +53,8 @@ step() {  # step NAME OUTPUT CMD...
   echo "$name: ${wall}s, peak RSS ${rss} KB, ${bytes} B" >&2
 }
 dt=deamoe_trt
-step synth "$dir/hf" $py -m $dt.bench.synth --config "$config" --layers "$layers" -o "$dir/hf"
+step synth "$dir/hf" $py -m $dt.bench.synth --config "$config" --layers "$layers" -o "$dir/hf" \
+  ${SHARD_GB:+--shard-gb "$SHARD_GB"}
 step import-hf "$dir/lm" $py -m $dt import-hf "$dir/hf" -o "$dir/lm"
 if runs convert; then
   # Random token ids over the vocabulary as calibration: the synthetic tokenizer's words are not English.
@@ -65,7 +70,8 @@ step convert "$dir/conv" $py -m $dt convert "$dir/lm" -o "$dir/conv" --departmen
   --top-departments 4 --no-compare --calibration "$dir/ids.safetensors"
 # Streamed (tensor by tensor from disk): --no-compare skips the whole-model measurements.
 step quantize "$dir/q4" $py -m $dt quantize "$dir/conv" -o "$dir/q4" --bits 4 --no-compare
-step export-lm "$dir/q4.onnx" $py -m $dt export-lm "$dir/q4" -o "$dir/q4.onnx" --form ort
+step export-lm "$dir/q4.onnx" $py -m $dt export-lm "$dir/q4" -o "$dir/q4.onnx" --form ort \
+  ${EXTERNAL_DATA_THRESHOLD:+--external-data-threshold "$EXTERNAL_DATA_THRESHOLD"}
 prompt="w100 w2000 w31 w4000 w5 w600 w7000 w8"
 # The export above, run as it is: the process holds the model once, in ONNX Runtime.
 step generate-ort "" $py -m $dt generate "$dir/q4" --prompt "$prompt" --max-new-tokens 16 --runtime ort \

@@ -46,6 +46,12 @@ def register(subparsers) -> None:
         help="onnx: one ONNX file (default); genai: an ONNX Runtime GenAI model folder (model.onnx, "
         "genai_config.json, tokenizer files)",
     )
+    parser.add_argument(
+        "--external-data-threshold",
+        type=common.non_negative_int,
+        metavar="BYTES",
+        help="--target onnx: weights past this many bytes go to <file>.data (default: protobuf's 2 GiB less 64 MiB)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -67,6 +73,8 @@ def run(args) -> int:
     loaded = load_lm(args.checkpoint)
     if args.target == "genai":
         return _run_genai(args, loaded)
+    threshold = args.external_data_threshold
+    kwargs = {} if threshold is None else {"external_data_threshold": threshold}
     path = export_lm(
         loaded.model.twin(args.twin),
         Path(args.output),
@@ -75,6 +83,7 @@ def run(args) -> int:
         args.opset,
         tokenizer=loaded.tokenizer,
         twin=args.twin,
+        **kwargs,
     )
     size = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
     print(f"wrote {path} ({args.twin}, {args.form} form, {args.dtype}, {format_bytes(size)})")
@@ -97,6 +106,8 @@ def _run_genai(args, loaded) -> int:
 
     if args.validate:
         raise UsageError("--validate checks a single ONNX file; with --target genai, run export-lm without it")
+    if args.external_data_threshold is not None:
+        raise UsageError("--external-data-threshold places a single ONNX file's weights; not with --target genai")
     folder = export_genai(
         loaded.model.twin(args.twin),
         Path(args.output),

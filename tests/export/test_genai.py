@@ -124,6 +124,7 @@ def test_a_second_export_replaces_the_folder_contents_atomically(tiny_lm, tmp_pa
         (("--form", "plugin"), "writes the ort or onnx form, not 'plugin'"),
         (("--dtype", "bf16"), "not bf16"),
         (("--validate",), "--validate checks a single ONNX file"),
+        (("--external-data-threshold", "0"), "places a single ONNX file's weights"),
     ],
 )
 def test_export_refuses_what_genai_cannot_run_in_one_line_writing_nothing(tmp_path, capsys, flags, message):
