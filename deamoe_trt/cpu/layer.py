@@ -184,6 +184,16 @@ class CpuDeaMoE:
 
     # Packing -------------------------------------------------------------------------------
 
+    @classmethod
+    def of_twin(cls, layer: DeaMoELayer, twin: str, *, threads: int | None = None) -> CpuDeaMoE:
+        """layer's twin ("deamoe": layer itself; "expanded", "vanilla": DeaMoELayer's) packed for
+        the kernel; a bfloat16 layer runs as float16 (another rounding of the same weights)."""
+        if twin != "deamoe":
+            layer = getattr(layer, twin)()
+        if layer.dtype == torch.bfloat16:
+            layer = layer.to(torch.float16)
+        return cls(layer, threads=threads)
+
     def _pad_rows(self, weight: torch.Tensor) -> _Buffer:
         w = weight.detach().contiguous()
         rows, esize = w.shape[0], w.element_size()

@@ -216,10 +216,7 @@ class NativeModel:
             window=c.window(i),
         )
         if block.is_moe:
-            layer = block.mlp if self.twin == "deamoe" else getattr(block.mlp, self.twin)()
-            if layer.dtype == torch.bfloat16:
-                layer = layer.to(torch.float16)
-            self.ffns[i] = CpuDeaMoE(layer, threads=self.pool.threads)
+            self.ffns[i] = CpuDeaMoE.of_twin(block.mlp, self.twin, threads=self.pool.threads)
             desc.ffn = ctypes.addressof(self.ffns[i].desc)
         else:
             desc.ffn = ctypes.addressof(self._dense(state, p + "mlp."))

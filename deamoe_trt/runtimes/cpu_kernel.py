@@ -91,12 +91,7 @@ class CpuDecoder:
         self.max_context = model.config.max_position_embeddings
         self.ffns = ffns if ffns is not None else {}
         for i in [] if ffns is not None else model.moe_layers():
-            layer = model.layers[i].mlp
-            if twin != "deamoe":
-                layer = getattr(layer, twin)()
-            if layer.dtype == torch.bfloat16:
-                layer = layer.to(torch.float16)
-            self.ffns[i] = CpuDeaMoE(layer, threads=threads)
+            self.ffns[i] = CpuDeaMoE.of_twin(model.layers[i].mlp, twin, threads=threads)
         self.cache: KVCache | None = None
 
     def fork(self) -> CpuDecoder:
