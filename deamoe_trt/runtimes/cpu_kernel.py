@@ -78,7 +78,7 @@ def cpu_decoder(
 
 
 class CpuDecoder:
-    """The Decoder protocol of deamoe_trt.runtimes.decode on the CPU kernel."""
+    """A Decoder (runtimes.base) on the CPU kernel: attention in PyTorch, the FFNs on the kernel."""
 
     name = "cpu"
 
