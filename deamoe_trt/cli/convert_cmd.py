@@ -63,6 +63,12 @@ def register(subparsers) -> None:
         help="--data: the last X of the tokens is held out for every reported number (default 0.1)",
     )
     parser.add_argument(
+        "--heldout-windows",
+        type=common.positive_int,
+        metavar="N",
+        help="language models: how many held-out windows every reported number is measured on (default 16)",
+    )
+    parser.add_argument(
         "--calibration-tokens",
         type=common.positive_int,
         metavar="N",
@@ -111,16 +117,10 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    import torch
+    from ..train.determinism import deterministic_threads
 
-    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic_threads(args.threads):
         return _run(args)
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)
 
 
 def _run(args) -> int:
@@ -186,7 +186,12 @@ def _run(args) -> int:
         for i in loaded.model.moe_layers():  # dense blocks stay as they are
             settings.check(loaded.model.layers[i].mlp.config)
         source = lm_source(
-            loaded.model, loaded.tokenizer, text, heldout_fraction=args.heldout_fraction, heal_on_all=data is not None
+            loaded.model,
+            loaded.tokenizer,
+            text,
+            heldout_fraction=args.heldout_fraction,
+            heal_on_all=data is not None,
+            **({"heldout_windows": args.heldout_windows} if args.heldout_windows else {}),
         )
     else:
         if args.data:

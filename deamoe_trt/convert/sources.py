@@ -44,11 +44,14 @@ def lm_source(
     seq_len: int = 128,
     heldout_fraction: float = HELDOUT_FRACTION,
     heal_on_all: bool = False,
+    heldout_windows: int = HELDOUT_WINDOWS,
 ) -> Source:
     """text: a string (encoded with tokenizer) or token ids (any shape, read in order).
     heal_on_all: healing reads every window of the calibration part (data read with
     --data), not only the CALIBRATION_WINDOWS the fit sees."""
-    ids, cut, calibration, heldout = lm_windows(lm.config, tokenizer, text, seq_len, heldout_fraction)
+    ids, cut, calibration, heldout = lm_windows(
+        lm.config, tokenizer, text, seq_len, heldout_fraction, heldout_windows=heldout_windows
+    )
     length = calibration.shape[1]
     return Source(
         layers=[lm.layers[i].mlp for i in lm.moe_layers()],  # dense blocks stay as they are
@@ -62,7 +65,13 @@ def lm_source(
 
 
 def lm_windows(
-    config, tokenizer, text: str | torch.Tensor, seq_len: int = 128, heldout_fraction: float = HELDOUT_FRACTION
+    config,
+    tokenizer,
+    text: str | torch.Tensor,
+    seq_len: int = 128,
+    heldout_fraction: float = HELDOUT_FRACTION,
+    *,
+    heldout_windows: int = HELDOUT_WINDOWS,
 ) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]:
     """(token ids, where the held-out part starts, calibration windows, held-out windows) of
     text for a model of config (an LMConfig); windows are [W, seq_len + 1] token ids."""
@@ -80,7 +89,7 @@ def lm_windows(
             f"the calibration text is too short: {len(ids)} tokens; need at least {10 * length} "
             f"(90% to calibrate, 10% held out, windows of {length})"
         )
-    return ids, cut, windows_of(ids[:cut], length, CALIBRATION_WINDOWS), windows_of(ids[cut:], length, HELDOUT_WINDOWS)
+    return ids, cut, windows_of(ids[:cut], length, CALIBRATION_WINDOWS), windows_of(ids[cut:], length, heldout_windows)
 
 
 def _all_windows(ids: torch.Tensor, length: int) -> torch.Tensor:

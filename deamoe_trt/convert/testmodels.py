@@ -80,9 +80,12 @@ def fine_grained(
 
 
 FINE_GRAINED = fine_grained()
+# About 1.9 s a step on 2 threads of this project's 2-vCPU CI machine: 1200 steps (4.9M
+# tokens, 1.4 passes over the training part of the "austen" text) in about 40 minutes.
 FINE_GRAINED_SETTINGS = TrainSettings(
-    steps=2000, batch_size=16, seq_len=256, lr=2e-3, warmup=100, eval_batches=8, log_every=100
+    steps=1200, batch_size=16, seq_len=256, lr=2e-3, warmup=60, eval_batches=16, log_every=50, threads=2
 )
+FINE_GRAINED_CORPUS = "austen"
 
 
 def make_fine_grained(
@@ -93,6 +96,8 @@ def make_fine_grained(
     progress: bool = True,
     seq_len: int = FINE_GRAINED_SETTINGS.seq_len,
 ) -> TrainResult:
-    """config trained from a random init on the shipped text (seeded, one thread)."""
+    """config trained from a random init on the shipped six novels (seeded, two threads)."""
     settings = dataclasses.replace(FINE_GRAINED_SETTINGS, steps=steps, seed=seed, seq_len=seq_len)
-    return train(config, settings, progress=progress, label="train fine-grained MoE")
+    return train(
+        config, settings, progress=progress, label="train fine-grained MoE", corpus=FINE_GRAINED_CORPUS
+    )

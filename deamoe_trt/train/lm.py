@@ -14,6 +14,7 @@ Reported losses are the cross-entropy alone.
 
 from __future__ import annotations
 
+import lzma
 import math
 import time
 from dataclasses import dataclass, field
@@ -30,13 +31,33 @@ from ..lm.model import DeaMoELM
 from ..lm.presets import get_lm_preset
 from ..lm.tokenizer import ByteTokenizer
 from ..routing import Routing
+from .determinism import deterministic_threads
 
 TEXT_NAME = "persuasion.txt"
 TEXT_SOURCE = "Jane Austen, Persuasion (1818), public domain; via Debian r-cran-janeaustenr 1.0.0-1"
 
+# Shipped texts by name: the files (in deamoe_trt/lm/data, .xz ones compressed) joined in
+# order, and where they come from. "austen" ends with Persuasion, longer than a tenth of the
+# whole, so the held-out tail (the last 10%) is the end of that novel.
+CORPORA: dict[str, tuple[tuple[str, ...], str]] = {
+    "persuasion": ((TEXT_NAME,), TEXT_SOURCE),
+    "austen": (
+        ("austen-five.txt.xz", TEXT_NAME),
+        "Jane Austen's six novels (1811-1818; Persuasion last), public domain; "
+        "via Debian r-cran-janeaustenr 1.0.0-1",
+    ),
+}
 
-def shipped_text() -> str:
-    return resources.files("deamoe_trt.lm").joinpath("data", TEXT_NAME).read_text(encoding="ascii")
+
+def shipped_text(corpus: str = "persuasion") -> str:
+    if corpus not in CORPORA:
+        raise UsageError(f"unknown text {corpus!r}; shipped: {', '.join(CORPORA)}")
+    folder = resources.files("deamoe_trt.lm").joinpath("data")
+    parts = []
+    for name in CORPORA[corpus][0]:
+        data = folder.joinpath(name).read_bytes()
+        parts.append((lzma.decompress(data) if name.endswith(".xz") else data).decode("ascii"))
+    return "".join(parts)
 
 
 @dataclass(frozen=True)
@@ -75,10 +96,11 @@ class TrainResult:
     val_loss: float
     losses: list[float] = field(default_factory=list)  # cross-entropy per step
     seconds: float = 0.0
+    text_source: str = TEXT_SOURCE
 
     def summary(self, settings: TrainSettings) -> dict:
         return {
-            "text": TEXT_SOURCE,
+            "text": self.text_source,
             "tokenizer": "bytes",
             "steps": settings.steps,
             "batch_size": settings.batch_size,
@@ -139,28 +161,26 @@ def train(
     progress: bool = True,
     model: DeaMoELM | None = None,
     label: str = "train-tiny",
+    corpus: str = "persuasion",
 ) -> TrainResult:
-    """Train config (default tiny-lm) on text (default the shipped one); deterministic given
-    settings.seed and settings.threads. `model`: start from these weights (trained in place,
-    its config replaces `config`) instead of a random init, e.g. an upcycled model."""
+    """Train config (default tiny-lm) on text (default the shipped corpus named `corpus`);
+    deterministic given settings.seed and settings.threads. `model`: start from these weights
+    (trained in place, its config replaces `config`) instead of a random init, e.g. an
+    upcycled model."""
     config = model.config if model is not None else config or get_lm_preset("tiny-lm")
     settings = settings or TrainSettings()
     tokenizer = tokenizer or ByteTokenizer(vocab_size=config.vocab_size)
     if settings.seq_len > config.max_position_embeddings:
         raise UsageError(f"seq_len {settings.seq_len} exceeds the model's context {config.max_position_embeddings}")
-    train_ids, val_ids = split_text(text if text is not None else shipped_text(), tokenizer, settings.val_fraction)
+    source = "a given text" if text is not None else CORPORA.get(corpus, ((), ""))[1]
+    train_ids, val_ids = split_text(text if text is not None else shipped_text(corpus), tokenizer, settings.val_fraction)
 
-    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(settings.threads)
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic_threads(settings.threads):
         torch.manual_seed(settings.seed)
         if model is None:
             model = DeaMoELM.random(config, seed=settings.seed)
         result = _train(model, tokenizer, train_ids, val_ids, settings, progress, label)
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)
+    result.text_source = source
     return result
 
 

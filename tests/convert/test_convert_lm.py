@@ -90,6 +90,8 @@ def test_convert_cli_writes_a_loadable_model_and_report(vanilla_lm, tmp_path, ca
         "1",
         "--calibration",
         str(text),
+        "--heldout-windows",
+        "3",
         "--report",
         str(report),
     ]
@@ -100,7 +102,10 @@ def test_convert_cli_writes_a_loadable_model_and_report(vanilla_lm, tmp_path, ca
     moe = loaded.model.config.moe
     assert (moe.num_departments, moe.experts_per_department, moe.shared_intermediate_size) == (2, 2, 12)
     assert loaded.training["conversion"]["converted_from"] == str(src)
-    rows = json.loads(report.read_text())["rows"]
+    written = json.loads(report.read_text())
+    # Every number is measured on the 3 held-out windows asked for, each a context's worth of inputs.
+    assert written["source"]["heldout_tokens"] == 3 * (VANILLA.max_position_embeddings - 1)
+    rows = written["rows"]
     assert {r["method"] for r in rows} == {"source", "converted", "naive", "merged", *BASELINES}
     merged = next(r for r in rows if r["method"] == "merged")
     converted = next(r for r in rows if r["method"] == "converted")
