@@ -32,6 +32,13 @@ Each block's FFN is written by deamoe_trt.export.emit_layer in the chosen form (
 ort or onnx), its weights under "layers.{i}.mlp.<canonical name>"; every other weight keeps
 its checkpoint name. Attention, RMSNorm and rotary embeddings are standard ONNX ops in every
 form (GQA by broadcasting MatMul over a kv-head axis, no repeated K/V).
+
+Projections stored quantized (LMConfig.quantized_linears: attention, dense MLPs, head) keep
+their packed codes and scales, "<name>.qweight" (uint4/uint8, two int4 codes a byte) and
+"<name>.scales", and are dequantized in the graph by blocked DequantizeLinear
+(onnx_form.dequantized: opset 21) before their Gemm, in every form. The plugin form, for
+TensorRT, whose DequantizeLinear takes no zero point, stores them as signed int4/int8 codes
+q - 2^(bits-1) in the same packing (onnx_form.signed_codes).
 """
 
 from __future__ import annotations
@@ -53,8 +60,8 @@ from ..lm.mla import emit_latent_attention
 from ..lm.model import DeaMoELM
 from ..lm.tokenizer import HFTokenizer, Tokenizer, default_tokenizer, tokenizer_from_dict
 from . import EXTERNAL_DATA_THRESHOLD, ExternalData, GraphBuilder, emit_layer, get_dtype, save_model_streamed
-from .layer_graph import check_form
-from .onnx_form import export_opset
+from .layer_graph import add_codes, check_form
+from .onnx_form import code_type, dequantized, export_opset, signed_codes
 from .routing_graph import to_float32
 
 F32 = TensorProto.FLOAT
@@ -139,12 +146,8 @@ def build_lm_model(
     check_form(form)
     export_dtype = get_dtype(dtype, form)
     c = model.config
-    if c.quantized_linears:
-        raise UsageError(
-            f"the ONNX export takes quantized DeaMoE FFNs only; this model also has quantized "
-            f"{', '.join(c.quantized_linears)} projections (quantize without --linears to export it)"
-        )
-    b = GraphBuilder(export_opset(form, opset, c.quantization), export_dtype, external=external)
+    opset = export_opset(form, opset, c.quantization, quantized_linears=bool(c.quantized_linears))
+    b = GraphBuilder(opset, export_dtype, external=external)
     act = export_dtype.onnx
     hd, half, kvh, groups = c.head_dim, c.head_dim // 2, c.num_key_value_heads, c.num_heads // c.num_key_value_heads
 
@@ -164,8 +167,24 @@ def build_lm_model(
 
     def w(name: str) -> str:  # each weight stored once (a tied head reuses the embedding)
         if name not in stored:
-            stored[name] = b.weight(name, state[name])
+            stored[name] = dequantized_weight(name) if f"{name}.qweight" in state else b.weight(name, state[name])
         return stored[name]
+
+    # TensorRT's DequantizeLinear takes no zero point: the plugin form stores signed codes.
+    signed = form == "plugin"
+
+    def dequantized_weight(name: str) -> str:
+        """A quantized projection (LMConfig.quantized_linears): its packed codes and scales, and
+        the DequantizeLinear that gives the weight, as the onnx form writes a quantized FFN."""
+        assert c.quantization is not None
+        bits, codes = c.quantization.bits, state[f"{name}.qweight"]
+        quantized = {
+            f"{name}.qweight": add_codes(
+                b, f"{name}.qweight", signed_codes(codes, bits) if signed else codes, code_type(bits, signed)
+            ),
+            f"{name}.scales": b.weight(f"{name}.scales", state[f"{name}.scales"]),
+        }
+        return dequantized(b, quantized, c.quantization, signed=signed)[name]
 
     # Shapes and positions: P from the first cache input that keeps every key, B and T from input_ids.
     bt = b.op("Shape", [ids])  # [B, T]

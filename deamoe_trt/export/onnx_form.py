@@ -11,7 +11,8 @@ Biases and the clamped SwiGLU are swiglu_graph's; the router logit bias routing_
 A quantized checkpoint's weights are stored as they are in the checkpoint (uint4 or uint8
 codes, per-group scales) and dequantized in the graph by DequantizeLinear's blocked form
 (opset 21, zero point 2^(bits-1)), which computes deamoe_trt.quant.dequantize exactly; the
-rest of the graph is the float one.
+rest of the graph is the float one. The language model's quantized projections outside the
+FFNs (deamoe_trt.export.lm) go through the same `dequantized` in every form.
 """
 
 from __future__ import annotations
@@ -34,22 +35,37 @@ F32 = TensorProto.FLOAT
 QUANTIZED_MIN_OPSET = 21
 
 
-def export_opset(form: str, opset: int | None, quant: QuantConfig | None) -> int:
-    """The opset of an export (checked): a quantized model in the onnx form needs opset >= 21
-    and gets it by default; everything else the given opset or the default one."""
-    if quant is not None and form == "onnx":
+def export_opset(form: str, opset: int | None, quant: QuantConfig | None, *, quantized_linears: bool = False) -> int:
+    """The opset of an export (checked): a quantized model in the onnx form, and a language
+    model with quantized projections outside its FFNs in any form (DequantizeLinear
+    dequantizes them), need opset >= 21 and get it by default; everything else the given
+    opset or the default one."""
+    if quant is not None and (form == "onnx" or quantized_linears):
+        what = "quantized attention/dense/head projections" if quantized_linears else "a quantized checkpoint"
         if opset is None:
             opset = QUANTIZED_MIN_OPSET
         elif opset < QUANTIZED_MIN_OPSET:
             raise UsageError(
-                f"a quantized checkpoint in the onnx form needs opset >= {QUANTIZED_MIN_OPSET} "
+                f"{what} in the {form} form need{'' if quantized_linears else 's'} opset >= {QUANTIZED_MIN_OPSET} "
                 f"(DequantizeLinear with block_size), got {opset}"
             )
     return check_opset(opset)
 
 
-def code_type(bits: int) -> int:
+def code_type(bits: int, signed: bool = False) -> int:
+    """The element type of DequantizeLinear's codes: the checkpoint's unsigned codes, or the
+    signed ones of `signed_codes`."""
+    if signed:
+        return TensorProto.INT4 if bits == 4 else TensorProto.INT8
     return TensorProto.UINT4 if bits == 4 else TensorProto.UINT8
+
+
+def signed_codes(qweight: torch.Tensor, bits: int) -> torch.Tensor:
+    """The checkpoint's code bytes as signed codes q - 2^(bits-1) in the same packing, for
+    runtimes whose DequantizeLinear takes no zero point (TensorRT's): flipping a code's top
+    bit subtracts 2^(bits-1) modulo 2^bits, so each byte is XORed with 0x88 (two int4 codes)
+    or 0x80 (one int8 code)."""
+    return qweight ^ (0x88 if bits == 4 else 0x80)
 
 
 def emit(
@@ -108,17 +124,23 @@ def emit(
     return b.cast(y, b.dtype.onnx) if b.dtype.onnx != F32 else y
 
 
-def dequantized(b: GraphBuilder, weights: dict[str, str], quant: QuantConfig) -> dict[str, str]:
-    """weights with every quantized weight's codes and scales replaced by its dequantized value."""
+def dequantized(
+    b: GraphBuilder, weights: dict[str, str], quant: QuantConfig, *, signed: bool = False
+) -> dict[str, str]:
+    """weights with every quantized weight's codes and scales replaced by its dequantized value.
+
+    signed: the codes are `signed_codes` (implicit zero point 0, no zero-point input), else
+    the checkpoint's unsigned ones with the zero point 2^(bits-1) as an input."""
     out = {name: value for name, value in weights.items() if not name.endswith((".qweight", ".scales"))}
     for name in weights:
         if not name.endswith(".qweight"):
             continue
         base = name.removesuffix(".qweight")
         shape = list(b.initializers[weights[f"{base}.scales"]].dims)
+        zero_points = [] if signed else [_zero_points(b, weights[name], shape, quant.bits)]
         out[base] = b.op(
             "DequantizeLinear",
-            [weights[name], weights[f"{base}.scales"], _zero_points(b, weights[name], shape, quant.bits)],
+            [weights[name], weights[f"{base}.scales"], *zero_points],
             axis=len(shape) - 1,
             block_size=quant.group_size,
         )

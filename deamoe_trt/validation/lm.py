@@ -125,14 +125,15 @@ def validate_lm(
 
 
 def _check_head(proto: onnx.ModelProto, reference: DeaMoELM, dtype, checkpoint) -> None:
-    """The model's lm_head equals the checkpoint's bit for bit (a model exported from another checkpoint
-    of the same shape fails here in one line, before any error table)."""
-    tensor = next((t for t in proto.graph.initializer if t.name == "lm_head.weight"), None)
+    """The model's lm_head (its scales when quantized) equals the checkpoint's bit for bit (a model
+    exported from another checkpoint of the same shape fails here in one line, before any error table)."""
+    name = "lm_head.weight.scales" if "head" in reference.config.quantized_linears else "lm_head.weight"
+    tensor = next((t for t in proto.graph.initializer if t.name == name), None)
     if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:
         return
-    if tensor.raw_data != to_numpy(reference.lm_head.weight, dtype).tobytes():
+    if tensor.raw_data != to_numpy(reference.state_dict()[name], dtype).tobytes():
         raise UsageError(
-            f"checkpoint {checkpoint} does not match the model: lm_head.weight differs "
+            f"checkpoint {checkpoint} does not match the model: {name} differs "
             "(was the model exported from another checkpoint?)"
         )
 

@@ -39,9 +39,14 @@ def check_representable(config: LMConfig, where: str = "the LM") -> None:
         )
 
     if config.quantized_linears:
+        # Edge-LLM reads every tensor outside the MoE layers from the Hugging Face checkpoint, and
+        # its quantized Linears there are its own formats only (GPTQ/AWQ int4 with their zero points
+        # and repacked words, ModelOpt FP8/NVFP4, SmoothQuant int8 with quantized activations).
         raise UsageError(
-            f"{where}: its {', '.join(config.quantized_linears)} projections are quantized; the Edge-LLM export "
-            "takes quantized DeaMoE FFNs only (quantize without --linears)"
+            f"{where}: its {', '.join(config.quantized_linears)} projections are quantized, and Edge-LLM reads "
+            "projections outside the MoE layers from a Hugging Face checkpoint only in its own quantized formats "
+            "(GPTQ/AWQ int4, FP8, NVFP4, SmoothQuant int8), not as group-wise weight-only codes; export the LM "
+            "quantized without --linears (its FFNs only), or export-lm it to ONNX"
         )
     if config.qk_norm != "head":
         refuse(f"qk_norm is {config.qk_norm!r}, not 'head'")
