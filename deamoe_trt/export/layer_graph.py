@@ -49,34 +49,25 @@ def emit_layer(builder: GraphBuilder, x_name: str, layer: DeaMoELayer, form: str
             suffix, tensor, shape = layouts[name](tensor)
             stored = f"{name}.{suffix}"
         if name.endswith(".qweight"):
+            # Codes go in as stored: uint8 bytes, the same bytes read as uint4 (ONNX packs
+            # uint4 two per byte, low nibble first, as the checkpoint does), or as the plugin
+            # node's little-endian int32 words.
             elem_type = QUANTIZED_CODE_TYPES[form](quant.bits)
-            weights[name] = add_codes(builder, f"{prefix}{stored}", tensor, elem_type, shape)
+            if shape is None:
+                shape = list(tensor.shape)
+            array = tensor.detach().cpu().numpy()
+            if elem_type == TensorProto.UINT4:
+                shape = [*shape[:-1], shape[-1] * 2]
+            elif elem_type == plugin_form.CODE_TYPE:
+                array = np.ascontiguousarray(array).view("<i4")
+                shape = [*shape[:-1], shape[-1] // plugin_form.CODE_WORD_BYTES]
+            weights[name] = builder.add_initializer(f"{prefix}{stored}", array, elem_type, shape)
         else:
             weights[name] = builder.weight(f"{prefix}{stored}", tensor, _stored_dtype(name, tensor), shape=shape)
     with builder.scope(prefix):
         if quant is not None:
             return emit(builder, x_name, weights, layer.config, quant=quant)
         return emit(builder, x_name, weights, layer.config)
-
-
-def add_codes(
-    builder: GraphBuilder, name: str, codes: torch.Tensor, elem_type: int, shape: list[int] | None = None
-) -> str:
-    """A quantized weight's code bytes [..., packed columns] stored as initializer name, as the
-    checkpoint holds them: 8-bit types byte for byte, 4-bit types (uint4, int4) as the same
-    bytes (ONNX packs them two per byte, low nibble first, as the checkpoint does), or the
-    plugin node's little-endian int32 words.
-
-    shape: the bytes' shape when tensor is a strided view of another layout (WEIGHT_LAYOUTS)."""
-    if shape is None:
-        shape = list(codes.shape)
-    array = codes.detach().cpu().numpy()
-    if elem_type in (TensorProto.UINT4, TensorProto.INT4):
-        shape = [*shape[:-1], shape[-1] * 2]
-    elif elem_type == plugin_form.CODE_TYPE:
-        array = np.ascontiguousarray(array).view("<i4")
-        shape = [*shape[:-1], shape[-1] // plugin_form.CODE_WORD_BYTES]
-    return builder.add_initializer(name, array, elem_type, shape)
 
 
 def _stored_dtype(name: str, tensor: torch.Tensor) -> str | None:

@@ -33,12 +33,15 @@ ort or onnx), its weights under "layers.{i}.mlp.<canonical name>"; every other w
 its checkpoint name. Attention, RMSNorm and rotary embeddings are standard ONNX ops in every
 form (GQA by broadcasting MatMul over a kv-head axis, no repeated K/V).
 
-Projections stored quantized (LMConfig.quantized_linears: attention, dense MLPs, head) keep
-their packed codes and scales, "<name>.qweight" (uint4/uint8, two int4 codes a byte) and
-"<name>.scales", and are dequantized in the graph by blocked DequantizeLinear
-(onnx_form.dequantized: opset 21) before their Gemm, in every form. The plugin form, for
-TensorRT, whose DequantizeLinear takes no zero point, stores them as signed int4/int8 codes
-q - 2^(bits-1) in the same packing (onnx_form.signed_codes).
+Projections stored quantized (LMConfig.quantized_linears: attention, dense MLPs, head) stay
+packed: "<name>.qweight" holds their codes transposed to the [in, out] weight a MatMul reads
+(uint4/uint8, two int4 codes a byte), "<name>.scales" their scales [in / group, out], and a
+blocked DequantizeLinear along the input axis (onnx_form.dequantized: opset 21) feeds the
+MatMul, in every form. In that layout ONNX Runtime fuses the pair into its MatMulNBits, which
+reads the packed codes, rather than dequantizing every weight on every run (what it does for
+weights kept [out, in] before a Gemm). The plugin form, for TensorRT, whose DequantizeLinear
+takes no zero point, stores signed int4/int8 codes q - 2^(bits-1) instead
+(onnx_form.tensor_codes).
 """
 
 from __future__ import annotations
@@ -59,9 +62,10 @@ from ..lm.config import LMConfig
 from ..lm.mla import emit_latent_attention
 from ..lm.model import DeaMoELM
 from ..lm.tokenizer import HFTokenizer, Tokenizer, default_tokenizer, tokenizer_from_dict
+from ..quant import unpack
 from . import EXTERNAL_DATA_THRESHOLD, ExternalData, GraphBuilder, emit_layer, get_dtype, save_model_streamed
-from .layer_graph import add_codes, check_form
-from .onnx_form import code_type, dequantized, export_opset, signed_codes
+from .layer_graph import check_form
+from .onnx_form import code_type, dequantized, export_opset, tensor_codes
 from .routing_graph import to_float32
 
 F32 = TensorProto.FLOAT
@@ -174,17 +178,18 @@ def build_lm_model(
     signed = form == "plugin"
 
     def dequantized_weight(name: str) -> str:
-        """A quantized projection (LMConfig.quantized_linears): its packed codes and scales, and
-        the DequantizeLinear that gives the weight, as the onnx form writes a quantized FFN."""
+        """A quantized projection [out, in] (LMConfig.quantized_linears) as the [in, out] weight
+        its MatMul reads: codes and scales transposed, the codes packed again, dequantized along
+        the input axis as the onnx form dequantizes a quantized FFN weight."""
         assert c.quantization is not None
-        bits, codes = c.quantization.bits, state[f"{name}.qweight"]
+        bits = c.quantization.bits
+        codes = unpack(state[f"{name}.qweight"], bits).t()  # [in, out]
+        packed = tensor_codes(codes, bits, signed)
         quantized = {
-            f"{name}.qweight": add_codes(
-                b, f"{name}.qweight", signed_codes(codes, bits) if signed else codes, code_type(bits, signed)
-            ),
-            f"{name}.scales": b.weight(f"{name}.scales", state[f"{name}.scales"]),
+            f"{name}.qweight": b.add_initializer(f"{name}.qweight", packed, code_type(bits, signed), list(codes.shape)),
+            f"{name}.scales": b.weight(f"{name}.scales", state[f"{name}.scales"].t()),
         }
-        return dequantized(b, quantized, c.quantization, signed=signed)[name]
+        return dequantized(b, quantized, c.quantization, signed=signed, axis=0)[name]
 
     # Shapes and positions: P from the first cache input that keeps every key, B and T from input_ids.
     bt = b.op("Shape", [ids])  # [B, T]
@@ -225,6 +230,9 @@ def build_lm_model(
 
     def linear(x: str, weight: str) -> str:
         bias = weight.removesuffix(".weight") + ".bias"
+        if f"{weight}.qweight" in state:  # [in, out] (dequantized_weight)
+            y = b.op("MatMul", [x, w(weight)])
+            return b.op("Add", [y, w(bias)]) if bias in state else y
         return b.op("Gemm", [x, w(weight)] + ([w(bias)] if bias in state else []), transB=1)
 
     def heads(x: str, shape: str) -> str:  # [N, H*hd] -> [B, H, T, hd]

@@ -53,19 +53,27 @@ def export_opset(form: str, opset: int | None, quant: QuantConfig | None, *, qua
 
 
 def code_type(bits: int, signed: bool = False) -> int:
-    """The element type of DequantizeLinear's codes: the checkpoint's unsigned codes, or the
-    signed ones of `signed_codes`."""
+    """The element type of DequantizeLinear's codes: unsigned as the checkpoint's, or signed
+    (tensor_codes)."""
     if signed:
         return TensorProto.INT4 if bits == 4 else TensorProto.INT8
     return TensorProto.UINT4 if bits == 4 else TensorProto.UINT8
 
 
-def signed_codes(qweight: torch.Tensor, bits: int) -> torch.Tensor:
-    """The checkpoint's code bytes as signed codes q - 2^(bits-1) in the same packing, for
-    runtimes whose DequantizeLinear takes no zero point (TensorRT's): flipping a code's top
-    bit subtracts 2^(bits-1) modulo 2^bits, so each byte is XORed with 0x88 (two int4 codes)
-    or 0x80 (one int8 code)."""
-    return qweight ^ (0x88 if bits == 4 else 0x80)
+def tensor_codes(codes: torch.Tensor, bits: int, signed: bool = False) -> np.ndarray:
+    """Unsigned codes (uint8, any shape) as the bytes of a code_type(bits, signed) tensor of
+    that shape: 4-bit codes packed two a byte over the flattened tensor, low nibble first (an
+    odd count leaves the last high nibble 0), as ONNX packs uint4/int4 and the checkpoint
+    packs each row.
+
+    signed: codes q - 2^(bits-1) for runtimes whose DequantizeLinear takes no zero point
+    (TensorRT's): flipping a code's top bit subtracts 2^(bits-1) modulo 2^bits."""
+    flat = codes.reshape(-1).to(torch.uint8)
+    if signed:
+        flat = flat ^ zero_point(bits)
+    if bits == 4 and flat.numel() % 2:
+        flat = torch.cat((flat, flat.new_zeros(1)))
+    return pack(flat, bits).numpy()
 
 
 def emit(
@@ -125,12 +133,13 @@ def emit(
 
 
 def dequantized(
-    b: GraphBuilder, weights: dict[str, str], quant: QuantConfig, *, signed: bool = False
+    b: GraphBuilder, weights: dict[str, str], quant: QuantConfig, *, signed: bool = False, axis: int = -1
 ) -> dict[str, str]:
     """weights with every quantized weight's codes and scales replaced by its dequantized value.
 
-    signed: the codes are `signed_codes` (implicit zero point 0, no zero-point input), else
-    the checkpoint's unsigned ones with the zero point 2^(bits-1) as an input."""
+    signed: the codes are tensor_codes(..., signed=True) (no zero-point input), else unsigned
+    with the zero point 2^(bits-1) as an input. axis: the one along which groups of
+    group_size codes share a scale (the input columns: last as the checkpoint stores weights)."""
     out = {name: value for name, value in weights.items() if not name.endswith((".qweight", ".scales"))}
     for name in weights:
         if not name.endswith(".qweight"):
@@ -141,7 +150,7 @@ def dequantized(
         out[base] = b.op(
             "DequantizeLinear",
             [weights[name], weights[f"{base}.scales"], *zero_points],
-            axis=len(shape) - 1,
+            axis=axis % len(shape),
             block_size=quant.group_size,
         )
     return out
@@ -149,8 +158,6 @@ def dequantized(
 
 def _zero_points(b: GraphBuilder, codes_name: str, shape: list[int], bits: int) -> str:
     """The implicit zero point 2^(bits-1) as DequantizeLinear's blocked zero-point tensor."""
-    count = int(np.prod(shape))
-    # ONNX packs uint4 over the flattened tensor: an odd count leaves the last high nibble unused.
-    codes = torch.full((count + count % 2 if bits == 4 else count,), zero_point(bits), dtype=torch.uint8)
+    codes = torch.full(shape, zero_point(bits), dtype=torch.uint8)
     name = f"{codes_name.removesuffix('.qweight')}.zero_point"
-    return b.add_initializer(name, pack(codes, bits).numpy(), code_type(bits), shape)
+    return b.add_initializer(name, tensor_codes(codes, bits), code_type(bits), shape)

@@ -99,8 +99,8 @@ def emit_latent_attention(b, block: LatentAttention, h: str, prefix: str, graph)
 
     graph carries the export's helpers: linear(x, weight name), rope(x [B, H, T, hd]),
     heads(x, shape) ([N, H*w] -> [B, H, T, w]), bt (Shape of input_ids), mask ([T, S] bool,
-    True where hidden), act (the activation type), f32(x) and w(weight name) (a stored weight, a
-    quantized one dequantized)."""
+    True where hidden), act (the activation type), f32(x) and w(weight name) (a stored weight; a
+    quantized projection dequantized, as the [in, out] weight a MatMul reads)."""
     from onnx import TensorProto
 
     c = block.config
@@ -132,9 +132,9 @@ def emit_latent_attention(b, block: LatentAttention, h: str, prefix: str, graph)
     latent_all = b.op("Concat", [graph.past[0], latent], axis=2, outputs=[graph.present[0]])[0]
     k_pe_all = b.op("Concat", [graph.past[1], k_pe], axis=2, outputs=[graph.present[1]])[0]
     if isinstance(block.kv_b_proj.weight, QuantizedWeight):  # its codes stay packed: split after dequantizing
-        kv_b = b.reshape(graph.w(att + "kv_b_proj.weight"), [heads, nope + c.v_head_dim, r])
-        uk = b.slice(kv_b, 1, 0, nope)  # [H, nope, r]
-        uv = b.op("Transpose", [b.slice(kv_b, 1, nope, nope + c.v_head_dim)], perm=[0, 2, 1])  # [H, r, v]
+        kv_b = b.reshape(graph.w(att + "kv_b_proj.weight"), [r, heads, nope + c.v_head_dim])  # [in, out] weight
+        uk = b.op("Transpose", [b.slice(kv_b, 2, 0, nope)], perm=[1, 2, 0])  # [H, nope, r]
+        uv = b.op("Transpose", [b.slice(kv_b, 2, nope, nope + c.v_head_dim)], perm=[1, 0, 2])  # [H, r, v]
     else:
         w_uk, w_uv = block.up_projections()
         uk = b.weight(att + "kv_b_proj.absorbed_k", w_uk.contiguous())  # [H, nope, r]

@@ -1,14 +1,14 @@
 """export-lm of a language model whose attention, dense-MLP and head projections are stored
-quantized (LMConfig.quantized_linears): every form keeps their packed codes and scales in the
-file and dequantizes them in the graph; ONNX Runtime's logits against the PyTorch model with
-the same quantized weights."""
+quantized (LMConfig.quantized_linears): every form keeps their codes packed in the file, in
+the [in, out] layout a MatMul reads, and dequantizes them in the graph; ONNX Runtime's logits
+against the PyTorch model with the same quantized weights."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
-import torch
 from onnx import TensorProto
 
 from configs import QUANTIZABLE_MICRO_LM
@@ -19,6 +19,7 @@ from deamoe_trt.quant import QuantConfig, unpack, zero_point
 from deamoe_trt.runtimes.onnxruntime import OrtDecoder
 from deamoe_trt.runtimes.torch import TorchDecoder
 from deamoe_trt.validation.report import ORT_CPU_INT8_TOLERANCE
+from deamoe_trt.validation.session import session_options
 from lm_reference import dequantized_model, logits_of
 
 PARTS = ("attention", "dense", "head")
@@ -56,6 +57,21 @@ def projections(model: DeaMoELM) -> list[str]:
     ]
 
 
+def initializer_codes(tensor: onnx.TensorProto) -> np.ndarray:
+    """The codes of an int4/uint4/int8/uint8 initializer as int16, in its shape (ONNX packs 4-bit
+    types two a byte over the flattened tensor, low nibble first; signed types two's complement)."""
+    raw = np.frombuffer(tensor.raw_data, dtype=np.uint8)
+    count = int(np.prod(tensor.dims))
+    if tensor.data_type in (TensorProto.UINT4, TensorProto.INT4):
+        codes = np.stack((raw & 0x0F, raw >> 4), axis=-1).reshape(-1)[:count].astype(np.int16)
+        bits = 4
+    else:
+        codes, bits = raw.astype(np.int16), 8
+    if tensor.data_type in (TensorProto.INT4, TensorProto.INT8):
+        codes = np.where(codes >= 1 << (bits - 1), codes - (1 << bits), codes)
+    return codes.reshape(list(tensor.dims))
+
+
 @pytest.mark.parametrize("form", ["ort", "onnx"])
 def test_logits_match_the_pytorch_model_with_the_same_quantized_weights(quantized, form):
     want = logits_of(TorchDecoder(quantized))
@@ -87,29 +103,47 @@ def test_plugin_form_runs_the_projections_from_signed_codes(quantized):
     for name in projections(quantized):
         codes = inits[f"{name}.qweight"]
         assert codes.data_type == (TensorProto.INT4 if bits == 4 else TensorProto.INT8)
-        signed = np.frombuffer(codes.raw_data, dtype=np.uint8)
-        signed = unpack(torch.from_numpy(signed.copy()), bits).numpy().astype(np.int16)
-        signed = np.where(signed >= 1 << (bits - 1), signed - (1 << bits), signed)  # two's complement
-        want = unpack(state[f"{name}.qweight"], bits).flatten().numpy().astype(np.int16) - zero_point(bits)
-        np.testing.assert_array_equal(signed, want)
+        want = unpack(state[f"{name}.qweight"], bits).numpy().astype(np.int16).T - zero_point(bits)
+        np.testing.assert_array_equal(initializer_codes(codes), want)
     got = logits_of(OrtDecoder.from_model(quantized, form="plugin"))
     assert relative_error(got, logits_of(TorchDecoder(quantized))) <= FP32
 
 
-def test_codes_stay_packed_as_the_checkpoint_stores_them(quantized):
+def test_codes_stay_packed_in_the_layout_a_matmul_reads(quantized):
+    """Each projection's codes [out, in] go in as the [in, out] weight of its MatMul, still two
+    int4 codes a byte, with its scales [in / group, out] and DequantizeLinear along axis 0."""
     quant = quantized.config.quantization
     proto = build_lm_model(quantized, "onnx")
     inits = {t.name: t for t in proto.graph.initializer}
+    dq = {n.input[0]: n for n in proto.graph.node if n.op_type == "DequantizeLinear"}
     state = quantized.state_dict()
     names = projections(quantized)
     assert len(names) == 3 * 4 + 3 + 1  # q/k/v/o of 3 blocks, the dense block's gate/up/down, the head
     for name in names:
         assert name not in inits  # no float copy
-        codes, rows_cols = inits[f"{name}.qweight"], list(state[f"{name}.scales"].shape)
+        codes, scales = inits[f"{name}.qweight"], inits[f"{name}.scales"]
+        out_features, groups = state[f"{name}.scales"].shape
+        in_features = groups * quant.group_size
         assert codes.data_type == (TensorProto.UINT4 if quant.bits == 4 else TensorProto.UINT8)
-        assert codes.raw_data == state[f"{name}.qweight"].numpy().tobytes()
-        assert list(codes.dims) == [rows_cols[0], rows_cols[1] * quant.group_size]
-        assert len(codes.raw_data) == rows_cols[0] * rows_cols[1] * quant.group_size * quant.bits // 8
+        assert list(codes.dims) == [in_features, out_features]
+        assert len(codes.raw_data) == in_features * out_features * quant.bits // 8
+        want = unpack(state[f"{name}.qweight"], quant.bits).numpy().T
+        np.testing.assert_array_equal(initializer_codes(codes), want)
+        assert scales.raw_data == state[f"{name}.scales"].T.contiguous().numpy().tobytes()
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in dq[codes.name].attribute}
+        assert attrs == {"axis": 0, "block_size": quant.group_size}
+
+
+def test_onnx_runtime_reads_the_packed_codes_through_matmulnbits(quantized, tmp_path):
+    """ONNX Runtime fuses each projection's DequantizeLinear and MatMul into MatMulNBits, which
+    keeps the codes packed, rather than dequantizing every weight on every run."""
+    options = session_options(1)
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    onnxruntime.InferenceSession(
+        build_lm_model(quantized, "onnx").SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    ops = [n.op_type for n in onnx.load(tmp_path / "optimized.onnx").graph.node]
+    assert ops.count("MatMulNBits") == len(projections(quantized))
 
 
 def test_the_file_saves_what_packed_codes_save_over_float_projections(float_model, tmp_path):
