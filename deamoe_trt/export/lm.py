@@ -132,6 +132,12 @@ def lm_export_info(model: onnx.ModelProto, where: str = "the model", directory: 
         raise UsageError(f"{where} has damaged deamoe_trt metadata ({type(exc).__name__}: {exc})") from None
 
 
+def stored_scales(scales: torch.Tensor) -> torch.Tensor:
+    """A quantized projection's scales [out, in / group] as the export stores them, [in / group, out]
+    (the layout its MatMul reads; see the module docstring)."""
+    return scales.t()
+
+
 def build_lm_model(
     model: DeaMoELM,
     form: str = "ort",
@@ -187,7 +193,7 @@ def build_lm_model(
         packed = tensor_codes(codes, bits, signed)
         quantized = {
             f"{name}.qweight": b.add_initializer(f"{name}.qweight", packed, code_type(bits, signed), list(codes.shape)),
-            f"{name}.scales": b.weight(f"{name}.scales", state[f"{name}.scales"].t()),
+            f"{name}.scales": b.weight(f"{name}.scales", stored_scales(state[f"{name}.scales"])),
         }
         return dequantized(b, quantized, c.quantization, signed=signed, axis=0)[name]
 

@@ -18,6 +18,7 @@ from deamoe_trt.lm import DeaMoELM
 from deamoe_trt.quant import QuantConfig, unpack, zero_point
 from deamoe_trt.runtimes.onnxruntime import OrtDecoder
 from deamoe_trt.runtimes.torch import TorchDecoder
+from deamoe_trt.validation.lm import validate_lm
 from deamoe_trt.validation.report import ORT_CPU_INT8_TOLERANCE
 from deamoe_trt.validation.session import session_options
 from lm_reference import dequantized_model, logits_of
@@ -188,6 +189,15 @@ def test_latent_attention_projections_are_dequantized_in_the_graph():
     assert not any("absorbed" in n for n in inits)
     got = logits_of(OrtDecoder.from_model(quantized, form="onnx"))
     assert relative_error(got, logits_of(TorchDecoder(quantized))) <= FP32
+
+
+def test_validate_passes_and_names_a_checkpoint_whose_head_differs(quantized, float_model, tmp_path):
+    quantized.save_pretrained(tmp_path / "q")
+    path = export_lm(quantized, tmp_path / "q.onnx", "onnx")
+    assert validate_lm(path, tmp_path / "q", tokens=(3,)).passed
+    other = DeaMoELM.random(CONFIG, seed=6).quantized(quantized.config.quantization, linears=PARTS)
+    with pytest.raises(UsageError, match=r"lm_head\.weight\.scales differs"):
+        validate_lm(path, other.save_pretrained(tmp_path / "other"), tokens=(3,))
 
 
 def test_an_opset_below_21_is_refused_in_one_line(quantized):
