@@ -175,11 +175,6 @@ def build_lm_model(
 
     stored: dict[str, str] = {}
 
-    def w(name: str) -> str:  # each weight stored once (a tied head reuses the embedding)
-        if name not in stored:
-            stored[name] = dequantized_weight(name) if f"{name}.qweight" in state else b.weight(name, state[name])
-        return stored[name]
-
     # TensorRT's DequantizeLinear takes no zero point: the plugin form stores signed codes.
     signed = form == "plugin"
 
@@ -196,6 +191,11 @@ def build_lm_model(
             f"{name}.scales": b.weight(f"{name}.scales", stored_scales(state[f"{name}.scales"])),
         }
         return dequantized(b, quantized, c.quantization, signed=signed, axis=0)[name]
+
+    def w(name: str) -> str:  # each weight stored once (a tied head reuses the embedding)
+        if name not in stored:
+            stored[name] = dequantized_weight(name) if f"{name}.qweight" in state else b.weight(name, state[name])
+        return stored[name]
 
     # Shapes and positions: P from the first cache input that keeps every key, B and T from input_ids.
     bt = b.op("Shape", [ids])  # [B, T]
