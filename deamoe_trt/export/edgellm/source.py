@@ -39,14 +39,19 @@ def check_representable(config: LMConfig, where: str = "the LM") -> None:
         )
 
     if config.quantized_linears:
-        # Edge-LLM reads every tensor outside the MoE layers from the Hugging Face checkpoint, and
-        # its quantized Linears there are its own formats only (GPTQ/AWQ int4 with their zero points
-        # and repacked words, ModelOpt FP8/NVFP4, SmoothQuant int8 with quantized activations).
+        # Edge-LLM reads everything outside the MoE layers from the Hugging Face checkpoint, as its
+        # own quantized Linears: int4 as GPTQ/AWQ words (a symmetric GPTQ repacking of the codes
+        # would carry ours exactly; not written yet), int8 only as SmoothQuant, whose
+        # activations are quantized too, so int8 weight-only projections have no form there.
+        assert config.quantization is not None
+        why = (
+            "Edge-LLM has no weight-only int8 form for them (its int8 is SmoothQuant, which quantizes activations)"
+            if config.quantization.bits == 8
+            else "Edge-LLM would read them only repacked as symmetric GPTQ int4, which this export does not write yet"
+        )
         raise UsageError(
-            f"{where}: its {', '.join(config.quantized_linears)} projections are quantized, and Edge-LLM reads "
-            "projections outside the MoE layers from a Hugging Face checkpoint only in its own quantized formats "
-            "(GPTQ/AWQ int4, FP8, NVFP4, SmoothQuant int8), not as group-wise weight-only codes; export the LM "
-            "quantized without --linears (its FFNs only), or export-lm it to ONNX"
+            f"{where}: its {', '.join(config.quantized_linears)} projections are quantized and {why}; "
+            "quantize the LM without --linears (its FFNs only) for Edge-LLM, or export-lm it to ONNX"
         )
     if config.qk_norm != "head":
         refuse(f"qk_norm is {config.qk_norm!r}, not 'head'")

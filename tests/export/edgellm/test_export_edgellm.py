@@ -204,18 +204,22 @@ def test_lm_edgellm_cannot_represent_is_refused_in_one_line(capsys, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_lm_with_quantized_projections_is_refused_saying_why_in_one_line(capsys, tmp_path):
+@pytest.mark.parametrize(
+    ("bits", "why"), [(4, "only repacked as symmetric GPTQ int4"), (8, "no weight-only int8 form")]
+)
+def test_lm_with_quantized_projections_is_refused_saying_why_in_one_line(capsys, tmp_path, bits, why):
     from configs import QUANTIZABLE_MICRO_LM
     from deamoe_trt.lm import DeaMoELM, save_lm
     from deamoe_trt.quant import QuantConfig
 
-    model = DeaMoELM.random(QUANTIZABLE_MICRO_LM, seed=0).quantized(QuantConfig(4, 16), linears=("attention", "head"))
+    model = DeaMoELM.random(QUANTIZABLE_MICRO_LM, seed=0).quantized(
+        QuantConfig(bits, 16), linears=("attention", "head")
+    )
     save_lm(model, tmp_path / "lm")
     assert cli(["export-edgellm", str(tmp_path / "lm"), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert "attention, head projections are quantized" in err and "GPTQ/AWQ int4" in err
-    assert "without --linears" in err
+    assert "attention, head projections are quantized" in err and why in err and "without --linears" in err
     assert not (tmp_path / "out").exists()
 
 
