@@ -10,7 +10,8 @@ IDS = [5, 17, 99, 3, 42, 7]
 
 
 def dequantized_model(model: DeaMoELM) -> DeaMoELM:
-    """The float model a quantized one stands for: each qweight/scales pair replaced by dequantize()."""
+    """The float model a quantized one stands for: each qweight/scales pair (FFNs and projections)
+    replaced by dequantize()."""
     quant = model.config.quantization
     state = {}
     for name, tensor in model.state_dict().items():
@@ -21,7 +22,7 @@ def dequantized_model(model: DeaMoELM) -> DeaMoELM:
             state[base] = dequantize(tensor, model.state_dict()[base + ".scales"], quant.bits, quant.group_size)
         else:
             state[name] = tensor
-    reference = DeaMoELM(model.config.replace(quantization=None), dtype=model.dtype)
+    reference = DeaMoELM(model.config.replace(quantization=None, quantized_linears=()), dtype=model.dtype)
     reference.load_state_dict(state)
     return reference.eval()
 

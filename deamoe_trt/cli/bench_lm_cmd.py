@@ -52,7 +52,7 @@ def register(subparsers) -> None:
         "--linears",
         default="",
         metavar="PARTS",
-        help="with --quantized: these projections too, comma-separated: attention, head (CPU runtimes only)",
+        help="with --quantized: these projections too, comma-separated: attention, head",
     )
     parser.add_argument(
         "--attention",

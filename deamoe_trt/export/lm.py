@@ -32,6 +32,16 @@ Each block's FFN is written by deamoe_trt.export.emit_layer in the chosen form (
 ort or onnx), its weights under "layers.{i}.mlp.<canonical name>"; every other weight keeps
 its checkpoint name. Attention, RMSNorm and rotary embeddings are standard ONNX ops in every
 form (GQA by broadcasting MatMul over a kv-head axis, no repeated K/V).
+
+Projections stored quantized (LMConfig.quantized_linears: attention, dense MLPs, head) stay
+packed: "<name>.qweight" holds their codes transposed to the [in, out] weight a MatMul reads
+(uint4/uint8, two int4 codes a byte), "<name>.scales" their scales [in / group, out], and a
+blocked DequantizeLinear along the input axis (onnx_form.dequantized: opset 21) feeds the
+MatMul, in every form. In that layout ONNX Runtime fuses the pair into its MatMulNBits, which
+reads the packed codes, rather than dequantizing every weight on every run (what it does for
+weights kept [out, in] before a Gemm). The plugin form, for TensorRT, whose DequantizeLinear
+takes no zero point, stores signed int4/int8 codes q - 2^(bits-1) instead
+(onnx_form.tensor_codes).
 """
 
 from __future__ import annotations
@@ -52,9 +62,10 @@ from ..lm.config import LMConfig
 from ..lm.mla import emit_latent_attention
 from ..lm.model import DeaMoELM
 from ..lm.tokenizer import HFTokenizer, Tokenizer, default_tokenizer, tokenizer_from_dict
+from ..quant import unpack
 from . import EXTERNAL_DATA_THRESHOLD, ExternalData, GraphBuilder, emit_layer, get_dtype, save_model_streamed
 from .layer_graph import check_form
-from .onnx_form import export_opset
+from .onnx_form import code_type, dequantized, export_opset, tensor_codes
 from .routing_graph import to_float32
 
 F32 = TensorProto.FLOAT
@@ -121,6 +132,12 @@ def lm_export_info(model: onnx.ModelProto, where: str = "the model", directory: 
         raise UsageError(f"{where} has damaged deamoe_trt metadata ({type(exc).__name__}: {exc})") from None
 
 
+def stored_scales(scales: torch.Tensor) -> torch.Tensor:
+    """A quantized projection's scales [out, in / group] as the export stores them, [in / group, out]
+    (the layout its MatMul reads; see the module docstring)."""
+    return scales.t()
+
+
 def build_lm_model(
     model: DeaMoELM,
     form: str = "ort",
@@ -139,12 +156,8 @@ def build_lm_model(
     check_form(form)
     export_dtype = get_dtype(dtype, form)
     c = model.config
-    if c.quantized_linears:
-        raise UsageError(
-            f"the ONNX export takes quantized DeaMoE FFNs only; this model also has quantized "
-            f"{', '.join(c.quantized_linears)} projections (quantize without --linears to export it)"
-        )
-    b = GraphBuilder(export_opset(form, opset, c.quantization), export_dtype, external=external)
+    opset = export_opset(form, opset, c.quantization, quantized_linears=bool(c.quantized_linears))
+    b = GraphBuilder(opset, export_dtype, external=external)
     act = export_dtype.onnx
     hd, half, kvh, groups = c.head_dim, c.head_dim // 2, c.num_key_value_heads, c.num_heads // c.num_key_value_heads
 
@@ -162,9 +175,26 @@ def build_lm_model(
 
     stored: dict[str, str] = {}
 
+    # TensorRT's DequantizeLinear takes no zero point: the plugin form stores signed codes.
+    signed = form == "plugin"
+
+    def dequantized_weight(name: str) -> str:
+        """A quantized projection [out, in] (LMConfig.quantized_linears) as the [in, out] weight
+        its MatMul reads: codes and scales transposed, the codes packed again, dequantized along
+        the input axis as the onnx form dequantizes a quantized FFN weight."""
+        assert c.quantization is not None
+        bits = c.quantization.bits
+        codes = unpack(state[f"{name}.qweight"], bits).t()  # [in, out]
+        packed = tensor_codes(codes, bits, signed)
+        quantized = {
+            f"{name}.qweight": b.add_initializer(f"{name}.qweight", packed, code_type(bits, signed), list(codes.shape)),
+            f"{name}.scales": b.weight(f"{name}.scales", stored_scales(state[f"{name}.scales"])),
+        }
+        return dequantized(b, quantized, c.quantization, signed=signed, axis=0)[name]
+
     def w(name: str) -> str:  # each weight stored once (a tied head reuses the embedding)
         if name not in stored:
-            stored[name] = b.weight(name, state[name])
+            stored[name] = dequantized_weight(name) if f"{name}.qweight" in state else b.weight(name, state[name])
         return stored[name]
 
     # Shapes and positions: P from the first cache input that keeps every key, B and T from input_ids.
@@ -206,6 +236,9 @@ def build_lm_model(
 
     def linear(x: str, weight: str) -> str:
         bias = weight.removesuffix(".weight") + ".bias"
+        if f"{weight}.qweight" in state:  # [in, out] (dequantized_weight)
+            y = b.op("MatMul", [x, w(weight)])
+            return b.op("Add", [y, w(bias)]) if bias in state else y
         return b.op("Gemm", [x, w(weight)] + ([w(bias)] if bias in state else []), transB=1)
 
     def heads(x: str, shape: str) -> str:  # [N, H*hd] -> [B, H, T, hd]

@@ -11,7 +11,8 @@ Biases and the clamped SwiGLU are swiglu_graph's; the router logit bias routing_
 A quantized checkpoint's weights are stored as they are in the checkpoint (uint4 or uint8
 codes, per-group scales) and dequantized in the graph by DequantizeLinear's blocked form
 (opset 21, zero point 2^(bits-1)), which computes deamoe_trt.quant.dequantize exactly; the
-rest of the graph is the float one.
+rest of the graph is the float one. The language model's quantized projections outside the
+FFNs (deamoe_trt.export.lm) go through the same `dequantized` in every form.
 """
 
 from __future__ import annotations
@@ -34,22 +35,45 @@ F32 = TensorProto.FLOAT
 QUANTIZED_MIN_OPSET = 21
 
 
-def export_opset(form: str, opset: int | None, quant: QuantConfig | None) -> int:
-    """The opset of an export (checked): a quantized model in the onnx form needs opset >= 21
-    and gets it by default; everything else the given opset or the default one."""
-    if quant is not None and form == "onnx":
+def export_opset(form: str, opset: int | None, quant: QuantConfig | None, *, quantized_linears: bool = False) -> int:
+    """The opset of an export (checked): a quantized model in the onnx form, and a language
+    model with quantized projections outside its FFNs in any form (DequantizeLinear
+    dequantizes them), need opset >= 21 and get it by default; everything else the given
+    opset or the default one."""
+    if quant is not None and (form == "onnx" or quantized_linears):
+        what = "quantized attention/dense/head projections" if quantized_linears else "a quantized checkpoint"
         if opset is None:
             opset = QUANTIZED_MIN_OPSET
         elif opset < QUANTIZED_MIN_OPSET:
             raise UsageError(
-                f"a quantized checkpoint in the onnx form needs opset >= {QUANTIZED_MIN_OPSET} "
+                f"{what} in the {form} form need{'' if quantized_linears else 's'} opset >= {QUANTIZED_MIN_OPSET} "
                 f"(DequantizeLinear with block_size), got {opset}"
             )
     return check_opset(opset)
 
 
-def code_type(bits: int) -> int:
+def code_type(bits: int, signed: bool = False) -> int:
+    """The element type of DequantizeLinear's codes: unsigned as the checkpoint's, or signed
+    (tensor_codes)."""
+    if signed:
+        return TensorProto.INT4 if bits == 4 else TensorProto.INT8
     return TensorProto.UINT4 if bits == 4 else TensorProto.UINT8
+
+
+def tensor_codes(codes: torch.Tensor, bits: int, signed: bool = False) -> np.ndarray:
+    """Unsigned codes (uint8, any shape) as the bytes of a code_type(bits, signed) tensor of
+    that shape: 4-bit codes packed two a byte over the flattened tensor, low nibble first (an
+    odd count leaves the last high nibble 0), as ONNX packs uint4/int4 and the checkpoint
+    packs each row.
+
+    signed: codes q - 2^(bits-1) for runtimes whose DequantizeLinear takes no zero point
+    (TensorRT's): flipping a code's top bit subtracts 2^(bits-1) modulo 2^bits."""
+    flat = codes.reshape(-1).to(torch.uint8)
+    if signed:
+        flat = flat ^ zero_point(bits)
+    if bits == 4 and flat.numel() % 2:
+        flat = torch.cat((flat, flat.new_zeros(1)))
+    return pack(flat, bits).numpy()
 
 
 def emit(
@@ -108,18 +132,25 @@ def emit(
     return b.cast(y, b.dtype.onnx) if b.dtype.onnx != F32 else y
 
 
-def dequantized(b: GraphBuilder, weights: dict[str, str], quant: QuantConfig) -> dict[str, str]:
-    """weights with every quantized weight's codes and scales replaced by its dequantized value."""
+def dequantized(
+    b: GraphBuilder, weights: dict[str, str], quant: QuantConfig, *, signed: bool = False, axis: int = -1
+) -> dict[str, str]:
+    """weights with every quantized weight's codes and scales replaced by its dequantized value.
+
+    signed: the codes are tensor_codes(..., signed=True) (no zero-point input), else unsigned
+    with the zero point 2^(bits-1) as an input. axis: the one along which groups of
+    group_size codes share a scale (the input columns: last as the checkpoint stores weights)."""
     out = {name: value for name, value in weights.items() if not name.endswith((".qweight", ".scales"))}
     for name in weights:
         if not name.endswith(".qweight"):
             continue
         base = name.removesuffix(".qweight")
         shape = list(b.initializers[weights[f"{base}.scales"]].dims)
+        zero_points = [] if signed else [_zero_points(b, weights[name], shape, quant.bits)]
         out[base] = b.op(
             "DequantizeLinear",
-            [weights[name], weights[f"{base}.scales"], _zero_points(b, weights[name], shape, quant.bits)],
-            axis=len(shape) - 1,
+            [weights[name], weights[f"{base}.scales"], *zero_points],
+            axis=axis % len(shape),
             block_size=quant.group_size,
         )
     return out
@@ -127,8 +158,6 @@ def dequantized(b: GraphBuilder, weights: dict[str, str], quant: QuantConfig) ->
 
 def _zero_points(b: GraphBuilder, codes_name: str, shape: list[int], bits: int) -> str:
     """The implicit zero point 2^(bits-1) as DequantizeLinear's blocked zero-point tensor."""
-    count = int(np.prod(shape))
-    # ONNX packs uint4 over the flattened tensor: an odd count leaves the last high nibble unused.
-    codes = torch.full((count + count % 2 if bits == 4 else count,), zero_point(bits), dtype=torch.uint8)
+    codes = torch.full(shape, zero_point(bits), dtype=torch.uint8)
     name = f"{codes_name.removesuffix('.qweight')}.zero_point"
-    return b.add_initializer(name, pack(codes, bits).numpy(), code_type(bits), shape)
+    return b.add_initializer(name, tensor_codes(codes, bits), code_type(bits), shape)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..quant import QuantizedWeight, dense
 from .attention import RMSNorm, apply_rope, hidden_keys, softmax_scale
 from .config import LMConfig
 
@@ -59,7 +60,7 @@ class LatentAttention(nn.Module):
     def up_projections(self) -> tuple[torch.Tensor, torch.Tensor]:
         """W_uk [H, nope, r] and W_uv [H, v, r]: kv_b_proj's rows per head."""
         c = self.config
-        w = self.kv_b_proj.weight.view(c.num_heads, c.qk_nope_head_dim + c.v_head_dim, c.kv_lora_rank)
+        w = dense(self.kv_b_proj.weight).view(c.num_heads, c.qk_nope_head_dim + c.v_head_dim, c.kv_lora_rank)
         return w[:, : c.qk_nope_head_dim], w[:, c.qk_nope_head_dim :]
 
     def forward(
@@ -98,7 +99,8 @@ def emit_latent_attention(b, block: LatentAttention, h: str, prefix: str, graph)
 
     graph carries the export's helpers: linear(x, weight name), rope(x [B, H, T, hd]),
     heads(x, shape) ([N, H*w] -> [B, H, T, w]), bt (Shape of input_ids), mask ([T, S] bool,
-    True where hidden), act (the activation type) and f32(x)."""
+    True where hidden), act (the activation type), f32(x) and w(weight name) (a stored weight; a
+    quantized projection dequantized, as the [in, out] weight a MatMul reads)."""
     from onnx import TensorProto
 
     c = block.config
@@ -129,9 +131,14 @@ def emit_latent_attention(b, block: LatentAttention, h: str, prefix: str, graph)
     q_pe, k_pe = graph.rope(q_pe), graph.rope(graph.heads(k_pe, shape(1, rope)))
     latent_all = b.op("Concat", [graph.past[0], latent], axis=2, outputs=[graph.present[0]])[0]
     k_pe_all = b.op("Concat", [graph.past[1], k_pe], axis=2, outputs=[graph.present[1]])[0]
-    w_uk, w_uv = block.up_projections()
-    uk = b.weight(att + "kv_b_proj.absorbed_k", w_uk.contiguous())  # [H, nope, r]
-    uv = b.weight(att + "kv_b_proj.absorbed_v", w_uv.transpose(1, 2).contiguous())  # [H, r, v]
+    if isinstance(block.kv_b_proj.weight, QuantizedWeight):  # its codes stay packed: split after dequantizing
+        kv_b = b.reshape(graph.w(att + "kv_b_proj.weight"), [r, heads, nope + c.v_head_dim])  # [in, out] weight
+        uk = b.op("Transpose", [b.slice(kv_b, 2, 0, nope)], perm=[1, 2, 0])  # [H, nope, r]
+        uv = b.op("Transpose", [b.slice(kv_b, 2, nope, nope + c.v_head_dim)], perm=[1, 0, 2])  # [H, r, v]
+    else:
+        w_uk, w_uv = block.up_projections()
+        uk = b.weight(att + "kv_b_proj.absorbed_k", w_uk.contiguous())  # [H, nope, r]
+        uv = b.weight(att + "kv_b_proj.absorbed_v", w_uv.transpose(1, 2).contiguous())  # [H, r, v]
     cache = graph.f32(latent_all)
     q_latent = b.op("MatMul", [graph.f32(q_nope), graph.f32(uk)])  # [B, H, T, r]
     scores = b.op(

@@ -81,8 +81,14 @@ def make_session(model, threads: int | None, *, spinning: bool | None = False) -
         tensor.ClearField("raw_data")
         tensor.data_location = onnx.TensorProto.EXTERNAL
 
+    # numpy has no 4-bit type to hand ONNX Runtime (quantized LM projections): those stay in the model.
+    packed = (onnx.TensorProto.UINT4, onnx.TensorProto.INT4)
     for tensor in model.graph.initializer:
-        if tensor.data_location != onnx.TensorProto.EXTERNAL and len(tensor.raw_data) >= _IN_MEMORY_MIN_BYTES:
+        if (
+            tensor.data_location != onnx.TensorProto.EXTERNAL
+            and len(tensor.raw_data) >= _IN_MEMORY_MIN_BYTES
+            and tensor.data_type not in packed
+        ):
             to_memory(tensor)
 
     # Spinning threads keep a core busy after each run; in an interleaved benchmark they

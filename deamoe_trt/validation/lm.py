@@ -27,7 +27,7 @@ from polygraphy.common import TensorMetadata
 
 from ..errors import UsageError
 from ..export.dtypes import DTYPES, to_numpy
-from ..export.lm import INPUT_IDS, LOGITS, lm_export_info, past_names, present_names
+from ..export.lm import INPUT_IDS, LOGITS, lm_export_info, past_names, present_names, stored_scales
 from ..export.metadata import load_model
 from ..inputs import input_generator
 from ..lm.checkpoint import load_lm
@@ -125,14 +125,17 @@ def validate_lm(
 
 
 def _check_head(proto: onnx.ModelProto, reference: DeaMoELM, dtype, checkpoint) -> None:
-    """The model's lm_head equals the checkpoint's bit for bit (a model exported from another checkpoint
-    of the same shape fails here in one line, before any error table)."""
-    tensor = next((t for t in proto.graph.initializer if t.name == "lm_head.weight"), None)
+    """The model's lm_head (its scales when quantized) equals the checkpoint's bit for bit (a model
+    exported from another checkpoint of the same shape fails here in one line, before any error table)."""
+    quantized = "head" in reference.config.quantized_linears
+    name = "lm_head.weight.scales" if quantized else "lm_head.weight"
+    tensor = next((t for t in proto.graph.initializer if t.name == name), None)
     if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:
         return
-    if tensor.raw_data != to_numpy(reference.lm_head.weight, dtype).tobytes():
+    expected = reference.state_dict()[name]
+    if tensor.raw_data != to_numpy(stored_scales(expected) if quantized else expected, dtype).tobytes():
         raise UsageError(
-            f"checkpoint {checkpoint} does not match the model: lm_head.weight differs "
+            f"checkpoint {checkpoint} does not match the model: {name} differs "
             "(was the model exported from another checkpoint?)"
         )
 

@@ -17,6 +17,9 @@ from .plugin_op import for_reference, has_plugin_nodes, register_reference_ops
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
 
+MATMULNBITS_ACCURACY = "session.qdq_matmulnbits_accuracy_level"
+
+
 def session_options(threads: int | None = None, *, spinning: bool | None = None):
     """onnxruntime.SessionOptions as deamoe-trt uses them.
 
@@ -27,6 +30,9 @@ def session_options(threads: int | None = None, *, spinning: bool | None = None)
 
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only: ORT's warnings about folded initializers are noise here
+    # ONNX Runtime fuses DequantizeLinear -> MatMul (an LM's quantized projections) into MatMulNBits
+    # and by default (4) runs it with int8 activations; 1 keeps them float32, as the graph computes.
+    options.add_session_config_entry(MATMULNBITS_ACCURACY, "1")
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

@@ -97,7 +97,21 @@ def test_quantized_projections_count_their_codes_and_fp16_scales():
     assert _other_bytes(config, 2) == projections * per_weight + norms * 2 + 2 * d * 2 + v * d * per_weight
 
 
-def test_quantized_projections_are_refused_on_onnx_runtime(capsys):
-    args = ["bench-lm", "--quantized", "4", "--linears", "attention", "--runtimes", "cpu,ort"]
-    assert main(args) == 2
-    assert "--linears needs --quantized, and runtimes without ort" in capsys.readouterr().err
+def test_quantized_projections_need_quantized_ffns(capsys):
+    assert main(["bench-lm", "--linears", "attention", "--runtimes", "cpu"]) == 2
+    assert "--linears needs --quantized" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_quantized_projections_run_on_onnx_runtime_and_count_as_packed(capsys):
+    from deamoe_trt.bench.lm_bench import _other_bytes
+    from deamoe_trt.quant import QuantConfig
+
+    small = {"layers": 1, "departments": 2, "steps": 2, "prompt": 4, "threads": 1}
+    quant, linears = QuantConfig(4, 64), ("attention", "head")
+    result = run_lm_bench(**small, runtimes=("cpu", "ort"), progress=None, quant=quant, linears=linears)
+    rows = {(r["twin"], r["runtime"]): r for r in result["rows"]}
+    config = bench_config(layers=1, departments=2).replace(quantization=quant, quantized_linears=linears)
+    ffn = rows["deamoe", "cpu"]["ffn_bytes_per_token"]
+    assert rows["deamoe", "ort"]["bytes_per_token"] == ffn + _other_bytes(config, 2)
+    assert all(rows[t, "ort"]["tpot_ms"] > 0 for t in ("deamoe", "expanded", "vanilla"))

@@ -98,12 +98,14 @@ def test_genai_batched_greedy_equals_ort_generate(tiny_lm, tmp_path, capsys, dty
     assert genai_greedy(tmp_path / "genai", prompt_ids, NEW_TOKENS, genai.BYTE_EOS) == expected
 
 
-def test_genai_batched_greedy_equals_ort_generate_int4_ort_form(tiny_lm, tmp_path):
+@pytest.mark.parametrize("linears", [(), ("attention",)], ids=["ffn", "ffn+attention"])
+def test_genai_batched_greedy_equals_ort_generate_int4_ort_form(tiny_lm, tmp_path, linears):
     og_or_skip()
-    quantized = quantize_lm(tiny_lm.model, QuantConfig(bits=4, group_size=32))
+    quantized = quantize_lm(tiny_lm.model, QuantConfig(bits=4, group_size=32), linears=linears)
     folder = genai.export_genai(quantized, tmp_path / "genai4", "ort", tokenizer=tiny_lm.tokenizer)
     ops = {node.op_type for node in onnx.load(folder / genai.MODEL_FILE).graph.node}
     assert "QMoE" in ops  # the int4 weights run as ONNX Runtime's quantized MoE inside GenAI
+    assert ("DequantizeLinear" in ops) == bool(linears)  # quantized projections: blocked DequantizeLinear
     prompt_ids = [tiny_lm.tokenizer.encode(p) for p in PROMPTS]
     expected = ort_greedy(quantized, prompt_ids, NEW_TOKENS, form="ort")
     assert genai_greedy(folder, prompt_ids, NEW_TOKENS, genai.BYTE_EOS) == expected

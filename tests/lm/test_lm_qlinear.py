@@ -14,7 +14,6 @@ from configs import QUANTIZABLE_MICRO_LM
 from deamoe_trt.cli.main import main
 from deamoe_trt.config import ConfigError
 from deamoe_trt.errors import UsageError
-from deamoe_trt.export.lm import build_lm_model
 from deamoe_trt.lm import DeaMoELM, load_lm, save_lm
 from deamoe_trt.quant import QuantConfig, dequantize, quantize_rtn
 from deamoe_trt.runtimes.cpu_kernel import CpuDecoder
@@ -104,12 +103,6 @@ def test_parts_without_quantization_a_tied_head_unknown_or_off_the_group_are_ref
     narrow = DeaMoELM.random(QUANTIZABLE_MICRO_LM, seed=0)  # its dense MLP is 24 wide
     with pytest.raises(UsageError, match=r"input width of layers\.1\.mlp\.down_proj is 24, not divisible by the group"):
         narrow.quantized(q, linears=("dense",))
-
-
-def test_onnx_export_refuses_quantized_projections_in_one_line(quantized):
-    refused = r"^the ONNX export takes quantized DeaMoE FFNs only; .*attention, dense, head"
-    with pytest.raises(UsageError, match=refused):
-        build_lm_model(quantized, "ort")
 
 
 def test_quantize_prints_the_held_out_perplexity_of_each_added_part(float_model, tmp_path, capsys):

@@ -8,6 +8,11 @@ tensors are not in it: the DeaMoE family (family.py) hands them to the model dir
 the experts' width and count in config.json describe nothing Edge-LLM builds (its runtime
 config copies them; its runtime reads neither).
 
+Projections quantized outside the FFNs (LMConfig.quantized_linears) at int4 go in as a
+symmetric GPTQ int4 checkpoint (gptq_tensors, quantization_config), which Edge-LLM reads
+into its own int4 GEMM: the same codes, zero point 8, the scales in fp16 as the FFN nodes get
+them. int8 ones have no Edge-LLM form (its int8 is SmoothQuant, with int8 activations).
+
 `check_representable` is the list of what Edge-LLM's Qwen3-MoE graph can say; anything else is
 refused in one line before any work.
 """
@@ -19,6 +24,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ...errors import UsageError
 from ...lm.config import LMConfig
 from ...lm.tokenizer import HF_FILES, HFTokenizer, Tokenizer
@@ -27,6 +34,10 @@ MODEL_TYPE = "qwen3_moe"
 ARCHITECTURE = "Qwen3MoeForCausalLM"
 DTYPES = ("fp16",)  # Edge-LLM's LLM graphs are fp16 (it casts bf16 checkpoints to fp16)
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
+# int4 projections outside the MoE layers go to Edge-LLM as a symmetric GPTQ checkpoint (gptq_tensors),
+# whose int4 GEMM (the cuteDSL plugin, Edge-LLM's default) needs both widths in multiples of 64.
+GPTQ_CONFIG = {"quant_method": "gptq", "bits": 4, "sym": True, "desc_act": False}
+GPTQ_ALIGN = 64
 
 
 def check_representable(config: LMConfig, where: str = "the LM") -> None:
@@ -39,10 +50,27 @@ def check_representable(config: LMConfig, where: str = "the LM") -> None:
         )
 
     if config.quantized_linears:
-        raise UsageError(
-            f"{where}: its {', '.join(config.quantized_linears)} projections are quantized; the Edge-LLM export "
-            "takes quantized DeaMoE FFNs only (quantize without --linears)"
-        )
+        assert config.quantization is not None
+        if config.quantization.bits == 8:
+            raise UsageError(
+                f"{where}: its {', '.join(config.quantized_linears)} projections are int8, and Edge-LLM has no "
+                "weight-only int8 form for them (its int8 is SmoothQuant, which quantizes activations); quantize "
+                "them at --bits 4, or the LM without --linears (its FFNs only), or export-lm it to ONNX"
+            )
+        parts = ",".join(config.quantized_linears)
+        if config.dense_layers and "dense" not in config.quantized_linears:
+            # Its dense MLPs carry no module name Edge-LLM could exclude from the checkpoint's
+            # quantization: they would be built as int4 and left without their weights.
+            raise UsageError(
+                f"{where}: its {parts} projections are quantized but not its dense MLPs, which Edge-LLM's "
+                f"Qwen3-MoE builds as quantized whenever projections are; quantize with --linears {parts},dense"
+            )
+        off = sorted({w for w in projection_widths(config) if w % GPTQ_ALIGN})
+        if off:
+            raise UsageError(
+                f"{where}: its quantized projections have widths {', '.join(map(str, off))}, not multiples of "
+                f"{GPTQ_ALIGN}, which Edge-LLM's int4 GEMM needs; quantize fewer parts with --linears, or none"
+            )
     if config.qk_norm != "head":
         refuse(f"qk_norm is {config.qk_norm!r}, not 'head'")
     if config.qkv_bias != config.o_bias:
@@ -55,6 +83,38 @@ def check_representable(config: LMConfig, where: str = "the LM") -> None:
         refuse(
             f"rope scaling {config.rope_scaling.get('rope_type', config.rope_scaling.get('type'))!r} is not exported"
         )
+
+
+def projection_widths(config: LMConfig) -> set[int]:
+    """The input and output widths of config's quantized projections (LMConfig.quantized_linears)."""
+    parts = config.quantized_linears
+    widths = set()
+    if "attention" in parts:
+        widths |= {config.hidden_size, config.num_heads * config.head_dim, config.num_key_value_heads * config.head_dim}
+    if "dense" in parts and config.dense_layers:
+        widths |= {config.hidden_size, config.dense_intermediate_size}
+    if "head" in parts:
+        widths |= {config.hidden_size, config.vocab_size}
+    return widths
+
+
+def gptq_tensors(prefix: str, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
+    """A projection's int4 codes (deamoe_trt.quant: [out, in / 2] bytes, zero point 8) and scales
+    [out, in / group] as the symmetric GPTQ tensors Edge-LLM reads: qweight [in / 8, out] int32
+    (input 8i + k in bits 4k..4k+3), qzeros [in / group, out / 8] of 8s (which Edge-LLM takes as
+    the actual zero point), scales [in / group, out] fp16, g_idx (each input's group).
+
+    A row's bytes already hold its codes two a byte along the input, low nibble first, so four
+    of them read as a little-endian int32 are GPTQ's word of eight: no code is unpacked."""
+    inputs = qweight.shape[1] * 2
+    words = qweight.contiguous().view(torch.int32).t()  # [in / 8, out]
+    zeros = torch.full((inputs // group_size, qweight.shape[0] // 8), 0x88888888 - 2**32, dtype=torch.int32)
+    return {
+        f"{prefix}.qweight": words.contiguous(),
+        f"{prefix}.qzeros": zeros,
+        f"{prefix}.scales": scales.t().to(torch.float16).contiguous(),
+        f"{prefix}.g_idx": torch.arange(inputs, dtype=torch.int32) // group_size,
+    }
 
 
 def chat_template_source(directory: Path) -> Path | None:
@@ -150,14 +210,26 @@ def write_hf_dir(model, tokenizer: HFTokenizer, lm_dir: Path, out: Path) -> dict
     layers = {i: block.mlp for i, block in enumerate(model.layers) if block.is_moe}
     moe_prefixes = tuple(f"layers.{i}.mlp." for i in layers)
     tensors = {}
-    for name, tensor in model.state_dict().items():
+    state = model.state_dict()
+    for name, tensor in state.items():
         if name.startswith(moe_prefixes) or (name == "lm_head.weight" and config.tie_word_embeddings):
+            continue
+        if name.endswith(".weight.scales"):
+            continue
+        if name.endswith(".weight.qweight"):  # a quantized projection (check_representable: int4)
+            base = name.removesuffix(".qweight")
+            assert config.quantization is not None
+            prefix = hf_name(base).removesuffix(".weight")
+            tensors |= gptq_tensors(prefix, tensor, state[f"{base}.scales"], config.quantization.group_size)
             continue
         tensors[hf_name(name)] = tensor.detach().contiguous()
     out.mkdir(parents=True, exist_ok=False)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     eos, bos = _token_ids(lm_dir, tokenizer)
     document = hf_config(config, eos, bos) | {"dtype": str(model.embed_tokens.weight.dtype).removeprefix("torch.")}
+    if config.quantized_linears:
+        assert config.quantization is not None
+        document["quantization_config"] = GPTQ_CONFIG | {"group_size": config.quantization.group_size}
     (out / "config.json").write_text(json.dumps(document, indent=2) + "\n")
     for name in HF_FILES:
         if (lm_dir / name).is_file():

@@ -170,6 +170,97 @@ def test_quantized_nodes_carry_the_checkpoints_bits_and_departments(exports):
     assert sidecar["plugin"]["op_type"] == node.op_type == "DeaMoE"
 
 
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def write_gptq_source(hf: Path, out: Path, group_size: int) -> None:
+    """hf with its attention and dense-MLP projections as a symmetric int4 GPTQ checkpoint, as GPTQ tools write
+    one: codes round to nearest (deamoe_trt.quant.quantize_rtn, what `quantize --linears` stores),
+    eight 4-bit codes per int32 along the input (input 8i + k in bits 4k..4k+3), zero point 8
+    stored as such, fp16 scales [groups, out], g_idx; quantization_config says so."""
+    import shutil
+
+    import numpy as np
+    from safetensors.torch import load_file, save_file
+
+    from deamoe_trt.quant import QuantConfig, quantize_rtn, unpack
+
+    shutil.copytree(hf, out)
+    tensors = load_file(str(hf / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith(QUANTIZED_WEIGHTS)]:
+        weight = tensors.pop(name)
+        qweight, scales = quantize_rtn(weight, QuantConfig(4, group_size))
+        codes = unpack(qweight, 4).numpy().astype(np.uint32).T  # [in, out]
+        words = np.zeros((codes.shape[0] // 8, codes.shape[1]), np.uint32)
+        for k in range(8):
+            words |= codes[k::8] << np.uint32(4 * k)
+        groups = codes.shape[0] // group_size
+        prefix = name.removesuffix(".weight")
+        tensors[f"{prefix}.qweight"] = torch.from_numpy(words.view(np.int32))
+        zeros = np.full((groups, codes.shape[1] // 8), 0x88888888, np.uint32)
+        tensors[f"{prefix}.qzeros"] = torch.from_numpy(zeros.view(np.int32))
+        tensors[f"{prefix}.scales"] = scales.T.to(torch.float16).contiguous()
+        tensors[f"{prefix}.g_idx"] = torch.arange(codes.shape[0], dtype=torch.int32) // group_size
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((hf / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "gptq",
+        "bits": 4,
+        "group_size": group_size,
+        "sym": True,
+        "desc_act": False,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+
+# Attention and the dense block's MLP (the MoE blocks' experts are under mlp.experts.).
+QUANTIZED_WEIGHTS = tuple(f"{part}.{p}.weight" for part in ("self_attn", "layers.1.mlp") for p in PROJECTIONS)
+
+
+@pytest.fixture(scope="module")
+def gptq_exports(tmp_path_factory):
+    """(Edge-LLM's export of a GPTQ int4 checkpoint of the source's attention and dense MLP, the
+    imported LM quantized with --linears attention,dense at int4, our export of it)."""
+    from deamoe_trt.importers.hf_lm import import_hf_lm
+    from deamoe_trt.lm import load_lm
+    from deamoe_trt.lm.checkpoint import save_lm
+    from deamoe_trt.quant import QuantConfig
+
+    root = tmp_path_factory.mktemp("edgellm-gptq")
+    build_qwen3_moe(root / "hf")
+    write_gptq_source(root / "hf", root / "hf-gptq", 64)
+    edgellm_export(root / "hf-gptq", root / "vanilla")
+    import_hf_lm(root / "hf", root / "lm")
+    loaded = load_lm(root / "lm")
+    save_lm(
+        loaded.model.quantized(QuantConfig(4, 64), linears=("attention", "dense")),
+        root / "lm-q",
+        tokenizer=loaded.tokenizer,
+    )
+    return root / "vanilla", root / "lm-q", export_edgellm(root / "lm-q", root / "ours")
+
+
+@needs_edgellm
+@pytest.mark.slow
+def test_int4_projections_export_as_edgellms_own_export_of_a_gptq_checkpoint(gptq_exports):
+    vanilla, lm, ours = gptq_exports
+    assert graph_differences(ours, vanilla) == []
+    model = onnx.load(ours / LLM / MODEL)
+    gemms = [n for n in model.graph.node if n.op_type.startswith("Int4GroupwiseGemm")]
+    assert len(gemms) == 3 * 4 + 3  # q/k/v/o of 3 blocks, the dense block's gate/up/down
+    # Each int4 GEMM's scales are the LM's, [groups, out] in fp16: every projection got its weights.
+    from deamoe_trt.lm import load_lm
+
+    state = load_lm(lm).model.state_dict()
+    scales = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.name.endswith(".scales")}
+    moe = ("layers.0.mlp.", "layers.2.mlp.")
+    projections = [n for n in state if n.endswith(".weight.scales") and not n.startswith(moe)]
+    assert len(projections) == len(gemms)
+    for name in projections:
+        graph_name = f"_model.model.{name.removesuffix('.weight.scales')}.scales"
+        assert (scales[graph_name] == state[name].T.half().numpy()).all(), name
+
+
 @needs_edgellm
 @pytest.mark.slow
 def test_graph_comparison_sees_a_changed_norm_weight(exports):
@@ -201,6 +292,29 @@ def test_lm_edgellm_cannot_represent_is_refused_in_one_line(capsys, tmp_path):
     assert cli(["export-edgellm", str(tiny), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert "qk_norm is 'none'" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("bits", "linears", "why"),
+    [
+        (8, ("attention", "dense"), "no weight-only int8 form"),
+        (4, ("attention",), "but not its dense MLPs"),
+        (4, ("attention", "dense"), "widths 16, 32, not multiples of 64"),  # Edge-LLM's int4 GEMM: 64
+    ],
+    ids=["int8", "without-dense", "narrow"],
+)
+def test_lm_with_quantized_projections_edgellm_cannot_take_is_refused_in_one_line(capsys, tmp_path, bits, linears, why):
+    from configs import QUANTIZABLE_MICRO_LM
+    from deamoe_trt.lm import DeaMoELM, save_lm
+    from deamoe_trt.quant import QuantConfig
+
+    model = DeaMoELM.random(QUANTIZABLE_MICRO_LM.replace(dense_intermediate_size=32), seed=0)
+    save_lm(model.quantized(QuantConfig(bits, 16), linears=linears), tmp_path / "lm")
+    assert cli(["export-edgellm", str(tmp_path / "lm"), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert why in err and "--linears" in err
     assert not (tmp_path / "out").exists()
 
 
