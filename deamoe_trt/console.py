@@ -8,15 +8,25 @@ from collections.abc import Sequence
 
 
 def format_table(
-    headers: Sequence[str], rows: Sequence[Sequence[object]], *, title: str | None = None, align: str | None = None
+    headers: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    *,
+    title: str | None = None,
+    align: str | None = None,
+    markdown: bool = False,
 ) -> str:
     """Cells already formatted as the caller wants. align: one letter per column, "l" or "r";
-    default the first column left (names), the others right (numbers)."""
+    default the first column left (names), the others right (numbers). markdown: a Markdown
+    table (the title a paragraph above it) instead of aligned text."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     align = align or "l" + "r" * (len(headers) - 1)
     if len(align) != len(headers) or set(align) - {"l", "r"}:
         raise ValueError(f"align needs one of 'l'/'r' per column ({len(headers)}), got {align!r}")
+    if markdown:
+        rule = ["---" if a == "l" else "---:" for a in align]
+        lines = ["| " + " | ".join(row) + " |" for row in (cells[0], rule, *cells[1:])]
+        return "\n".join(([title, ""] if title else []) + lines)
 
     def line(row: list[str]) -> str:
         return "  ".join(

@@ -20,6 +20,7 @@ Deterministic (seed 0). Existing source checkpoints and reports in --out are reu
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,8 @@ from deamoe_trt.convert.testmodels import (
     make_upcycled,
     settings_for,
 )
+from deamoe_trt.console import format_table
+from deamoe_trt.convert.report import HEALED, report_table
 from deamoe_trt.train.lm import shipped_text
 
 DENSE_STEPS, MOE_STEPS = 400, 200
@@ -86,7 +89,56 @@ def fine_grained(out: Path) -> int:
         options = [*FINE_CONVERT, "--top-departments", str(top), "--data", str(text)]
         if code := _convert(out, source, f"fine-grained-g{top}", options):
             return code
+    summary = out / "fine-grained.md"
+    summary.write_text(fine_grained_tables(out), encoding="utf-8")
+    print(f"tables: {summary}")
     return 0
+
+
+def fine_grained_tables(out: Path) -> str:
+    """Markdown: the grid (departments per token x shared fraction), each run's full table at
+    f_s/f = 0.5, and the converted model's per-layer routing/weights error split."""
+    reports = {top: json.loads((out / f"fine-grained-g{top}.json").read_text()) for top in FINE_TOP_DEPARTMENTS}
+    grid = []
+    for top, report in reports.items():
+        rows = report["rows"]
+        source = next(r for r in rows if r["method"] == "source")
+
+        def vs(row):
+            return f"{row['perplexity'] / source['perplexity'] - 1:+.1%}"
+
+        for fraction in sorted({r["shared_fraction"] for r in rows if r["method"] != "source"}):
+            at = [r for r in rows if r["shared_fraction"] == fraction and r["method"] != "source"]
+            mine = {r["method"]: r for r in at if r["method"].startswith("converted")}
+            others = [r for r in at if not r["method"].startswith("converted")]
+            best = min(others, key=lambda r: r["perplexity"])
+            healed = mine.get("converted" + HEALED, mine["converted"])
+            grid.append(
+                [
+                    str(top),
+                    f"{fraction:.2f}",
+                    f"{healed['bytes_vs_source']:.1%}",
+                    vs(healed),
+                    f"{healed['next_token_agreement']:.1%}",
+                    vs(mine["converted"]),
+                    f"{best['method']} ({best['bytes_vs_source']:.1%})",
+                    vs(best),
+                    str(sum(r["perplexity"] < healed["perplexity"] for r in others)),
+                ]
+            )
+    headers = ["departments/token", "f_s/f", "bytes vs source", "healed ppl", "healed next-token agr."]
+    headers += ["unhealed ppl", "best baseline (bytes)", "its ppl", "baselines better"]
+    parts = [format_table(headers, grid, title="Perplexity vs the source's on held-out text", markdown=True)]
+    for top, report in reports.items():
+        parts.append(report_table(report, fraction=0.5, markdown=True).replace("Conversion of", f"{top} department(s) per token:", 1))
+        layers = []
+        for r in report["rows"]:
+            if r["method"].startswith("converted") and r["shared_fraction"] == 0.5:
+                for i, (routing, weights) in enumerate(zip(r["routing_error"], r["weights_error"], strict=True)):
+                    layers.append([r["method"], str(i), f"{routing:.4f}", f"{weights:.4f}"])
+        title = f"{top} department(s) per token, f_s/f = 0.5: relative error per layer"
+        parts.append(format_table(["method", "layer", "routing err.", "weights err."], layers, title=title, markdown=True))
+    return "\n\n".join(parts) + "\n"
 
 
 def main() -> int:

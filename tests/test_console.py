@@ -40,3 +40,8 @@ def test_table_aligns_text_columns_left_when_asked():
     assert lines[3] == "tensorrt  10.3"
     with pytest.raises(ValueError, match="one of 'l'/'r' per column"):
         format_table(("a", "b"), [], align="l")
+
+
+def test_markdown_table_rules_numbers_right_and_titles_above():
+    text = format_table(("name", "value"), [("a", 1), ("long name", 12345)], title="T", markdown=True)
+    assert text.splitlines() == ["T", "", "| name | value |", "| --- | ---: |", "| a | 1 |", "| long name | 12345 |"]

@@ -41,7 +41,7 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def report_table(report: dict, *, fraction: float | None = None) -> str:
+def report_table(report: dict, *, fraction: float | None = None, markdown: bool = False) -> str:
     """One row per variant (at one shared fraction, or all), source first."""
     rows = [
         r for r in report["rows"] if fraction is None or r["method"] == "source" or r["shared_fraction"] == fraction
@@ -80,7 +80,7 @@ def report_table(report: dict, *, fraction: float | None = None) -> str:
         f"top-{s['top_k']}); held-out {s['heldout_tokens']} tokens per layer; errors and agreement: mean over layers; "
         "routing err.: the source's experts on the method's choices; weights err.: the rest"
     )
-    return format_table(headers, out, title=title)
+    return format_table(headers, out, title=title, markdown=markdown)
 
 
 def write_plot(report: dict, path: str | Path) -> Path:
