@@ -119,6 +119,8 @@ class Contender:
     hidden: list[list[torch.Tensor]] = field(default_factory=list)  # per step, per MoE block: its FFN input
     layers: dict = field(default_factory=dict)  # CPU kernel: block -> its packed FFN
     sink: list = field(default_factory=list)  # CPU kernel: each FFN call's input, in order
+    untimed: int = 0  # the token of the untimed step after the prefill
+    fed: list[int] = field(default_factory=list)  # the tokens of the timed steps, in order
 
 
 class _Recording:
@@ -135,8 +137,8 @@ class _Recording:
 def _contender(base, twin: str, runtime: str, threads: int) -> Contender:
     """The twin of base on runtime (deamoe_trt.runtimes). On the CPU kernel the twin's FFNs are
     packed one block at a time onto base's attention, and each records its inputs for the
-    traffic count (cpu-native runs the same FFNs in native code, and takes its FFN bytes
-    from the cpu contender of its twin); on ONNX Runtime the twin's fp16 export runs with its weights in memory and
+    traffic count (cpu-native runs the same FFNs in native code: its FFN bytes are counted by
+    replaying its tokens on the recording path, _replayed_ffn_bytes); on ONNX Runtime the twin's fp16 export runs with its weights in memory and
     threads that do not spin (they would steal a core from the next contender)."""
     from .. import runtimes
 
@@ -285,7 +287,7 @@ def _run_contenders(base, config, runtimes, twins, steps, prompt, threads, seed,
             contenders.append(_contender(base, twin, runtime, threads))
             gc.collect()
         for c in contenders:  # prefill and one untimed step: first-call costs stay out
-            c.token = int(np.argmax(c.decoder.prefill(prompt_ids)))
+            c.token = c.untimed = int(np.argmax(c.decoder.prefill(prompt_ids)))
             c.token = int(np.argmax(c.decoder.step(c.token)))
             if runtime == "cpu":
                 c.sink.clear()
@@ -294,11 +296,15 @@ def _run_contenders(base, config, runtimes, twins, steps, prompt, threads, seed,
             if llama is not None and step % max(steps // LLAMA_ROUNDS, 1) == 0:
                 llama.time_round(llama_tokens, prompt)
             for c in contenders:
+                c.fed.append(c.token)
                 start = time.perf_counter()
                 logits = c.decoder.step(c.token)
                 c.token = int(np.argmax(logits))
                 c.step_s.append(time.perf_counter() - start)
         rows.extend(_row(c, config, b, steps) for c in contenders)
+        if runtime == "cpu-native":
+            for c, row in zip(contenders, rows[-len(contenders) :], strict=True):
+                row["ffn_bytes_per_token"] = _replayed_ffn_bytes(base, c, prompt_ids, threads, b)
         del contenders, c  # the loop variable would keep the last contender's weights alive
         gc.collect()
     if llama is not None:
@@ -435,19 +441,35 @@ class _LlamaContenders:
         }
 
 
+def _counted_ffn_bytes(c: Contender, b: int, steps: int) -> float:
+    """Mean FFN bytes a step of a recording CPU contender loaded over its last `steps` steps."""
+    moe_layers = list(c.layers)
+    per_step = len(moe_layers)
+    hidden = c.sink[-steps * per_step :]
+    total = 0
+    for s in range(steps):
+        for j, i in enumerate(moe_layers):
+            kernel = c.layers[i]  # its own routing, from the hidden state this contender saw
+            routing = kernel.route(hidden[s * per_step + j])
+            total += weights_loaded(kernel.config, routing, b, kernel.quant).total
+    return total / steps
+
+
+def _replayed_ffn_bytes(base, c: Contender, prompt_ids: list[int], threads: int, b: int) -> float:
+    """FFN bytes per step of a native-step contender: its prompt and tokens fed again, after
+    the timing, to the recording (PyTorch-attention) decoder of the same twin, which computes
+    the same function, so the routing counted is the one the native step ran."""
+    replay = _contender(base, c.twin, "cpu", threads)
+    replay.decoder.prefill(prompt_ids)
+    replay.decoder.step(c.untimed)
+    replay.sink.clear()
+    for token in c.fed:
+        replay.decoder.step(token)
+    return _counted_ffn_bytes(replay, b, len(c.fed))
+
+
 def _row(c: Contender, config, b: int, steps: int) -> dict:
-    ffn_bytes = None
-    if c.runtime == "cpu":
-        moe_layers = list(c.layers)
-        per_step = len(moe_layers)
-        hidden = c.sink[-steps * per_step :]
-        total = 0
-        for s in range(steps):
-            for j, i in enumerate(moe_layers):
-                kernel = c.layers[i]  # its own routing, from the hidden state this contender saw
-                routing = kernel.route(hidden[s * per_step + j])
-                total += weights_loaded(kernel.config, routing, b, kernel.quant).total
-        ffn_bytes = total / steps
+    ffn_bytes = _counted_ffn_bytes(c, b, steps) if c.runtime == "cpu" else None
     tpot = statistics.median(c.step_s) * 1e3
     return {
         "twin": c.twin,
