@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 
 from deamoe_trt.cli.main import main as cli
+from deamoe_trt.console import format_table
+from deamoe_trt.convert.report import HEALED, report_table
 from deamoe_trt.convert.testmodels import (
     FINE_GRAINED_CORPUS,
     FINE_GRAINED_SETTINGS,
@@ -34,8 +36,6 @@ from deamoe_trt.convert.testmodels import (
     make_upcycled,
     settings_for,
 )
-from deamoe_trt.console import format_table
-from deamoe_trt.convert.report import HEALED, report_table
 from deamoe_trt.train.lm import shipped_text
 
 DENSE_STEPS, MOE_STEPS = 400, 200
@@ -104,7 +104,7 @@ def fine_grained_tables(out: Path) -> str:
         rows = report["rows"]
         source = next(r for r in rows if r["method"] == "source")
 
-        def vs(row):
+        def vs(row, source=source):
             return f"{row['perplexity'] / source['perplexity'] - 1:+.1%}"
 
         for fraction in sorted({r["shared_fraction"] for r in rows if r["method"] != "source"}):
@@ -130,14 +130,20 @@ def fine_grained_tables(out: Path) -> str:
     headers += ["unhealed ppl", "best baseline (bytes)", "its ppl", "baselines better"]
     parts = [format_table(headers, grid, title="Perplexity vs the source's on held-out text", markdown=True)]
     for top, report in reports.items():
-        parts.append(report_table(report, fraction=0.5, markdown=True).replace("Conversion of", f"{top} department(s) per token:", 1))
+        parts.append(
+            report_table(report, fraction=0.5, markdown=True).replace(
+                "Conversion of", f"{top} department(s) per token:", 1
+            )
+        )
         layers = []
         for r in report["rows"]:
             if r["method"].startswith("converted") and r["shared_fraction"] == 0.5:
                 for i, (routing, weights) in enumerate(zip(r["routing_error"], r["weights_error"], strict=True)):
                     layers.append([r["method"], str(i), f"{routing:.4f}", f"{weights:.4f}"])
         title = f"{top} department(s) per token, f_s/f = 0.5: relative error per layer"
-        parts.append(format_table(["method", "layer", "routing err.", "weights err."], layers, title=title, markdown=True))
+        parts.append(
+            format_table(["method", "layer", "routing err.", "weights err."], layers, title=title, markdown=True)
+        )
     return "\n\n".join(parts) + "\n"
 
 

@@ -138,8 +138,9 @@ def _contender(base, twin: str, runtime: str, threads: int) -> Contender:
     """The twin of base on runtime (deamoe_trt.runtimes). On the CPU kernel the twin's FFNs are
     packed one block at a time onto base's attention, and each records its inputs for the
     traffic count (cpu-native runs the same FFNs in native code: its FFN bytes are counted by
-    replaying its tokens on the recording path, _replayed_ffn_bytes); on ONNX Runtime the twin's fp16 export runs with its weights in memory and
-    threads that do not spin (they would steal a core from the next contender)."""
+    replaying its tokens on the recording path, _replayed_ffn_bytes); on ONNX Runtime the
+    twin's fp16 export runs with its weights in memory and threads that do not spin (they
+    would steal a core from the next contender)."""
     from .. import runtimes
 
     if runtime == "ort":

@@ -98,6 +98,4 @@ def make_fine_grained(
 ) -> TrainResult:
     """config trained from a random init on the shipped six novels (seeded, two threads)."""
     settings = dataclasses.replace(FINE_GRAINED_SETTINGS, steps=steps, seed=seed, seq_len=seq_len)
-    return train(
-        config, settings, progress=progress, label="train fine-grained MoE", corpus=FINE_GRAINED_CORPUS
-    )
+    return train(config, settings, progress=progress, label="train fine-grained MoE", corpus=FINE_GRAINED_CORPUS)

@@ -43,8 +43,7 @@ CORPORA: dict[str, tuple[tuple[str, ...], str]] = {
     "persuasion": ((TEXT_NAME,), TEXT_SOURCE),
     "austen": (
         ("austen-five.txt.xz", TEXT_NAME),
-        "Jane Austen's six novels (1811-1818; Persuasion last), public domain; "
-        "via Debian r-cran-janeaustenr 1.0.0-1",
+        "Jane Austen's six novels (1811-1818; Persuasion last), public domain; via Debian r-cran-janeaustenr 1.0.0-1",
     ),
 }
 
@@ -173,7 +172,9 @@ def train(
     if settings.seq_len > config.max_position_embeddings:
         raise UsageError(f"seq_len {settings.seq_len} exceeds the model's context {config.max_position_embeddings}")
     source = "a given text" if text is not None else CORPORA.get(corpus, ((), ""))[1]
-    train_ids, val_ids = split_text(text if text is not None else shipped_text(corpus), tokenizer, settings.val_fraction)
+    train_ids, val_ids = split_text(
+        text if text is not None else shipped_text(corpus), tokenizer, settings.val_fraction
+    )
 
     with deterministic_threads(settings.threads):
         torch.manual_seed(settings.seed)

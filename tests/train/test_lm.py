@@ -1,9 +1,9 @@
-from deamoe_trt.lm import ByteTokenizer, load_lm
 import pytest
 import torch
 import torch.utils.deterministic
 
 from deamoe_trt.errors import UsageError
+from deamoe_trt.lm import ByteTokenizer, load_lm
 from deamoe_trt.train.determinism import deterministic_threads
 from deamoe_trt.train.lm import CORPORA, TrainSettings, save_trained, shipped_text, split_text, train
 
