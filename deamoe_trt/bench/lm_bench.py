@@ -303,11 +303,13 @@ def _run_contenders(base, config, runtimes, twins, steps, prompt, threads, seed,
                 c.token = int(np.argmax(logits))
                 c.step_s.append(time.perf_counter() - start)
         rows.extend(_row(c, config, b, steps) for c in contenders)
-        if runtime == "cpu-native":
-            for c, row in zip(contenders, rows[-len(contenders) :], strict=True):
-                row["ffn_bytes_per_token"] = _replayed_ffn_bytes(base, c, prompt_ids, threads, b)
+        replays = [(row, c.twin, c.untimed, c.fed) for c, row in zip(contenders, rows[-len(contenders) :], strict=True)]
         del contenders, c  # the loop variable would keep the last contender's weights alive
         gc.collect()
+        if runtime == "cpu-native":  # once the native weights are freed: one twin's FFNs at a time
+            for row, twin, untimed, fed in replays:
+                row["ffn_bytes_per_token"] = _replayed_ffn_bytes(base, twin, untimed, fed, prompt_ids, threads, b)
+                gc.collect()
     if llama is not None:
         rows.extend(llama.rows())
     roofs.append(kernel_bandwidth(1 << 29, 5, threads)["bytes_per_s"])
@@ -456,17 +458,20 @@ def _counted_ffn_bytes(c: Contender, b: int, steps: int) -> float:
     return total / steps
 
 
-def _replayed_ffn_bytes(base, c: Contender, prompt_ids: list[int], threads: int, b: int) -> float:
-    """FFN bytes per step of a native-step contender: its prompt and tokens fed again, after
-    the timing, to the recording (PyTorch-attention) decoder of the same twin, which computes
-    the same function, so the routing counted is the one the native step ran."""
-    replay = _contender(base, c.twin, "cpu", threads)
+def _replayed_ffn_bytes(
+    base, twin: str, untimed: int, fed: list[int], prompt_ids: list[int], threads: int, b: int
+) -> float:
+    """FFN bytes per step of a native-step contender: its prompt, untimed step and timed tokens
+    fed again, after the timing, to the recording (PyTorch-attention) decoder of the same
+    twin, which computes the same function, so the routing counted is the one the native
+    step ran."""
+    replay = _contender(base, twin, "cpu", threads)
     replay.decoder.prefill(prompt_ids)
-    replay.decoder.step(c.untimed)
+    replay.decoder.step(untimed)
     replay.sink.clear()
-    for token in c.fed:
+    for token in fed:
         replay.decoder.step(token)
-    return _counted_ffn_bytes(replay, b, len(c.fed))
+    return _counted_ffn_bytes(replay, b, len(fed))
 
 
 def _row(c: Contender, config, b: int, steps: int) -> dict:

@@ -131,7 +131,7 @@ def _run(args) -> int:
     from ..convert.distill import init_distributed
     from ..convert.report import report_table, write_plot
     from ..convert.run import SWEEP, convert_model
-    from ..convert.sources import lm_source, read_calibration_tensor, read_text, stack_source
+    from ..convert.sources import HELDOUT_WINDOWS, lm_source, read_calibration_tensor, read_text, stack_source
     from ..errors import UsageError
     from ..lm.checkpoint import is_lm_checkpoint
 
@@ -191,7 +191,7 @@ def _run(args) -> int:
             text,
             heldout_fraction=args.heldout_fraction,
             heal_on_all=data is not None,
-            **({"heldout_windows": args.heldout_windows} if args.heldout_windows else {}),
+            heldout_windows=args.heldout_windows or HELDOUT_WINDOWS,
         )
     else:
         if args.data:

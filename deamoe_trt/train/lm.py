@@ -171,10 +171,10 @@ def train(
     tokenizer = tokenizer or ByteTokenizer(vocab_size=config.vocab_size)
     if settings.seq_len > config.max_position_embeddings:
         raise UsageError(f"seq_len {settings.seq_len} exceeds the model's context {config.max_position_embeddings}")
-    source = "a given text" if text is not None else CORPORA.get(corpus, ((), ""))[1]
-    train_ids, val_ids = split_text(
-        text if text is not None else shipped_text(corpus), tokenizer, settings.val_fraction
-    )
+    source = "a given text"
+    if text is None:
+        text, source = shipped_text(corpus), CORPORA[corpus][1]
+    train_ids, val_ids = split_text(text, tokenizer, settings.val_fraction)
 
     with deterministic_threads(settings.threads):
         torch.manual_seed(settings.seed)
