@@ -125,3 +125,6 @@ QUANTIZABLE_MICRO_LM = LMConfig(
         router_bias=True,
     ),
 )
+# QUANTIZABLE_MICRO_LM with its dense block 32 wide: every projection of attention, dense
+# MLP and head quantizes in groups of 16.
+LINEARS_MICRO_LM = QUANTIZABLE_MICRO_LM.replace(dense_intermediate_size=32)

@@ -7,40 +7,24 @@ import json
 import pytest
 import torch
 
+from configs import MICRO_LM
 from deamoe_trt.cli.main import main as cli
-from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.convert.baselines import BASELINES
 from deamoe_trt.convert.core import ConvertSettings
 from deamoe_trt.convert.run import convert_model
 from deamoe_trt.convert.sources import lm_source
 from deamoe_trt.errors import UsageError
-from deamoe_trt.lm import ByteTokenizer, DeaMoELM, LMConfig, load_lm
+from deamoe_trt.lm import ByteTokenizer, DeaMoELM, load_lm
 from deamoe_trt.train.lm import shipped_text
 
-# A micro language model whose FFNs are vanilla MoEs: 4 experts of width 24, top-2.
-VANILLA = LMConfig(
-    vocab_size=256,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=48,
-    moe=DeaMoEConfig(
-        hidden_size=32,
-        num_departments=1,
-        experts_per_department=4,
-        shared_intermediate_size=0,
-        private_intermediate_size=24,
-        top_k=2,
-        top_departments=1,
-    ),
-)
-# The same with department shared parts: not a conversion source.
-MICRO = VANILLA.replace(
-    moe=VANILLA.moe.replace(
-        num_departments=2, experts_per_department=2, shared_intermediate_size=16, private_intermediate_size=8
+# MICRO_LM with vanilla MoE FFNs (4 experts of width 24, top-2): a conversion source.
+VANILLA = MICRO_LM.replace(
+    moe=MICRO_LM.moe.replace(
+        num_departments=1, experts_per_department=4, shared_intermediate_size=0, private_intermediate_size=24
     )
 )
+# MICRO_LM has department shared parts: not a conversion source.
+MICRO = MICRO_LM
 TEXT = shipped_text()[:20000]
 
 

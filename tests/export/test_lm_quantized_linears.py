@@ -11,7 +11,7 @@ import onnxruntime
 import pytest
 from onnx import TensorProto
 
-from configs import QUANTIZABLE_MICRO_LM
+from configs import LINEARS_MICRO_LM, QUANTIZABLE_MICRO_LM
 from deamoe_trt.errors import UsageError
 from deamoe_trt.export.lm import build_lm_model, export_lm
 from deamoe_trt.lm import DeaMoELM
@@ -24,7 +24,7 @@ from deamoe_trt.validation.session import session_options
 from lm_reference import dequantized_model, logits_of
 
 PARTS = ("attention", "dense", "head")
-CONFIG = QUANTIZABLE_MICRO_LM.replace(dense_intermediate_size=32)  # block 1 dense, 32 wide: groups of 16
+CONFIG = LINEARS_MICRO_LM
 # fp32: DequantizeLinear computes (q - zero point) * scale in float32, exactly as quant.dequantize
 # does, so the graph runs the PyTorch model's weights and only the order of sums differs.
 FP32 = 1e-5

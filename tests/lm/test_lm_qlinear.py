@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from configs import QUANTIZABLE_MICRO_LM
+from configs import LINEARS_MICRO_LM, QUANTIZABLE_MICRO_LM
 from deamoe_trt.cli.main import main
 from deamoe_trt.config import ConfigError
 from deamoe_trt.errors import UsageError
@@ -21,7 +21,7 @@ from deamoe_trt.runtimes.torch import TorchDecoder
 
 IDS = [5, 17, 99, 3, 42, 7]
 ALL = ("attention", "dense", "head")
-CONFIG = QUANTIZABLE_MICRO_LM.replace(dense_intermediate_size=32)  # block 1 dense, 32 wide: groups of 16
+CONFIG = LINEARS_MICRO_LM
 
 
 @pytest.fixture(scope="module")
