@@ -16,7 +16,7 @@ from spec_reference import spec_forward
 
 
 def canonical(layer: DeaMoELayer) -> dict:
-    return {name: t.detach().double().numpy() for name, t in layer.state_dict().items()}
+    return {name: t.detach().cpu().double().numpy() for name, t in layer.state_dict().items()}
 
 
 def spec_stack(stack: DeaMoEStack, x: np.ndarray) -> np.ndarray:
