@@ -93,21 +93,21 @@ DEFAULT_REGISTERS = {
 # the model uses them for every arch (ptxas gives sm_86/87 within a few registers of it).
 QUANT_REGISTERS = {
     4: {
-        "routerSharedKernel": {1: 127, 2: 154, 4: 189, 8: 107, 16: 157},
-        "routedKernel": {1: 108, 2: 160, 4: 179, 8: 128, 16: 175},
+        "routerSharedKernel": {1: 68, 2: 128, 4: 104, 8: 108, 16: 158},
+        "routedKernel": {1: 70, 2: 130, 4: 141, 8: 128, 16: 176},
         "downKernel": {1: 72, 2: 92, 4: 126, 8: 110, 16: 134},
     },
     8: {
-        "routerSharedKernel": {1: 88, 2: 124, 4: 141, 8: 128, 16: 128},
-        "routedKernel": {1: 87, 2: 122, 4: 128, 8: 128, 16: 177},
+        "routerSharedKernel": {1: 68, 2: 96, 4: 108, 8: 128, 16: 128},
+        "routedKernel": {1: 70, 2: 92, 4: 106, 8: 128, 16: 178},
         "downKernel": {1: 72, 2: 80, 4: 102, 8: 112, 16: 138},
     },
 }
 KERNELS = ("routerSharedKernel", "routedKernel", "downKernel")
 # 16-byte loads each lane keeps in flight (Unroll<TT> x rows per warp, deamoeDevice.cuh).
 LOADS_IN_FLIGHT = {1: 8, 2: 8, 4: 8, 8: 4, 16: 4}
-# Quantized down rows keep 2 chunks per row in flight (QuantUnroll), 2 rows per warp.
-QUANT_DOWN_LOADS_IN_FLIGHT = 4
+# Quantized rows, gate/up and down, keep 2 chunks per row in flight (kQuantUnroll), 2 rows per warp.
+QUANT_LOADS_IN_FLIGHT = 4
 # Assumed instructions per quantized weight to turn a code into the float q - zp, whatever
 # the tokens (deamoeDevice.cuh's dequantizeCodes: int4 a shift and a mask-or for 7 of 8
 # codes and a float add; int8 a byte extract and a float add), and the extra FMA per 8
@@ -216,8 +216,7 @@ def predict_step(
         regs = registers[device.arch]
     else:
         regs = QUANT_REGISTERS[quant.bits] if quant else DEFAULT_REGISTERS[device.arch]
-    loads = LOADS_IN_FLIGHT[tt]
-    down_loads = QUANT_DOWN_LOADS_IN_FLIGHT if quant else loads
+    loads = QUANT_LOADS_IN_FLIGHT if quant else LOADS_IN_FLIGHT[tt]
 
     def ffn(numel: int) -> int:  # bytes of numel FFN weights as stored
         return ffn_bytes(numel, b, quant)
@@ -264,7 +263,7 @@ def predict_step(
     smem = 4 * (N + c.num_departments) + 4 * WARPS * (N + c.num_departments + c.top_departments)
     per_sm = blocks_per_sm(device, k2_regs, smem)
     routing = ROUTING_FIXED_S + ROUTING_PER_ROUND_S * (c.top_k + c.top_departments)
-    shared_t, _ = _stream_time(device, shared_down, row_tiles if f_sh else 0, per_sm, down_loads, ops(f_sh * d, T))
+    shared_t, _ = _stream_time(device, shared_down, row_tiles if f_sh else 0, per_sm, loads, ops(f_sh * d, T))
     # Expected tokens per routed part: each part's rows are applied to the tokens using it.
     slots = T * c.top_k * f_p + T * min(c.top_k, c.top_departments) * f_s  # (token, part) pairs x width
     used_width = u_e * f_p + u_d * f_s
@@ -280,7 +279,7 @@ def predict_step(
     k3_bytes = ffn((u_d * f_s + u_e * f_p) * d)
     k3_regs = regs["downKernel"][tt]
     k3_time, k3_bound = _stream_time(
-        device, k3_bytes, row_tiles, blocks_per_sm(device, k3_regs), down_loads, routed_fmas / 2
+        device, k3_bytes, row_tiles, blocks_per_sm(device, k3_regs), loads, routed_fmas / 2
     )
     return [
         KernelPrediction("K1 router + shared gate/up", k1_bytes, k1_blocks, k1_regs, gap + k1_time, k1_bound),

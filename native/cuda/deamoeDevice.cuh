@@ -348,15 +348,13 @@ DEAMOE_DEVICE void dequantizeCodes(uint4 raw, int sub, float (&q)[8])
     }
 }
 
-// Chunks per row each lane keeps in flight on quantized rows: the gate/up rows (d columns,
-// 4 or 2 times fewer chunks than T rows) as the float path; the down rows (a part's width:
-// deepseek-v3's 2048 int4 columns are 64 chunks, two per lane) 2, which is what they have,
-// and the registers it saves keep K3 at its blocks per SM without spilling.
-template <int TT, bool DOWN>
-struct QuantUnroll
-{
-    static constexpr int value = DOWN ? 2 : Unroll<TT>::value;
-};
+// Chunks per row each lane keeps in flight on quantized rows, gate/up and down alike: 2. A
+// chunk of codes is 16 or 32 weights of work, so two already cover the latency once enough
+// warps run; 4 on the gate/up rows (the float path's) held ~127 registers at 1 token, 4
+// blocks per SM, and measured slower on an H200 (deepseek-v3-layer int4 at 1 token: 139 us
+// against 126 us with 2 and 6 blocks per SM; docs/benchmarks.md, "CUDA kernels on an H200").
+// The down rows have no more: deepseek-v3's 2048 int4 columns are 64 chunks, two per lane.
+constexpr int kQuantUnroll = 2;
 
 // How many of a chunk's 8-weight pieces the inner loop unrolls: all, except int4's four at
 // 8 and 16 tokens, one at a time (fully unrolled, ptxas hoists every piece's codes and
@@ -370,7 +368,7 @@ struct QuantSubUnroll
 
 // The quantized twin of accumulateRows: chunks [chunkBegin, chunkEnd) of 16 bytes of codes
 // (32 int4 or 16 int8 weights each), the same lane/chunk assignment and token loop, U chunks
-// per row in flight (QuantUnroll). Every 8 weights give a float32 partial
+// per row in flight (kQuantUnroll). Every 8 weights give a float32 partial
 // p = sum a * (q - zp), exact codes times activations, then acc += s * p: the scale is applied once per 8 weights (1 FMA per 8), the
 // activations and codes are never rescaled, and no zero point is folded into a sum of
 // activations (s * (sum a q - zp sum a) cancels catastrophically for int8's zp = 128). Its

@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
                     QuantRow<T> rows[R];
                     downQuantRows<BITS>(
                         partQuant[q].codes, partQuant[q].scales, width, d, args.groupShift, firstRow, rows);
-                    accumulateQuantRows<BITS, QuantUnroll<TT, true>::value, T, float, R, TT>(
+                    accumulateQuantRows<BITS, kQuantUnroll, T, float, R, TT>(
                         rows, args.groupShift, 0, width * BITS / 128, partH[q], partOffset[q], tokens, acc);
                 }
                 else

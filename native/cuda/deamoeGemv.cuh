@@ -189,7 +189,7 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
             int const chunksPerRow = d * BITS / 128;
             int const begin = slice * args.codeChunksPerSlice;
             int const end = min(begin + args.codeChunksPerSlice, chunksPerRow);
-            accumulateQuantRows<BITS, QuantUnroll<TT, false>::value, T, T, 2, TT>(
+            accumulateQuantRows<BITS, kQuantUnroll, T, T, 2, TT>(
                 rows, args.groupShift, begin, end, args.x, offset, firstTokens(numTokens), acc);
         }
     }

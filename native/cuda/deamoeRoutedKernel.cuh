@@ -128,9 +128,8 @@ DEAMOE_DEVICE void sharedDownBlock(RoutedArgs<T> const& args, int block)
         QuantRow<T> rows[kDownRowsPerWarp];
         downQuantRows<BITS>(args.sharedDownCodes, args.sharedDownScales, args.sharedWidth, args.hidden,
             args.gateUp.groupShift, firstRow, rows);
-        accumulateQuantRows<BITS, QuantUnroll<TT, true>::value, T, float, kDownRowsPerWarp, TT>(rows,
-            args.gateUp.groupShift, 0, args.sharedWidth * BITS / 128, args.hShared, offset, firstTokens(args.numTokens),
-            acc);
+        accumulateQuantRows<BITS, kQuantUnroll, T, float, kDownRowsPerWarp, TT>(rows, args.gateUp.groupShift, 0,
+            args.sharedWidth * BITS / 128, args.hShared, offset, firstTokens(args.numTokens), acc);
     }
     else
     {
@@ -147,8 +146,17 @@ DEAMOE_DEVICE void sharedDownBlock(RoutedArgs<T> const& args, int block)
     });
 }
 
+// Blocks per SM K2 asks ptxas to fit: quantized weights at 1 token, 6 (<= 80 registers), as
+// K1's gate/up (GateUpMinBlocks); otherwise 1, i.e. the registers it needs (its shared-down
+// and routing roles spill at 128 for 16 tokens).
+template <int TT, int BITS>
+struct RoutedMinBlocks
+{
+    static constexpr int value = BITS > 0 && TT == 1 ? 6 : 1;
+};
+
 template <class T, int TT, int BITS>
-__global__ void __launch_bounds__(kGemvThreads, 1) routedKernel(RoutedArgs<T> const args)
+__global__ void __launch_bounds__(kGemvThreads, RoutedMinBlocks<TT, BITS>::value) routedKernel(RoutedArgs<T> const args)
 {
     beginDependentKernel();
     // Roles by ticket, in the order blocks start (not blockIdx): the routing blocks are
