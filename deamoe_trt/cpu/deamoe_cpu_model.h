@@ -10,9 +10,9 @@
 // native code between the embedding and the logits, and the same pool of threads runs every
 // matrix of every block.
 //
-// Projections are matrix-vector products over row-major weights (fp32 or fp16, rows padded
-// to kPad; or int8/int4 codes, see q_quad_bytes), cut into slices of contiguous rows that
-// the threads claim, four rows at a time (one load of x per four weight vectors), so every
+// Projections are matrix-vector products over weights packed four rows at a time (a quad:
+// fp32 or fp16, see gemv_quads; or int8/int4 codes, see q_quad_bytes), cut into slices of
+// contiguous quads that the threads claim (one load of x per four weight vectors), so every
 // weight is read once per step. Activations, norms, rotary, attention and the KV cache are
 // fp32.
 //
@@ -23,7 +23,8 @@
 extern "C" {
 
 // A projection y = W x (+ b), W [rows, cols_p], b fp32 or null. bits 0: W in the model's
-// weight dtype, row-major, columns zero-padded to a multiple of dm_row_pad. bits 4 or 8:
+// weight dtype, columns zero-padded to a multiple of dm_row_pad, packed in quads by
+// dm_pack_linear. bits 4 or 8:
 // weight-only quantized (deamoe_trt/quant.py), packed by dm_pack_linear_q (cols_p = cols, a
 // whole number of groups of group_size columns).
 struct dm_lm_linear {
@@ -38,8 +39,15 @@ struct dm_lm_linear {
 namespace {
 
 // Rows are computed four at a time (a quad): one load of x serves four weight vectors, and
-// a quantized quad is one contiguous run of memory. Threads get whole quads.
+// a quad is one contiguous run of memory. Threads get whole quads.
 constexpr int kQuad = 4;
+
+// Float layout (dm_pack_linear), per quad of rows (rows padded to a multiple of four with
+// zero rows), per column chunk (W columns): the four rows' W values. A quad is one stream,
+// read front to back; row-major, it would be four streams of one row each (4 KiB apiece at
+// d = 2048 in fp16), each of which the hardware prefetcher picks up anew: about 10% slower
+// on AMD EPYC (AVX-512, 2 threads, 16 MiB fp16 matrices in huge pages).
+inline int64_t quad_elems(int64_t rows, int64_t cols_p) { return (rows + kQuad - 1) / kQuad * kQuad * cols_p; }
 
 // Quantized layout, per quad of rows (rows padded to a multiple of four with zero scales),
 // per quantization group of GS columns: the quad's four fp32 scales, then per column chunk
@@ -65,40 +73,33 @@ struct LinearRows {
   int int4_mode;
 };
 
-// y[t, r] = w[r] . x[t] (+ bias[r]) for rows [r0, r1). Tokens take turns on each quad: its
-// rows are read from memory for the first and from the caches for the others.
+// y[t, r] = w[r] . x[t] (+ bias[r]) for the rows of quads [q0, q1). Tokens take turns on each
+// quad: it is read from memory for the first and from the caches for the others.
 template <typename WT>
-void gemv_rows(const LinearRows& J, int64_t r0, int64_t r1) {
-  const WT* w = static_cast<const WT*>(J.L.w);
+void gemv_quads(const LinearRows& J, int64_t q0, int64_t q1) {
   const float* bias = J.L.bias;
-  const int64_t n = J.L.cols_p;
-  int64_t r = r0;
-  for (; r + kQuad <= r1; r += kQuad) {
-    const WT* w0 = w + r * n;
+  const int64_t n = J.L.cols_p, rows = J.L.rows;
+  for (int64_t quad = q0; quad < q1; ++quad) {
+    const WT* wq = static_cast<const WT*>(J.L.w) + quad * kQuad * n;
     for (int64_t t = 0; t < J.tokens; ++t) {
       const float* xt = J.x + t * J.x_stride;
-      float* y = J.y + t * J.y_stride;
       V a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
-      for (int64_t c = 0; c < n; c += W) {
+      const WT* w = wq;
+      for (int64_t c = 0; c < n; c += W, w += kQuad * W) {
         const V x = vload(xt + c);
-        a0 = vfma(vload(w0 + c), x, a0);
-        a1 = vfma(vload(w0 + n + c), x, a1);
-        a2 = vfma(vload(w0 + 2 * n + c), x, a2);
-        a3 = vfma(vload(w0 + 3 * n + c), x, a3);
+        a0 = vfma(vload(w), x, a0);
+        a1 = vfma(vload(w + W), x, a1);
+        a2 = vfma(vload(w + 2 * W), x, a2);
+        a3 = vfma(vload(w + 3 * W), x, a3);
       }
-      y[r] = vsum(a0) + (bias ? bias[r] : 0.0f);
-      y[r + 1] = vsum(a1) + (bias ? bias[r + 1] : 0.0f);
-      y[r + 2] = vsum(a2) + (bias ? bias[r + 2] : 0.0f);
-      y[r + 3] = vsum(a3) + (bias ? bias[r + 3] : 0.0f);
+      const float dots[kQuad] = {vsum(a0), vsum(a1), vsum(a2), vsum(a3)};
+      float* y = J.y + t * J.y_stride;
+      for (int r = 0; r < kQuad && quad * kQuad + r < rows; ++r) {
+        const int64_t row = quad * kQuad + r;
+        y[row] = dots[r] + (bias ? bias[row] : 0.0f);
+      }
     }
   }
-  for (; r < r1; ++r)
-    for (int64_t t = 0; t < J.tokens; ++t) {
-      const float* xs[1] = {J.x + t * J.x_stride};
-      float dot;
-      dot_rows<1>(w + r * n, xs, n, &dot);
-      J.y[t * J.y_stride + r] = dot + (bias ? bias[r] : 0.0f);
-    }
 }
 
 // Quads [q0, q1) of a quantized projection. int4 takes the kernel's two ways of turning a
@@ -181,9 +182,9 @@ void gemv_job(void* ctx, int tid, int nthreads) {
     else if (J.L.bits == 8)
       gemv_quads_q<8>(J, q0, q1);
     else if (j.dtype == 1)
-      gemv_rows<uint16_t>(J, q0 * kQuad, std::min(q1 * kQuad, J.L.rows));
+      gemv_quads<uint16_t>(J, q0, q1);
     else
-      gemv_rows<float>(J, q0 * kQuad, std::min(q1 * kQuad, J.L.rows));
+      gemv_quads<float>(J, q0, q1);
   }
 }
 
@@ -284,7 +285,7 @@ struct dm_lm {
   int32_t qk_norm;  // 0 none, 1 per head, 2 over the whole projection
   int64_t vocab, d, dp, layers, heads, kv_heads, head_dim, max_context;
   float eps, clip_qkv, attention_scale, embedding_multiplier, residual_multiplier, logits_scaling;
-  const void* embed;        // [vocab, dp]
+  const void* embed;        // [vocab, dp], packed as a projection (dm_pack_linear)
   const float* final_norm;  // [d]
   dm_lm_linear head;        // [vocab, dp] (may be embed)
   const float* rope_cos;    // [max_context, hd / 2]
@@ -405,10 +406,11 @@ void attention_job(void* ctx, int tid, int nthreads) {
   attention_heads(*j.s, j.layer, j.position, j.q, j.out, h0, h1);
 }
 
+// Row id of the embedding, packed as a projection (the head may be the same matrix).
 template <typename ET>
 void embed_row(const dm_lm& m, int64_t id, float* x) {
-  const ET* row = static_cast<const ET*>(m.embed) + id * m.dp;
-  for (int64_t i = 0; i < m.dp; i += W) vstore(x + i, vmul(vload(row + i), vset1(m.embedding_multiplier)));
+  const ET* w = static_cast<const ET*>(m.embed) + (id / kQuad) * kQuad * m.dp + (id % kQuad) * W;
+  for (int64_t i = 0; i < m.dp; i += W, w += kQuad * W) vstore(x + i, vmul(vload(w), vset1(m.embedding_multiplier)));
 }
 
 LinearRows rows_of(const dm_lm_linear& L, const float* x, int64_t x_stride, float* y, int64_t y_stride,
@@ -551,6 +553,26 @@ bool valid_lm(const dm_lm& m) {
 }  // namespace
 
 extern "C" {
+
+// Elements of a float projection of rows x cols_p packed by dm_pack_linear.
+int64_t dm_pack_linear_elems(int64_t rows, int64_t cols_p) { return quad_elems(rows, cols_p); }
+
+// Pack a float projection (see gemv_quads): src [rows, cols] row-major, element size esize
+// (4 fp32 / 2 fp16: bits are copied as they are); columns zero-padded to cols_p.
+int dm_pack_linear(const void* src, int64_t rows, int64_t cols, int64_t cols_p, int esize, void* out) {
+  if (rows < 1 || cols < 1 || cols_p < cols || cols_p % kPad || (esize != 2 && esize != 4)) return -1;
+  auto* dst = static_cast<char*>(out);
+  std::memset(dst, 0, static_cast<size_t>(quad_elems(rows, cols_p) * esize));
+  for (int64_t row = 0; row < rows; ++row) {
+    char* quad = dst + (row / kQuad) * kQuad * cols_p * esize;
+    const char* from = static_cast<const char*>(src) + row * cols * esize;
+    for (int64_t c = 0; c < cols; c += W) {
+      const int64_t len = std::min<int64_t>(W, cols - c);
+      std::memcpy(quad + ((c / W) * kQuad + row % kQuad) * W * esize, from + c * esize, len * esize);
+    }
+  }
+  return 0;
+}
 
 // Bytes of a quantized projection of rows x cols packed by dm_pack_linear_q.
 int64_t dm_pack_linear_q_bytes(int64_t rows, int64_t cols, int64_t gs, int bits) {
