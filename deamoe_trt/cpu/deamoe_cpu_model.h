@@ -54,8 +54,9 @@ inline int64_t quad_elems(int64_t rows, int64_t cols_p) { return (rows + kQuad -
 // (W columns): int8: four rows of W signed codes (q - 128); int4: W 16-bit lanes, lane i
 // holding the four rows' codes of column i, row r in bits 4r..4r+3 (the kernel's down-part
 // lanes). Row r's int4 codes are used as masked out of the lanes, q * 2^(4r) (exact as a
-// float), and its scale is taken times 2^(-4r); the zero point 8 is taken off once per
-// group with the group's sum of x: x . w = sum_G s_G (sum_{j in G} x_j q_j - 8 sum_{j in G} x_j).
+// float), and its scale is stored times 2^(-4r) (kQuadRowFactor, exact), so that a group
+// costs one multiply-add per row besides its codes; the zero point 8 is taken off once per
+// row with the sums of x per group: x . w = sum_G s_G (sum_{j in G} x_j q_j - 8 sum_{j in G} x_j).
 inline int64_t q_quad_bytes(int bits, int64_t cols, int64_t gs) {
   return cols / gs * (kQuad * 4 + kQuad * gs * bits / 8);
 }
@@ -104,11 +105,13 @@ void gemv_quads(const LinearRows& J, int64_t q0, int64_t q1) {
 
 // Quads [q0, q1) of a quantized projection. int4 takes the kernel's two ways of turning a
 // masked code into a float (Int4Mode): kConvert, or kSubnormal (the masked bits read as the
-// subnormal q * 2^(4r-149), against x * 2^64; the scales then carry 2^85 more).
+// subnormal q * 2^(4r-149), against x * 2^64: the dot products come out in 2^-85 and are
+// multiplied by kInt4GateUpUnit, exactly, once per row).
 template <int BITS, int MODE = kConvert>
 void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
   const int64_t cols = J.L.cols_p, gs = J.L.group_size, rows = J.L.rows;
   const int64_t quad_bytes = q_quad_bytes(BITS, cols, gs);
+  const __m128 unfactor = _mm_setr_ps(1.0f, 0x1p4f, 0x1p8f, 0x1p12f);  // 1 / kQuadRowFactor
   for (int64_t quad = q0; quad < q1; ++quad)
     for (int64_t t = 0; t < J.tokens; ++t) {
       const uint8_t* p = static_cast<const uint8_t*>(J.L.w) + quad * quad_bytes;
@@ -116,7 +119,7 @@ void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
       const float* xsum = BITS == 4 ? J.xsum + t * (cols / gs) : nullptr;
       float* y = J.y + t * J.y_stride;
       V total[kQuad] = {vzero(), vzero(), vzero(), vzero()};
-      float zero[kQuad] = {0.0f, 0.0f, 0.0f, 0.0f};
+      __m128 zero = _mm_setzero_ps();  // row r in lane r: sum_G s_G,r * xsum_G
       for (int64_t g = 0; g < cols / gs; ++g) {
         const float* scale = reinterpret_cast<const float*>(p);
         p += kQuad * 4;
@@ -138,16 +141,17 @@ void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
             p += kQuad * W;
           }
         }
-        for (int r = 0; r < kQuad; ++r) {
-          const float factor = BITS == 4 ? kQuadRowFactor[r] * kInt4GateUpUnit[MODE] : 1.0f;
-          total[r] = vfma(acc[r], vset1(scale[r] * factor), total[r]);
-          if constexpr (BITS == 4) zero[r] += scale[r] * xsum[g];
-        }
+        for (int r = 0; r < kQuad; ++r) total[r] = vfma(acc[r], vset1(scale[r]), total[r]);
+        if constexpr (BITS == 4)
+          zero = _mm_fmadd_ps(_mm_mul_ps(_mm_loadu_ps(scale), unfactor), _mm_set1_ps(xsum[g]), zero);
       }
+      alignas(16) float zeros[kQuad];
+      _mm_store_ps(zeros, zero);
+      const float unit = BITS == 4 ? kInt4GateUpUnit[MODE] : 1.0f;
       for (int r = 0; r < kQuad; ++r) {
         const int64_t row = quad * kQuad + r;
         if (row >= rows) break;
-        y[row] = vsum(total[r]) - (BITS == 4 ? 8.0f * zero[r] : 0.0f) + (J.L.bias ? J.L.bias[row] : 0.0f);
+        y[row] = vsum(total[r]) * unit - (BITS == 4 ? 8.0f * zeros[r] : 0.0f) + (J.L.bias ? J.L.bias[row] : 0.0f);
       }
     }
 }
@@ -594,7 +598,8 @@ int dm_pack_linear_q(const uint8_t* codes, const float* scales, int64_t rows, in
       for (int r = 0; r < kQuad; ++r) {
         const int64_t row = quad * kQuad + r;
         if (row >= rows) continue;  // zero scale and codes: the padding row adds nothing
-        std::memcpy(base + 4 * r, scales + row * groups + g, 4);
+        const float scale = scales[row * groups + g] * (bits == 4 ? kQuadRowFactor[r] : 1.0f);
+        std::memcpy(base + 4 * r, &scale, 4);
         for (int64_t c = 0; c < gs; ++c) {
           uint8_t* chunk = base + kQuad * 4 + (c / W) * chunk_bytes;
           const int64_t i = c % W;
