@@ -103,6 +103,39 @@ void gemv_quads(const LinearRows& J, int64_t q0, int64_t q1) {
   }
 }
 
+#if defined(__AVX512F__)
+// acc[r] += row r's int4 codes (masked out of the lanes at p, as floats: Int4Mode) * x[0, W)
+// for the four rows of one chunk. In assembly because GCC folds the load of x into each of
+// the four multiply-adds, and four loads of the same 64 bytes per 32 bytes of codes took
+// 10-15% off the loop (AMD EPYC, AVX-512, 2 threads, an int4 [2048, 4096] projection).
+template <int MODE>
+inline void quad_chunk_int4(const uint8_t* p, const float* x, const __m512i (&masks)[kQuad], V (&acc)[kQuad]) {
+  __m512 xr, t0, t1, t2, t3;
+  __m512i lanes;
+#define DEAMOE_QUAD_CHUNK_INT4(CONVERT)                                                                \
+  asm("vmovups %[xp], %[xr]\n\t"                                                                       \
+      "vpmovzxwd %[wp], %[lanes]\n\t"                                                                  \
+      "vpandd %[m0], %[lanes], %[t0]\n\t"                                                              \
+      "vpandd %[m1], %[lanes], %[t1]\n\t"                                                              \
+      "vpandd %[m2], %[lanes], %[t2]\n\t"                                                              \
+      "vpandd %[m3], %[lanes], %[t3]\n\t" CONVERT                                                      \
+      "vfmadd231ps %[xr], %[t0], %[a0]\n\t"                                                            \
+      "vfmadd231ps %[xr], %[t1], %[a1]\n\t"                                                            \
+      "vfmadd231ps %[xr], %[t2], %[a2]\n\t"                                                            \
+      "vfmadd231ps %[xr], %[t3], %[a3]"                                                                \
+      : [a0] "+v"(acc[0]), [a1] "+v"(acc[1]), [a2] "+v"(acc[2]), [a3] "+v"(acc[3]), [xr] "=&v"(xr),    \
+        [lanes] "=&v"(lanes), [t0] "=&v"(t0), [t1] "=&v"(t1), [t2] "=&v"(t2), [t3] "=&v"(t3)           \
+      : [xp] "m"(*reinterpret_cast<const __m512*>(x)), [wp] "m"(*reinterpret_cast<const __m256i*>(p)), \
+        [m0] "v"(masks[0]), [m1] "v"(masks[1]), [m2] "v"(masks[2]), [m3] "v"(masks[3]))
+  if constexpr (MODE == kSubnormal)
+    DEAMOE_QUAD_CHUNK_INT4("");
+  else
+    DEAMOE_QUAD_CHUNK_INT4(
+        "vcvtdq2ps %[t0], %[t0]\n\tvcvtdq2ps %[t1], %[t1]\n\tvcvtdq2ps %[t2], %[t2]\n\tvcvtdq2ps %[t3], %[t3]\n\t");
+#undef DEAMOE_QUAD_CHUNK_INT4
+}
+#endif
+
 // Quads [q0, q1) of a quantized projection. int4 takes the kernel's two ways of turning a
 // masked code into a float (Int4Mode): kConvert, or kSubnormal (the masked bits read as the
 // subnormal q * 2^(4r-149), against x * 2^64: the dot products come out in 2^-85 and are
@@ -112,6 +145,10 @@ void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
   const int64_t cols = J.L.cols_p, gs = J.L.group_size, rows = J.L.rows;
   const int64_t quad_bytes = q_quad_bytes(BITS, cols, gs);
   const __m128 unfactor = _mm_setr_ps(1.0f, 0x1p4f, 0x1p8f, 0x1p12f);  // 1 / kQuadRowFactor
+#if defined(__AVX512F__)
+  const __m512i masks[kQuad] = {_mm512_set1_epi32(0xF), _mm512_set1_epi32(0xF0), _mm512_set1_epi32(0xF00),
+                                _mm512_set1_epi32(0xF000)};
+#endif
   for (int64_t quad = q0; quad < q1; ++quad)
     for (int64_t t = 0; t < J.tokens; ++t) {
       const uint8_t* p = static_cast<const uint8_t*>(J.L.w) + quad * quad_bytes;
@@ -125,8 +162,15 @@ void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
         p += kQuad * 4;
         V acc[kQuad] = {vzero(), vzero(), vzero(), vzero()};
         for (int64_t c = g * gs; c < (g + 1) * gs; c += W) {
-          const V x = vload(xt + c);
           prefetch_ahead(p, BITS == 4 ? 2 * W : kQuad * W);  // as the kernel's quantized loops
+#if defined(__AVX512F__)
+          if constexpr (BITS == 4) {
+            quad_chunk_int4<MODE>(p, xt + c, masks, acc);
+            p += 2 * W;
+            continue;
+          }
+#endif
+          const V x = vload(xt + c);
           if constexpr (BITS == 4) {
             const VI lanes = load_u16(p);
             p += 2 * W;
