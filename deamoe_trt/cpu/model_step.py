@@ -125,7 +125,7 @@ class NativeModel:
         self.nbytes = 0
         with torch.no_grad():
             embed = self._rows(state["embed_tokens.weight"], self.dp)
-            head = _Linear(embed.data_ptr(), None, c.vocab_size, self.dp)
+            head = _Linear(embed.ptr, None, c.vocab_size, self.dp)
             if not c.tie_word_embeddings:
                 head = self._linear(state, "lm_head", self.dp)
             blocks = (_Block * c.num_layers)()
@@ -151,7 +151,7 @@ class NativeModel:
             embedding_multiplier=c.embedding_multiplier,
             residual_multiplier=c.residual_multiplier,
             logits_scaling=c.logits_scaling,
-            embed=embed.data_ptr(),
+            embed=embed.ptr,
             final_norm=self._f32(state["norm.weight"]).data_ptr(),
             head=head,
             rope_cos=cos.data_ptr(),
@@ -162,14 +162,19 @@ class NativeModel:
 
     # Packing --------------------------------------------------------------------------------
 
-    def _rows(self, weight: torch.Tensor, cols_p: int) -> torch.Tensor:
-        """weight [rows, cols] in the step's dtype with its columns zero-padded to cols_p."""
-        rows, cols = weight.shape
-        out = torch.zeros(rows, cols_p, dtype=self.dtype)
-        out[:, :cols] = weight
-        self._keep.append(out)
-        self.nbytes += out.numel() * out.element_size()
-        return out
+    def _rows(self, weight: torch.Tensor, cols_p: int) -> _Buffer:
+        """weight [rows, cols] in the step's dtype, columns zero-padded to cols_p, packed four
+        rows at a time (dm_pack_linear: the layout the step's projections and embedding read)
+        in the kernel's memory (transparent huge pages, as the FFNs' weights)."""
+        w = weight.detach().to(self.dtype).contiguous()
+        rows, cols = w.shape
+        esize = w.element_size()
+        buf = _Buffer(int(self.lib.dm_pack_linear_elems(rows, cols_p)) * esize)
+        if self.lib.dm_pack_linear(w.data_ptr(), rows, cols, cols_p, esize, buf.ptr) != 0:
+            raise DeaMoEError(f"CPU kernel: packing a [{rows}, {cols}] projection failed")
+        self._keep.append(buf)
+        self.nbytes += buf.nbytes
+        return buf
 
     def _f32(self, t: torch.Tensor | None) -> torch.Tensor | None:
         if t is None:
@@ -183,8 +188,8 @@ class NativeModel:
         codes and scales packed (deamoe_cpu_model.h, q_quad_bytes)."""
         bias = _ptr(self._f32(state.get(f"{prefix}.bias")))
         if f"{prefix}.weight.qweight" not in state:
-            w = self._rows(state[f"{prefix}.weight"], cols_p)
-            return _Linear(w.data_ptr(), bias, w.shape[0], cols_p)
+            weight = state[f"{prefix}.weight"]
+            return _Linear(self._rows(weight, cols_p).ptr, bias, weight.shape[0], cols_p)
         q = self.quant
         assert q is not None  # a quantized projection comes with the config's quantization
         codes = unpack(state[f"{prefix}.weight.qweight"], q.bits).contiguous()
