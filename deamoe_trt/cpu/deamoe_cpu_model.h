@@ -144,7 +144,7 @@ template <int BITS, int MODE = kConvert>
 void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
   const int64_t cols = J.L.cols_p, gs = J.L.group_size, rows = J.L.rows;
   const int64_t quad_bytes = q_quad_bytes(BITS, cols, gs);
-  const __m128 unfactor = _mm_setr_ps(1.0f, 0x1p4f, 0x1p8f, 0x1p12f);  // 1 / kQuadRowFactor
+  const __m128 unfactor = _mm_div_ps(_mm_set1_ps(1.0f), _mm_loadu_ps(kQuadRowFactor));  // exact: powers of two
 #if defined(__AVX512F__)
   const __m512i masks[kQuad] = {_mm512_set1_epi32(0xF), _mm512_set1_epi32(0xF0), _mm512_set1_epi32(0xF00),
                                 _mm512_set1_epi32(0xF000)};
