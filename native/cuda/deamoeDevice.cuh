@@ -356,6 +356,11 @@ DEAMOE_DEVICE void dequantizeCodes(uint4 raw, int sub, float (&q)[8])
 // The down rows have no more: deepseek-v3's 2048 int4 columns are 64 chunks, two per lane.
 constexpr int kQuantUnroll = 2;
 
+// Blocks per SM the gate/up kernels (K1, K2) ask ptxas for on quantized rows at 1 token: 6
+// (<= 80 registers), which kQuantUnroll's two chunks fit without spilling; unasked they held
+// ~127 registers, 4 blocks per SM.
+constexpr int kQuantOneTokenMinBlocks = 6;
+
 // How many of a chunk's 8-weight pieces the inner loop unrolls: all, except int4's four at
 // 8 and 16 tokens, one at a time (fully unrolled, ptxas hoists every piece's codes and
 // activations next to the per-token accumulators and spills: sm_110, float32). int8's two

@@ -146,13 +146,13 @@ DEAMOE_DEVICE void sharedDownBlock(RoutedArgs<T> const& args, int block)
     });
 }
 
-// Blocks per SM K2 asks ptxas to fit: quantized weights at 1 token, 6 (<= 80 registers), as
-// K1's gate/up (GateUpMinBlocks); otherwise 1, i.e. the registers it needs (its shared-down
-// and routing roles spill at 128 for 16 tokens).
+// Blocks per SM K2 asks ptxas to fit: quantized weights at 1 token, kQuantOneTokenMinBlocks,
+// as K1's gate/up (GateUpMinBlocks); otherwise 1, i.e. the registers it needs (its
+// shared-down and routing roles spill at 128 for 16 tokens).
 template <int TT, int BITS>
 struct RoutedMinBlocks
 {
-    static constexpr int value = BITS > 0 && TT == 1 ? 6 : 1;
+    static constexpr int value = BITS > 0 && TT == 1 ? kQuantOneTokenMinBlocks : 1;
 };
 
 template <class T, int TT, int BITS>

@@ -20,13 +20,12 @@ namespace detail
 // int8 spills on sm_110 at 3, not at 4: ptxas). float32 activations at 16 tokens: 3 too,
 // as the gate/up biases and the clamped activation of the epilogue spill them at 128 on
 // sm_86/87/89 (float32 is the reference dtype, not the one a device decodes in). Quantized
-// weights at 1 token: 6 (<= 80 registers, against ~127 and 4 blocks unasked), measured faster
-// on an H200 (kQuantUnroll).
+// weights at 1 token: kQuantOneTokenMinBlocks, measured faster on an H200.
 template <class T, int TT, int BITS>
 struct GateUpMinBlocks
 {
     static constexpr bool kWide = BITS == 4 || (BITS == 0 && sizeof(T) == 4);
-    static constexpr int value = TT >= 16 ? (kWide ? 3 : 4) : (BITS > 0 && TT == 1 ? 6 : 1);
+    static constexpr int value = TT >= 16 ? (kWide ? 3 : 4) : (BITS > 0 && TT == 1 ? kQuantOneTokenMinBlocks : 1);
 };
 
 template <class T, int TT, int BITS>
