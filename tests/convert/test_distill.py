@@ -3,7 +3,6 @@ another run are refused, and two processes on gloo give one process's result."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -80,18 +79,12 @@ def test_a_checkpoint_of_another_run_is_refused_in_one_line(tmp_path):
         distill_lm(student, source, windows(), other)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, size: int, port: int, out: str) -> None:
+def _worker(rank: int, size: int, rendezvous: str, out: str) -> None:
     import torch.distributed as dist
     from safetensors.torch import save_file
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=size)
     try:
         source, student = models()
         losses = distill_lm(student, source, windows(), DistillSettings(steps=4, lr=3e-3, batch_size=6, seed=2))
@@ -99,6 +92,9 @@ def _worker(rank: int, size: int, port: int, out: str) -> None:
             tensors = trained(student)
             tensors["losses"] = torch.tensor(losses)
             save_file({k: v.contiguous() for k, v in tensors.items()}, out)
+        # Both ranks leave together: a rank that tears gloo down while its peer is still
+        # working can abort in gloo's connection threads.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -108,7 +104,8 @@ def test_two_gloo_processes_heal_as_one_process_does(tmp_path):
     from safetensors.torch import load_file
 
     out = str(tmp_path / "two.safetensors")
-    mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+    # A file rendezvous: no port to pick that another process could take meanwhile.
+    mp.spawn(_worker, args=(2, str(tmp_path / "rendezvous"), out), nprocs=2, join=True)
     two = load_file(out)
     source, student = models()
     losses = distill_lm(student, source, windows(), DistillSettings(steps=4, lr=3e-3, batch_size=6, seed=2))
