@@ -11,9 +11,11 @@ vocabulary (so that the LM head's share of a step's bytes is about what it is in
 48-layer Qwen3-30B-A3B, 15%, not what it would be on top of 2 blocks), fp16 weights,
 random (seeded).
 
-Method: every contender prefills the same random prompt; then one decode step of each in
-turn, `--steps` rounds, each feeding its own greedy token (the deamoe and expanded twins
-compute the same function, so they decode the same tokens). Contenders of one runtime are
+Method: every contender prefills the same random prompt; then `--steps` decode steps each,
+each feeding its own greedy token (the deamoe and expanded twins compute the same function,
+so they decode the same tokens), in bursts of BURST consecutive steps that take turns across
+the contenders, so machine drift reaches all of them alike; TPOT is the median step, the
+first step of each burst (after another contender's) counted apart. Contenders of one runtime are
 built, interleaved and freed before the next runtime's, so memory holds one runtime's
 twins at a time; ratios are taken within a runtime. Bytes per token: the FFN weights each
 step's routing reads (deamoe_trt.traffic, from the hidden states the CPU contenders saw)
@@ -71,6 +73,11 @@ LLAMA = "llama.cpp"
 PPL_CONTEXT = 128  # tokens per llama-perplexity chunk (the evaluation length of train-tiny)
 PPL_CHUNKS = 4
 LLAMA_ROUNDS = 2  # llama-bench calls per GGUF file and runtime phase
+# Consecutive steps of one contender before the next takes over. A decoder's steps follow each
+# other, as in generation and in llama-bench's timed run; the first step of a burst, taken
+# just after another contender's, pays the switch (the other's threads still spinning, its own
+# waking up) and is reported apart.
+BURST = 8
 
 
 ATTENTIONS = ("gqa", "mla")
@@ -115,7 +122,8 @@ class Contender:
     runtime: str
     decoder: object
     token: int = 0
-    step_s: list[float] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)  # steps that followed one of its own
+    switch_s: list[float] = field(default_factory=list)  # the first step of each burst
     hidden: list[list[torch.Tensor]] = field(default_factory=list)  # per step, per MoE block: its FFN input
     layers: dict = field(default_factory=dict)  # CPU kernel: block -> its packed FFN
     sink: list = field(default_factory=list)  # CPU kernel: each FFN call's input, in order
@@ -292,16 +300,22 @@ def _run_contenders(base, config, runtimes, twins, steps, prompt, threads, seed,
             c.token = int(np.argmax(c.decoder.step(c.token)))
             if runtime == "cpu":
                 c.sink.clear()
-        progress(f"  {steps} interleaved decode steps on {runtime}{' and llama.cpp' if llama else ''} ...")
-        for step in range(steps):
-            if llama is not None and step % max(steps // LLAMA_ROUNDS, 1) == 0:
+        progress(
+            f"  {steps} decode steps on {runtime}{' and llama.cpp' if llama else ''}, "
+            f"interleaved in bursts of {min(BURST, steps)} ..."
+        )
+        bursts = -(-steps // BURST)
+        for burst in range(bursts):
+            # LLAMA_ROUNDS calls per file, spread over the bursts (together when there are fewer)
+            for _ in range(sum(i * bursts // LLAMA_ROUNDS == burst for i in range(LLAMA_ROUNDS)) if llama else 0):
                 llama.time_round(llama_tokens, prompt)
             for c in contenders:
-                c.fed.append(c.token)
-                start = time.perf_counter()
-                logits = c.decoder.step(c.token)
-                c.token = int(np.argmax(logits))
-                c.step_s.append(time.perf_counter() - start)
+                for k in range(min(BURST, steps - burst * BURST)):
+                    c.fed.append(c.token)
+                    start = time.perf_counter()
+                    logits = c.decoder.step(c.token)
+                    c.token = int(np.argmax(logits))
+                    (c.switch_s if k == 0 else c.step_s).append(time.perf_counter() - start)
         rows.extend(_row(c, config, b, steps) for c in contenders)
         replays = [(row, c.twin, c.untimed, c.fed) for c, row in zip(contenders, rows[-len(contenders) :], strict=True)]
         del contenders, c  # the loop variable would keep the last contender's weights alive
@@ -347,6 +361,7 @@ def _run_contenders(base, config, runtimes, twins, steps, prompt, threads, seed,
         "dtype": "float16",
         "threads": threads,
         "steps": steps,
+        "burst": min(BURST, steps),
         "prompt_tokens": prompt,
         "roof_bytes_per_s": roofs,
         "rows": rows,
@@ -476,13 +491,14 @@ def _replayed_ffn_bytes(
 
 def _row(c: Contender, config, b: int, steps: int) -> dict:
     ffn_bytes = _counted_ffn_bytes(c, b, steps) if c.runtime == "cpu" else None
-    tpot = statistics.median(c.step_s) * 1e3
+    steady = c.step_s or c.switch_s  # a run of one step per burst has no steady steps
     return {
         "twin": c.twin,
         "runtime": c.runtime,
-        "tpot_ms": tpot,
-        "mean_ms": statistics.fmean(c.step_s) * 1e3,
+        "tpot_ms": statistics.median(steady) * 1e3,
+        "mean_ms": statistics.fmean(steady) * 1e3,
         "step_ms": [s * 1e3 for s in c.step_s],
+        "switch_ms": [s * 1e3 for s in c.switch_s],
         "ffn_bytes_per_token": ffn_bytes,
         "bytes_per_token": None,
     }
@@ -519,11 +535,22 @@ def lm_bench_table(result: dict) -> str:
         f"Whole-model TPOT: {c['num_layers']} blocks, d={c['hidden_size']}"
         f"{', MLA' if c.get('kv_lora_rank') else ''}, {c['moe']['num_departments']} x "
         f"{c['moe']['experts_per_department']} experts, {weights}, {result['threads']} threads, "
-        f"{result['steps']} interleaved steps (median), peak RSS {format_bytes(result['peak_rss_bytes'])}"
+        f"{result['steps']} steps in interleaved bursts of {result['burst']} (median), "
+        f"peak RSS {format_bytes(result['peak_rss_bytes'])}"
     )
     table = format_table(headers, rows, title=title)
     roof = statistics.median(result["roof_bytes_per_s"]) / 1e9
     table += f"\nroof: {roof:.1f} GB/s read (median of the measurements before and after)"
+    switch = [
+        statistics.median(r["switch_ms"]) / r["tpot_ms"] - 1
+        for r in result["rows"]
+        if r.get("switch_ms") and r["step_ms"]
+    ]
+    if switch:
+        table += (
+            f"\nTPOT: median of the steps that followed the contender's own; the first step of each burst, "
+            f"after another contender's, took {min(switch):+.0%} to {max(switch):+.0%} longer (median) and is left out"
+        )
     if llama:
         p = result["perplexity"]
         table += (

@@ -26,12 +26,13 @@ extern "C" {
 // weight dtype, columns zero-padded to a multiple of dm_row_pad, packed in quads by
 // dm_pack_linear. bits 4 or 8:
 // weight-only quantized (deamoe_trt/quant.py), packed by dm_pack_linear_q (cols_p = cols, a
-// whole number of groups of group_size columns).
+// whole number of groups of group_size columns), its scales stored as scale_dtype (ScaleDtype).
 struct dm_lm_linear {
   const void* w;
   const float* bias;
   int64_t rows, cols_p;
   int32_t bits, group_size;
+  int32_t scale_dtype;
 };
 
 }  // extern "C"
@@ -50,18 +51,39 @@ constexpr int kQuad = 4;
 inline int64_t quad_elems(int64_t rows, int64_t cols_p) { return (rows + kQuad - 1) / kQuad * kQuad * cols_p; }
 
 // Quantized layout, per quad of rows (rows padded to a multiple of four with zero scales),
-// per quantization group of GS columns: the quad's four fp32 scales, then per column chunk
+// per quantization group of GS columns: the quad's four scales, then per column chunk
 // (W columns): int8: four rows of W signed codes (q - 128); int4: W 16-bit lanes, lane i
 // holding the four rows' codes of column i, row r in bits 4r..4r+3 (the kernel's down-part
 // lanes). Row r's int4 codes are used as masked out of the lanes, q * 2^(4r) (exact as a
-// float), and its scale is stored times 2^(-4r) (kQuadRowFactor, exact), so that a group
-// costs one multiply-add per row besides its codes; the zero point 8 is taken off once per
-// row with the sums of x per group: x . w = sum_G s_G (sum_{j in G} x_j q_j - 8 sum_{j in G} x_j).
-inline int64_t q_quad_bytes(int bits, int64_t cols, int64_t gs) {
-  return cols / gs * (kQuad * 4 + kQuad * gs * bits / 8);
+// float), and its scale is multiplied by 2^(-4r) (kQuadRowFactor, exact) once per group, so
+// that a group costs one multiply-add per row besides its codes; the zero point 8 is taken
+// off once per row with the sums of x per group: x . w = sum_G s_G (sum_{j in G} x_j q_j - 8 sum_{j in G} x_j).
+//
+// The scales are stored in the checkpoint's own dtype where it has 16 bits (fp16, bf16: a
+// float of each converts exactly), else fp32: at group size 64, fp32 scales would be 12.5% on
+// top of the int4 codes, 16-bit ones are 6.25%.
+enum ScaleDtype { kScaleF32 = 0, kScaleF16 = 1, kScaleBF16 = 2 };
+
+inline int scale_bytes(int scale_dtype) { return scale_dtype == kScaleF32 ? 4 : 2; }
+
+inline int64_t q_group_bytes(int bits, int64_t gs, int scale_dtype) {
+  return kQuad * scale_bytes(scale_dtype) + kQuad * gs * bits / 8;
+}
+
+inline int64_t q_quad_bytes(int bits, int64_t cols, int64_t gs, int scale_dtype) {
+  return cols / gs * q_group_bytes(bits, gs, scale_dtype);
+}
+
+// A quad's four scales as floats (exact in every ScaleDtype).
+inline __m128 load_scales(const uint8_t* p, int scale_dtype) {
+  if (scale_dtype == kScaleF32) return _mm_loadu_ps(reinterpret_cast<const float*>(p));
+  const __m128i half = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  if (scale_dtype == kScaleF16) return _mm_cvtph_ps(half);
+  return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(half), 16));  // bf16: fp32's top half
 }
 
 constexpr float kQuadRowFactor[kQuad] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f};
+constexpr float kOnes[kQuad] = {1.0f, 1.0f, 1.0f, 1.0f};
 
 // A projection applied to `tokens` inputs: x [tokens, x_stride], y [tokens, y_stride].
 struct LinearRows {
@@ -143,8 +165,9 @@ inline void quad_chunk_int4(const uint8_t* p, const float* x, const __m512i (&ma
 template <int BITS, int MODE = kConvert>
 void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
   const int64_t cols = J.L.cols_p, gs = J.L.group_size, rows = J.L.rows;
-  const int64_t quad_bytes = q_quad_bytes(BITS, cols, gs);
-  const __m128 unfactor = _mm_div_ps(_mm_set1_ps(1.0f), _mm_loadu_ps(kQuadRowFactor));  // exact: powers of two
+  const int sd = J.L.scale_dtype, sbytes = kQuad * scale_bytes(sd);
+  const int64_t quad_bytes = q_quad_bytes(BITS, cols, gs, sd);
+  const __m128 row_factor = _mm_loadu_ps(BITS == 4 ? kQuadRowFactor : kOnes);
 #if defined(__AVX512F__)
   const __m512i masks[kQuad] = {_mm512_set1_epi32(0xF), _mm512_set1_epi32(0xF0), _mm512_set1_epi32(0xF00),
                                 _mm512_set1_epi32(0xF000)};
@@ -158,8 +181,10 @@ void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
       V total[kQuad] = {vzero(), vzero(), vzero(), vzero()};
       __m128 zero = _mm_setzero_ps();  // row r in lane r: sum_G s_G,r * xsum_G
       for (int64_t g = 0; g < cols / gs; ++g) {
-        const float* scale = reinterpret_cast<const float*>(p);
-        p += kQuad * 4;
+        const __m128 s = load_scales(p, sd);
+        alignas(16) float scale[kQuad];
+        _mm_store_ps(scale, _mm_mul_ps(s, row_factor));
+        p += sbytes;
         V acc[kQuad] = {vzero(), vzero(), vzero(), vzero()};
         for (int64_t c = g * gs; c < (g + 1) * gs; c += W) {
           prefetch_ahead(p, BITS == 4 ? 2 * W : kQuad * W);  // as the kernel's quantized loops
@@ -186,8 +211,7 @@ void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
           }
         }
         for (int r = 0; r < kQuad; ++r) total[r] = vfma(acc[r], vset1(scale[r]), total[r]);
-        if constexpr (BITS == 4)
-          zero = _mm_fmadd_ps(_mm_mul_ps(_mm_loadu_ps(scale), unfactor), _mm_set1_ps(xsum[g]), zero);
+        if constexpr (BITS == 4) zero = _mm_fmadd_ps(s, _mm_set1_ps(xsum[g]), zero);
       }
       alignas(16) float zeros[kQuad];
       _mm_store_ps(zeros, zero);
@@ -572,7 +596,8 @@ int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 bool valid_linear(const dm_lm_linear& L) {
   if (!L.w || L.rows < 1 || L.cols_p < 1 || L.cols_p % kPad) return false;
   if (L.bits == 0) return true;
-  return (L.bits == 4 || L.bits == 8) && L.group_size > 0 && L.group_size % W == 0 && L.cols_p % L.group_size == 0;
+  return (L.bits == 4 || L.bits == 8) && L.group_size > 0 && L.group_size % W == 0 && L.cols_p % L.group_size == 0 &&
+         (L.scale_dtype == kScaleF32 || L.scale_dtype == kScaleF16 || L.scale_dtype == kScaleBF16);
 }
 
 bool valid_lm(const dm_lm& m) {
@@ -623,17 +648,20 @@ int dm_pack_linear(const void* src, int64_t rows, int64_t cols, int64_t cols_p, 
 }
 
 // Bytes of a quantized projection of rows x cols packed by dm_pack_linear_q.
-int64_t dm_pack_linear_q_bytes(int64_t rows, int64_t cols, int64_t gs, int bits) {
-  return (rows + kQuad - 1) / kQuad * q_quad_bytes(bits, cols, gs);
+int64_t dm_pack_linear_q_bytes(int64_t rows, int64_t cols, int64_t gs, int bits, int scale_dtype) {
+  return (rows + kQuad - 1) / kQuad * q_quad_bytes(bits, cols, gs, scale_dtype);
 }
 
 // Pack a quantized projection (see q_quad_bytes): codes [rows, cols] unsigned, one per byte;
-// scales [rows, cols / gs] fp32. cols a whole number of groups, gs a multiple of the vector width.
-int dm_pack_linear_q(const uint8_t* codes, const float* scales, int64_t rows, int64_t cols, int64_t gs, int bits,
-                     void* out) {
+// scales [rows, cols / gs] fp32, stored as scale_dtype. cols a whole number of groups, gs a
+// multiple of the vector width. -1: bad arguments; -2: a scale that scale_dtype cannot hold
+// exactly (nothing of the kind is rounded).
+int dm_pack_linear_q(const uint8_t* codes, const float* scales, int scale_dtype, int64_t rows, int64_t cols, int64_t gs,
+                     int bits, void* out) {
   if ((bits != 4 && bits != 8) || rows < 1 || cols < 1 || gs < 1 || gs % W || cols % gs) return -1;
-  const int64_t groups = cols / gs, quads = (rows + kQuad - 1) / kQuad;
-  const int64_t group_bytes = kQuad * 4 + kQuad * gs * bits / 8, chunk_bytes = bits == 4 ? 2 * W : kQuad * W;
+  if (scale_dtype != kScaleF32 && scale_dtype != kScaleF16 && scale_dtype != kScaleBF16) return -1;
+  const int64_t groups = cols / gs, quads = (rows + kQuad - 1) / kQuad, sbytes = scale_bytes(scale_dtype);
+  const int64_t group_bytes = q_group_bytes(bits, gs, scale_dtype), chunk_bytes = bits == 4 ? 2 * W : kQuad * W;
   auto* dst = static_cast<uint8_t*>(out);
   std::memset(dst, 0, static_cast<size_t>(quads * groups * group_bytes));
   for (int64_t quad = 0; quad < quads; ++quad)
@@ -642,10 +670,23 @@ int dm_pack_linear_q(const uint8_t* codes, const float* scales, int64_t rows, in
       for (int r = 0; r < kQuad; ++r) {
         const int64_t row = quad * kQuad + r;
         if (row >= rows) continue;  // zero scale and codes: the padding row adds nothing
-        const float scale = scales[row * groups + g] * (bits == 4 ? kQuadRowFactor[r] : 1.0f);
-        std::memcpy(base + 4 * r, &scale, 4);
+        const float scale = scales[row * groups + g];
+        uint32_t bits32;
+        std::memcpy(&bits32, &scale, 4);
+        if (scale_dtype == kScaleF32) {
+          std::memcpy(base + 4 * r, &scale, 4);
+        } else {
+          const uint16_t half = scale_dtype == kScaleF16 ? static_cast<uint16_t>(_cvtss_sh(scale, 0))
+                                                         : static_cast<uint16_t>(bits32 >> 16);
+          uint8_t back[8] = {};
+          std::memcpy(back, &half, 2);
+          float round_trip;
+          _mm_store_ss(&round_trip, load_scales(back, scale_dtype));
+          if (!(round_trip == scale)) return -2;
+          std::memcpy(base + 2 * r, &half, 2);
+        }
         for (int64_t c = 0; c < gs; ++c) {
-          uint8_t* chunk = base + kQuad * 4 + (c / W) * chunk_bytes;
+          uint8_t* chunk = base + kQuad * sbytes + (c / W) * chunk_bytes;
           const int64_t i = c % W;
           const uint8_t v = codes[row * cols + g * gs + c];
           if (bits == 8)

@@ -30,6 +30,8 @@ from .layer import CpuDeaMoE, _LayerDesc, _round_up
 from .runtime import _Buffer, pool
 
 _QK_NORMS = {"none": 0, "head": 1, "full": 2}
+# deamoe_cpu_model.h's ScaleDtype: how a quantized projection's packed scales are stored.
+_SCALE_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 class _Linear(ctypes.Structure):
@@ -42,6 +44,7 @@ class _Linear(ctypes.Structure):
         ("cols_p", ctypes.c_int64),
         ("bits", ctypes.c_int32),
         ("group_size", ctypes.c_int32),
+        ("scale_dtype", ctypes.c_int32),
     ]
 
 
@@ -193,15 +196,19 @@ class NativeModel:
         q = self.quant
         assert q is not None  # a quantized projection comes with the config's quantization
         codes = unpack(state[f"{prefix}.weight.qweight"], q.bits).contiguous()
-        scales = self._f32(state[f"{prefix}.weight.scales"])
+        stored = state[f"{prefix}.weight.scales"]
+        sd = _SCALE_DTYPES.get(stored.dtype, 0)  # 16-bit scales stay 16-bit: exact, half the bytes
+        scales = self._f32(stored)
         rows, cols = codes.shape
-        buf = _Buffer(int(self.lib.dm_pack_linear_q_bytes(rows, cols, q.group_size, q.bits)))
-        code = self.lib.dm_pack_linear_q(codes.data_ptr(), scales.data_ptr(), rows, cols, q.group_size, q.bits, buf.ptr)
+        buf = _Buffer(int(self.lib.dm_pack_linear_q_bytes(rows, cols, q.group_size, q.bits, sd)))
+        code = self.lib.dm_pack_linear_q(
+            codes.data_ptr(), scales.data_ptr(), sd, rows, cols, q.group_size, q.bits, buf.ptr
+        )
         if code != 0 or cols != cols_p:
             raise DeaMoEError(f"CPU kernel: packing the quantized projection {prefix} failed (code {code})")
         self._keep.append(buf)
         self.nbytes += buf.nbytes
-        return _Linear(buf.ptr, bias, rows, cols, q.bits, q.group_size)
+        return _Linear(buf.ptr, bias, rows, cols, q.bits, q.group_size, sd)
 
     def _block(self, model: DeaMoELM, state: dict, i: int) -> _Block:
         c = self.config

@@ -163,6 +163,33 @@ def test_quantized_projections_run_as_the_dequantized_reference(bits, int4_in):
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_16_bit_scales_are_read_as_stored(bits, dtype, int4_in):
+    model = random_model(QUANTIZED, seed=5, dtype=dtype)
+    model = model.quantized(QuantConfig(bits, 16), linears=("attention", "dense", "head")).eval()
+    assert model.state_dict()["lm_head.weight.scales"].dtype == dtype
+    ids = ids_of(8, model.config.vocab_size)
+    # The same codes and scales in float32 arithmetic: every stored value widens exactly.
+    want = reference_logits(model.float(), ids)
+    decoder = NativeDecoder(model, threads=1)
+    got = [decoder.prefill(ids[:3])] + [decoder.step(t) for t in ids[3:]]
+    assert max(relative_error(g, w) for g, w in zip(got, want[2:], strict=True)) <= 1e-5
+
+
+def test_scales_a_16_bit_format_cannot_hold_are_refused_not_rounded():
+    import ctypes
+
+    lib = NativeModel(random_model(BASE, seed=1), threads=1).lib
+    rows, cols, gs = 4, 32, 16
+    codes = torch.full((rows, cols), 8, dtype=torch.uint8)
+    out = ctypes.create_string_buffer(int(lib.dm_pack_linear_q_bytes(rows, cols, gs, 4, 0)))
+    for scale, dtype, code in [(0.5, 1, 0), (0.5, 2, 0), (0.1, 1, -2), (0.1, 2, -2), (0.1, 0, 0), (0.5, 3, -1)]:
+        scales = torch.full((rows, cols // gs), scale)
+        got = lib.dm_pack_linear_q(codes.data_ptr(), scales.data_ptr(), dtype, rows, cols, gs, 4, out)
+        assert got == code, (scale, dtype)
+
+
 @pytest.mark.parametrize("bits", [None, 4])
 def test_two_threads_give_the_same_bits_as_one(bits):
     model = random_model(QUANTIZED, seed=6)
