@@ -31,7 +31,12 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--departments", type=common.positive_int, default=4, help="departments of 8 experts per block (default 4)"
     )
-    parser.add_argument("--steps", type=common.positive_int, default=32, help="decode steps per contender, in interleaved bursts (default 32)")
+    parser.add_argument(
+        "--steps",
+        type=common.positive_int,
+        default=32,
+        help="decode steps per contender, in interleaved bursts (default 32)",
+    )
     parser.add_argument("--threads", type=common.positive_int, default=2, help="threads per contender (default 2)")
     parser.add_argument(
         "--runtimes",
