@@ -64,7 +64,7 @@ inline int64_t quad_elems(int64_t rows, int64_t cols_p) { return (rows + kQuad -
 // top of the int4 codes, 16-bit ones are 6.25%.
 enum ScaleDtype { kScaleF32 = 0, kScaleF16 = 1, kScaleBF16 = 2 };
 
-inline int scale_bytes(int scale_dtype) { return scale_dtype == kScaleF32 ? 4 : 2; }
+constexpr int scale_bytes(int scale_dtype) { return scale_dtype == kScaleF32 ? 4 : 2; }
 
 inline int64_t q_group_bytes(int bits, int64_t gs, int scale_dtype) {
   return kQuad * scale_bytes(scale_dtype) + kQuad * gs * bits / 8;
@@ -190,7 +190,8 @@ inline void quad_chunk_int4_lookup(const uint8_t* p, const float* x, __m512 tabl
 // total + acc * (the float at s): the scale is broadcast by the multiply-add's own load
 // (AVX-512's embedded broadcast) rather than by shuffles, which compete with the codes'
 // unpacking for the vector ports: with the scales' dtype a template argument, the whole
-// int4 step ran 1.07x faster (median of 8 alternating runs, Intel Xeon VM, 2 threads).
+// int4 step ran 1.07x faster (median of 8 alternating runs, Intel Xeon VM, 2 threads;
+// docs/benchmarks.md).
 inline V fma_scale(V acc, const float* s, V total) {
 #if defined(__AVX512F__)
   asm("vfmadd231ps %[s]%{1to16%}, %[acc], %[total]" : [total] "+v"(total) : [acc] "v"(acc), [s] "m"(*s));
@@ -210,7 +211,7 @@ inline V fma_scale(V acc, const float* s, V total) {
 template <int BITS, int MODE, int SD>
 void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
   const int64_t cols = J.L.cols_p, gs = J.L.group_size, rows = J.L.rows;
-  constexpr int sbytes = kQuad * (SD == kScaleF32 ? 4 : 2);
+  constexpr int sbytes = kQuad * scale_bytes(SD);
   const int64_t quad_bytes = q_quad_bytes(BITS, cols, gs, SD);
 #if defined(__AVX512F__)
   const __m512i masks[kQuad] = {_mm512_set1_epi32(0xF), _mm512_set1_epi32(0xF0), _mm512_set1_epi32(0xF00),
@@ -273,7 +274,7 @@ void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
       for (int r = 0; r < kQuad; ++r) {
         const int64_t row = quad * kQuad + r;
         if (row >= rows) break;
-        const float unit = BITS != 4 ? 1.0f : lookup ? 1.0f : kInt4GateUpUnit[MODE] * kQuadRowFactor[r];
+        const float unit = BITS == 4 && !lookup ? kInt4GateUpUnit[MODE] * kQuadRowFactor[r] : 1.0f;
         y[row] = vsum(total[r]) * unit - (BITS == 4 ? 8.0f * zeros[r] : 0.0f) + (J.L.bias ? J.L.bias[row] : 0.0f);
       }
     }
