@@ -162,6 +162,29 @@ inline V vactivate(const Activation& act, V g, V u, V w) {
   return vmul(vmul(glu, vadd(u, vset1(1.0f))), w);
 }
 
+// Software prefetch: every streaming loop asks for its bytes 2 KiB ahead (into L1), and some
+// also 16 KiB ahead into L2 (FAR). The hardware prefetcher alone leaves a core short of its
+// share of the read bandwidth:
+//   - the quantized loops compute between loads: on Zen 4 one core read ~11 GB/s, ~14 GB/s
+//     with the 2 KiB prefetch (1 KiB: 13, 4 KiB: 14, 8 KiB: 13); FAR made the MoE step's
+//     quantized loops 8-9% faster on the one-token layer (qwen3 shapes at int4 and int8, 2
+//     threads; 8 and 32 KiB the same within noise; no change from 4 tokens on) and the
+//     quantized projections no faster (Zen 4 and an Intel Xeon VM), so they do without;
+//   - the float loops stream near the roof on Zen 4, where FAR cost the MoE layer's fp16
+//     loops 7%. On an Intel Xeon VM (2 vCPUs) they did not: the whole fp16 model step of
+//     bench-lm's shape ran 1.15x faster with the 2 KiB prefetch in the projections and the
+//     FFN, 1.23x with FAR in the projections' loop as well (FAR in the FFN's too: no
+//     further change), 6-8 rounds of alternating processes each.
+constexpr int64_t kPrefetchBytes = 2048;
+constexpr int64_t kPrefetchL2Bytes = 16384;
+template <bool FAR = false>
+inline void prefetch_ahead(const uint8_t* p, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; i += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + i), _MM_HINT_T0);
+    if constexpr (FAR) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchL2Bytes + i), _MM_HINT_T1);
+  }
+}
+
 // TT dot products of one weight row with TT activation rows, fp32 accumulation (the router).
 // U independent accumulator chains per token hide the FMA latency when TT is small.
 template <int TT, typename WT>
@@ -226,6 +249,7 @@ inline void group_pass(const WT* group, int64_t dp, const float* const* xs, cons
   const WT* w = group;
   for (int64_t c = 0; c < dp; c += W, w += R * W) {
     V x[TT];
+    prefetch_ahead(reinterpret_cast<const uint8_t*>(w), R * W * sizeof(WT));
     for (int t = 0; t < TT; ++t) x[t] = vload(xs[t] + c);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
@@ -241,6 +265,7 @@ inline void group_pass(const WT* group, int64_t dp, const float* const* xs, cons
   const WT* down = group + R * dp;
   for (int64_t c = 0; c < dp; c += W, down += NB * W) {
     V d[NB];
+    prefetch_ahead(reinterpret_cast<const uint8_t*>(down), NB * W * sizeof(WT));
     for (int n = 0; n < NB; ++n) d[n] = vload(down + n * W);
 #pragma GCC unroll 4
     for (int t = 0; t < TT; ++t) {
@@ -368,20 +393,19 @@ inline V int4_row_value(VI lanes, VI high) {
   return to_float(bits);
 }
 
-// The quantized loops read memory slower than a plain stream (they compute between loads),
-// and the hardware prefetcher alone then leaves one core at ~11 GB/s; asking for the bytes
-// 2 KiB ahead (into L1) took it to ~14 GB/s on Zen 4 (1 KiB: 13, 4 KiB: 14, 8 KiB: 13).
-// The MoE step's quantized loops (FAR) also ask for the bytes 16 KiB ahead into L2: its
-// one-token layer step ran 8-9% faster (qwen3 shapes at int4 and int8, 2 threads, Zen 4; 8
-// and 32 KiB: the same within noise; no change from 4 tokens on). The projections' loop
-// gained nothing from it, and the fp16 loops, which already stream near the read roof, lost 7%.
-constexpr int64_t kPrefetchBytes = 2048;
-constexpr int64_t kPrefetchL2Bytes = 16384;
-template <bool FAR = false>
-inline void prefetch_ahead(const uint8_t* p, int64_t bytes) {
-  for (int64_t i = 0; i < bytes; i += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + i), _MM_HINT_T0);
-    if constexpr (FAR) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchL2Bytes + i), _MM_HINT_T1);
+// out[g] = the sum of x[g * gs, (g + 1) * gs) for the n / gs groups of x (gs a multiple of
+// W): the int4 zero point's share of each group, once per input row. Vector partial sums:
+// a plain running sum is one dependent add per value, which the step would wait for.
+inline void group_sums(const float* x, int64_t n, int64_t gs, float* out) {
+  for (int64_t g = 0; g < n / gs; ++g) {
+    V a0 = vzero(), a1 = vzero();
+    int64_t c = 0;
+    for (; c + 2 * W <= gs; c += 2 * W) {
+      a0 = vadd(a0, vload(x + g * gs + c));
+      a1 = vadd(a1, vload(x + g * gs + c + W));
+    }
+    if (c < gs) a0 = vadd(a0, vload(x + g * gs + c));
+    out[g] = vsum(vadd(a0, a1));
   }
 }
 
@@ -1216,12 +1240,7 @@ void run_step(Pool* pool, const dm_layer& L, const float* x, int64_t tokens, con
   if (L.weight_bits == 4) {  // once per step, for every row of every block
     const int64_t gs = L.group_size;
     s.xsum.resize(static_cast<size_t>(tokens * (dp / gs)));
-    for (int64_t t = 0; t < tokens; ++t)
-      for (int64_t q = 0; q < dp / gs; ++q) {
-        float sum = 0.0f;
-        for (int64_t c = 0; c < gs; ++c) sum += x[t * dp + q * gs + c];
-        s.xsum[t * (dp / gs) + q] = sum;
-      }
+    for (int64_t t = 0; t < tokens; ++t) group_sums(x + t * dp, dp, gs, s.xsum.data() + t * (dp / gs));
     s.int4_mode = g_int4_mode.load(std::memory_order_relaxed);
     if (s.int4_mode == kSubnormal) {
       // x * 2^64 would overflow from |x| = 2^64 on (never seen in a model, but possible):

@@ -108,6 +108,8 @@ void gemv_quads(const LinearRows& J, int64_t q0, int64_t q1) {
       V a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
       const WT* w = wq;
       for (int64_t c = 0; c < n; c += W, w += kQuad * W) {
+        // Near and far (see prefetch_ahead), on the first token's pass: the others read the caches.
+        if (t == 0) prefetch_ahead<true>(reinterpret_cast<const uint8_t*>(w), kQuad * W * sizeof(WT));
         const V x = vload(xt + c);
         a0 = vfma(vload(w), x, a0);
         a1 = vfma(vload(w + W), x, a1);
@@ -355,12 +357,7 @@ void gemv(Pool* pool, GemvJob& job, Int4Inputs& in) {
       continue;
     }
     float* xsum = in.xsum.data() + sum_at;
-    for (int64_t t = 0; t < J.tokens; ++t)
-      for (int64_t g = 0; g < groups; ++g) {
-        float sum = 0.0f;
-        for (int64_t c = 0; c < gs; ++c) sum += J.x[t * J.x_stride + g * gs + c];
-        xsum[t * groups + g] = sum;
-      }
+    for (int64_t t = 0; t < J.tokens; ++t) group_sums(J.x + t * J.x_stride, J.L.cols_p, gs, xsum + t * groups);
     J.xsum = xsum;
     J.int4_mode = mode;
     if (mode == kSubnormal) {
@@ -386,8 +383,14 @@ void gemv(Pool* pool, GemvJob& job, Int4Inputs& in) {
 
 // out = x * rsqrt(mean(x^2) + eps) * w over n values (Hugging Face's RMSNorm, fp32).
 inline void rms_norm(const float* x, const float* w, int64_t n, float eps, float* out) {
+  // Eight independent sums (the compiler keeps them in one vector) rather than one chain.
+  double part[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) part[j] += static_cast<double>(x[i + j]) * x[i + j];
+  for (; i < n; ++i) part[0] += static_cast<double>(x[i]) * x[i];
   double ss = 0.0;
-  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  for (double p : part) ss += p;
   const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(n)) + eps);
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv * w[i];
 }
