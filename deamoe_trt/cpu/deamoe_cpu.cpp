@@ -365,13 +365,18 @@ inline V as_float(VI v) { return _mm256_castsi256_ps(v); }
 // Row r's int4 code becomes a float without leaving its lane: rows 0..3 are masked out of
 // the lanes as they are, rows 4..7 out of the lanes shifted down 16 bits (once per chunk),
 // which leaves the bits q * 2^(4r'), r' = r mod 4. Then, two ways:
-//   kConvert: int->float: the float q * 2^(4r');
+//   kConvert: int->float: the float q * 2^(4r'). On AVX-512, rows 0 and 4 (r' = 0) are
+//     looked up instead, by vpermps in a table of the floats 0..15 (it reads an index's low
+//     4 bits only): one instruction for the mask and the conversion, the same float. The
+//     whole int4 step ran 1.03x faster (median of 10 alternating pairs, Intel Xeon VM); the
+//     other rows would need a shift each first, which made the loop slower (see
+//     docs/benchmarks.md), as did the lookup for the down part's first neuron (0.98x).
 //   kSubnormal: nothing: the bits read as a float are the subnormal q * 2^(4r'-149). x is
 //     multiplied by 2^kSubnormalXShift once per step, so the product x * 2^64 * q * 2^(4r'-149)
 //     is an ordinary float (the FMA computes it exactly). One instruction fewer per 16
 //     weights: 1.3x over kConvert on the bare loop on AMD Zen 4, which takes subnormal
-//     inputs at full speed; other CPUs may take a microcode assist per subnormal input, so
-//     it is AMD's default only.
+//     inputs at full speed; Intel's cores take a microcode assist per subnormal input (the
+//     whole int4 step ran 55x slower on an Intel Xeon VM), so it is AMD's default only.
 // Both are exact. dm_pack_q multiplies the scales of row r by kInt4RowFactor[r] (a power of
 // two), which undoes 2^(4r'); kSubnormal's dot products then come out in 2^(64-149) and are
 // multiplied by kInt4GateUpUnit (exactly) once per neuron group.
@@ -388,6 +393,11 @@ constexpr float kInt4DownUnit[2] = {1.0f, 0x1p-53f};
 
 template <int r, int MODE>
 inline V int4_row_value(VI lanes, VI high) {
+#if defined(__AVX512F__)
+  if constexpr (MODE == kConvert && r % 4 == 0)
+    return _mm512_permutexvar_ps(r < 4 ? lanes : high,
+                                 _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+#endif
   const VI bits = iand(r < 4 ? lanes : high, 0xFu << (4 * (r % 4)));
   if constexpr (MODE == kSubnormal) return as_float(bits);
   return to_float(bits);
