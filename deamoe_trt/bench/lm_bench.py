@@ -22,7 +22,9 @@ step's routing reads (deamoe_trt.traffic, from the hidden states the CPU contend
 plus every other weight a step reads (attention, norms, router, LM head, one embedding
 row; in float32 on the cpu runtime, which runs that part in float32, see deamoe_trt.runtimes.cpu_kernel;
 in fp16 on cpu-native, the whole step in native code, deamoe_trt.cpu.model_step).
-The roof: the CPU kernel's streaming read bandwidth measured before and after.
+The roof: the CPU kernel's streaming read bandwidth, measured before and after and once per
+burst between the contenders' steps (a shared VM's bandwidth drifts by a third within a
+minute; the median of measurements spread over the run is the roof the steps saw).
 
 `--attention mla`: the blocks have DeepSeek-V2-Lite's multi-head latent attention instead
 (16 heads, latent cache of 512 + 64 values per token; deamoe_trt.lm.mla), same FFNs.
@@ -78,6 +80,7 @@ LLAMA_ROUNDS = 2  # llama-bench calls per GGUF file and runtime phase
 # just after another contender's, pays the switch (the other's threads still spinning, its own
 # waking up) and is reported apart.
 BURST = 8
+ROOF_PROBE_BYTES = 1 << 28  # per burst: well past the caches, a few tens of milliseconds
 
 
 ATTENTIONS = ("gqa", "mla")
@@ -309,6 +312,7 @@ def _run_contenders(base, config, runtimes, twins, steps, prompt, threads, seed,
             # LLAMA_ROUNDS calls per file, spread over the bursts (together when there are fewer)
             for _ in range(sum(i * bursts // LLAMA_ROUNDS == burst for i in range(LLAMA_ROUNDS)) if llama else 0):
                 llama.time_round(llama_tokens, prompt)
+            roofs.append(kernel_bandwidth(ROOF_PROBE_BYTES, 3, threads)["bytes_per_s"])
             for c in contenders:
                 for k in range(min(BURST, steps - burst * BURST)):
                     c.fed.append(c.token)
@@ -540,7 +544,11 @@ def lm_bench_table(result: dict) -> str:
     )
     table = format_table(headers, rows, title=title)
     roof = statistics.median(result["roof_bytes_per_s"]) / 1e9
-    table += f"\nroof: {roof:.1f} GB/s read (median of the measurements before and after)"
+    low, high = min(result["roof_bytes_per_s"]) / 1e9, max(result["roof_bytes_per_s"]) / 1e9
+    table += (
+        f"\nroof: {roof:.1f} GB/s read (median of {len(result['roof_bytes_per_s'])} measurements, before, after and "
+        f"one per burst; {low:.1f} to {high:.1f})"
+    )
     switch = [
         statistics.median(r["switch_ms"]) / r["tpot_ms"] - 1
         for r in result["rows"]

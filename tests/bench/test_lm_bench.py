@@ -4,6 +4,8 @@ for the twins' known relation: same routing, so the expanded twin reads f_s+f_p 
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from deamoe_trt.bench.lm_bench import bench_config, lm_bench_table, run_lm_bench, write_plot
@@ -83,7 +85,13 @@ def test_the_native_step_joins_as_a_contender_with_its_own_fp16_bytes():
         assert native["ffn_bytes_per_token"] == cpu["ffn_bytes_per_token"] > 0
         assert native["bytes_per_token"] < cpu["bytes_per_token"]
         assert native["of_roof"] > 0
+    # The roof: read before, after and once per burst (2 steps: one burst); rows use the median.
+    roofs = native_run["roof_bytes_per_s"]
+    assert len(roofs) == 3
+    native = rows["cpu-native", "deamoe"]
+    assert native["roof_ms"] == pytest.approx(native["bytes_per_token"] / statistics.median(roofs) * 1e3)
     assert "CPU kernel, native step" in lm_bench_table(native_run)
+    assert "median of 3 measurements" in lm_bench_table(native_run)
 
 
 def test_the_native_step_refuses_mla_before_building_anything():
