@@ -168,8 +168,11 @@ inline V vactivate(const Activation& act, V g, V u, V w) {
 //   - the quantized loops compute between loads: on Zen 4 one core read ~11 GB/s, ~14 GB/s
 //     with the 2 KiB prefetch (1 KiB: 13, 4 KiB: 14, 8 KiB: 13); FAR made the MoE step's
 //     quantized loops 8-9% faster on the one-token layer (qwen3 shapes at int4 and int8, 2
-//     threads; 8 and 32 KiB the same within noise; no change from 4 tokens on) and the
-//     quantized projections no faster (Zen 4 and an Intel Xeon VM), so they do without;
+//     threads; 8 and 32 KiB the same within noise; no change from 4 tokens on). In the
+//     int4 projections' loop (deamoe_cpu_model.h) FAR made the whole int4 model step of
+//     bench-lm's shape 1.05x faster on Zen 4 (median of 32 alternating pairs) and 0.96-0.98x
+//     on an Intel Xeon VM, so it prefetches far in kSubnormal mode (AMD's) only; the int8
+//     projections do without;
 //   - the float loops stream near the roof on Zen 4, where FAR cost the MoE layer's fp16
 //     loops 7%. On an Intel Xeon VM (2 vCPUs) they did not: the whole fp16 model step of
 //     bench-lm's shape ran 1.15x faster with the 2 KiB prefetch in the projections and the

@@ -242,7 +242,8 @@ void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
         p += sbytes;
         V acc[kQuad] = {vzero(), vzero(), vzero(), vzero()};
         for (int64_t c = g * gs; c < (g + 1) * gs; c += W) {
-          prefetch_ahead(p, BITS == 4 ? 2 * W : kQuad * W);  // as the kernel's quantized loops
+          // FAR in kSubnormal mode only, which is AMD's (see prefetch_ahead)
+          prefetch_ahead<BITS == 4 && MODE == kSubnormal>(p, BITS == 4 ? 2 * W : kQuad * W);
 #if defined(__AVX512F__)
           if constexpr (BITS == 4) {
             if constexpr (lookup)
