@@ -543,11 +543,10 @@ def lm_bench_table(result: dict) -> str:
         f"peak RSS {format_bytes(result['peak_rss_bytes'])}"
     )
     table = format_table(headers, rows, title=title)
-    roof = statistics.median(result["roof_bytes_per_s"]) / 1e9
-    low, high = min(result["roof_bytes_per_s"]) / 1e9, max(result["roof_bytes_per_s"]) / 1e9
+    roofs = [r / 1e9 for r in result["roof_bytes_per_s"]]
     table += (
-        f"\nroof: {roof:.1f} GB/s read (median of {len(result['roof_bytes_per_s'])} measurements, before, after and "
-        f"one per burst; {low:.1f} to {high:.1f})"
+        f"\nroof: {statistics.median(roofs):.1f} GB/s read (median of {len(roofs)} measurements, before, after and "
+        f"one per burst; {min(roofs):.1f} to {max(roofs):.1f})"
     )
     switch = [
         statistics.median(r["switch_ms"]) / r["tpot_ms"] - 1
