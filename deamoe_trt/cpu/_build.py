@@ -29,7 +29,7 @@ LOCAL_HEADERS = (Path(__file__).with_name("deamoe_cpu_model.h"),)
 # The routing is the CUDA kernels' (native/cuda/deamoeRouting.cuh, or the wheel's copy).
 ROUTING_HEADER = "deamoeRouting.cuh"
 FLAGS = ("-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-pthread", "-DNDEBUG")
-ABI_VERSION = 9
+ABI_VERSION = 10
 LIBRARY_NAME = "libdeamoe_cpu.so"
 
 _lib: ctypes.CDLL | None = None
@@ -149,8 +149,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dm_free": (None, [ptr]),
         "dm_pack": (i32, [ptr, ptr, i64, i64, i64, i64, i32, ptr]),
         "dm_pad_rows": (i32, [ptr, i64, i64, i64, i32, ptr]),
-        "dm_pack_q": (i32, [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i32, ptr]),
-        "dm_pack_q_bytes": (i64, [i64, i64, i64, i64, i32]),
+        "dm_pack_q": (i32, [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i32, i32, ptr]),
+        "dm_pack_q_bytes": (i64, [i64, i64, i64, i64, i32, i32]),
         "dm_router": (i32, [ptr, i32, ptr, i64, i64, ptr, i64, ptr]),
         "dm_route": (i32, [ptr, ptr, i64, ptr, ptr, ptr, ptr]),
         "dm_moe_forward": (i32, [ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr]),

@@ -324,14 +324,16 @@ void dot_rows_any(int tt, const WT* row, const float* const* xs, int64_t n, floa
 // convert) and 1.6x (and alone) faster than the lookup (docs/benchmarks.md).
 // Layout of one quantized neuron group (written by dm_pack_q; d must be a whole number of
 // quantization groups, so dp == d):
-//   gate/up part, per quantization group of GS columns: the R rows' scales (fp32, each
-//     multiplied by its row's kInt4RowFactor for int4), then per column chunk (W columns):
+//   gate/up part: the scales, per quantization group of GS columns the R rows' (ScaleDtype,
+//     the checkpoint's where it has 16 bits), padded to a cache line (q_scale_area_bytes);
+//     then the codes, per quantization group, per column chunk (W columns):
 //     int8: R rows of W signed codes (q - 128); int4: W 32-bit lanes, lane i holding the
 //     R rows' codes of column i, row r in bits 4r..4r+3;
 //   down part, per output chunk (W outputs): int8: NB neurons of W signed codes; int4: W
 //     16-bit lanes, lane i holding the NB neurons' codes of output i, neuron n in bits 4n..4n+3.
-// A block's down scales follow its groups: [f / GS][d] fp32, read from L1/L2 by every neuron
-// group of a quantization group (NB neurons never straddle one: GS is a multiple of NB).
+// A block's down scales follow its groups: [f / GS][d] in the same ScaleDtype; a slice widens
+// a row of them to fp32 once (run_tasks_q), and every neuron group of that quantization group
+// reads it from L1/L2 (NB neurons never straddle one: GS is a multiple of NB).
 // ----------------------------------------------------------------------------------------
 
 constexpr int kMaxTokensPerPassQ = W == 16 ? 2 : 1;
@@ -380,9 +382,9 @@ inline V as_float(VI v) { return _mm256_castsi256_ps(v); }
 //     weights: 1.3x over kConvert on the bare loop on AMD Zen 4, which takes subnormal
 //     inputs at full speed; Intel's cores take a microcode assist per subnormal input (the
 //     whole int4 step ran 55x slower on an Intel Xeon VM), so it is AMD's default only.
-// Both are exact. dm_pack_q multiplies the scales of row r by kInt4RowFactor[r] (a power of
-// two), which undoes 2^(4r'); kSubnormal's dot products then come out in 2^(64-149) and are
-// multiplied by kInt4GateUpUnit (exactly) once per neuron group.
+// Both are exact. Row r's sum is multiplied by kInt4RowFactor[r] (a power of two) once per
+// neuron group, which undoes 2^(4r'); kSubnormal's dot products come out in 2^(64-149) and
+// are multiplied by kInt4GateUpUnit (exactly) at the same time.
 enum Int4Mode { kConvert = 0, kSubnormal = 1 };
 constexpr int kSubnormalXShift = 64;
 alignas(32) constexpr float kInt4RowFactor[R] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f};
@@ -422,13 +424,69 @@ inline void group_sums(const float* x, int64_t n, int64_t gs, float* out) {
   }
 }
 
+// Quantization scales are stored in the checkpoint's own dtype where it has 16 bits (fp16,
+// bf16: a float of each converts exactly), else fp32: at group size 64, fp32 scales would be
+// 12.5% on top of the int4 codes, 16-bit ones are 6.25%.
+enum ScaleDtype { kScaleF32 = 0, kScaleF16 = 1, kScaleBF16 = 2 };
+
+constexpr int scale_bytes(int scale_dtype) { return scale_dtype == kScaleF32 ? 4 : 2; }
+
+// Four scales as floats (exact in every ScaleDtype).
+inline __m128 load_scales(const uint8_t* p, int scale_dtype) {
+  if (scale_dtype == kScaleF32) return _mm_loadu_ps(reinterpret_cast<const float*>(p));
+  const __m128i half = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  if (scale_dtype == kScaleF16) return _mm_cvtph_ps(half);
+  return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(half), 16));  // bf16: fp32's top half
+}
+
+// Eight scales as floats.
+inline __m256 load_scales8(const uint8_t* p, int scale_dtype) {
+  if (scale_dtype == kScaleF32) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if (scale_dtype == kScaleF16) return _mm256_cvtph_ps(half);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+
+// A scale stored as scale_dtype, or false if that dtype cannot hold it exactly.
+inline bool store_scale(float scale, int scale_dtype, uint8_t* out) {
+  if (scale_dtype == kScaleF32) {
+    std::memcpy(out, &scale, 4);
+    return true;
+  }
+  uint32_t bits32;
+  std::memcpy(&bits32, &scale, 4);
+  const uint16_t half =
+      scale_dtype == kScaleF16 ? static_cast<uint16_t>(_cvtss_sh(scale, 0)) : static_cast<uint16_t>(bits32 >> 16);
+  uint8_t back[8] = {};
+  std::memcpy(back, &half, 2);
+  float round_trip;
+  _mm_store_ss(&round_trip, load_scales(back, scale_dtype));
+  if (!(round_trip == scale)) return false;
+  std::memcpy(out, &half, 2);
+  return true;
+}
+
 template <int BITS>
 inline int64_t q_chunk_bytes() {
   return BITS == 4 ? 4 * W : R * W;
 }  // one gate/up column chunk
-inline int64_t q_gate_up_bytes(int bits, int64_t gs, int64_t dp) { return dp / gs * R * 4 + R * dp * bits / 8; }
-inline int64_t q_group_bytes(int bits, int64_t gs, int64_t dp) {
-  return q_gate_up_bytes(bits, gs, dp) + NB * dp * bits / 8;
+// A neuron group: the R rows' scales of every quantization group of gs columns (scale dtype
+// sd), padded to a whole number of cache lines, then the gate/up codes, then the down codes.
+// The scales come first rather than beside their codes so that every code chunk starts on a
+// cache line: with 16-bit scales beside them, 3 in 4 of the int4 chunks straddled two lines
+// and the whole int4 step ran 0.93x (AMD EPYC VM, in one process against fp32 scales).
+inline int64_t q_scale_area_bytes(int64_t gs, int64_t dp, int sd) {
+  return (dp / gs * R * scale_bytes(sd) + 63) / 64 * 64;
+}
+inline int64_t q_gate_up_bytes(int bits, int64_t gs, int64_t dp, int sd) {
+  return q_scale_area_bytes(gs, dp, sd) + R * dp * bits / 8;
+}
+inline int64_t q_group_bytes(int bits, int64_t gs, int64_t dp, int sd) {
+  return q_gate_up_bytes(bits, gs, dp, sd) + NB * dp * bits / 8;
+}
+// A block of `groups` neuron groups: the groups, then the down scales [groups * NB / gs, dp].
+inline int64_t q_block_bytes(int bits, int64_t gs, int64_t dp, int sd, int64_t groups) {
+  return groups * q_group_bytes(bits, gs, dp, sd) + groups * NB / gs * dp * scale_bytes(sd);
 }
 
 // acc[r][t] += row r's codes (as floats, see above) * x[t] for one column chunk.
@@ -491,19 +549,21 @@ inline void down_pass_q(const uint8_t* w, int64_t dp, const float* dscale, const
 // then y += down * h, where dscale [dp] holds the down scales of this group's neurons and
 // xsums[t] the sums of token t's x per quantization group. int4 kSubnormal: xs are x * 2^64.
 template <int TT, int BITS, int MODE>
-inline void group_pass_q(const uint8_t* group, int64_t dp, int64_t gs, const float* dscale, const float* const* xs,
-                         const float* const* xsums, const float* bias, const Activation& act, const float* tok_w,
-                         float* const* ys) {
+inline void group_pass_q(const uint8_t* group, int64_t dp, int64_t gs, int sd, const float* dscale,
+                         const float* const* xs, const float* const* xsums, const float* bias, const Activation& act,
+                         const float* tok_w, float* const* ys) {
   constexpr float zero = BITS == 4 ? 8.0f : 0.0f;  // int8 codes are stored signed
   V total[R][TT];
   __m256 corr[TT];  // per row r (lane r): sum_G scale_G,r * xsum_G, for the zero point
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < TT; ++t) total[r][t] = vzero();
   for (int t = 0; t < TT; ++t) corr[t] = _mm256_setzero_ps();
-  const uint8_t* w = group;
+  const uint8_t* scales = group;
+  const uint8_t* w = group + q_scale_area_bytes(gs, dp, sd);
   for (int64_t q0 = 0, g = 0; q0 < dp; q0 += gs, ++g) {
-    const float* scale = reinterpret_cast<const float*>(w);
-    w += R * 4;
+    const __m256 s8 = load_scales8(scales + g * R * scale_bytes(sd), sd);
+    alignas(32) float scale[R];
+    _mm256_store_ps(scale, s8);
     V acc[R][TT];
     for (int r = 0; r < R; ++r)
       for (int t = 0; t < TT; ++t) acc[r][t] = vzero();
@@ -520,24 +580,20 @@ inline void group_pass_q(const uint8_t* group, int64_t dp, int64_t gs, const flo
     }
     for (int r = 0; r < R; ++r)
       for (int t = 0; t < TT; ++t) total[r][t] = vfma(acc[r][t], vset1(scale[r]), total[r][t]);
-    if constexpr (BITS == 4) {
-      const __m256 s = _mm256_loadu_ps(scale);
-      for (int t = 0; t < TT; ++t) corr[t] = _mm256_fmadd_ps(s, _mm256_set1_ps(xsums[t][g]), corr[t]);
-    }
+    if constexpr (BITS == 4)
+      for (int t = 0; t < TT; ++t) corr[t] = _mm256_fmadd_ps(s8, _mm256_set1_ps(xsums[t][g]), corr[t]);
   }
-  // g and u of each (neuron, token), less the zero point's share (its scales carried the row
-  // factors: divided out, exactly).
-  const float unit = BITS == 4 ? kInt4GateUpUnit[MODE] : 1.0f;
+  // g and u of each (neuron, token), less the zero point's share. int4 row r's sums carry
+  // 2^(4r') (see int4_row_value): multiplied out here, exactly (a power of two).
   alignas(32) float zp[TT][R];
-  for (int t = 0; t < TT; ++t) {
-    const __m256 unscaled = _mm256_div_ps(corr[t], _mm256_load_ps(kInt4RowFactor));
-    _mm256_store_ps(zp[t], _mm256_mul_ps(unscaled, _mm256_set1_ps(zero)));
-  }
+  for (int t = 0; t < TT; ++t) _mm256_store_ps(zp[t], _mm256_mul_ps(corr[t], _mm256_set1_ps(zero)));
+  float unit[R];
+  for (int r = 0; r < R; ++r) unit[r] = BITS == 4 ? kInt4GateUpUnit[MODE] * kInt4RowFactor[r] : 1.0f;
   alignas(64) float gate[W] = {}, up[W] = {}, weight[W] = {}, h[W];
   for (int n = 0; n < NB; ++n)
     for (int t = 0; t < TT; ++t) {
-      gate[n * TT + t] = vsum(total[2 * n][t]) * unit - zp[t][2 * n] + (bias ? bias[2 * n] : 0.0f);
-      up[n * TT + t] = vsum(total[2 * n + 1][t]) * unit - zp[t][2 * n + 1] + (bias ? bias[2 * n + 1] : 0.0f);
+      gate[n * TT + t] = vsum(total[2 * n][t]) * unit[2 * n] - zp[t][2 * n] + (bias ? bias[2 * n] : 0.0f);
+      up[n * TT + t] = vsum(total[2 * n + 1][t]) * unit[2 * n + 1] - zp[t][2 * n + 1] + (bias ? bias[2 * n + 1] : 0.0f);
       weight[n * TT + t] = tok_w[t];
     }
   vstore(h, vactivate(act, vload(gate), vload(up), vload(weight)));
@@ -561,14 +617,14 @@ inline void group_pass_q(const uint8_t* group, int64_t dp, int64_t gs, const flo
 }
 
 template <int BITS, int MODE>
-void group_pass_q_any(int tt, const uint8_t* group, int64_t dp, int64_t gs, const float* dscale, const float* const* xs,
-                      const float* const* xsums, const float* bias, const Activation& act, const float* tok_w,
-                      float* const* ys) {
+void group_pass_q_any(int tt, const uint8_t* group, int64_t dp, int64_t gs, int sd, const float* dscale,
+                      const float* const* xs, const float* const* xsums, const float* bias, const Activation& act,
+                      const float* tok_w, float* const* ys) {
   switch (tt) {
-    case 1: return group_pass_q<1, BITS, MODE>(group, dp, gs, dscale, xs, xsums, bias, act, tok_w, ys);
+    case 1: return group_pass_q<1, BITS, MODE>(group, dp, gs, sd, dscale, xs, xsums, bias, act, tok_w, ys);
     case 2:
       if constexpr (kMaxTokensPerPassQ >= 2)
-        return group_pass_q<2, BITS, MODE>(group, dp, gs, dscale, xs, xsums, bias, act, tok_w, ys);
+        return group_pass_q<2, BITS, MODE>(group, dp, gs, sd, dscale, xs, xsums, bias, act, tok_w, ys);
       break;
   }
 }
@@ -817,6 +873,7 @@ struct Step {
   int dtype;  // 0 fp32, 1 fp16
   int bits;   // 0: float weights of dtype; 4 or 8: quantized (group_pass_q)
   int64_t group_size;
+  int scale_dtype;  // quantized: ScaleDtype
   int64_t dp;
   int64_t tokens;
   const float* x;  // [tokens, dp], zero-padded
@@ -877,15 +934,20 @@ void run_tasks_q(const Step& s, int slice, int slices) {
   const int64_t dp = s.dp, gs = s.group_size;
   float* mine = s.partial + slice * s.tokens * dp;
   std::fill(mine, mine + s.tokens * dp, 0.0f);
-  const int64_t group_bytes = q_group_bytes(BITS, gs, dp);
+  const int sd = s.scale_dtype;
+  const int64_t group_bytes = q_group_bytes(BITS, gs, dp, sd), row_bytes = dp * scale_bytes(sd);
   const float* xs[kMaxTokensPerPassQ];
   const float* xsums[kMaxTokensPerPassQ];
   float* ys[kMaxTokensPerPassQ];
+  // 16-bit down scales: the row in use widened to fp32 once, for every neuron group that reads it.
+  thread_local std::vector<float> widened;
+  if (sd != kScaleF32 && static_cast<int64_t>(widened.size()) < dp) widened.resize(static_cast<size_t>(dp));
+  const uint8_t* widened_row = nullptr;
   for (const Task& task : s.tasks) {
     int64_t g0, g1;
     split(task.groups, slice, slices, &g0, &g1);
     const auto* base = static_cast<const uint8_t*>(task.weights);
-    const auto* dscales = reinterpret_cast<const float*>(base + task.groups * group_bytes);
+    const uint8_t* dscales = base + task.groups * group_bytes;
     for (int64_t t0 = 0; t0 < task.tok_count; t0 += kMaxTokensPerPassQ) {
       const int tt = static_cast<int>(std::min<int64_t>(kMaxTokensPerPassQ, task.tok_count - t0));
       for (int t = 0; t < tt; ++t) {
@@ -897,8 +959,16 @@ void run_tasks_q(const Step& s, int slice, int slices) {
       const float* w = s.tok_w.data() + task.tok_begin + t0;
       for (int64_t g = g0; g < g1; ++g) {
         const float* bias = task.gate_up_bias ? task.gate_up_bias + g * R : nullptr;
-        group_pass_q_any<BITS, MODE>(tt, base + g * group_bytes, dp, gs, dscales + g * NB / gs * dp, xs, xsums, bias,
-                                     s.act, w, ys);
+        const uint8_t* row = dscales + g * NB / gs * row_bytes;
+        const float* dscale = reinterpret_cast<const float*>(row);
+        if (sd != kScaleF32) {
+          if (row != widened_row) {
+            for (int64_t c = 0; c < dp; c += 8) _mm256_storeu_ps(widened.data() + c, load_scales8(row + 2 * c, sd));
+            widened_row = row;
+          }
+          dscale = widened.data();
+        }
+        group_pass_q_any<BITS, MODE>(tt, base + g * group_bytes, dp, gs, sd, dscale, xs, xsums, bias, s.act, w, ys);
       }
     }
     // The partial outputs of int4 steps are in kInt4DownUnit (see there).
@@ -993,7 +1063,7 @@ void busy_job(void* ctx, int, int) {
 
 extern "C" {
 
-int dm_abi_version() { return 9; }
+int dm_abi_version() { return 10; }
 // The int4 code-to-float mode (see kConvert / kSubnormal): set it with 0 or 1 (tests run
 // both), pass -1 to only read it. Returns the mode in force.
 int dm_int4_mode(int mode) {
@@ -1066,17 +1136,20 @@ int dm_pack(const void* gate_up, const void* down, int64_t count, int64_t f, int
 
 // Pack `count` quantized SwiGLU blocks of width f into the quantized group layout (see
 // group_pass_q). Codes come unpacked, one unsigned code per byte: gate_up [count, 2f, d],
-// down [count, d, f]; scales fp32: gate_up [count, 2f, d/gs], down [count, d, f/gs].
-// d and f must be whole numbers of groups, gs a multiple of the vector width and of NB.
-int64_t dm_pack_q_bytes(int64_t count, int64_t f, int64_t d, int64_t gs, int bits) {
-  return count * (f / NB * q_group_bytes(bits, gs, d) + f / gs * d * 4);
+// down [count, d, f]; scales fp32: gate_up [count, 2f, d/gs], down [count, d, f/gs], stored as
+// scale_dtype (ScaleDtype). d and f must be whole numbers of groups, gs a multiple of the
+// vector width and of NB. -1: bad arguments; -2: a scale that scale_dtype cannot hold exactly
+// (nothing of the kind is rounded).
+int64_t dm_pack_q_bytes(int64_t count, int64_t f, int64_t d, int64_t gs, int bits, int scale_dtype) {
+  return count * q_block_bytes(bits, gs, d, scale_dtype, f / NB);
 }
 
 int dm_pack_q(const uint8_t* gu_codes, const float* gu_scales, const uint8_t* dn_codes, const float* dn_scales,
-              int64_t count, int64_t f, int64_t d, int64_t gs, int bits, void* out) {
+              int64_t count, int64_t f, int64_t d, int64_t gs, int bits, int scale_dtype, void* out) {
   if ((bits != 4 && bits != 8) || f <= 0 || d <= 0 || gs <= 0 || gs % W || gs % NB || d % gs || f % gs) return -1;
-  const int64_t groups = f / NB, group_bytes = q_group_bytes(bits, gs, d);
-  const int64_t block_bytes = groups * group_bytes + f / gs * d * 4;
+  if (scale_dtype != kScaleF32 && scale_dtype != kScaleF16 && scale_dtype != kScaleBF16) return -1;
+  const int64_t groups = f / NB, group_bytes = q_group_bytes(bits, gs, d, scale_dtype);
+  const int64_t block_bytes = q_block_bytes(bits, gs, d, scale_dtype, groups), sbytes = scale_bytes(scale_dtype);
   const int zero = 1 << (bits - 1);
   auto* dst = static_cast<uint8_t*>(out);
   std::memset(dst, 0, static_cast<size_t>(count * block_bytes));
@@ -1097,11 +1170,10 @@ int dm_pack_q(const uint8_t* gu_codes, const float* gu_scales, const uint8_t* dn
         const uint8_t* codes = gu_codes + (b * 2 * f + row) * d;
         const float* scales = gu_scales + (b * 2 * f + row) * (d / gs);
         for (int64_t q = 0; q < d / gs; ++q) {
-          uint8_t* qg = grp + q * (R * 4 + R * gs * bits / 8);
-          const float scale = bits == 4 ? scales[q] * kInt4RowFactor[r] : scales[q];
-          std::memcpy(qg + r * 4, &scale, 4);
+          if (!store_scale(scales[q], scale_dtype, grp + (q * R + r) * sbytes)) return -2;
+          uint8_t* qg = grp + q_scale_area_bytes(gs, d, scale_dtype) + q * (R * gs * bits / 8);
           for (int64_t c = 0; c < gs; ++c) {
-            uint8_t* chunk = qg + R * 4 + (c / W) * (R * W * bits / 8);
+            uint8_t* chunk = qg + (c / W) * (R * W * bits / 8);
             const int64_t i = c % W;
             if (bits == 8)
               put(chunk + r * W + i, 0, codes[q * gs + c]);
@@ -1110,7 +1182,7 @@ int dm_pack_q(const uint8_t* gu_codes, const float* gu_scales, const uint8_t* dn
           }
         }
       }
-      uint8_t* down = grp + q_gate_up_bytes(bits, gs, d);
+      uint8_t* down = grp + q_gate_up_bytes(bits, gs, d, scale_dtype);
       for (int64_t o = 0; o < d; ++o) {
         uint8_t* chunk = down + (o / W) * (NB * W * bits / 8);
         const uint8_t v = dn_codes[(b * d + o) * f + n];
@@ -1120,9 +1192,10 @@ int dm_pack_q(const uint8_t* gu_codes, const float* gu_scales, const uint8_t* dn
           put(chunk + 2 * (o % W) + lane / 2, static_cast<int>(lane % 2), v);
       }
     }
-    auto* dscales = reinterpret_cast<float*>(blk + groups * group_bytes);
+    uint8_t* dscales = blk + groups * group_bytes;
     for (int64_t q = 0; q < f / gs; ++q)
-      for (int64_t o = 0; o < d; ++o) dscales[q * d + o] = dn_scales[(b * d + o) * (f / gs) + q];
+      for (int64_t o = 0; o < d; ++o)
+        if (!store_scale(dn_scales[(b * d + o) * (f / gs) + q], scale_dtype, dscales + (q * d + o) * sbytes)) return -2;
   }
   return 0;
 }
@@ -1181,6 +1254,7 @@ struct dm_layer {
   const float* shared_bias;        // [groups_sh, R]
   const float* experts_down_bias;  // [N, dp]
   const float* shared_down_bias;   // [dp]
+  int32_t scale_dtype;             // quantized: the scales' ScaleDtype (dm_pack_q's)
 };
 
 }  // extern "C"
@@ -1231,7 +1305,8 @@ bool valid(const dm_layer& L) {
          (L.activation == 0 || (L.activation == 1 && L.swiglu_limit > 0 && L.swiglu_alpha > 0)) &&
          (L.weight_bits == 0 ||
           ((L.weight_bits == 4 || L.weight_bits == 8) && L.group_size > 0 && L.group_size % W == 0 &&
-           L.group_size % NB == 0 && L.d == L.dp && L.d % L.group_size == 0));
+           L.group_size % NB == 0 && L.d == L.dp && L.d % L.group_size == 0 &&
+           (L.scale_dtype == kScaleF32 || L.scale_dtype == kScaleF16 || L.scale_dtype == kScaleBF16)));
 }
 
 // Run the blocks a routing asks for. Department j runs once for the tokens with any kept
@@ -1245,6 +1320,7 @@ void run_step(Pool* pool, const dm_layer& L, const float* x, int64_t tokens, con
   s.dtype = L.dtype;
   s.bits = L.weight_bits;
   s.group_size = L.group_size;
+  s.scale_dtype = L.scale_dtype;
   s.dp = dp;
   s.tokens = tokens;
   s.x = x;
@@ -1271,8 +1347,7 @@ void run_step(Pool* pool, const dm_layer& L, const float* x, int64_t tokens, con
   const int64_t esize = L.dtype == 1 ? 2 : 4;
   auto block = [&](const void* base, int64_t index, int64_t groups) {
     if (L.weight_bits)  // groups, then the block's down scales
-      return static_cast<const char*>(base) +
-             index * (groups * q_group_bytes(L.weight_bits, L.group_size, dp) + groups * NB / L.group_size * dp * 4);
+      return static_cast<const char*>(base) + index * q_block_bytes(L.weight_bits, L.group_size, dp, L.scale_dtype, groups);
     return static_cast<const char*>(base) + index * groups * 3 * NB * dp * esize;
   };
 

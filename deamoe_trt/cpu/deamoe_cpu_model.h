@@ -59,12 +59,7 @@ inline int64_t quad_elems(int64_t rows, int64_t cols_p) { return (rows + kQuad -
 // so that a group costs one multiply-add per row besides its codes; the zero point 8 is taken
 // off once per row with the sums of x per group: x . w = sum_G s_G (sum_{j in G} x_j q_j - 8 sum_{j in G} x_j).
 //
-// The scales are stored in the checkpoint's own dtype where it has 16 bits (fp16, bf16: a
-// float of each converts exactly), else fp32: at group size 64, fp32 scales would be 12.5% on
-// top of the int4 codes, 16-bit ones are 6.25%.
-enum ScaleDtype { kScaleF32 = 0, kScaleF16 = 1, kScaleBF16 = 2 };
-
-constexpr int scale_bytes(int scale_dtype) { return scale_dtype == kScaleF32 ? 4 : 2; }
+// The scales are stored as ScaleDtype (deamoe_cpu.cpp), like the FFNs'.
 
 inline int64_t q_group_bytes(int bits, int64_t gs, int scale_dtype) {
   return kQuad * scale_bytes(scale_dtype) + kQuad * gs * bits / 8;
@@ -72,14 +67,6 @@ inline int64_t q_group_bytes(int bits, int64_t gs, int scale_dtype) {
 
 inline int64_t q_quad_bytes(int bits, int64_t cols, int64_t gs, int scale_dtype) {
   return cols / gs * q_group_bytes(bits, gs, scale_dtype);
-}
-
-// A quad's four scales as floats (exact in every ScaleDtype).
-inline __m128 load_scales(const uint8_t* p, int scale_dtype) {
-  if (scale_dtype == kScaleF32) return _mm_loadu_ps(reinterpret_cast<const float*>(p));
-  const __m128i half = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  if (scale_dtype == kScaleF16) return _mm_cvtph_ps(half);
-  return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(half), 16));  // bf16: fp32's top half
 }
 
 constexpr float kQuadRowFactor[kQuad] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f};
@@ -746,21 +733,7 @@ int dm_pack_linear_q(const uint8_t* codes, const float* scales, int scale_dtype,
       for (int r = 0; r < kQuad; ++r) {
         const int64_t row = quad * kQuad + r;
         if (row >= rows) continue;  // zero scale and codes: the padding row adds nothing
-        const float scale = scales[row * groups + g];
-        uint32_t bits32;
-        std::memcpy(&bits32, &scale, 4);
-        if (scale_dtype == kScaleF32) {
-          std::memcpy(base + 4 * r, &scale, 4);
-        } else {
-          const uint16_t half = scale_dtype == kScaleF16 ? static_cast<uint16_t>(_cvtss_sh(scale, 0))
-                                                         : static_cast<uint16_t>(bits32 >> 16);
-          uint8_t back[8] = {};
-          std::memcpy(back, &half, 2);
-          float round_trip;
-          _mm_store_ss(&round_trip, load_scales(back, scale_dtype));
-          if (!(round_trip == scale)) return -2;
-          std::memcpy(base + 2 * r, &half, 2);
-        }
+        if (!store_scale(scales[row * groups + g], scale_dtype, base + r * sbytes)) return -2;
         for (int64_t c = 0; c < gs; ++c) {
           uint8_t* chunk = base + kQuad * sbytes + (c / W) * chunk_bytes;
           const int64_t i = c % W;

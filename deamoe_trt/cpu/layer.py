@@ -15,6 +15,9 @@ from ._build import load
 from .runtime import _Buffer, pool
 
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1}
+# The kernel's ScaleDtype: quantization scales are packed in the checkpoint's dtype where it
+# has 16 bits (exact, half the bytes of fp32), else as fp32.
+SCALE_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 @contextlib.contextmanager
@@ -76,6 +79,7 @@ class _LayerDesc(ctypes.Structure):
         ("shared_bias", ctypes.c_void_p),
         ("experts_down_bias", ctypes.c_void_p),
         ("shared_down_bias", ctypes.c_void_p),
+        ("scale_dtype", ctypes.c_int32),
     ]
 
 
@@ -87,8 +91,8 @@ class CpuDeaMoE:
     cast back to the input's dtype (as DeaMoELayer.forward does).
 
     A quantized layer (int8/int4, deamoe_trt.quant) keeps its FFN weights packed and
-    dequantizes them in registers; its scales are held as fp32 (fp16 scales are widened,
-    exactly), its router in the layer's dtype.
+    dequantizes them in registers; its scales stay in their 16-bit dtype (fp16, bf16), other
+    scales are held as fp32; its router in the layer's dtype.
 
     Biases (config.ffn_bias) are held as fp32 (widened exactly), gate/up biases in the
     kernel's neuron-group order beside their blocks, down biases padded to dp; the router's
@@ -121,6 +125,9 @@ class CpuDeaMoE:
         self.nb = int(self.lib.dm_neurons_per_group())
         self.nbytes = 0
         self.quant = layer.quant
+        # One ScaleDtype for the whole layer: 16-bit where every scale is (the usual case).
+        scale_dtypes = {m.scales.dtype for m in layer.modules() if hasattr(m, "scales")}
+        self.scale_dtype = SCALE_DTYPES.get(scale_dtypes.pop(), 0) if len(scale_dtypes) == 1 else 0
 
         with torch.no_grad():
             self.router = self._pad_rows(layer.router.weight)  # in its own dtype (float32 or the layer's)
@@ -168,6 +175,7 @@ class CpuDeaMoE:
             shared_gate=_ptr(self.shared_gate),
             weight_bits=self.quant.bits if self.quant else 0,
             group_size=self.quant.group_size if self.quant else 0,
+            scale_dtype=self.scale_dtype,
             activation=("swiglu", "swiglu_clamped").index(c.activation),
             swiglu_alpha=c.swiglu_alpha,
             swiglu_limit=c.swiglu_limit,
@@ -222,7 +230,7 @@ class CpuDeaMoE:
 
     def _pack_quantized(self, part, count: int) -> tuple[_Buffer, int]:
         """A quantized part in the kernel's quantized group layout (dm_pack_q): codes stay
-        codes (int4 two per byte), scales become fp32."""
+        codes (int4 two per byte), scales keep a 16-bit dtype (SCALE_DTYPES), else fp32."""
         q = self.quant
         if self.dp != self.d:
             raise UsageError(f"the CPU path runs quantized layers whose hidden size is a multiple of 16, not {self.d}")
@@ -239,10 +247,11 @@ class CpuDeaMoE:
         width = part.down.shape[-1]
         gu_codes, gu_scales = codes(part.gate_up), scales(part.gate_up)
         dn_codes, dn_scales = codes(part.down), scales(part.down)
-        nbytes = int(self.lib.dm_pack_q_bytes(count, width, self.d, q.group_size, q.bits))
+        sd = self.scale_dtype
+        nbytes = int(self.lib.dm_pack_q_bytes(count, width, self.d, q.group_size, q.bits, sd))
         buf = _Buffer(nbytes)
         pointers = (gu_codes.data_ptr(), gu_scales.data_ptr(), dn_codes.data_ptr(), dn_scales.data_ptr())
-        code = self.lib.dm_pack_q(*pointers, count, width, self.d, q.group_size, q.bits, buf.ptr)
+        code = self.lib.dm_pack_q(*pointers, count, width, self.d, q.group_size, q.bits, sd, buf.ptr)
         self._check(code, "pack quantized weights")
         self.nbytes += buf.nbytes
         return buf, width // self.nb

@@ -26,12 +26,10 @@ from ..errors import DeaMoEError, UsageError
 from ..lm.config import LMConfig
 from ..lm.model import DeaMoELM, check_twin
 from ..quant import unpack
-from .layer import CpuDeaMoE, _LayerDesc, _round_up
+from .layer import SCALE_DTYPES, CpuDeaMoE, _LayerDesc, _round_up
 from .runtime import _Buffer, pool
 
 _QK_NORMS = {"none": 0, "head": 1, "full": 2}
-# deamoe_cpu_model.h's ScaleDtype: how a quantized projection's packed scales are stored.
-_SCALE_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 class _Linear(ctypes.Structure):
@@ -197,7 +195,7 @@ class NativeModel:
         assert q is not None  # a quantized projection comes with the config's quantization
         codes = unpack(state[f"{prefix}.weight.qweight"], q.bits).contiguous()
         stored = state[f"{prefix}.weight.scales"]
-        sd = _SCALE_DTYPES.get(stored.dtype, 0)  # 16-bit scales stay 16-bit: exact, half the bytes
+        sd = SCALE_DTYPES.get(stored.dtype, 0)
         scales = self._f32(stored)
         rows, cols = codes.shape
         buf = _Buffer(int(self.lib.dm_pack_linear_q_bytes(rows, cols, q.group_size, q.bits, sd)))
@@ -272,14 +270,17 @@ class NativeModel:
         assert q is not None
         parts = {name: state[f"{prefix}{name}_proj.weight.qweight"] for name in ("gate", "up", "down")}
         codes = {name: unpack(t, q.bits) for name, t in parts.items()}
-        scales = {name: state[f"{prefix}{name}_proj.weight.scales"].float() for name in parts}
+        stored = {name: state[f"{prefix}{name}_proj.weight.scales"] for name in parts}
+        dtypes = {t.dtype for t in stored.values()}
+        sd = SCALE_DTYPES.get(dtypes.pop(), 0) if len(dtypes) == 1 else 0
+        scales = {name: t.float() for name, t in stored.items()}
         gu_codes = torch.cat((codes["gate"], codes["up"])).contiguous()
         gu_scales = torch.cat((scales["gate"], scales["up"])).contiguous()
         dn_codes, dn_scales = codes["down"].contiguous(), scales["down"].contiguous()
         width = dn_codes.shape[1]
-        buf = _Buffer(int(self.lib.dm_pack_q_bytes(1, width, c.hidden_size, q.group_size, q.bits)))
+        buf = _Buffer(int(self.lib.dm_pack_q_bytes(1, width, c.hidden_size, q.group_size, q.bits, sd)))
         pointers = (gu_codes.data_ptr(), gu_scales.data_ptr(), dn_codes.data_ptr(), dn_scales.data_ptr())
-        code = self.lib.dm_pack_q(*pointers, 1, width, c.hidden_size, q.group_size, q.bits, buf.ptr)
+        code = self.lib.dm_pack_q(*pointers, 1, width, c.hidden_size, q.group_size, q.bits, sd, buf.ptr)
         if code != 0 or self.dp != c.hidden_size:
             raise DeaMoEError(f"CPU kernel: packing the quantized dense MLP {prefix} failed (code {code})")
         self.nbytes += buf.nbytes
@@ -295,6 +296,7 @@ class NativeModel:
             groups_sh=width // int(self.lib.dm_neurons_per_group()),
             weight_bits=q.bits,
             group_size=q.group_size,
+            scale_dtype=sd,
         )
         self._keep += [buf, desc]
         return desc

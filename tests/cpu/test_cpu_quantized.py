@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from configs import DEEPSEEK_STYLE_GROUPED, QWEN2_STYLE_GROUPED
-from deamoe_trt import PRESETS, DeaMoELayer, DeaMoEStack, MissingDependencyError, UsageError
+from deamoe_trt import PRESETS, DeaMoEError, DeaMoELayer, DeaMoEStack, MissingDependencyError, UsageError
 from deamoe_trt.inputs import random_hidden
 from deamoe_trt.quant import QuantConfig
 
 try:
     from deamoe_trt import cpu
+
+    from deamoe_trt.cpu import layer as cpu_layer
 
     cpu.load()
 except MissingDependencyError as exc:  # no compiler or not x86-64 Linux: nothing to test
@@ -134,10 +136,38 @@ def test_holds_packed_bytes_only():
         # Each allocation rounds up to 2 MiB pages: compare what the kernel asked for.
         fast = cpu.CpuDeaMoE(quantized)
         asked = sum(
-            int(fast.lib.dm_pack_q_bytes(n, w, config.hidden_size, 16, bits)) for n, w in ((4, 32), (16, 32), (1, 64))
+            int(fast.lib.dm_pack_q_bytes(n, w, config.hidden_size, 16, bits, 0))
+            for n, w in ((4, 32), (16, 32), (1, 64))
         )
         assert asked == codes + scales
         assert fast.quant.bits == bits and router > 0
+
+
+@pytest.mark.parametrize("bits", (4, 8))
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16), ids=str)
+@torch.no_grad()
+def test_16_bit_scales_are_packed_as_stored_and_give_the_same_bits(bits, dtype, monkeypatch):
+    """Scales a 16-bit dtype holds exactly are packed in it (two bytes each instead of four)
+    and widened exactly when read: the step's outputs are the fp32-scale step's, bit for bit."""
+    layer = DeaMoELayer.random(CONFIGS["deepseek-style"], seed=3).quantized(QuantConfig(bits, 16))
+    for m in layer.modules():
+        if hasattr(m, "scales"):
+            m.scales.copy_(m.scales.to(dtype).float())
+    x = random_hidden(5, layer.config.hidden_size, seed=1)
+    wide = cpu.CpuDeaMoE(layer)
+    monkeypatch.setitem(cpu_layer.SCALE_DTYPES, torch.float32, cpu_layer.SCALE_DTYPES[dtype])
+    narrow = cpu.CpuDeaMoE(layer)
+    scales = sum(m.scales.numel() for m in layer.modules() if hasattr(m, "scales"))
+    assert wide.nbytes - narrow.nbytes == 2 * scales
+    assert torch.equal(narrow(x), wide(x))
+    torch.testing.assert_close(narrow(x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+def test_scales_a_16_bit_dtype_cannot_hold_are_refused(monkeypatch):
+    layer = DeaMoELayer.random(CONFIGS["tiny"], seed=3).quantized(QuantConfig(4, 16))
+    monkeypatch.setitem(cpu_layer.SCALE_DTYPES, torch.float32, cpu_layer.SCALE_DTYPES[torch.float16])
+    with pytest.raises(DeaMoEError, match="pack quantized weights"):
+        cpu.CpuDeaMoE(layer)
 
 
 @torch.no_grad()
