@@ -472,6 +472,64 @@ struct AttentionJob {
 };
 
 // Heads [h0, h1) of one query at position p: softmax(q k^T * scale [+ sink]) v.
+// A head's rows of the KV cache may come from DRAM: a step streams far more weights than the
+// caches hold since they were last read. The scores ask for key j + kKvAhead's row ahead.
+constexpr int64_t kKvAhead = 8;
+
+inline void prefetch_row(const float* row, int64_t n) {
+  for (int64_t i = 0; i < n; i += 64 / sizeof(float)) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
+}
+
+// out = sum_j w_j v_j over keys first..p, the NV vectors of out in registers across the
+// keys: through memory, each key's update of out waited for the previous key's store (the
+// same multiply-adds in the same order: the same bits).
+// sc[j - first] = (q . k_j) * scale for keys first..p, four keys at a time against q held in
+// registers: one key at a time, each key's chain of multiply-adds and its horizontal sum
+// left the core waiting (the same multiply-adds in the same order: the same bits).
+template <int NV>
+inline void key_scores(const float* q, const float* kc, int64_t kv_stride, int64_t first, int64_t p, int64_t ring,
+                       float scale, float* sc) {
+  V qv[NV];
+  for (int i = 0; i < NV; ++i) qv[i] = vload(q + i * W);
+  auto row = [&](int64_t j) { return kc + (ring ? j % ring : j) * kv_stride; };
+  int64_t j = first;
+  for (; j + 4 <= p + 1; j += 4) {
+    const float *k0 = row(j), *k1 = row(j + 1), *k2 = row(j + 2), *k3 = row(j + 3);
+    if (j + 4 + kKvAhead <= p + 1)
+      for (int u = 0; u < 4; ++u) prefetch_row(row(j + kKvAhead + u), NV * W);
+    V a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+    for (int i = 0; i < NV; ++i) {
+      a0 = vfma(qv[i], vload(k0 + i * W), a0);
+      a1 = vfma(qv[i], vload(k1 + i * W), a1);
+      a2 = vfma(qv[i], vload(k2 + i * W), a2);
+      a3 = vfma(qv[i], vload(k3 + i * W), a3);
+    }
+    sc[j - first] = vsum(a0) * scale;
+    sc[j + 1 - first] = vsum(a1) * scale;
+    sc[j + 2 - first] = vsum(a2) * scale;
+    sc[j + 3 - first] = vsum(a3) * scale;
+  }
+  for (; j <= p; ++j) {
+    const float* k = row(j);
+    V a = vzero();
+    for (int i = 0; i < NV; ++i) a = vfma(qv[i], vload(k + i * W), a);
+    sc[j - first] = vsum(a) * scale;
+  }
+}
+
+template <int NV>
+inline void weighted_values(const float* vc, int64_t kv_stride, int64_t first, int64_t p, int64_t ring,
+                            const float* weights, float scale, float* out) {
+  V acc[NV];
+  for (int i = 0; i < NV; ++i) acc[i] = vzero();
+  for (int64_t j = first; j <= p; ++j) {
+    const float* vj = vc + (ring ? j % ring : j) * kv_stride;
+    const V w = vset1(weights[j - first] * scale);
+    for (int i = 0; i < NV; ++i) acc[i] = vfma(w, vload(vj + i * W), acc[i]);
+  }
+  for (int i = 0; i < NV; ++i) vstore(out + i * W, acc[i]);
+}
+
 void attention_heads(LmSession& s, int64_t layer, int64_t p, const float* query, float* output, int64_t h0,
                      int64_t h1) {
   const dm_lm& m = s.m;
@@ -486,26 +544,36 @@ void attention_heads(LmSession& s, int64_t layer, int64_t p, const float* query,
     const float* q = query + h * hd;
     const int64_t g = h / groups;
     float* sc = s.scores.data() + h * s.capacity;
-    float top = -INFINITY;
-    for (int64_t j = first; j <= p; ++j) {
-      const int64_t slot = ring ? j % ring : j;
-      const float* kj = kc + (slot * kvh + g) * hd;
-      float dot = 0.0f;
-      if (hd % W == 0) {
-        V acc = vzero();
-        for (int64_t i = 0; i < hd; i += W) acc = vfma(vload(q + i), vload(kj + i), acc);
-        dot = vsum(acc);
-      } else {
-        for (int64_t i = 0; i < hd; ++i) dot += q[i] * kj[i];
+    const int64_t keys = p - first + 1;
+    const float* kg = kc + g * hd;
+    for (int64_t j = first; j < std::min(first + kKvAhead, p + 1); ++j)
+      prefetch_row(kg + (ring ? j % ring : j) * kvh * hd, hd);
+    if (hd == 8 * W) {
+      key_scores<8>(q, kg, kvh * hd, first, p, ring, m.attention_scale, sc);
+    } else if (hd == 4 * W) {
+      key_scores<4>(q, kg, kvh * hd, first, p, ring, m.attention_scale, sc);
+    } else {
+      for (int64_t j = first; j <= p; ++j) {
+        const float* kj = kg + (ring ? j % ring : j) * kvh * hd;
+        float dot = 0.0f;
+        if (hd % W == 0) {
+          V acc = vzero();
+          for (int64_t i = 0; i < hd; i += W) acc = vfma(vload(q + i), vload(kj + i), acc);
+          dot = vsum(acc);
+        } else {
+          for (int64_t i = 0; i < hd; ++i) dot += q[i] * kj[i];
+        }
+        sc[j - first] = dot * m.attention_scale;
       }
-      sc[j - first] = dot * m.attention_scale;
-      top = std::max(top, sc[j - first]);
     }
+    float top = -INFINITY;
+    for (int64_t j = 0; j < keys; ++j) top = std::max(top, sc[j]);
     const float sink = B.sinks ? B.sinks[h] : -INFINITY;
     top = std::max(top, sink);
     float total = B.sinks ? std::exp(sink - top) : 0.0f;
-    // exp(s - top) by the kernel's vector exp (within 2 ulp), the tail by the C library's.
-    const int64_t keys = p - first + 1;
+    // exp(s - top) by the kernel's vector exp (within 2 ulp), the last keys in a vector
+    // filled up with top (exp(0), not counted): a call of the C library's exp per key cost as
+    // much as a vector of them.
     int64_t j = 0;
     V sum = vzero();
     for (; j + W <= keys; j += W) {
@@ -514,13 +582,27 @@ void attention_heads(LmSession& s, int64_t layer, int64_t p, const float* query,
       sum = vadd(sum, e);
     }
     total += vsum(sum);
-    for (; j < keys; ++j) {
-      sc[j] = std::exp(sc[j] - top);
-      total += sc[j];
+    if (j < keys) {
+      alignas(64) float rest[W];
+      for (int64_t i = 0; i < W; ++i) rest[i] = j + i < keys ? sc[j + i] : top;
+      vstore(rest, vexp_neg(vsub(vset1(top), vload(rest))));
+      for (int64_t i = 0; j + i < keys; ++i) {
+        sc[j + i] = rest[i];
+        total += rest[i];
+      }
     }
     float* out = output + h * hd;
-    std::fill(out, out + hd, 0.0f);
     const float inv = 1.0f / total;
+    const float* vg = vc + g * hd;
+    if (hd == 8 * W) {
+      weighted_values<8>(vg, kvh * hd, first, p, ring, sc, inv, out);
+      continue;
+    }
+    if (hd == 4 * W) {
+      weighted_values<4>(vg, kvh * hd, first, p, ring, sc, inv, out);
+      continue;
+    }
+    std::fill(out, out + hd, 0.0f);
     for (int64_t j = first; j <= p; ++j) {
       const int64_t slot = ring ? j % ring : j;
       const float* vj = vc + (slot * kvh + g) * hd;

@@ -32,6 +32,7 @@ VARIANTS = {
     "gqa": BASE,
     "mha": BASE.replace(num_key_value_heads=4),
     "qk_norm_head": BASE.replace(qk_norm="head", head_dim=16),
+    "heads_of_64": BASE.replace(head_dim=64),
     "qk_norm_full": BASE.replace(qk_norm="full"),
     "biases_and_clip": BASE.replace(qkv_bias=True, o_bias=True, clip_qkv=0.5),
     "sliding_window_and_sinks": BASE.replace(
