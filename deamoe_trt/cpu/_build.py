@@ -146,7 +146,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dm_pool_wake": (None, [ptr]),
         "dm_step_slices": (i32, [ptr]),
         "dm_alloc": (ptr, [i64]),
-        "dm_free": (None, [ptr]),
+        "dm_free": (None, [ptr, i64]),
         "dm_pack": (i32, [ptr, ptr, i64, i64, i64, i64, i32, ptr]),
         "dm_pad_rows": (i32, [ptr, i64, i64, i64, i32, ptr]),
         "dm_pack_q": (i32, [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i32, i32, ptr]),

@@ -99,7 +99,7 @@ class _Buffer:
     def __del__(self):
         ptr, self.ptr = getattr(self, "ptr", None), None
         if ptr:
-            self.lib.dm_free(ptr)
+            self.lib.dm_free(ptr, max(self.nbytes, 1))
 
 
 def stream_read(nbytes: int, passes: int, threads: int | None = None) -> list[float]:

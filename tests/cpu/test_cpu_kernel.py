@@ -1,5 +1,6 @@
 """The fast CPU path against the PyTorch reference (deamoe_trt.layer, deamoe_trt.routing)."""
 
+import ctypes
 import time
 
 import pytest
@@ -211,6 +212,46 @@ def test_wrong_hidden_size_is_a_usage_error():
     fast = cpu.CpuDeaMoE(DeaMoELayer.random(PRESETS["tiny"], seed=0))
     with pytest.raises(UsageError, match=r"\[\.\.\., 64\]"):
         fast(torch.zeros(2, 63))
+
+
+def _vma_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping holding address (/proc/self/smaps)."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_weight_memory_is_aligned_fresh_and_advised_as_huge_pages():
+    from deamoe_trt.cpu.runtime import _Buffer
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    # What a model build does before packing: big temporary tensors freed (glibc then serves
+    # blocks of that size from its heap), heap memory written and freed.
+    libc.free(libc.malloc(16 << 20))
+    scratch = libc.malloc(12 << 20)
+    ctypes.memset(scratch, 1, 12 << 20)
+    libc.free(scratch)
+    buf = _Buffer((3 << 20) + 5)
+    assert buf.ptr % (2 << 20) == 0
+    # Fresh: not one page resident before the packer writes it (pages of the C heap that an
+    # earlier allocation had faulted in would stay 4 KiB pages whatever the advice).
+    pages = ((3 << 20) + 5 + 4095) // 4096
+    resident = (ctypes.c_ubyte * pages)()
+    assert libc.mincore(ctypes.c_void_p(buf.ptr), ctypes.c_size_t(pages * 4096), resident) == 0
+    assert not any(b & 1 for b in resident)
+    assert "hg" in _vma_flags(buf.ptr)  # advised as huge pages
+    ctypes.memset(buf.ptr, 7, buf.nbytes)  # every byte is ours to write
+    assert ctypes.string_at(buf.ptr + buf.nbytes - 1, 1) == b"\x07"
+    del buf  # unmapped with its size: no crash, no leak of the 2 MiB rounding
 
 
 def test_stream_read_measures_a_rate():
