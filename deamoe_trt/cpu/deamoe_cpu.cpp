@@ -163,16 +163,16 @@ inline V vactivate(const Activation& act, V g, V u, V w) {
 }
 
 // Software prefetch: every streaming loop asks for its bytes 2 KiB ahead (into L1), and some
-// also further ahead into L2 (FAR: 16 KiB, or FAR_BYTES). The hardware prefetcher alone
-// leaves a core short of its share of the read bandwidth:
+// also 16 KiB ahead into L2 (FAR). The hardware prefetcher alone leaves a core short of its
+// share of the read bandwidth:
 //   - the quantized loops compute between loads: on Zen 4 one core read ~11 GB/s, ~14 GB/s
 //     with the 2 KiB prefetch (1 KiB: 13, 4 KiB: 14, 8 KiB: 13); FAR made the MoE step's
 //     quantized loops 8-9% faster on the one-token layer (qwen3 shapes at int4 and int8, 2
 //     threads; 8 and 32 KiB the same within noise; no change from 4 tokens on). In the
 //     int4 projections' loop (deamoe_cpu_model.h) FAR made the whole int4 model step of
 //     bench-lm's shape 1.05x faster on Zen 4 (median of 32 alternating pairs) and 0.96-0.98x
-//     on an Intel Xeon VM, so it prefetches far in kSubnormal mode (AMD's) only, and 12 KiB
-//     ahead (kProjectionFarBytes) rather than 16; the int8 projections do without;
+//     on an Intel Xeon VM, so it prefetches far in kSubnormal mode (AMD's) only; the int8
+//     projections do without;
 //   - the float loops stream near the roof on Zen 4, where FAR cost the MoE layer's fp16
 //     loops 7%. On an Intel Xeon VM (2 vCPUs) they did not: the whole fp16 model step of
 //     bench-lm's shape ran 1.15x faster with the 2 KiB prefetch in the projections and the
@@ -180,11 +180,11 @@ inline V vactivate(const Activation& act, V g, V u, V w) {
 //     further change), 6-8 rounds of alternating processes each.
 constexpr int64_t kPrefetchBytes = 2048;
 constexpr int64_t kPrefetchL2Bytes = 16384;
-template <bool FAR = false, int64_t FAR_BYTES = kPrefetchL2Bytes>
+template <bool FAR = false>
 inline void prefetch_ahead(const uint8_t* p, int64_t bytes) {
   for (int64_t i = 0; i < bytes; i += 64) {
     _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + i), _MM_HINT_T0);
-    if constexpr (FAR) _mm_prefetch(reinterpret_cast<const char*>(p + FAR_BYTES + i), _MM_HINT_T1);
+    if constexpr (FAR) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchL2Bytes + i), _MM_HINT_T1);
   }
 }
 

@@ -71,13 +71,6 @@ inline int64_t q_quad_bytes(int bits, int64_t cols, int64_t gs, int scale_dtype)
 
 constexpr float kQuadRowFactor[kQuad] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f};
 
-// How far ahead the int4 projections prefetch into L2 (kSubnormal mode, see prefetch_ahead).
-// On the AMD EPYC VM (Zen 4, 2 threads), the whole int4 step of bench-lm's shape with the
-// distance switched every 32 steps in one process: 12 KiB against 16 KiB 0.99-1.04x in some
-// hours, 1.19-1.28x in others, when 16 KiB ran slower than every other distance tried (4 to
-// 32 KiB) and than none at all (docs/benchmarks.md).
-constexpr int64_t kProjectionFarBytes = 12288;
-
 // A projection applied to `tokens` inputs: x [tokens, x_stride], y [tokens, y_stride].
 struct LinearRows {
   dm_lm_linear L;
@@ -237,7 +230,7 @@ void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
         V acc[kQuad] = {vzero(), vzero(), vzero(), vzero()};
         for (int64_t c = g * gs; c < (g + 1) * gs; c += W) {
           // FAR in kSubnormal mode only, which is AMD's (see prefetch_ahead)
-          prefetch_ahead<BITS == 4 && MODE == kSubnormal, kProjectionFarBytes>(p, BITS == 4 ? 2 * W : kQuad * W);
+          prefetch_ahead<BITS == 4 && MODE == kSubnormal>(p, BITS == 4 ? 2 * W : kQuad * W);
 #if defined(__AVX512F__)
           if constexpr (BITS == 4) {
             if constexpr (lookup)
