@@ -217,13 +217,14 @@ def test_wrong_hidden_size_is_a_usage_error():
 def _vma_flags(address: int) -> list[str]:
     """The VmFlags of the mapping holding address (/proc/self/smaps)."""
     inside = False
-    for line in open("/proc/self/smaps"):
-        head = line.split()[0]
-        if "-" in head and ":" not in head:
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and line.startswith("VmFlags:"):
-            return line.split()[1:]
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and line.startswith("VmFlags:"):
+                return line.split()[1:]
     raise AssertionError(f"no mapping holds {address:#x}")
 
 

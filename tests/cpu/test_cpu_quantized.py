@@ -14,7 +14,6 @@ from deamoe_trt.quant import QuantConfig
 
 try:
     from deamoe_trt import cpu
-
     from deamoe_trt.cpu import layer as cpu_layer
 
     cpu.load()
