@@ -431,6 +431,10 @@ enum ScaleDtype { kScaleF32 = 0, kScaleF16 = 1, kScaleBF16 = 2 };
 
 constexpr int scale_bytes(int scale_dtype) { return scale_dtype == kScaleF32 ? 4 : 2; }
 
+constexpr bool valid_scale_dtype(int scale_dtype) {
+  return scale_dtype == kScaleF32 || scale_dtype == kScaleF16 || scale_dtype == kScaleBF16;
+}
+
 // Four scales as floats (exact in every ScaleDtype).
 inline __m128 load_scales(const uint8_t* p, int scale_dtype) {
   if (scale_dtype == kScaleF32) return _mm_loadu_ps(reinterpret_cast<const float*>(p));
@@ -1167,7 +1171,7 @@ int64_t dm_pack_q_bytes(int64_t count, int64_t f, int64_t d, int64_t gs, int bit
 int dm_pack_q(const uint8_t* gu_codes, const float* gu_scales, const uint8_t* dn_codes, const float* dn_scales,
               int64_t count, int64_t f, int64_t d, int64_t gs, int bits, int scale_dtype, void* out) {
   if ((bits != 4 && bits != 8) || f <= 0 || d <= 0 || gs <= 0 || gs % W || gs % NB || d % gs || f % gs) return -1;
-  if (scale_dtype != kScaleF32 && scale_dtype != kScaleF16 && scale_dtype != kScaleBF16) return -1;
+  if (!valid_scale_dtype(scale_dtype)) return -1;
   const int64_t groups = f / NB, group_bytes = q_group_bytes(bits, gs, d, scale_dtype);
   const int64_t block_bytes = q_block_bytes(bits, gs, d, scale_dtype, groups), sbytes = scale_bytes(scale_dtype);
   const int zero = 1 << (bits - 1);
@@ -1325,8 +1329,7 @@ bool valid(const dm_layer& L) {
          (L.activation == 0 || (L.activation == 1 && L.swiglu_limit > 0 && L.swiglu_alpha > 0)) &&
          (L.weight_bits == 0 ||
           ((L.weight_bits == 4 || L.weight_bits == 8) && L.group_size > 0 && L.group_size % W == 0 &&
-           L.group_size % NB == 0 && L.d == L.dp && L.d % L.group_size == 0 &&
-           (L.scale_dtype == kScaleF32 || L.scale_dtype == kScaleF16 || L.scale_dtype == kScaleBF16)));
+           L.group_size % NB == 0 && L.d == L.dp && L.d % L.group_size == 0 && valid_scale_dtype(L.scale_dtype)));
 }
 
 // Run the blocks a routing asks for. Department j runs once for the tokens with any kept

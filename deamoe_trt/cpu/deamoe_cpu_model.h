@@ -464,7 +464,6 @@ struct AttentionJob {
   float* out;      // [heads * hd]
 };
 
-// Heads [h0, h1) of one query at position p: softmax(q k^T * scale [+ sink]) v.
 // A head's rows of the KV cache may come from DRAM: a step streams far more weights than the
 // caches hold since they were last read. The scores ask for key j + kKvAhead's row ahead.
 constexpr int64_t kKvAhead = 8;
@@ -473,9 +472,6 @@ inline void prefetch_row(const float* row, int64_t n) {
   for (int64_t i = 0; i < n; i += 64 / sizeof(float)) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
 }
 
-// out = sum_j w_j v_j over keys first..p, the NV vectors of out in registers across the
-// keys: through memory, each key's update of out waited for the previous key's store (the
-// same multiply-adds in the same order: the same bits).
 // sc[j - first] = (q . k_j) * scale for keys first..p, four keys at a time against q held in
 // registers: one key at a time, each key's chain of multiply-adds and its horizontal sum
 // left the core waiting (the same multiply-adds in the same order: the same bits).
@@ -510,6 +506,9 @@ inline void key_scores(const float* q, const float* kc, int64_t kv_stride, int64
   }
 }
 
+// out = sum_j w_j v_j over keys first..p, the NV vectors of out in registers across the
+// keys: through memory, each key's update of out waited for the previous key's store (the
+// same multiply-adds in the same order: the same bits).
 template <int NV>
 inline void weighted_values(const float* vc, int64_t kv_stride, int64_t first, int64_t p, int64_t ring,
                             const float* weights, float scale, float* out) {
@@ -523,6 +522,7 @@ inline void weighted_values(const float* vc, int64_t kv_stride, int64_t first, i
   for (int i = 0; i < NV; ++i) vstore(out + i * W, acc[i]);
 }
 
+// Heads [h0, h1) of one query at position p: softmax(q k^T * scale [+ sink]) v.
 void attention_heads(LmSession& s, int64_t layer, int64_t p, const float* query, float* output, int64_t h0,
                      int64_t h1) {
   const dm_lm& m = s.m;
@@ -735,7 +735,7 @@ bool valid_linear(const dm_lm_linear& L) {
   if (!L.w || L.rows < 1 || L.cols_p < 1 || L.cols_p % kPad) return false;
   if (L.bits == 0) return true;
   return (L.bits == 4 || L.bits == 8) && L.group_size > 0 && L.group_size % W == 0 && L.cols_p % L.group_size == 0 &&
-         (L.scale_dtype == kScaleF32 || L.scale_dtype == kScaleF16 || L.scale_dtype == kScaleBF16);
+         valid_scale_dtype(L.scale_dtype);
 }
 
 bool valid_lm(const dm_lm& m) {
@@ -797,7 +797,7 @@ int64_t dm_pack_linear_q_bytes(int64_t rows, int64_t cols, int64_t gs, int bits,
 int dm_pack_linear_q(const uint8_t* codes, const float* scales, int scale_dtype, int64_t rows, int64_t cols, int64_t gs,
                      int bits, void* out) {
   if ((bits != 4 && bits != 8) || rows < 1 || cols < 1 || gs < 1 || gs % W || cols % gs) return -1;
-  if (scale_dtype != kScaleF32 && scale_dtype != kScaleF16 && scale_dtype != kScaleBF16) return -1;
+  if (!valid_scale_dtype(scale_dtype)) return -1;
   const int64_t groups = cols / gs, quads = (rows + kQuad - 1) / kQuad, sbytes = scale_bytes(scale_dtype);
   const int64_t group_bytes = q_group_bytes(bits, gs, scale_dtype), chunk_bytes = bits == 4 ? 2 * W : kQuad * W;
   auto* dst = static_cast<uint8_t*>(out);
