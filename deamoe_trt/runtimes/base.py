@@ -7,11 +7,17 @@ runtime's form (`to_input`, untimed), and `to_torch` turns its output back for c
 runtime that also decodes whole language models has a `decoder`, a `Decoder` (prefill a
 prompt, then step one token at a time, each returning the last position's logits), which
 deamoe_trt.runtimes.decode's loop drives and times; the others raise a UsageError saying so.
+
+Several sequences decode together through a `BatchDecoder`: sequences open (prefill) and
+close between steps, and one `step` feeds one token to each of the sequences it names, so a
+runtime with a batched step reads every weight once for all of them. A runtime without one
+gets `SerialBatchDecoder`, which steps its pooled single-sequence decoders in turn; a
+`Decoder` is the one-sequence case (`OneSequence` adapts a BatchDecoder to it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -63,6 +69,33 @@ class DecoderPool:
     keep_alive: Any = None  # what the decoders share (a session's weight arrays, a folder)
 
 
+class BatchDecoder(Protocol):
+    """Up to max_sequences sequences of one model decoding together, each with its own KV
+    cache, position and length. Sequences are named by the int open() returns; they join
+    (open) and leave (close) between steps."""
+
+    name: str
+    max_context: int
+    max_sequences: int
+
+    def open(self, ids: list[int]) -> tuple[int, np.ndarray]:
+        """Prefill a new sequence with prompt ids: its handle and the last position's logits."""
+        ...
+
+    def step(self, seqs: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        """Feed tokens[i] to sequence seqs[i] (each open, named once) in one step; the logits,
+        [len(seqs), vocab] float32, row i for seqs[i]."""
+        ...
+
+    def close(self, seq: int) -> None:
+        """End sequence seq: its cache slot is free for the next open()."""
+        ...
+
+    def length(self, seq: int) -> int:
+        """Tokens in sequence seq's cache."""
+        ...
+
+
 class Runtime(Protocol):
     name: str  # registry key and the name in result files: "cpu", "ort"...
     label: str  # for tables: "deamoe-trt CPU kernel"
@@ -91,6 +124,12 @@ class Runtime(Protocol):
 
     def decoder_pool(self, model, *, threads: int | None = None, size: int = 1, **options: Any) -> DecoderPool:
         """Decoders for up to size sequences at once sharing the model's weights on this runtime."""
+        ...
+
+    def batch_decoder(
+        self, model, *, max_sequences: int, threads: int | None = None, twin: str = "deamoe", **options: Any
+    ) -> BatchDecoder:
+        """A BatchDecoder for up to max_sequences sequences of the language model at once."""
         ...
 
 
@@ -129,6 +168,14 @@ class RuntimeBase:
     def decoder_pool(self, model, *, threads: int | None = None, size: int = 1, **options: Any) -> DecoderPool:
         raise UsageError(f"{self.label} does not decode language models")
 
+    def batch_decoder(
+        self, model, *, max_sequences: int, threads: int | None = None, twin: str = "deamoe", **options: Any
+    ) -> BatchDecoder:
+        """Runtimes without a batched step: their pooled decoders stepped one after another."""
+        check_max_sequences(max_sequences)
+        pool = self.decoder_pool(model, threads=threads, size=max_sequences, twin=twin, **options)
+        return SerialBatchDecoder(pool, max_sequences)
+
     def __repr__(self) -> str:
         return f"<runtime {self.name}>"
 
@@ -136,3 +183,124 @@ class RuntimeBase:
 def state_bytes(module) -> int:
     """Bytes of a module's tensors (its state dict)."""
     return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+
+MAX_SEQUENCES = 256  # the most sequences one batched step takes (a sanity bound on slots)
+
+
+def check_max_sequences(max_sequences: int) -> None:
+    if isinstance(max_sequences, bool) or not isinstance(max_sequences, int) or not 1 <= max_sequences <= MAX_SEQUENCES:
+        raise UsageError(f"max_sequences must be an integer from 1 to {MAX_SEQUENCES}, got {max_sequences!r}")
+
+
+class Slots:
+    """The bookkeeping every BatchDecoder shares: which handles are open, their lengths, and
+    the one-line refusals for a bad step (one source for those messages)."""
+
+    def __init__(self, max_sequences: int, max_context: int):
+        check_max_sequences(max_sequences)
+        self.max_sequences = max_sequences
+        self.max_context = max_context
+        self.lengths: dict[int, int] = {}  # open handle -> tokens in its cache
+
+    def free(self) -> int:
+        """The lowest free slot; UsageError when every slot is taken."""
+        for slot in range(self.max_sequences):
+            if slot not in self.lengths:
+                return slot
+        raise UsageError(
+            f"all {self.max_sequences} sequences of this batch decoder are open; close one before opening another"
+        )
+
+    def check_open(self, ids: list[int]) -> int:
+        """The slot a new sequence with prompt ids takes (not yet marked open)."""
+        if not ids:
+            raise UsageError("the prompt is empty; give at least one token")
+        if len(ids) >= self.max_context:
+            raise UsageError(
+                f"the prompt is {len(ids)} tokens but the context holds {self.max_context} "
+                "and needs room for at least one new token"
+            )
+        return self.free()
+
+    def check_step(self, seqs: Sequence[int], tokens: Sequence[int]) -> None:
+        if len(seqs) == 0:
+            raise UsageError("a batched step needs at least one sequence; the batch is empty")
+        if len(seqs) != len(tokens):
+            raise UsageError(f"a batched step got {len(seqs)} sequences but {len(tokens)} tokens")
+        if len(seqs) > self.max_sequences:
+            raise UsageError(
+                f"a batched step of {len(seqs)} sequences is over this decoder's maximum of {self.max_sequences}"
+            )
+        if len(set(seqs)) != len(seqs):
+            raise UsageError("a batched step names a sequence more than once")
+        for seq in seqs:
+            if seq not in self.lengths:
+                raise UsageError(f"sequence {seq} is not open")
+            if self.lengths[seq] >= self.max_context:
+                raise UsageError(f"sequence {seq} has filled its context of {self.max_context} tokens; close it")
+
+    def check_close(self, seq: int) -> None:
+        if seq not in self.lengths:
+            raise UsageError(f"sequence {seq} is not open")
+
+
+class SerialBatchDecoder:
+    """A BatchDecoder over a DecoderPool: each sequence its own decoder, a step runs them in
+    turn (no weight read is shared; the fallback for runtimes without a batched step)."""
+
+    def __init__(self, pool: DecoderPool, max_sequences: int):
+        first = pool.acquire()
+        self.pool = pool
+        self.name = first.name
+        self.max_context = first.max_context
+        self.slots = Slots(max_sequences, first.max_context)
+        self.max_sequences = max_sequences
+        self._spare: list[Decoder] = [first]
+        self._decoders: dict[int, Decoder] = {}
+
+    def open(self, ids: list[int]) -> tuple[int, np.ndarray]:
+        slot = self.slots.check_open(ids)
+        decoder = self._spare.pop() if self._spare else self.pool.acquire()
+        logits = decoder.prefill(list(ids))
+        self._decoders[slot] = decoder
+        self.slots.lengths[slot] = len(ids)
+        return slot, logits
+
+    def step(self, seqs: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        self.slots.check_step(seqs, tokens)
+        rows = [self._decoders[s].step(int(t)) for s, t in zip(seqs, tokens, strict=True)]
+        for s in seqs:
+            self.slots.lengths[s] += 1
+        return np.stack(rows).astype(np.float32, copy=False)
+
+    def close(self, seq: int) -> None:
+        self.slots.check_close(seq)
+        del self.slots.lengths[seq]
+        self._spare.append(self._decoders.pop(seq))
+
+    def length(self, seq: int) -> int:
+        self.slots.check_close(seq)
+        return self.slots.lengths[seq]
+
+
+class OneSequence:
+    """A Decoder over a BatchDecoder: the one-sequence case of batched decoding."""
+
+    def __init__(self, batch: BatchDecoder):
+        self.batch = batch
+        self.name = batch.name
+        self.max_context = batch.max_context
+        self._seq: int | None = None
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        if self._seq is not None:
+            self.batch.close(self._seq)
+            self._seq = None
+        self._seq, logits = self.batch.open(list(ids))
+        return logits
+
+    def step(self, token: int) -> np.ndarray:
+        if self._seq is None:
+            raise UsageError("step() before prefill(): give the prompt first")
+        return self.batch.step([self._seq], [token])[0]
