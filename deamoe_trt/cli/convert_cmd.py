@@ -103,7 +103,10 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--report", metavar="R.json", help="write the comparison report as JSON")
     parser.add_argument(
-        "--plot", metavar="R.png", help="also convert at shared fractions 0.25/0.5/0.75 and plot quality against it"
+        "--plot",
+        metavar="R.png",
+        help="also convert at shared fractions 0.25/0.5/0.75 and plot quality against it; R-frontier.png "
+        "beside it: quality against bytes per step at 1, 4 and 8 tokens per step, with the frontier",
     )
     parser.add_argument(
         "--no-compare",
@@ -129,7 +132,8 @@ def _run(args) -> int:
     from .._io import atomic_write_text
     from ..convert.core import ConvertSettings
     from ..convert.distill import init_distributed
-    from ..convert.report import report_table, write_plot
+    from ..convert.metrics import STEP_TOKENS
+    from ..convert.report import frontier_plot_path, report_table, write_frontier_plot, write_plot
     from ..convert.run import SWEEP, convert_model
     from ..convert.sources import HELDOUT_WINDOWS, lm_source, read_calibration_tensor, read_text, stack_source
     from ..errors import UsageError
@@ -230,10 +234,12 @@ def _run(args) -> int:
         atomic_write_text(args.report, json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.report}")
     if args.plot:
-        print()
-        print(report_table(report))
+        for tokens in STEP_TOKENS:
+            print()
+            print(report_table(report, tokens=tokens))
         write_plot(report, args.plot)
         print(f"wrote {args.plot}")
+        print(f"wrote {write_frontier_plot(report, frontier_plot_path(args.plot))}")
     print(f"wrote {out} ({result.name}, department score {result.layers[0].config.department_score})")
     return 0
 

@@ -38,7 +38,7 @@ from .align import align, neuron_vectors
 from .core import ConvertSettings, convert_layer
 from .department_fit import tokens_of
 from .experts import ExpertWeights
-from .metrics import BYTES_TOKENS, layer_step_bytes, one_token, step_bytes
+from .metrics import layer_step_bytes, step_bytes, steps, subset
 
 PRUNED, TOP_K, DELTA, DELTA_ONE = "pruned experts", "lower top-k", "low-rank delta", "low-rank delta, 1 base"
 BASELINES = (PRUNED, TOP_K, DELTA, DELTA_ONE)
@@ -159,20 +159,20 @@ class LowRankDeltaLayer(nn.Module):
         x = hidden_states.reshape(-1, self.config.hidden_size)
         return self.forward_routed(x, self.route(x)).to(hidden_states.dtype).reshape(hidden_states.shape)
 
-    def step_bytes(self, routing: Routing, bytes_per_weight: int) -> float:
-        """Mean bytes a one-token step reads over (up to BYTES_TOKENS of) routing's tokens."""
+    def step_bytes(self, routing: Routing, bytes_per_weight: int, tokens: int = 1) -> float:
+        """Mean bytes a step of `tokens` tokens reads over the steps metrics.steps forms."""
         c, b = self.config, bytes_per_weight
         d, f, r = c.hidden_size, c.expert_intermediate_size, self.rank
         base = ffn_bytes(3 * d * f, b)
         delta = ffn_bytes(3 * r * (d + f), b, biases=(2 * f + d) if c.ffn_bias else 0)
-        count = min(routing.num_tokens, BYTES_TOKENS)
+        groups = steps(routing.num_tokens, tokens)
         total = 0.0
-        for t in range(count):
-            one = one_token(routing, t)
-            fixed = weights_loaded(c, one, b)  # the router and shared experts as traffic counts them
+        for group in groups:
+            step = subset(routing, group)
+            fixed = weights_loaded(c, step, b)  # the router and shared experts as traffic counts them
             total += fixed.router_bytes + fixed.shared_expert_bytes
-            total += int(one.used_departments().numel()) * base + int(one.used_experts().numel()) * delta
-        return total / max(count, 1)
+            total += int(step.used_departments().numel()) * base + int(step.used_experts().numel()) * delta
+        return total / max(len(groups), 1)
 
 
 def _whitening(inputs: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

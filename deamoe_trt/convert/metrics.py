@@ -13,8 +13,11 @@ from ..config import DeaMoEConfig
 from ..routing import Routing
 from ..traffic import BYTES_PER_WEIGHT, weights_loaded
 
-# Tokens whose one-token decoding steps are counted for bytes per step.
+# Tokens whose decoding steps are counted for bytes per step.
 BYTES_TOKENS = 512
+# Tokens per decoding step the report counts bytes at: one stream, and the few streams or
+# speculative draft tokens a step verifies where users decode.
+STEP_TOKENS = (1, 4, 8)
 
 
 def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
@@ -23,32 +26,50 @@ def relative_error(output: torch.Tensor, reference: torch.Tensor) -> float:
     return float((output.float() - reference).norm() / reference.norm().clamp_min(1e-30))
 
 
-def step_bytes(config: DeaMoEConfig, routing: Routing, bytes_per_weight: int) -> float:
-    """Mean bytes a one-token decoding step reads, over (up to BYTES_TOKENS of) routing's tokens."""
-    total = 0
-    count = min(routing.num_tokens, BYTES_TOKENS)
-    for t in range(count):
-        total += weights_loaded(config, one_token(routing, t), bytes_per_weight).total
-    return total / max(count, 1)
+def step_bytes(config: DeaMoEConfig, routing: Routing, bytes_per_weight: int, tokens: int = 1) -> float:
+    """Mean bytes a decoding step of `tokens` tokens reads, over the steps `steps` forms
+    from (up to BYTES_TOKENS of) routing's tokens."""
+    groups = steps(routing.num_tokens, tokens)
+    total = sum(weights_loaded(config, subset(routing, g), bytes_per_weight).total for g in groups)
+    return total / max(len(groups), 1)
+
+
+def steps(num_tokens: int, tokens: int) -> list[torch.Tensor]:
+    """The decoding steps of `tokens` tokens each made from the first min(num_tokens,
+    BYTES_TOKENS) held-out tokens: step s takes tokens s, s + n, s + 2n, ... (n = count //
+    tokens), tokens far apart in the text, as the streams of a batch are; a remainder is
+    left out. One step of all of them when there are fewer than `tokens`."""
+    if tokens < 1:
+        raise ValueError(f"tokens per step must be >= 1, got {tokens}")
+    count = min(num_tokens, BYTES_TOKENS)
+    n = count // tokens
+    if n == 0:
+        return [torch.arange(count)] if count else []
+    return [torch.arange(s, n * tokens, n) for s in range(n)]
+
+
+def subset(routing: Routing, index: torch.Tensor) -> Routing:
+    """The routing of the tokens at index alone (one decoding step of those tokens)."""
+    return Routing(
+        expert_ids=routing.expert_ids[index],
+        weights=routing.weights[index],
+        department_ids=routing.department_ids[index],
+        kept_departments=routing.kept_departments[index],
+        scores=routing.scores[index],
+    )
 
 
 def one_token(routing: Routing, t: int) -> Routing:
     """Token t's routing alone (a one-token decoding step)."""
-    return Routing(
-        expert_ids=routing.expert_ids[t : t + 1],
-        weights=routing.weights[t : t + 1],
-        department_ids=routing.department_ids[t : t + 1],
-        kept_departments=routing.kept_departments[t : t + 1],
-        scores=routing.scores[t : t + 1],
-    )
+    return subset(routing, torch.tensor([t]))
 
 
-def layer_step_bytes(layer, routing: Routing) -> float:
+def layer_step_bytes(layer, routing: Routing, tokens: int = 1) -> float:
     """step_bytes for a DeaMoE layer; a layer of another structure (a baseline) counts its own."""
     bytes_per_weight = BYTES_PER_WEIGHT[layer.dtype]
     if hasattr(layer, "step_bytes"):
-        return layer.step_bytes(routing, bytes_per_weight)
-    return step_bytes(layer.config, routing, bytes_per_weight)
+        return layer.step_bytes(routing, bytes_per_weight, tokens)
+    return step_bytes(layer.config, routing, bytes_per_weight, tokens)
 
 
 @torch.no_grad()

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from .._io import atomic_path
 from ..console import format_bytes, format_table
-from ..errors import MissingDependencyError
+from ..errors import MissingDependencyError, UsageError
 from .baselines import BASELINES, DELTA, DELTA_ONE, PRUNED, TOP_K
+from .metrics import STEP_TOKENS
 
 METHODS = ("source", "converted", "naive", "merged", *BASELINES)
 HEALED = " + healed"
@@ -41,8 +42,34 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def report_table(report: dict, *, fraction: float | None = None, markdown: bool = False) -> str:
-    """One row per variant (at one shared fraction, or all), source first."""
+def step_bytes_of(row: dict, tokens: int = 1) -> tuple[float, float]:
+    """(bytes per step, the same / the source's) of a report row at `tokens` tokens per step
+    (rows written before the per-token counts hold the one-token figures only)."""
+    if "bytes_per_step_at" in row:
+        return row["bytes_per_step_at"][str(tokens)], row["bytes_vs_source_at"][str(tokens)]
+    if tokens != 1:
+        raise UsageError(f"this report counts bytes at one token per step only, not {tokens}; convert again")
+    return row["bytes_per_step"], row["bytes_vs_source"]
+
+
+def quality(row: dict) -> float:
+    """What the frontier ranks a row by, lower is better: held-out perplexity for language
+    models, else the mean relative output error."""
+    return row["perplexity"] if "perplexity" in row else _mean(row["relative_error"])
+
+
+def frontier(rows: list[dict], tokens: int = 1) -> set[int]:
+    """Indices of the rows on the bytes-quality frontier at `tokens` tokens per step: those
+    no other row beats on both (no larger in bytes and no worse in quality, better in one)."""
+    points = [(step_bytes_of(r, tokens)[0], quality(r)) for r in rows]
+    return {
+        i for i, (b, q) in enumerate(points) if not any(ob <= b and oq <= q and (ob < b or oq < q) for ob, oq in points)
+    }
+
+
+def report_table(report: dict, *, fraction: float | None = None, markdown: bool = False, tokens: int = 1) -> str:
+    """One row per variant (at one shared fraction, or all), source first; bytes at `tokens`
+    tokens per step, and which rows are on the bytes-quality frontier there."""
     rows = [
         r for r in report["rows"] if fraction is None or r["method"] == "source" or r["shared_fraction"] == fraction
     ]
@@ -53,15 +80,18 @@ def report_table(report: dict, *, fraction: float | None = None, markdown: bool 
     headers += ["routing err.", "weights err."] if split else []
     if is_lm:
         headers += ["perplexity", "vs source", "next-token agr."]
+    headers.append("frontier")
     source = next(r for r in rows if r["method"] == "source")
+    best = frontier(rows, tokens)
     out = []
-    for r in rows:
+    for i, r in enumerate(rows):
+        per_step, vs_source = step_bytes_of(r, tokens)
         cells = [
             r["method"],
             "-" if r["method"] == "source" else f"{r['shared_fraction']:.2f}",
             _size(r),
-            format_bytes(r["bytes_per_step"]),
-            f"{r['bytes_vs_source']:.1%}",
+            format_bytes(per_step),
+            f"{vs_source:.1%}",
             f"{_mean(r['relative_error']):.4f}",
             f"{_mean(r['expert_agreement']):.1%}",
         ]
@@ -73,24 +103,21 @@ def report_table(report: dict, *, fraction: float | None = None, markdown: bool 
                 f"{r['perplexity'] / source['perplexity'] - 1:+.1%}",
                 f"{r['next_token_agreement']:.1%}",
             ]
+        cells.append("yes" if i in best else "")
         out.append(cells)
     s = report["source"]
     title = (
         f"Conversion of {s['layers']} layer(s) of {s['num_experts']} experts (width {s['expert_width']}, "
-        f"top-{s['top_k']}); held-out {s['heldout_tokens']} tokens per layer; errors and agreement: mean over layers; "
-        "routing err.: the source's experts on the method's choices; weights err.: the rest"
+        f"top-{s['top_k']}); held-out {s['heldout_tokens']} tokens per layer; bytes per step at {tokens} token(s) "
+        "per step; errors and agreement: mean over layers; "
+        "routing err.: the source's experts on the method's choices; weights err.: the rest; "
+        "frontier: no other row is both smaller and better there"
     )
     return format_table(headers, out, title=title, markdown=markdown)
 
 
 def write_plot(report: dict, path: str | Path) -> Path:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise MissingDependencyError("--plot needs matplotlib (pip install matplotlib)") from None
+    plt = _pyplot()
     rows = report["rows"]
     is_lm = any("perplexity" in r for r in rows)
     source = next(r for r in rows if r["method"] == "source")
@@ -121,6 +148,55 @@ def write_plot(report: dict, path: str | Path) -> Path:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return path
+
+
+def write_frontier_plot(report: dict, path: str | Path, tokens: tuple[int, ...] = STEP_TOKENS) -> Path:
+    """Quality against bytes per step, one panel per tokens-per-step count, every method's
+    points and the frontier through them."""
+    plt = _pyplot()
+    rows = report["rows"]
+    is_lm = any("perplexity" in r for r in rows)
+    source = next(r for r in rows if r["method"] == "source")
+    label = "held-out perplexity / source's" if is_lm else "relative output error (mean over layers)"
+    scale = quality(source) if is_lm else 1.0
+    fig, axes = plt.subplots(1, len(tokens), figsize=(4.6 * len(tokens), 4.0), squeeze=False)
+    for ax, t in zip(axes[0], tokens, strict=True):
+        for method in sorted({r["method"] for r in rows}, key=method_rank):
+            color, marker, _ = STYLES.get(method.removesuffix(HEALED), ("black", "*", ""))
+            points = [(step_bytes_of(r, t)[1], quality(r) / scale) for r in rows if r["method"] == method]
+            xs, ys = zip(*points, strict=True)
+            filled = "full" if method == "source" or method.endswith(HEALED) or method not in STYLES else "none"
+            ax.plot(xs, ys, linestyle="", color=color, marker=marker, fillstyle=filled, label=method)
+        edge = sorted((step_bytes_of(rows[i], t)[1], quality(rows[i]) / scale) for i in frontier(rows, t))
+        ax.step(*zip(*edge, strict=True), where="post", color="black", alpha=0.4, label="frontier")
+        ax.set_title(f"{t} token(s) per step", fontsize=10)
+        ax.set_xlabel("bytes per step / source's")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    return path
+
+
+def frontier_plot_path(plot: str | Path) -> Path:
+    """Where `convert --plot R.png` writes the frontier plot: R-frontier.png beside it."""
+    plot = Path(plot)
+    return plot.with_name(f"{plot.stem}-frontier{plot.suffix or '.png'}")
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingDependencyError("plots need matplotlib (pip install matplotlib)") from None
+    return plt
 
 
 def recorded_table(conversion: dict) -> str:

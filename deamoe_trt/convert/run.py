@@ -27,7 +27,15 @@ from ..traffic import BYTES_PER_WEIGHT
 from . import baselines
 from .core import ConvertSettings, LayerConversion, convert_layer, expert_agreement, plan_order, score_agreement
 from .heal import heal_layer, heal_lm
-from .metrics import departments_per_token, error_split, layer_step_bytes, lm_quality, relative_error, step_bytes
+from .metrics import (
+    STEP_TOKENS,
+    departments_per_token,
+    error_split,
+    layer_step_bytes,
+    lm_quality,
+    relative_error,
+    step_bytes,
+)
 
 SWEEP = (0.25, 0.5, 0.75)
 
@@ -259,7 +267,9 @@ def _lm_with(lm, layers: list[DeaMoELayer]):
 
 @torch.no_grad()
 def _measure(source: Source, variant: Variant, reference: Source, *, settings: ConvertSettings | None = None) -> dict:
-    errors, agreements, bytes_per_step, source_bytes, split = [], [], 0.0, 0.0, []
+    errors, agreements, split = [], [], []
+    bytes_at = dict.fromkeys(STEP_TOKENS, 0.0)
+    source_at = dict.fromkeys(STEP_TOKENS, 0.0)
     for layer, src, x in zip(variant.layers, reference.layers, reference.heldout, strict=True):
         x = x.to(src.dtype)
         y, y_src = layer(x), src(x)
@@ -268,8 +278,10 @@ def _measure(source: Source, variant: Variant, reference: Source, *, settings: C
         routing = layer.route(x)
         agreements.append(expert_agreement(src.route(x), routing, order))
         split.append(error_split(layer, src, order, x))
-        bytes_per_step += layer_step_bytes(layer, routing)
-        source_bytes += step_bytes(src.config, src.route(x), BYTES_PER_WEIGHT[src.dtype])
+        for tokens in STEP_TOKENS:
+            bytes_at[tokens] += layer_step_bytes(layer, routing, tokens)
+            source_at[tokens] += step_bytes(src.config, src.route(x), BYTES_PER_WEIGHT[src.dtype], tokens)
+    bytes_per_step, source_bytes = bytes_at[1], source_at[1]
     c = variant.layers[0].config
     row = {
         "method": variant.name,
@@ -281,6 +293,9 @@ def _measure(source: Source, variant: Variant, reference: Source, *, settings: C
         "department_score": c.department_score,
         "bytes_per_step": round(bytes_per_step),
         "bytes_vs_source": round(bytes_per_step / source_bytes, 4),
+        # the same at each of STEP_TOKENS tokens per step, keyed by that count
+        "bytes_per_step_at": {str(t): round(b) for t, b in bytes_at.items()},
+        "bytes_vs_source_at": {str(t): round(b / source_at[t], 4) for t, b in bytes_at.items()},
         "relative_error": [round(e, 5) for e in errors],
         "expert_agreement": [round(a, 4) for a in agreements],
         "routing_error": [round(r, 5) for r, _ in split],

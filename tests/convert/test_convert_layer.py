@@ -112,6 +112,19 @@ def test_bytes_per_step_follow_the_spec_formula():
     assert spec[0] == 3 * 64 * (24 + 4 * 24) * 4 + 16 * 64 * 4
 
 
+@pytest.mark.parametrize("tokens", [4, 8])
+def test_bytes_per_step_of_several_tokens_count_each_part_once_per_step(tokens):
+    _, source = planted_source()
+    converted = convert_layer(source, calibration(), ConvertSettings(4, 1, shared_size=24)).layer
+    x = calibration(40, seed=6)
+    routing = converted.route(x)
+    rows = routing.expert_ids.tolist()
+    n = len(rows) // tokens  # a step takes tokens n apart: tokens s, s + n, ... (the remainder is left out)
+    spec = [spec_bytes(converted.config, [set(rows[s + k * n]) for k in range(tokens)], 4) for s in range(n)]
+    assert step_bytes(converted.config, routing, 4, tokens) == pytest.approx(sum(spec) / len(spec))
+    assert step_bytes(converted.config, routing, 4, tokens) > step_bytes(converted.config, routing, 4)
+
+
 def test_clustering_and_alignment_recover_planted_departments_and_shared_neurons():
     planted, source = planted_source()
     # Hide the structure: shuffle experts, and each expert's neurons.

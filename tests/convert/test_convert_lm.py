@@ -99,6 +99,13 @@ def test_convert_cli_writes_a_loadable_model_and_report(vanilla_lm, tmp_path, ca
     for row in rows:
         if row["method"] in BASELINES:
             assert row["bytes_per_step"] <= converted["bytes_per_step"], row["method"]
+    # Bytes at 1, 4 and 8 tokens per step: the one-token count is bytes_per_step; a step of more
+    # tokens reads at least as much; the source's own ratio is 1 at every count.
+    for row in rows:
+        at = row["bytes_per_step_at"]
+        assert set(at) == {"1", "4", "8"} and at["1"] == row["bytes_per_step"]
+        assert at["1"] <= at["4"] <= at["8"], row["method"]
+    assert set(next(r for r in rows if r["method"] == "source")["bytes_vs_source_at"].values()) == {1.0}
 
 
 @pytest.mark.parametrize(
