@@ -29,7 +29,7 @@ LOCAL_HEADERS = (Path(__file__).with_name("deamoe_cpu_model.h"),)
 # The routing is the CUDA kernels' (native/cuda/deamoeRouting.cuh, or the wheel's copy).
 ROUTING_HEADER = "deamoeRouting.cuh"
 FLAGS = ("-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-pthread", "-DNDEBUG")
-ABI_VERSION = 10
+ABI_VERSION = 11
 LIBRARY_NAME = "libdeamoe_cpu.so"
 
 _lib: ctypes.CDLL | None = None
@@ -163,6 +163,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dm_lm_position": (i64, [ptr]),
         "dm_lm_reset": (None, [ptr]),
         "dm_lm_forward": (i32, [ptr, ptr, i64, ptr]),
+        "dm_lm_forward_batch": (i32, [ptr, ptr, i64, ptr]),
         "dm_pack_linear_elems": (i64, [i64, i64]),
         "dm_pack_linear": (i32, [ptr, i64, i64, i64, i32, ptr]),
         "dm_pack_linear_q_bytes": (i64, [i64, i64, i64, i32, i32]),

@@ -1067,7 +1067,7 @@ void busy_job(void* ctx, int, int) {
 
 extern "C" {
 
-int dm_abi_version() { return 10; }
+int dm_abi_version() { return 11; }
 // The int4 code-to-float mode (see kConvert / kSubnormal): set it with 0 or 1 (tests run
 // both), pass -1 to only read it. Returns the mode in force.
 int dm_int4_mode(int mode) {

@@ -437,7 +437,9 @@ struct LmSession {
   std::vector<float> x, xn, q, k, v, attn, o, ffn, scores, scratch, router_logits, router_w;
   Int4Inputs int4;
   std::vector<int64_t> router_ids;
-  int64_t experts = 1, top_k = 1;  // the largest router of the model's DeaMoE blocks
+  int64_t experts = 1, top_k = 1;     // the largest router of the model's DeaMoE blocks
+  std::vector<LmSession*> token_seq;  // per token of a call: its sequence and position
+  std::vector<int64_t> token_pos;
 };
 
 void reserve(LmSession& s, int64_t positions) {
@@ -646,15 +648,44 @@ void reserve_tokens(LmSession& s, int64_t T) {
   s.router_logits.assign(static_cast<size_t>(T * s.experts), 0.0f);
   s.router_ids.assign(static_cast<size_t>(T * s.top_k), 0);
   s.router_w.assign(static_cast<size_t>(T * s.top_k), 0.0f);
+  s.token_seq.assign(static_cast<size_t>(T), nullptr);
+  s.token_pos.assign(static_cast<size_t>(T), 0);
 }
 
-// T tokens at the session's positions P..P+T-1, each projection streamed once for all of
-// them; logits [vocab] of the last one when not null.
-void lm_tokens(LmSession& s, const int64_t* ids, int64_t T, float* logits) {
+// Heads of a batched step's queries, one query per sequence: (token, head) pairs split over
+// the threads. Every token's sequence is a different one, so no two pairs share a cache or
+// a scores row.
+struct BatchAttentionJob {
+  LmSession* const* seqs;
+  const int64_t* pos;
+  int64_t layer, tokens, q_stride;
+  const float* q;
+  float* out;
+};
+
+void batch_attention_job(void* ctx, int tid, int nthreads) {
+  const BatchAttentionJob& j = *static_cast<const BatchAttentionJob*>(ctx);
+  const int64_t heads = j.seqs[0]->m.heads;
+  int64_t b, e;
+  split(j.tokens * heads, tid, nthreads, &b, &e);
+  for (int64_t i = b; i < e;) {
+    const int64_t t = i / heads, h0 = i % heads, h1 = std::min(heads, h0 + (e - i));
+    attention_heads(*j.seqs[t], j.layer, j.pos[t], j.q + t * j.q_stride, j.out + t * j.q_stride, h0, h1);
+    i += h1 - h0;
+  }
+}
+
+// T tokens, token t of sequence seqs[t] at position pos[t], each projection streamed once for
+// all of them: a prompt (one sequence at consecutive positions) or a batched step (one token
+// of each of T different sequences: `distinct`). `work` holds the activations (reserve_tokens
+// for T). Logits: rows 1, the last token's [vocab]; rows T, every token's [T, vocab]; none
+// when null. The sequences' positions are the caller's to advance.
+void lm_tokens(LmSession& work, LmSession* const* seqs, const int64_t* pos, bool distinct, const int64_t* ids,
+               int64_t T, float* logits, int64_t rows) {
+  LmSession& s = work;
   const dm_lm& m = s.m;
-  const int64_t d = m.d, dp = m.dp, hd = m.head_dim, half = hd / 2, p0 = s.position;
+  const int64_t d = m.d, dp = m.dp, hd = m.head_dim, half = hd / 2;
   const int64_t qd = m.heads * hd, kvd = m.kv_heads * hd, qdp = (qd + kPad - 1) / kPad * kPad;
-  reserve_tokens(s, T);
   float* x = s.x.data();
   float* xn = s.xn.data();
   for (int64_t t = 0; t < T; ++t) {
@@ -671,8 +702,10 @@ void lm_tokens(LmSession& s, const int64_t* ids, int64_t T, float* logits) {
                 {rows_of(B.q, xn, dp, s.q.data(), qdp, T), rows_of(B.k, xn, dp, s.k.data(), kvd, T),
                  rows_of(B.v, xn, dp, s.v.data(), kvd, T)}};
     gemv(s.pool, qkv, s.int4);
+    int64_t keys = 0;  // the batch's attention work, to decide whether the pool runs it
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t p = p0 + t;
+      const int64_t p = pos[t];
+      LmSession& seq = *seqs[t];
       float *q = s.q.data() + t * qdp, *k = s.k.data() + t * kvd, *v = s.v.data() + t * kvd;
       if (m.qk_norm == 2) {
         rms_norm(q, B.q_norm, qd, m.eps, q);
@@ -692,16 +725,25 @@ void lm_tokens(LmSession& s, const int64_t* ids, int64_t T, float* logits) {
       const float* sin = m.rope_sin + p * half;
       for (int64_t h = 0; h < m.heads; ++h) rotate(q + h * hd, cos, sin, half);
       for (int64_t h = 0; h < m.kv_heads; ++h) rotate(k + h * hd, cos, sin, half);
-      // Token by token: a sliding block's ring may reuse a slot an earlier token still reads.
       const int64_t slot = B.window ? p % std::min(B.window, m.max_context) : p;
-      std::memcpy(s.kc[l].data() + slot * kvd, k, static_cast<size_t>(kvd) * sizeof(float));
-      std::memcpy(s.vc[l].data() + slot * kvd, v, static_cast<size_t>(kvd) * sizeof(float));
-      AttentionJob aj{&s, l, p, q, s.attn.data() + t * qdp};
+      std::memcpy(seq.kc[l].data() + slot * kvd, k, static_cast<size_t>(kvd) * sizeof(float));
+      std::memcpy(seq.vc[l].data() + slot * kvd, v, static_cast<size_t>(kvd) * sizeof(float));
+      keys += p + 1;
+      if (distinct) continue;  // attention once every sequence's key is in its cache (below)
+      // A prompt's tokens one by one: a sliding block's ring may reuse a slot an earlier token still reads.
+      AttentionJob aj{&seq, l, p, q, s.attn.data() + t * qdp};
       // Few keys: the pool's fork/join would cost more than the heads.
       if (s.pool->size() == 1 || (p + 1) * m.heads * hd < 65536)
         attention_job(&aj, 0, 1);
       else
         s.pool->run_slices(attention_job, &aj, step_slices(s.pool->size()));
+    }
+    if (distinct) {
+      BatchAttentionJob bj{seqs, pos, l, T, qdp, s.q.data(), s.attn.data()};
+      if (s.pool->size() == 1 || keys * m.heads * hd < 65536)
+        batch_attention_job(&bj, 0, 1);
+      else
+        s.pool->run_slices(batch_attention_job, &bj, step_slices(s.pool->size()));
     }
     GemvJob out{m.dtype, 1, {rows_of(B.o, s.attn.data(), qdp, s.o.data(), d, T)}};
     gemv(s.pool, out, s.int4);
@@ -719,14 +761,13 @@ void lm_tokens(LmSession& s, const int64_t* ids, int64_t T, float* logits) {
     for (int64_t t = 0; t < T; ++t)
       for (int64_t i = 0; i < d; ++i) x[t * dp + i] += m.residual_multiplier * y[t * d + i];
   }
-  s.position += T;
   if (!logits) return;
-  float* last = xn + (T - 1) * dp;
-  rms_norm(x + (T - 1) * dp, m.final_norm, d, m.eps, last);
-  GemvJob head{m.dtype, 1, {rows_of(m.head, last, dp, logits, m.vocab, 1)}};
+  const int64_t first = T - rows;
+  for (int64_t t = first; t < T; ++t) rms_norm(x + t * dp, m.final_norm, d, m.eps, xn + t * dp);
+  GemvJob head{m.dtype, 1, {rows_of(m.head, xn + first * dp, dp, logits, m.vocab, rows)}};
   gemv(s.pool, head, s.int4);
   if (m.logits_scaling != 1.0f)
-    for (int64_t i = 0; i < m.vocab; ++i) logits[i] /= m.logits_scaling;
+    for (int64_t i = 0; i < rows * m.vocab; ++i) logits[i] /= m.logits_scaling;
 }
 
 int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
@@ -868,7 +909,52 @@ int dm_lm_forward(void* session, const int64_t* ids, int64_t tokens, float* logi
   } catch (...) {
     return -4;
   }
-  lm_tokens(s, ids, tokens, logits);
+  for (int64_t t = 0; t < tokens; ++t) {
+    s.token_seq[t] = &s;
+    s.token_pos[t] = s.position + t;
+  }
+  lm_tokens(s, s.token_seq.data(), s.token_pos.data(), false, ids, tokens, logits, 1);
+  s.position += tokens;
+  return 0;
+}
+
+// One token for each of n sequences (sessions of dm_lm_create over one model and pool, each
+// named once) in one step: every weight is read once for all n, each token attends over its
+// own sequence's cache at its own position. logits [n, vocab] fp32, row i for sessions[i].
+// -1: bad arguments; -2: a sequence's context would overflow; -3: an id outside the
+// vocabulary; -4: out of memory; -5: a session named twice or of another model. Nothing
+// changes on an error.
+int dm_lm_forward_batch(void* const* sessions, const int64_t* ids, int64_t n, float* logits) {
+  if (n < 1 || !sessions || !ids || !logits) return -1;
+  for (int64_t i = 0; i < n; ++i)
+    if (!sessions[i]) return -1;
+  auto& work = *static_cast<LmSession*>(sessions[0]);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& s = *static_cast<const LmSession*>(sessions[i]);
+    if (s.m.blocks != work.m.blocks || s.m.embed != work.m.embed || s.pool != work.pool) return -5;
+    for (int64_t j = 0; j < i; ++j)
+      if (sessions[j] == sessions[i]) return -5;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& s = *static_cast<const LmSession*>(sessions[i]);
+    if (s.position + 1 > s.m.max_context) return -2;
+    if (ids[i] < 0 || ids[i] >= s.m.vocab) return -3;
+  }
+  try {
+    for (int64_t i = 0; i < n; ++i) {
+      auto& s = *static_cast<LmSession*>(sessions[i]);
+      reserve(s, s.position + 1);
+    }
+    reserve_tokens(work, n);
+  } catch (...) {
+    return -4;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    work.token_seq[i] = static_cast<LmSession*>(sessions[i]);
+    work.token_pos[i] = work.token_seq[i]->position;
+  }
+  lm_tokens(work, work.token_seq.data(), work.token_pos.data(), true, ids, n, logits, n);
+  for (int64_t i = 0; i < n; ++i) static_cast<LmSession*>(sessions[i])->position += 1;
   return 0;
 }
 

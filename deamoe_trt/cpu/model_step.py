@@ -5,6 +5,10 @@ attention, DeaMoE FFNs on the kernel, head, with no Python between the layers.
     decoder = NativeDecoder(model)     # packs every weight once
     logits = decoder.prefill(ids)      # then decoder.step(token), as any Decoder
 
+Several sequences decode together through dm_lm_forward_batch (runtimes.cpu_kernel's
+NativeBatchDecoder): one C call steps them all, every weight read once for the batch, each
+token attending over its own sequence's cache at its own position.
+
 Weights outside the FFNs are held in the model's dtype when it is float32 or float16
 (a bfloat16 model's in float32, exactly; its FFNs in float16, as the kernel runs them);
 projections quantized in the checkpoint (`quantized_linears`: attention, dense MLPs, head)

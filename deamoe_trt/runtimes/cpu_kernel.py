@@ -18,6 +18,8 @@ the time of a decode step outside the FFNs.
 from __future__ import annotations
 
 import copy
+import ctypes
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -26,7 +28,7 @@ from ..cpu.layer import CpuDeaMoE, _single_threaded_torch
 from ..cpu.model_step import NativeDecoder, NativeModel, unsupported
 from ..errors import DeaMoEError, UsageError, one_line
 from ..lm.model import DeaMoELM, KVCache, check_twin
-from .base import DecoderPool, Prepared, RuntimeBase
+from .base import BatchDecoder, DecoderPool, Prepared, RuntimeBase, Slots
 
 
 class CpuKernelRuntime(RuntimeBase):
@@ -60,6 +62,18 @@ class CpuKernelRuntime(RuntimeBase):
     def decoder_pool(self, model, *, threads=None, size=1, twin="deamoe", step="native", **options) -> DecoderPool:
         shared = cpu_decoder(model, threads=threads, twin=twin, step=step)
         return DecoderPool(shared.fork, keep_alive=shared)
+
+    def batch_decoder(
+        self, model, *, max_sequences, threads=None, twin="deamoe", step="native", **options
+    ) -> BatchDecoder:
+        """step "native" and a model the native step runs: NativeBatchDecoder (one C call a
+        step for every sequence); otherwise the serial fallback over pooled decoders."""
+        if step not in STEPS:
+            raise UsageError(f"step must be one of {', '.join(STEPS)}, got {step!r}")
+        if step == "native" and unsupported(model.config) is None:
+            Slots(max_sequences, model.config.max_position_embeddings)  # refuses a bad size before packing
+            return NativeBatchDecoder(NativeModel(model, threads=threads, twin=twin), max_sequences)
+        return super().batch_decoder(model, max_sequences=max_sequences, threads=threads, twin=twin, step=step)
 
 
 STEPS = ("native", "torch")
@@ -137,6 +151,78 @@ def _float32_outside_moe(model: DeaMoELM) -> DeaMoELM:
     twin.load_state_dict(state, assign=True)
     twin.tie_weights()
     return twin.materialize_rope()
+
+
+class NativeBatchDecoder:
+    """The BatchDecoder protocol (deamoe_trt.runtimes.base) on the native step: up to
+    max_sequences sequences over one NativeModel, each a native session (its KV cache and
+    position), stepped together by dm_lm_forward_batch."""
+
+    name = "cpu-native"
+
+    def __init__(self, model: NativeModel, max_sequences: int):
+        self.model = model
+        self.lib = model.lib
+        self.max_context = model.config.max_position_embeddings
+        self.vocab = model.config.vocab_size
+        self.slots = Slots(max_sequences, self.max_context)
+        self.max_sequences = max_sequences
+        self._sessions: dict[int, int] = {}  # slot -> native session, made at its first open
+        self._logits = np.empty((max_sequences, self.vocab), dtype=np.float32)
+        self._handles = (ctypes.c_void_p * max_sequences)()
+
+    def _session(self, slot: int) -> int:
+        if slot not in self._sessions:
+            handle = self.lib.dm_lm_create(ctypes.byref(self.model.desc), self.model.pool.handle)
+            if not handle:
+                raise DeaMoEError("the native CPU step refused the packed model (its sizes do not match)")
+            self._sessions[slot] = handle
+        return self._sessions[slot]
+
+    def _check_ids(self, ids: Sequence[int]) -> np.ndarray:
+        arr = np.ascontiguousarray(ids, dtype=np.int64)
+        bad = [int(i) for i in arr if not 0 <= i < self.vocab]
+        if bad:
+            raise UsageError(f"token id {bad[0]} is outside the vocabulary of {self.vocab}")
+        return arr
+
+    def open(self, ids: list[int]) -> tuple[int, np.ndarray]:
+        slot = self.slots.check_open(list(ids))
+        arr = self._check_ids(ids)
+        handle = self._session(slot)
+        self.lib.dm_lm_reset(handle)
+        self.model.pool.wake()
+        code = self.lib.dm_lm_forward(handle, arr.ctypes.data, arr.size, self._logits.ctypes.data)
+        if code != 0:
+            raise DeaMoEError(f"the native CPU step failed (code {code})")
+        self.slots.lengths[slot] = arr.size
+        return slot, self._logits[0].copy()
+
+    def step(self, seqs: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        self.slots.check_step(seqs, tokens)
+        arr = self._check_ids(tokens)
+        for i, seq in enumerate(seqs):
+            self._handles[i] = self._sessions[seq]
+        self.model.pool.wake()
+        code = self.lib.dm_lm_forward_batch(self._handles, arr.ctypes.data, len(seqs), self._logits.ctypes.data)
+        if code != 0:
+            raise DeaMoEError(f"the native CPU batched step failed (code {code})")
+        for seq in seqs:
+            self.slots.lengths[seq] += 1
+        return self._logits[: len(seqs)].copy()
+
+    def close(self, seq: int) -> None:
+        self.slots.check_close(seq)
+        del self.slots.lengths[seq]  # the session stays, its memory kept for the next open
+
+    def length(self, seq: int) -> int:
+        self.slots.check_close(seq)
+        return self.slots.lengths[seq]
+
+    def __del__(self):
+        sessions, self._sessions = getattr(self, "_sessions", {}), {}
+        for handle in sessions.values():
+            self.lib.dm_lm_destroy(handle)
 
 
 RUNTIME = CpuKernelRuntime()
