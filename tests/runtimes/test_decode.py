@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from deamoe_trt.errors import UsageError
-from deamoe_trt.runtimes.decode import Sampling, generate, pick, timing_table
+from deamoe_trt.runtimes.decode import Sampling, batch_table, generate, generate_batch, pick, timing_table
 from deamoe_trt.runtimes.torch import TorchDecoder
 
 
@@ -51,3 +51,43 @@ def test_bad_prompts(micro_model):
         generate(TorchDecoder(micro_model), [65] * n, 5)
     with pytest.raises(UsageError, match="temperature"):
         Sampling(temperature=-1)
+
+
+@pytest.mark.parametrize("runtime", ["torch", "cpu"])
+def test_a_continuous_batch_gives_each_prompt_what_it_gets_alone(micro_model, runtime):
+    from deamoe_trt import runtimes
+
+    rt = runtimes.get(runtime)
+    if rt.available() is not None:
+        pytest.skip(rt.available())
+    n = micro_model.config.max_position_embeddings
+    # Four prompts through two slots: the third and fourth join as the first two leave; the
+    # last one stops where its context fills up.
+    prompts = [list(b"Anne"), [70], list(b"a longer prompt"), [66] * (n - 4)]
+    sampling = Sampling(temperature=0.8, top_k=8, seed=5)
+    batch = rt.batch_decoder(micro_model, max_sequences=2, threads=1)
+    seen: list[tuple[int, int]] = []
+    run = generate_batch(batch, prompts, 9, sampling=sampling, on_token=lambda i, t: seen.append((i, t)))
+    assert max(run.step_sizes) == 2 and min(run.step_sizes) >= 1
+    for i, (prompt, result) in enumerate(zip(prompts, run.results, strict=True)):
+        alone = generate(rt.decoder(micro_model, threads=1), prompt, 9, sampling=sampling)
+        assert result.prompt_ids == prompt
+        assert result.new_ids == alone.new_ids
+        assert result.stopped == alone.stopped
+        assert [t for j, t in seen if j == i] == result.new_ids
+        assert len(result.step_s) == len(result.new_ids) - 1
+    assert run.results[3].stopped == "context" and len(run.results[3].new_ids) == 4
+    assert run.new_tokens == 9 * 3 + 4 and run.tokens_per_s > 0
+    assert "aggregate" in batch_table(run)
+
+
+def test_a_batch_with_nothing_to_do_or_too_many_at_once_is_refused(micro_model):
+    from deamoe_trt import runtimes
+
+    batch = runtimes.get("torch").batch_decoder(micro_model, max_sequences=2)
+    with pytest.raises(UsageError, match="no prompts to decode"):
+        generate_batch(batch, [], 5)
+    with pytest.raises(UsageError, match="max_sequences must be from 1 to the batch decoder's 2, got 3"):
+        generate_batch(batch, [[65]], 5, max_sequences=3)
+    with pytest.raises(UsageError, match="the prompt is empty"):
+        generate_batch(batch, [[65], []], 5)
