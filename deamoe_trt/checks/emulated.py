@@ -60,3 +60,33 @@ def build_emulated_library(output: Path) -> Path:
     if result.returncode != 0:
         raise RuntimeError(f"compiling {output.name} failed:\n{result.stderr[-4000:]}")
     return output
+
+
+def cached_emulated_library() -> Path:
+    """The emulated library built once per source: under deamoe_trt.native.cache_dir()/
+    cuda-emulated/<hash of the kernel and emulator sources, the CUDA headers and the compiler>/
+    (a build to a temporary name, renamed), so each process after the first loads it at once."""
+    import hashlib
+    import tempfile
+
+    from ..cuda._sources import kernel_sources
+    from ..native import cache_dir
+
+    cxx, include = find_cxx(), find_cuda_include()
+    digest = hashlib.sha256()
+    files = [*kernel_sources(KERNEL_DIR), *sorted(EMULATOR_DIR.glob("*"))]
+    if include is not None:
+        files += sorted(path for path in include.glob("cuda_*.h*") if path.is_file())
+    for file in files:
+        if file.is_file():
+            digest.update(file.name.encode())
+            digest.update(file.read_bytes())
+    digest.update(f"{cxx} {include}".encode())
+    library = cache_dir() / "cuda-emulated" / digest.hexdigest()[:16] / "libdeamoe_emulated.so"
+    if library.is_file():
+        return library
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
+        built = build_emulated_library(Path(scratch) / library.name)
+        os.replace(built, library)
+    return library

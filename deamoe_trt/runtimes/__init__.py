@@ -1,7 +1,7 @@
 """The runtimes that run deamoe-trt's layers and models, behind one interface (`base.Runtime`).
 
     from deamoe_trt import runtimes
-    runtimes.names()                     # ('torch', 'cpu', 'cuda', 'ort', 'tensorrt')
+    runtimes.names()                     # ('torch', 'cpu', 'cuda', 'cuda-emulated', 'ort', 'tensorrt')
     rt = runtimes.get("cpu")
     reason = rt.available()              # None, or one line saying what is missing here
     fast = rt.prepare(layer, threads=4)  # a base.Prepared: fast(x) is like layer(x)
@@ -28,6 +28,7 @@ _MODULES = {
     "torch": "torch",
     "cpu": "cpu_kernel",
     "cuda": "cuda",
+    "cuda-emulated": "cuda_emulated",
     "ort": "onnxruntime",
     "tensorrt": "tensorrt",
 }

@@ -1,5 +1,10 @@
 """The DeaMoE CUDA kernels (deamoe_trt.cuda) as a runtime, on a GPU or, for checks of the flow
-on any machine, on the CPU through the SIMT-emulated library (`CudaRuntime.emulated`).
+on any machine, on the CPU through the SIMT-emulated library (`CudaRuntime.emulated`; the
+runtime "cuda-emulated": slow, for checks).
+
+Language models decode on runtimes.cuda_decoder.CudaBatchDecoder: the whole model on one
+device, the DeaMoE FFNs on the kernels, one CUDA graph per step (its docstring says which
+parts run on PyTorch ops); `decoder` is its one-sequence case.
 
 Besides the runtime interface it offers what a device check needs of the kernels: their
 routing and router logits, programmatic launch, timing of each call (CUDA events on the
@@ -14,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .base import Prepared, RuntimeBase
+from .base import DecoderPool, OneSequence, Prepared, RuntimeBase
 
 
 class CudaRuntime(RuntimeBase):
@@ -22,6 +27,8 @@ class CudaRuntime(RuntimeBase):
     label = "deamoe-trt CUDA kernels"
 
     def __init__(self, *, library: str | None = None, emulated: bool = False):
+        if emulated:
+            self.name, self.label = "cuda-emulated", "deamoe-trt CUDA kernels (SIMT emulator, CPU)"
         self.library = library  # a built library; None: deamoe_trt.cuda.load_library's search/build
         self.is_emulated = emulated
         self.device = torch.device("cpu" if emulated else "cuda")
@@ -49,11 +56,10 @@ class CudaRuntime(RuntimeBase):
             self.require()
             started = time.perf_counter()
             if self.is_emulated:
-                from ..checks.emulated import build_emulated_library
+                from ..checks.emulated import cached_emulated_library
                 from ..cuda import bind
 
-                default = Path("/tmp") / "deamoe_gpu_check_dry_run" / "libdeamoe_emulated.so"
-                path = Path(self.library) if self.library else build_emulated_library(default)
+                path = Path(self.library) if self.library else cached_emulated_library()
                 self._lib = bind(ctypes.CDLL(str(path)))
                 self.library_path = str(path)
             else:
@@ -161,6 +167,21 @@ class CudaRuntime(RuntimeBase):
             to_torch=lambda y: y.cpu(),
             info={"library": self.library_path, "device": str(target)},
         )
+
+    def batch_decoder(self, model, *, max_sequences: int, threads=None, twin="deamoe", **options):
+        """The whole model on this runtime's device for up to max_sequences sequences a step
+        (runtimes.cuda_decoder.CudaBatchDecoder; options: max_context, graphs)."""
+        from .cuda_decoder import CudaBatchDecoder
+
+        self.require()
+        return CudaBatchDecoder(self, model, max_sequences=max_sequences, twin=twin, **options)
+
+    def decoder(self, model, *, threads=None, twin="deamoe", **options) -> OneSequence:
+        return OneSequence(self.batch_decoder(model, max_sequences=1, twin=twin, **options))
+
+    def decoder_pool(self, model, *, threads=None, size=1, twin="deamoe", **options) -> DecoderPool:
+        """size one-sequence decoders, each with its own copy of the model on the device."""
+        return DecoderPool(lambda: self.decoder(model, twin=twin, **options))
 
 
 RUNTIME = CudaRuntime()

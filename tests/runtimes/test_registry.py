@@ -8,14 +8,15 @@ from deamoe_trt import PRESETS, DeaMoELayer, MissingDependencyError, UsageError,
 
 
 def test_names_lists_every_runtime_and_get_returns_it():
-    assert runtimes.names() == ("torch", "cpu", "cuda", "ort", "tensorrt")
+    assert runtimes.names() == ("torch", "cpu", "cuda", "cuda-emulated", "ort", "tensorrt")
     for name in runtimes.names():
         runtime = runtimes.get(name)
         assert runtime.name == name and runtime.label and runtime.dtypes
 
 
 def test_an_unknown_name_is_one_line_naming_the_choices():
-    with pytest.raises(UsageError, match="unknown runtime 'nope'; choose one of: torch, cpu, cuda, ort, tensorrt"):
+    choices = "torch, cpu, cuda, cuda-emulated, ort, tensorrt"
+    with pytest.raises(UsageError, match=f"unknown runtime 'nope'; choose one of: {choices}"):
         runtimes.get("nope")
 
 
@@ -50,5 +51,18 @@ def test_a_dtype_the_runtime_does_not_run_is_one_line(name):
 
 
 def test_a_runtime_without_a_decoder_says_so():
-    with pytest.raises(UsageError, match="does not decode language models"):
+    from deamoe_trt.runtimes.base import RuntimeBase
+
+    class LayersOnly(RuntimeBase):
+        label = "layers only"
+
+    with pytest.raises(UsageError, match="layers only does not decode language models"):
+        LayersOnly().decoder(None)
+
+
+def test_the_cuda_runtime_refuses_to_decode_without_a_gpu_in_one_line():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    with pytest.raises(MissingDependencyError, match="needs a CUDA GPU") as caught:
         runtimes.get("cuda").decoder(None)
+    assert "\n" not in str(caught.value)
