@@ -22,7 +22,7 @@ class ConfigError(UsageError, ValueError):
 
 @dataclass(frozen=True)
 class DeaMoEConfig:
-    """Sizes and routing of one DeaMoE layer (see ../shared/deamoe-spec.md, "The layer").
+    """Sizes and routing of one DeaMoE layer (see docs/spec.md, "Sizes" and "The layer").
 
     Spec symbols: d = hidden_size, D = num_departments, m = experts_per_department,
     f_s = shared_intermediate_size, f_p = private_intermediate_size, k = top_k,

@@ -3,7 +3,7 @@
 A vanilla top-k MoE is the DeaMoE layer with one department (D = 1, g = 1) and no shared
 neurons; DeepSeek-V3's group-limited routing is the layer with D = n_group departments,
 g = topk_group, sigmoid scores, a selection bias and sum-of-top-2 department scores
-(see ../shared/deamoe-spec.md, "Special cases"). Importing copies the router, the experts
+(see docs/spec.md, "Special cases"). Importing copies the router, the experts
 and the always-on shared experts into the spec's canonical tensors; nothing is trained
 or approximated, so the DeaMoE layer's outputs equal the Hugging Face block's.
 

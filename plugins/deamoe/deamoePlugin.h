@@ -1,5 +1,5 @@
 /*
- * DeaMoE TensorRT plugin (IPluginV3): one DeaMoE layer of ../../../shared/deamoe-spec.md as
+ * DeaMoE TensorRT plugin (IPluginV3): one DeaMoE layer of docs/spec.md as
  * one TensorRT layer. It consumes the ONNX node described in README.md (op_type DeaMoE,
  * plugin name/version/namespace DeaMoE/1/"") and runs deamoe::forward (deamoeKernels.h).
  *
