@@ -4,6 +4,10 @@
 already exported with `deamoe-trt export-lm` instead: the checkpoint is read for its config
 (checked against the file's) and tokenizer only, so the process holds the model once, in
 ONNX Runtime (a model too large to hold twice).
+
+Several prompts (--prompt again, or --prompts-file with one a line) decode together on the
+runtime's batch decoder: up to --max-sequences at once, a prompt joining as another ends;
+each one's text, then a table of each sequence's timings and the batch's tokens/s.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import argparse
 from ..lm.model import TWINS
 from . import args as common
 
-RUNTIMES = ("torch", "ort", "cpu")
+RUNTIMES = ("torch", "ort", "cpu", "cuda", "cuda-emulated")
 
 
 def twin_list(text: str) -> list[str]:
@@ -33,7 +37,23 @@ def register(subparsers) -> None:
         "generate", help="generate text from a language-model checkpoint and time each token", description=__doc__
     )
     common.add_checkpoint(parser, help="language-model checkpoint directory (e.g. deamoe_trt/lm/data/tiny-lm)")
-    parser.add_argument("--prompt", required=True, help="text to continue (characters the model's tokenizer knows)")
+    parser.add_argument(
+        "--prompt",
+        action="append",
+        default=[],
+        help="text to continue (characters the model's tokenizer knows); again for several prompts",
+    )
+    parser.add_argument(
+        "--prompts-file",
+        metavar="FILE",
+        help="prompts to continue, one a line (blank lines skipped), after any --prompt",
+    )
+    parser.add_argument(
+        "--max-sequences",
+        type=common.positive_int,
+        default=None,
+        help="with several prompts: the most decoded together (default: all of them, up to 256)",
+    )
     parser.add_argument(
         "--max-new-tokens", type=common.positive_int, default=200, help="tokens to generate (default 200)"
     )
@@ -41,7 +61,9 @@ def register(subparsers) -> None:
         "--runtime",
         choices=RUNTIMES,
         default=None,
-        help="torch (reference, default), ort (ONNX Runtime CPU) or cpu (FFNs on deamoe-trt's CPU kernel)",
+        help="torch (reference, default), ort (ONNX Runtime CPU), cpu (FFNs on deamoe-trt's CPU kernel), cuda "
+        "(the whole model on a CUDA GPU, FFNs on deamoe-trt's CUDA kernels) or cuda-emulated (the same on the CPU "
+        "under the SIMT emulator: slow, for checks)",
     )
     parser.add_argument(
         "--onnx",
@@ -89,7 +111,20 @@ def _run(args) -> int:
         if args.runtime not in (None, "ort"):
             raise UsageError(f"--onnx runs the file on ONNX Runtime; drop --runtime {args.runtime} or --onnx")
         return _run_onnx(args)
+    if args.runtime is not None and args.runtime.startswith("cuda"):
+        from .. import runtimes
+
+        reason = runtimes.get(args.runtime).available()
+        if reason is not None:  # before the checkpoint is read: nothing to run it on
+            raise UsageError(f"--runtime {args.runtime} {reason}")
+    args.prompts = _prompts(args)
     loaded = load_lm(args.checkpoint)
+    if len(args.prompts) > 1:
+        runtime = args.runtime or "torch"
+        batches = (
+            (name, lambda name=name: _batch_decoder(runtime, loaded.model.twin(name), args)) for name in args.twin
+        )
+        return _generate_batch(args, loaded.tokenizer, loaded.model.config, batches)
     prompt, prompt_ids = _prompt(args, loaded.tokenizer, loaded.model.config)
     decoders = (
         (name, lambda name=name: _decoder(args.runtime or "torch", loaded.model.twin(name), args.threads))
@@ -123,17 +158,54 @@ def _run_onnx(args) -> int:
     if args.twin != [info.twin]:
         raise UsageError(f"{path} holds the {info.twin} model; --twin {','.join(args.twin)} needs its own export")
     tokenizer = header["tokenizer"]
+    args.prompts = _prompts(args)
+    if len(args.prompts) > 1:
+        from ..runtimes.base import DecoderPool, SerialBatchDecoder
+
+        def batch():
+            session = make_lm_session(path, threads=args.threads)
+            pool = DecoderPool(lambda: OrtDecoder(session, info), keep_alive=session)
+            return SerialBatchDecoder(pool, _max_sequences(args))
+
+        return _generate_batch(args, tokenizer, config, [(info.twin, batch)])
     prompt, prompt_ids = _prompt(args, tokenizer, config)
     decoders = [(info.twin, lambda: OrtDecoder(make_lm_session(path, threads=args.threads), info))]
     return _generate(args, tokenizer, prompt, prompt_ids, decoders)
 
 
-def _prompt(args, tokenizer, config) -> tuple[str, list[int]]:
-    """The prompt (in the chat template with --chat) and its token ids, checked against the context."""
+def _prompts(args) -> list[str]:
+    """Every prompt: the --prompt ones, then the lines of --prompts-file; at least one."""
+    from ..errors import UsageError
+
+    prompts = list(args.prompt)
+    if args.prompts_file is not None:
+        try:
+            with open(args.prompts_file, encoding="utf-8") as f:
+                prompts += [line.rstrip("\r\n") for line in f if line.strip()]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read the prompts file {args.prompts_file}: {exc}") from None
+    if not prompts:
+        raise UsageError("give a prompt: --prompt TEXT (again for several) or --prompts-file FILE")
+    return prompts
+
+
+def _max_sequences(args) -> int:
+    """The most sequences decoded together: --max-sequences, else every prompt (up to the maximum)."""
+    from ..errors import UsageError
+    from ..runtimes.base import MAX_SEQUENCES
+
+    if args.max_sequences is not None and args.max_sequences > MAX_SEQUENCES:
+        raise UsageError(f"--max-sequences is at most {MAX_SEQUENCES}, got {args.max_sequences}")
+    return min(args.max_sequences or MAX_SEQUENCES, len(args.prompts))
+
+
+def _prompt(args, tokenizer, config, prompt: str | None = None) -> tuple[str, list[int]]:
+    """The prompt (args' only one unless given; in the chat template with --chat) and its
+    token ids, checked against the context."""
     from ..errors import UsageError
     from ..runtimes.decode import check_prompt
 
-    prompt = args.prompt
+    prompt = args.prompts[0] if prompt is None else prompt
     if args.chat:
         chat = getattr(tokenizer, "chat", None)
         if chat is None:
@@ -182,6 +254,34 @@ class _Stream:
         if text.startswith(self.shown) and not text.endswith("\ufffd"):
             print(text[len(self.shown) :], end="", flush=True)
             self.shown = text
+
+
+def _generate_batch(args, tokenizer, config, batches) -> int:
+    """Decode every prompt together with each (model name, batch decoder factory) in turn:
+    each prompt's text once the batch is done, then the table."""
+    from ..runtimes.decode import batch_table, generate_batch, warm_up_batch
+
+    prompts = [_prompt(args, tokenizer, config, p) for p in args.prompts]
+    sampling, limit = args.sampling, _max_sequences(args)
+    tables = []
+    for name, make in batches:
+        batch = make()
+        warm_up_batch(batch, prompts[0][1], limit)
+        print(f"--- {name} on {batch.name}, {sampling.describe()}, {len(prompts)} prompts, {limit} at most at once")
+        run = generate_batch(batch, [ids for _, ids in prompts], args.max_new_tokens, sampling=sampling, model=name)
+        for i, ((text, _), result) in enumerate(zip(prompts, run.results, strict=True)):
+            note = " (stopped: the context is full)" if result.stopped == "context" else ""
+            print(f"[{i}] {text}{tokenizer.decode(result.new_ids)}{note}")
+        print()
+        tables.append(batch_table(run))
+    print("\n\n".join(tables))
+    return 0
+
+
+def _batch_decoder(runtime: str, model, args):
+    from .. import runtimes
+
+    return runtimes.get(runtime).batch_decoder(model, max_sequences=_max_sequences(args), threads=args.threads)
 
 
 def _decoder(runtime: str, model, threads: int):

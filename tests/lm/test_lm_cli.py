@@ -145,3 +145,30 @@ def test_plugin_export_of_a_quantized_language_model_carries_the_codes(int4_chec
     for node in nodes:
         attributes = {a.name: a.i for a in node.attribute if a.name.startswith("weight_")}
         assert attributes == {"weight_bits": 4, "weight_group_size": 16}
+
+
+@pytest.mark.parametrize("runtime", ["torch", "cpu"])
+def test_generate_decodes_several_prompts_together_as_each_alone(micro_checkpoint, tmp_path, capsys, runtime):
+    from deamoe_trt import runtimes
+    from deamoe_trt.runtimes.decode import generate
+
+    if runtimes.get(runtime).available() is not None:
+        pytest.skip(runtimes.get(runtime).available())
+    prompts_file = tmp_path / "prompts.txt"
+    prompts_file.write_text("The cat\n\nOnce\n", encoding="utf-8")
+    args = ["generate", str(micro_checkpoint), "--prompt", "Anne", "--prompt", "B", "--prompts-file", str(prompts_file)]
+    assert main([*args, "--max-new-tokens", "8", "--max-sequences", "2", "--runtime", runtime]) == 0
+    out = capsys.readouterr().out
+    loaded = load_lm(micro_checkpoint)
+    for i, prompt in enumerate(["Anne", "B", "The cat", "Once"]):
+        ids = loaded.tokenizer.encode(prompt)
+        alone = generate(runtimes.get(runtime).decoder(loaded.model, threads=1), ids, 8).new_ids
+        assert f"[{i}] {prompt}{loaded.tokenizer.decode(alone)}\n" in out
+    assert "4 sequences, at most 2 at once" in out and "tokens/s aggregate" in out
+
+
+def test_generate_without_a_prompt_is_one_line(micro_checkpoint, tmp_path, capsys):
+    assert main(["generate", str(micro_checkpoint)]) == 2
+    assert main(["generate", str(micro_checkpoint), "--prompts-file", str(tmp_path / "none.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "give a prompt: --prompt TEXT" in err and "cannot read the prompts file" in err
