@@ -113,6 +113,21 @@ def add_output(
     parser.add_argument("-o", "--output", required=required, metavar="PATH", type=kind, help=help)
 
 
+def add_force(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a non-empty output directory that is not this command's own output",
+    )
+
+
+def note(text: str) -> None:
+    """One line on stderr that is not an error: what a command did beside its output."""
+    import sys
+
+    print(f"note: {text}", file=sys.stderr)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one line naming the command and where help is."""
 

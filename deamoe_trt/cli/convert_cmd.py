@@ -18,7 +18,7 @@ def register(subparsers) -> None:
         "convert", help="convert a trained vanilla MoE into a DeaMoE (departments + shared parts)", description=__doc__
     )
     common.add_checkpoint(parser, name="source", help="layer/stack or language-model checkpoint of a vanilla MoE")
-    common.add_output(parser, help="checkpoint directory to write (same kind as the source)")
+    common.add_output(parser, help="checkpoint directory to write (same kind as the source)", directory=True)
     parser.add_argument(
         "--departments", type=common.positive_int, required=True, metavar="D", help="D (divides the experts)"
     )
@@ -101,10 +101,13 @@ def register(subparsers) -> None:
         help="end-to-end healing device; under torchrun each process heals on its share of every batch "
         "(gloo on cpu, NCCL on cuda)",
     )
-    parser.add_argument("--report", metavar="R.json", help="write the comparison report as JSON")
+    parser.add_argument(
+        "--report", metavar="R.json", type=common.writable_path, help="write the comparison report as JSON"
+    )
     parser.add_argument(
         "--plot",
         metavar="R.png",
+        type=common.writable_path,
         help="also convert at shared fractions 0.25/0.5/0.75 and plot quality against it; R-frontier.png "
         "beside it: quality against bytes per step at 1, 4 and 8 tokens per step, with the frontier",
     )
@@ -116,6 +119,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--threads", type=common.positive_int, default=1, help="torch CPU threads (default 1)")
     common.add_seed(parser)
+    common.add_force(parser)
     parser.set_defaults(func=run)
 
 
@@ -129,7 +133,7 @@ def run(args) -> int:
 def _run(args) -> int:
     import torch
 
-    from .._io import atomic_write_text
+    from .._io import atomic_write_text, replaced_directory
     from ..convert.core import ConvertSettings
     from ..convert.distill import init_distributed
     from ..convert.metrics import STEP_TOKENS
@@ -139,6 +143,8 @@ def _run(args) -> int:
     from ..errors import UsageError
     from ..lm.checkpoint import is_lm_checkpoint
 
+    is_lm = is_lm_checkpoint(args.source)
+    ours = _check_outputs(args, is_lm)
     torch.manual_seed(args.seed)
     settings = ConvertSettings(
         departments=args.departments,
@@ -159,7 +165,6 @@ def _run(args) -> int:
     rank, _ = init_distributed(args.heal_device)
     if args.heal_device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--heal-device cuda: no CUDA device is visible")
-    is_lm = is_lm_checkpoint(args.source)
     data = None
     if is_lm:
         from ..lm.checkpoint import load_lm, read_lm_header
@@ -221,14 +226,17 @@ def _run(args) -> int:
         "expert_order": [order.tolist() for order in result.orders],
         "report": [r for r in kept if r["method"] in ("source", result.name)],
     }
-    if is_lm:
-        out = result.lm.save_pretrained(args.output, tokenizer=loaded.tokenizer, training={"conversion": summary})
-    else:
-        from ..layer import DeaMoEStack
+    what = "language-model checkpoint" if is_lm else "layer checkpoint"
+    with replaced_directory(args.output, ours, what, force=args.force, note=common.note) as staging:
+        if is_lm:
+            result.lm.save_pretrained(staging, tokenizer=loaded.tokenizer, training={"conversion": summary})
+        else:
+            from ..layer import DeaMoEStack
 
-        converted = DeaMoEStack.from_layers(result.layers)
-        converted.source = summary
-        out = converted.save_pretrained(args.output)
+            converted = DeaMoEStack.from_layers(result.layers)
+            converted.source = summary
+            converted.save_pretrained(staging)
+    out = args.output
     print(report_table(report, fraction=result.fraction))
     if args.report:
         atomic_write_text(args.report, json.dumps(report, indent=2) + "\n")
@@ -242,6 +250,22 @@ def _run(args) -> int:
         print(f"wrote {write_frontier_plot(report, frontier_plot_path(args.plot))}")
     print(f"wrote {out} ({result.name}, department score {result.layers[0].config.department_score})")
     return 0
+
+
+def _check_outputs(args, is_lm: bool):
+    """The output and reports checked before any work: none of them the source or inside it,
+    and an existing output directory replaceable (ours, of the same kind, or --force). The
+    test of "ours" for the output's kind."""
+    from .._io import check_not_input, check_replaceable, json_format_is
+    from ..checkpoint import FORMAT
+    from ..lm.checkpoint import FORMAT as LM_FORMAT
+
+    for flag, path in (("-o", args.output), ("--report", args.report), ("--plot", args.plot)):
+        if path:
+            check_not_input(path, [args.source], flag=flag)
+    ours = json_format_is(LM_FORMAT if is_lm else FORMAT)
+    check_replaceable(args.output, ours, "language-model checkpoint" if is_lm else "layer checkpoint", force=args.force)
+    return ours
 
 
 def _run_blockwise(args, settings, text, data) -> int:

@@ -38,11 +38,13 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import sys
 
+    from .._io import check_not_input
     from ..console import Progress, format_bytes
     from ..errors import UsageError
     from ..export import EXTERNAL_DATA_THRESHOLD, build_model, data_path, save_model
     from ..layer import DeaMoEStack
 
+    check_not_input(args.output, [args.checkpoint])  # before reading: the input stays whole
     settings = _settings(args)
     # Big layers take a while: a progress line on a terminal; nothing in logs, so errors stay one line.
     progress = Progress(3, "export", enabled=sys.stderr.isatty())

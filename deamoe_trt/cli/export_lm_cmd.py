@@ -59,17 +59,23 @@ def _output_path(text: str) -> str:
     """A writable file, or a writable existing folder (what --target genai fills)."""
     from pathlib import Path
 
-    return common.writable_directory(text) if Path(text).is_dir() else common.writable_path(text)
+    try:
+        folder = Path(text).is_dir()
+    except OSError:  # a name too long: writable_path says so in one line
+        folder = False
+    return common.writable_directory(text) if folder else common.writable_path(text)
 
 
 def run(args) -> int:
     from pathlib import Path
 
+    from .._io import check_not_input
     from ..console import format_bytes
     from ..errors import DeaMoEError
     from ..export.lm import export_lm
     from ..lm.checkpoint import load_lm
 
+    check_not_input(args.output, [args.checkpoint])  # before reading: the input stays whole
     loaded = load_lm(args.checkpoint)
     if args.target == "genai":
         return _run_genai(args, loaded)

@@ -25,12 +25,26 @@ def register(subparsers) -> None:
         default="deamoe",
         help="export the model (default), its expanded twin (same outputs, no sharing) or its vanilla twin",
     )
+    common.add_force(parser)
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from .._io import check_not_input, check_replaceable
     from ..runtimes.vllm.model_dir import write_model_dir
 
+    check_not_input(args.output, [args.checkpoint])
+    check_replaceable(args.output, _is_vllm_dir, "vLLM model directory", force=args.force)
     out = write_model_dir(args.checkpoint, args.output, twin=args.twin)
     print(f"wrote {out} (vLLM model directory, {args.twin}; serve it with: vllm serve {out})")
     return 0
+
+
+def _is_vllm_dir(folder) -> bool:
+    """A directory this command wrote: its config.json carries the DeaMoE LM's own config."""
+    import json
+
+    try:
+        return "deamoe_lm" in json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False

@@ -15,7 +15,6 @@ either mode.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from . import args as common
@@ -62,6 +61,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--dtype", choices=DTYPES, default="auto", help="checkpoint dtype (default auto: as the model stores it)"
     )
+    common.add_force(parser)
     parser.set_defaults(func=run)
 
 
@@ -74,18 +74,17 @@ def run(args) -> int:
 def _run_model(args) -> int:
     import sys
 
-    from ..checkpoint import CONFIG_FILE
+    from .._io import check_not_input, check_replaceable, json_format_is
     from ..console import format_bytes
-    from ..errors import UsageError
     from ..importers.hf_lm import import_hf_lm, read_config
     from ..lm.checkpoint import FORMAT
     from ..resources import peak_rss_bytes
 
     model_dir, output = Path(args.model_dir), Path(args.output)
     read_config(model_dir)
-    if output.exists() and output.resolve() == model_dir.resolve():
-        raise UsageError(f"-o {output} is the model directory itself; write the checkpoint elsewhere")
-    _refuse_foreign(output / CONFIG_FILE, FORMAT)
+    check_not_input(output, [model_dir])
+    # Written in place, tensor by tensor: only over a language-model checkpoint (or with --force).
+    check_replaceable(output, json_format_is(FORMAT), "language-model checkpoint", force=args.force)
     dtype = None if args.dtype == "auto" else common.DTYPE_NAMES[args.dtype]
     print(f"importing {model_dir} (streamed, block by block)")
     config, summary = import_hf_lm(model_dir, output, dtype=dtype, progress=sys.stdout)
@@ -100,32 +99,19 @@ def _run_model(args) -> int:
     return 0
 
 
-def _refuse_foreign(existing: Path, fmt: str) -> None:
-    from ..errors import UsageError
-
-    if existing.is_file():
-        try:
-            is_ours = json.loads(existing.read_text()).get("format") == fmt
-        except (ValueError, UnicodeDecodeError, AttributeError):
-            is_ours = False
-        if not is_ours:
-            raise UsageError(f"refusing to overwrite {existing}: it is not a deamoe-trt {fmt} checkpoint")
-
-
 def _run_layers(args) -> int:
-    from ..checkpoint import CONFIG_FILE, FORMAT
-    from ..errors import UsageError
+    from .._io import check_not_input, json_format_is, replaced_directory
+    from ..checkpoint import FORMAT
     from ..importers.hf_layers import load_moe_layers, read_layers_config
 
     model_dir, output = Path(args.model_dir), Path(args.output)
     read_layers_config(model_dir)  # bad input fails before anything heavy is imported
-    if output.exists() and model_dir.exists() and output.resolve() == model_dir.resolve():
-        raise UsageError(f"-o {output} is the model directory itself; write the checkpoint elsewhere")
-    _refuse_foreign(output / CONFIG_FILE, FORMAT)
-
-    dtype = None if args.dtype == "auto" else common.DTYPE_NAMES[args.dtype]
-    stack = load_moe_layers(model_dir, layers=args.layers, dtype=dtype)
-    stack.save_pretrained(output)
+    check_not_input(output, [model_dir])
+    ours = json_format_is(FORMAT)
+    with replaced_directory(output, ours, "layer checkpoint", force=args.force, note=common.note) as staging:
+        dtype = None if args.dtype == "auto" else common.DTYPE_NAMES[args.dtype]
+        stack = load_moe_layers(model_dir, layers=args.layers, dtype=dtype)
+        stack.save_pretrained(staging)
     c = stack.config
     layers = stack.source["layers"]
     print(

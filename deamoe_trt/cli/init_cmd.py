@@ -14,15 +14,21 @@ def register(subparsers) -> None:
     common.add_output(parser, help="checkpoint directory to write", directory=True)
     common.add_seed(parser)
     common.add_dtype(parser, choices=tuple(common.DTYPE_NAMES))
+    common.add_force(parser)
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from .._io import json_format_is, replaced_directory
+    from ..checkpoint import FORMAT
     from ..layer import DeaMoEStack
     from ..presets import get_preset
 
     config = get_preset(args.preset)
-    stack = DeaMoEStack.random(config, args.layers, seed=args.seed, dtype=common.DTYPE_NAMES[args.dtype])
-    path = stack.save_pretrained(args.output)
-    print(f"wrote {args.preset} ({args.layers} layer(s), {args.dtype}) to {path}")
+    # A layer checkpoint this command wrote is replaced whole; anything else only with --force.
+    ours = json_format_is(FORMAT)
+    with replaced_directory(args.output, ours, "layer checkpoint", force=args.force, note=common.note) as staging:
+        stack = DeaMoEStack.random(config, args.layers, seed=args.seed, dtype=common.DTYPE_NAMES[args.dtype])
+        stack.save_pretrained(staging)
+    print(f"wrote {args.preset} ({args.layers} layer(s), {args.dtype}) to {args.output}")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -32,6 +33,7 @@ SUBCOMMANDS = (
     "deamoe_trt.cli.serve_bench_cmd",
     "deamoe_trt.cli.export_edgellm_cmd",
     "deamoe_trt.cli.export_vllm_cmd",
+    "deamoe_trt.cli.export_hf_cmd",
 )
 
 
@@ -46,11 +48,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Errors of a path the user gave: a name, a place, a permission.
+_INPUT_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in ("ENOENT", "ENOTDIR", "EISDIR", "EACCES", "EPERM", "EROFS", "ENAMETOOLONG", "ELOOP", "EEXIST", "EINVAL")
+)
+
+
+def _terminated(signum, frame):
+    # SIGTERM unwinds like Ctrl-C, so every temporary the run made is removed on the way out.
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
     parser = build_parser()
-    args = parser.parse_args(argv)
-    prog = f"deamoe-trt {args.command}"
+    prog = "deamoe-trt"
+    previous = signal.getsignal(signal.SIGTERM)
     try:
+        signal.signal(signal.SIGTERM, _terminated)
+    except ValueError:  # not the main thread: leave the handler alone
+        previous = None
+    try:
+        # The argument checks touch the file system (writable outputs): inside the boundary.
+        args = parser.parse_args(argv)
+        prog = f"deamoe-trt {args.command}"
         return int(args.func(args) or 0)
     except DeaMoEError as exc:
         print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
@@ -63,6 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except (OSError, RecursionError, MemoryError, OverflowError) as exc:
+        # What the system refused (a path, a permission, memory) or a nesting or size past
+        # Python's limits: one line, exit 2 where the input is at fault, 1 (a failed run: a
+        # full disk, a lost device) otherwise.
+        if os.environ.get("DEAMOE_TRT_DEBUG"):
+            raise
+        print(f"{prog}: error: {_system_error(exc)}", file=sys.stderr)
+        return 2 if not isinstance(exc, OSError) or exc.errno in _INPUT_ERRNOS else 1
     except Exception as exc:  # the CLI promises one line, not a traceback
         if os.environ.get("DEAMOE_TRT_DEBUG"):
             raise
@@ -72,6 +103,17 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _system_error(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "the input is nested too deeply to read"
+    if isinstance(exc, MemoryError):
+        return "out of memory: the input asks for more than this machine holds"
+    return one_line(exc, limit=300)
 
 
 if __name__ == "__main__":

@@ -80,27 +80,39 @@ def register(subparsers) -> None:
         "quantized tensor by tensor from disk (bounded memory), the measurements, awq and --linears hold the model",
     )
     common.add_seed(parser)
+    common.add_force(parser)
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from pathlib import Path
-
+    from .._io import check_not_input, json_format_is, replaced_directory
+    from ..checkpoint import FORMAT
     from ..errors import UsageError
-    from ..layer import DeaMoEStack
+    from ..lm.checkpoint import FORMAT as LM_FORMAT
     from ..lm.checkpoint import is_lm_checkpoint
     from ..quant import QuantConfig
 
-    if Path(args.output).resolve() == Path(args.checkpoint).resolve():
-        raise UsageError("--output must differ from the input checkpoint (it is read while the output is written)")
+    check_not_input(args.output, [args.checkpoint])  # it is read while the output is written
     if args.method == "rtn" and args.calibration:
         raise UsageError("--calibration is for --method awq (round to nearest uses no data); --eval FILE measures")
     if args.no_compare and args.method != "rtn":
         raise UsageError(f"--no-compare is for --method rtn; --method {args.method} prints its own error tables")
     quant = QuantConfig(args.bits, args.group_size, args.method)
     args.linears = _linears(args.linears)
-    if is_lm_checkpoint(args.checkpoint):
-        return _run_lm(args, quant)
+    lm = is_lm_checkpoint(args.checkpoint)
+    # The output is written whole beside its place and then takes it: an interrupted run leaves
+    # nothing, and no file of an older output stays. Only a checkpoint of the same kind is replaced.
+    ours = json_format_is(LM_FORMAT if lm else FORMAT)
+    kind = "language-model checkpoint" if lm else "layer checkpoint"
+    with replaced_directory(args.output, ours, kind, force=args.force, note=common.note) as staging:
+        args.shown_output, args.output = args.output, str(staging)
+        return _run_lm(args, quant) if lm else _run_layers(args, quant)
+
+
+def _run_layers(args, quant) -> int:
+    from ..errors import UsageError
+    from ..layer import DeaMoEStack
+
     if args.linears:
         raise UsageError("--linears is for language-model checkpoints (a layer checkpoint holds only FFNs)")
     if args.method == "awq" and not args.calibration:
@@ -426,4 +438,5 @@ def _print_written(args, what: str, path) -> None:
     from ..console import format_bytes
 
     size = sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
-    print(f"wrote {what}, int{args.bits}, group size {args.group_size}, {args.method}, {format_bytes(size)} to {path}")
+    shown = getattr(args, "shown_output", path)  # where the output goes once whole
+    print(f"wrote {what}, int{args.bits}, group size {args.group_size}, {args.method}, {format_bytes(size)} to {shown}")

@@ -74,6 +74,7 @@ def run(args) -> int:
     if bool(args.engine) != bool(args.engine_onnx):
         raise UsageError("--engine and --engine-onnx go together (the engine's inputs come from its export)")
     out = Path(args.output)
+    _check_names_and_inputs(args, out)
     written = []
     if args.engine:
         written.append(
@@ -125,3 +126,32 @@ def run(args) -> int:
         print(f"{folder}: {checked}")
     print(f"\nserve it with:\n    {triton.serve_command(out, plugins=plugins)}")
     return 0
+
+
+def _check_names_and_inputs(args, out) -> None:
+    """Each model its own folder, and no input inside a folder the command replaces."""
+    from .._io import check_names, check_not_input
+    from ..errors import UsageError
+
+    models = [
+        (flag, name)
+        for flag, name, given in (
+            ("--engine-name", args.engine_name, args.engine),
+            ("--ort-name", args.ort_name, args.ort),
+            ("--lm-name", args.lm_name, args.lm),
+        )
+        if given
+    ]
+    for flag, name in models:
+        if not name or name.startswith(".") or "/" in name or "\0" in name:
+            raise UsageError(f"{flag} {name!r} is not a model name: give a folder name, e.g. deamoe_lm")
+        check_names(out / name)
+    names = [name for _, name in models]
+    for _, name in models:
+        if names.count(name) > 1:
+            others = " and ".join(f for f, n in models if n == name)
+            raise UsageError(f"{others} are both {name!r}: each model needs its own name in the repository")
+    # A model's folder is replaced whole: none of the inputs may be in it.
+    inputs = [p for p in (args.engine, args.engine_onnx, args.ort, args.lm, args.lm_engine) if p]
+    for _, name in models:
+        check_not_input(out / name, inputs, flag="the model folder")

@@ -36,11 +36,11 @@ from ..config import ConfigError, top_k_moe
 from ..errors import UsageError
 from ..lm.config import LMConfig
 from ..resources import peak_rss_bytes
+from ..safetensors_io import ST_DTYPES, ShardReader, StreamingWriter, index_checkpoint
 from .derived import Derived
 from .families import FAMILIES, gpt_oss
 from .families.common import HFConfig, check_silu, dense_mlp, lm_fields, norms, rope_from_hf, routed_experts, shared_mlp
 from .hf_directory import check_not_quantized, read_config_json, safetensors_files
-from .safetensors_io import ST_DTYPES, ShardReader, StreamingWriter, index_checkpoint
 
 # model_type -> the name users know it by.
 SUPPORTED_LM_TYPES = {
@@ -66,7 +66,8 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     """config.json of a model directory, refusing what cannot be imported as a whole model."""
     config = read_config_json(model_dir)
     path = model_dir / "config.json"
-    if config.get("auto_map"):
+    # An export-hf directory names its remote code too; its config.json alone describes it.
+    if config.get("auto_map") and config.get("model_type") != "deamoe":
         raise UsageError(
             f"{path} needs trust_remote_code (its auto_map names code in the model directory); "
             "deamoe-trt never runs code from a model directory"
@@ -264,20 +265,29 @@ def _source_shapes(recipe: Any, shape: tuple[int, ...]) -> list[tuple[str, tuple
     return [(s, tuple(per)) for (s,) in sources]
 
 
+def _finite(reader: ShardReader, source: str) -> torch.Tensor:
+    """The source tensor, refused by name if it holds NaN or infinity: a damaged model that
+    every later command would refuse is better refused here."""
+    tensor = reader.get(source)
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        raise UsageError(f"{source} holds NaN or infinite values; the model's weights are damaged")
+    return tensor
+
+
 def _write_tensor(writer: StreamingWriter, reader: ShardReader, name: str, recipe: Any) -> None:
     if isinstance(recipe, Derived):
         writer.begin(name)
-        for piece in recipe.make(*(reader.get(s.name) for s in recipe.sources)):
+        for piece in recipe.make(*(_finite(reader, s.name) for s in recipe.sources)):
             writer.append(piece)
         return
     if isinstance(recipe, str) or recipe[0] == "fused":
         source = recipe if isinstance(recipe, str) else recipe[1]
-        writer.write(name, reader.get(source))
+        writer.write(name, _finite(reader, source))
         return
     writer.begin(name)
     for sources in recipe[1]:  # one expert at a time: [gate rows; up rows] or its down
         for source in sources:
-            writer.append(reader.get(source))
+            writer.append(_finite(reader, source))
 
 
 def import_hf_lm(

@@ -28,7 +28,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
-from .._io import atomic_write_text
+from .._io import atomic_write_text, temporary_folder
 from ..errors import MissingDependencyError, UsageError
 from ..export.metadata import PREFIX, load_model
 from ..export.save import data_path
@@ -263,7 +263,7 @@ def _write_model(repo: Path, name: str, config: str, files: dict[str, Path], *, 
     if not name or "/" in name or name.startswith("."):
         raise UsageError(f"model name {name!r} must be a plain folder name")
     repo.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=repo))
+    staging = Path(temporary_folder(repo / name))
     try:
         (staging / "config.pbtxt").write_text(config)
         version = staging / "1"

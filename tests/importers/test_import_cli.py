@@ -133,10 +133,11 @@ def test_import_hf_dense_layer_selection_and_bad_layers_flag(qwen2_dir, tmp_path
 def test_import_hf_refuses_to_overwrite_a_non_checkpoint(qwen2_dir, tmp_path, capsys):
     path, _ = qwen2_dir
     code, _, err = run_cli(capsys, path, "-o", path)
-    assert code == 2 and "is the model directory itself" in err
+    assert code == 2 and "is the input" in err
     _write(tmp_path / "other", {"config.json": "{}"})
     code, _, err = run_cli(capsys, path, "-o", tmp_path / "other")
-    assert code == 2 and "refusing to overwrite" in err
+    assert code == 2 and "refusing to replace" in err and "--force" in err
+    assert (tmp_path / "other" / "config.json").read_text() == "{}"
 
 
 def test_import_hf_refuses_a_model_dir_missing_moe_tensors(qwen2_dir, tmp_path, capsys):
