@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-bench, llama-quantize and llama-perplexity, the CPU contender that
-# `deamoe-trt bench-lm --llama-bench DIR/build/bin/llama-bench` times against our runtimes.
+# Build llama.cpp's llama-bench, llama-batched-bench, llama-quantize and llama-perplexity, the
+# CPU contender that `deamoe-trt bench-lm --llama-bench DIR/build/bin/llama-bench` times
+# against our runtimes (llama-batched-bench with --sequences).
 #   scripts/build_llama_cpp.sh [DIR]     (default build/llama.cpp; DIR is made if missing)
 # The source is the llama.cpp vendored in PyPI's llama-cpp-python sdist, pinned so that a
 # benchmark names the exact llama.cpp it ran; pip fetches it, so no other registry is needed.
@@ -32,5 +33,5 @@ flags=""
 [[ $(uname -m) == x86_64 ]] || flags=""
 cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags"
-cmake --build build -j"${JOBS:-2}" --target llama-bench llama-quantize llama-perplexity
+cmake --build build -j"${JOBS:-2}" --target llama-bench llama-batched-bench llama-quantize llama-perplexity
 echo "llama.cpp binaries: $src/build/bin"

@@ -97,6 +97,40 @@ def bench(tools: LlamaTools, gguf: Path, *, tokens: int, depth: int, threads: in
     )
 
 
+@dataclass(frozen=True)
+class BatchedSample:
+    """One llama-batched-bench row: `sequences` sequences decoding together."""
+
+    sequences: int
+    seconds_per_step: float  # one token for every sequence
+    tokens_per_s: float  # aggregate
+
+
+def batched_bench(
+    tools: LlamaTools, gguf: Path, *, sequences: tuple[int, ...], tokens: int, depth: int, threads: int
+) -> list[BatchedSample]:
+    """One llama-batched-bench run: for each count in sequences, that many sequences prefill
+    `depth` tokens each (untimed here) then decode `tokens` steps together."""
+    exe = tools.bench.with_name("llama-batched-bench")
+    context = max(sequences) * (depth + tokens) + 16
+    argv = [str(exe), "-m", str(gguf), "-c", str(context), "-b", "2048", "-ub", "512", "-npp", str(depth)]
+    argv += ["-ntg", str(tokens), "-npl", ",".join(map(str, sequences)), "-t", str(threads), "-tb", str(threads)]
+    done = _run([*argv, "--output-format", "jsonl"])
+    samples = []
+    for line in (done.stdout + done.stderr).splitlines():
+        line = line.strip()
+        if not line.startswith("{") or '"speed_tg"' not in line:
+            continue
+        try:
+            row = json.loads(line)
+            samples.append(BatchedSample(int(row["pl"]), float(row["t_tg"]) / int(row["tg"]), float(row["speed_tg"])))
+        except (ValueError, KeyError) as exc:
+            raise UsageError(f"llama-batched-bench wrote a row this cannot read: {one_line(exc)}") from None
+    if sorted(s.sequences for s in samples) != sorted(sequences):
+        raise UsageError(f"llama-batched-bench wrote {len(samples)} rows for {len(sequences)} sequence counts")
+    return samples
+
+
 def perplexity(
     tools: LlamaTools, gguf: Path, text: Path, *, n_ctx: int, threads: int, chunks: int, logits: Path | None = None
 ) -> float:
@@ -173,23 +207,25 @@ def chunked_perplexity(model, ids: torch.Tensor, n_ctx: int, chunks: int) -> flo
     return math.exp(nll)
 
 
-def bytes_per_token(gguf: Path) -> int:
+def bytes_per_token(gguf: Path, *, experts_read: float | None = None, tokens: int = 1) -> int:
     """Bytes of weights one decode step reads in a qwen3moe GGUF: every tensor, the experts'
-    times expert_used_count / expert_count (a token reads that many experts of each block),
-    one row of the token embedding (all of it when it is also the head)."""
+    times expert_used_count / expert_count (a token reads that many experts of each block;
+    experts_read: that fraction of them instead, a batch's union), one row of the token
+    embedding per token (all of it when it is also the head)."""
     from gguf import GGUFReader
 
     reader = GGUFReader(gguf)
     arch = reader.fields["general.architecture"].contents()
     used = int(reader.fields[f"{arch}.expert_used_count"].contents())
     experts = int(reader.fields[f"{arch}.expert_count"].contents())
+    fraction = used / experts if experts_read is None else experts_read
     names = {t.name for t in reader.tensors}
     total = 0.0
     for t in reader.tensors:
         if t.name.endswith("_exps.weight"):
-            total += t.n_bytes * used / experts
+            total += t.n_bytes * fraction
         elif t.name == "token_embd.weight" and "output.weight" in names:
-            total += t.n_bytes / int(t.shape[-1])  # ggml shape [d, vocab]: one of vocab rows
+            total += t.n_bytes / int(t.shape[-1]) * tokens  # ggml shape [d, vocab]: one of vocab rows
         else:
             total += t.n_bytes
     return round(total)

@@ -404,19 +404,25 @@ class _LlamaContenders:
     """The vanilla twin as F16, Q8_0 and Q4_0 GGUF files in folder, each scored on the
     held-out text by llama-perplexity and timed by llama-bench one call at a time."""
 
-    def __init__(self, tools, base, folder: Path, threads: int, progress):
+    def __init__(self, tools, base, folder: Path, threads: int, progress, kinds=llama_cpp.GGUF_TYPES, score=True):
+        """kinds: the GGUF types written (f16 always); score: their perplexities too."""
         from ..export.gguf import write_gguf
         from ..lm.tokenizer import ByteTokenizer
 
         self.tools, self.threads = tools, threads
-        progress(f"  writing the vanilla twin as GGUF (f16, Q8_0, Q4_0) in {folder} ...")
+        kinds = ("f16", *(k for k in kinds if k != "f16"))
+        progress(f"  writing the vanilla twin as GGUF ({', '.join(kinds)}) in {folder} ...")
         vanilla = base.vanilla()
         self.files = {"f16": write_gguf(vanilla, folder / "vanilla-f16.gguf")}
         del vanilla
         gc.collect()
-        for kind in llama_cpp.GGUF_TYPES[1:]:
+        for kind in kinds[1:]:
             target = folder / f"vanilla-{kind}.gguf"
             self.files[kind] = llama_cpp.quantize(tools, self.files["f16"], target, kind, threads)
+        self.samples: dict[str, list[llama_cpp.BenchSample]] = {kind: [] for kind in self.files}
+        self.perplexity: dict[str, float] = {}
+        if not score:
+            return
         self.held_out = held_out_ids(base.config.vocab_size)
         text = folder / "held-out.txt"
         text.write_text(ByteTokenizer(vocab_size=base.config.vocab_size).decode(self.held_out.tolist()))
@@ -425,7 +431,6 @@ class _LlamaContenders:
             kind: llama_cpp.perplexity(tools, path, text, n_ctx=PPL_CONTEXT, threads=threads, chunks=PPL_CHUNKS)
             for kind, path in self.files.items()
         }
-        self.samples: dict[str, list[llama_cpp.BenchSample]] = {kind: [] for kind in self.files}
 
     def time_round(self, tokens: int, depth: int) -> None:
         for kind, path in self.files.items():
@@ -617,3 +622,313 @@ def write_plot(result: dict, path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+# ----------------------------------------------------------------------------------------
+# Several sequences per step (`bench-lm --sequences`)
+
+LLAMA_BATCHED = "llama-batched-bench"
+
+
+@dataclass
+class BatchContender:
+    """One twin decoding `sequences` sequences together on the native step's batch decoder."""
+
+    twin: str
+    sequences: int
+    batch: object  # the twin's BatchDecoder (runtimes.cpu_kernel.NativeBatchDecoder)
+    prompts: list[list[int]]
+    seqs: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # the next token of each sequence
+    untimed: list[int] = field(default_factory=list)  # each sequence's token of the untimed step
+    fed: list[list[int]] = field(default_factory=list)  # per timed step, every sequence's token
+    step_s: list[float] = field(default_factory=list)
+    switch_s: list[float] = field(default_factory=list)
+
+
+def _batch_prompts(sequences: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    """sequences random prompts of length ids; the same for every twin of one sequence count."""
+    gen = torch.Generator().manual_seed(seed * 7919 + sequences)
+    return [torch.randint(0, vocab, (length,), generator=gen).tolist() for _ in range(sequences)]
+
+
+def run_lm_batch_bench(
+    *,
+    sequences: tuple[int, ...],
+    layers: int = 2,
+    departments: int = 4,
+    steps: int = 32,
+    prompt: int = 16,
+    threads: int = 2,
+    twins: tuple[str, ...] = TWINS,
+    seed: int = 0,
+    progress=print,
+    max_memory: float = 8 * 2**30,
+    quant: QuantConfig | None = None,
+    linears: tuple[str, ...] = (),
+    llama_bench: Path | None = None,
+    llama_tokens: int = 32,
+    gguf_dir: Path | None = None,
+) -> dict:
+    """Aggregate tokens/s of the native step's batch decoder at each count of sequences, every
+    twin and count a contender, their steps interleaved in bursts; llama.cpp's
+    llama-batched-bench on the vanilla twin (GGUF f16 and the type matching --quantized) at
+    the same counts, called between the bursts. Bytes per step: the FFN weights the batch's
+    routing reads (its union over the sequences, deamoe_trt.traffic; from each sequence's
+    tokens fed again after the timing on the recording decoder, which computes the same
+    function), plus every other weight once and one embedding row per sequence."""
+    progress = progress or (lambda *_: None)
+    from .. import runtimes as registry
+    from ..cpu.model_step import unsupported
+    from ..lm.model import DeaMoELM
+    from ..runtimes.base import check_max_sequences
+
+    if not sequences or any(n < 1 for n in sequences):
+        raise UsageError(f"--sequences takes counts of 1 or more, got {sequences}")
+    sequences = tuple(dict.fromkeys(sequences))
+    check_max_sequences(sum(sequences))
+    if linears and quant is None:
+        raise UsageError("--linears needs --quantized (the projections take its bits and group size)")
+    config = bench_config(layers, departments).replace(quantization=quant, quantized_linears=tuple(linears))
+    reason = unsupported(config)
+    if reason:
+        raise UsageError(reason)
+    tools = None
+    if llama_bench is not None:
+        from ..export.gguf import check_writable_as_gguf
+
+        tools = llama_cpp.LlamaTools.beside(llama_bench)
+        batched = llama_bench.with_name("llama-batched-bench")
+        if not batched.is_file():
+            raise UsageError(f"{batched} is missing (scripts/build_llama_cpp.sh builds it)")
+        check_writable_as_gguf(config.replace(quantization=None, quantized_linears=()).vanilla())
+    need = memory_estimate(config, "cpu-native")
+    if need > max_memory:
+        raise UsageError(
+            f"this benchmark would need about {format_bytes(need)} (over --max-memory {format_bytes(max_memory)}); "
+            "use fewer --layers or --departments"
+        )
+    progress(
+        f"model: {layers} blocks, d={config.hidden_size}, {config.moe.num_experts} experts, {_weights(config)}, "
+        f"seed {seed}; sequences {','.join(map(str, sequences))}"
+    )
+    base = DeaMoELM.random(config.replace(quantization=None, quantized_linears=()), seed=seed, dtype=torch.float16)
+    matching = llama_cpp.MATCHING_TYPE[_bits(config)]
+    with contextlib.ExitStack() as stack:
+        llama = None
+        if tools is not None:
+            folder = gguf_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-lm-gguf-")))
+            llama = _LlamaContenders(tools, base, folder, threads, progress, kinds=("f16", matching), score=False)
+        if quant is not None:
+            base = base.quantized(quant, linears=config.quantized_linears)
+        from .bandwidth import kernel_bandwidth
+
+        roofs = [kernel_bandwidth(1 << 29, 5, threads)["bytes_per_s"]]
+        cpu = registry.get("cpu")
+        decoders = {}
+        for twin in twins:
+            progress(f"  building {twin} on the native step, {sum(sequences)} sequence slots ...")
+            decoders[twin] = cpu.batch_decoder(
+                base, max_sequences=sum(sequences), threads=threads, twin=twin, step="native"
+            )
+            gc.collect()
+        contenders = []
+        for n in sequences:
+            prompts = _batch_prompts(n, prompt, config.vocab_size, seed)
+            for twin in twins:
+                c = BatchContender(twin, n, decoders[twin], prompts)
+                for ids in prompts:  # prefill and one untimed step: first-call costs stay out
+                    seq, logits = c.batch.open(ids)
+                    c.seqs.append(seq)
+                    c.tokens.append(int(np.argmax(logits)))
+                c.untimed = list(c.tokens)
+                c.tokens = [int(t) for t in np.argmax(c.batch.step(c.seqs, c.tokens), axis=1)]
+                contenders.append(c)
+        llama_samples: dict[str, list[llama_cpp.BatchedSample]] = {k: [] for k in (llama.files if llama else {})}
+        bursts = -(-steps // BURST)
+        progress(
+            f"  {steps} batched steps per contender{' and llama-batched-bench' if llama else ''}, "
+            f"interleaved in bursts of {min(BURST, steps)} ..."
+        )
+        for burst in range(bursts):
+            for _ in range(sum(i * bursts // LLAMA_ROUNDS == burst for i in range(LLAMA_ROUNDS)) if llama else 0):
+                for kind, path in llama.files.items():
+                    llama_samples[kind] += llama_cpp.batched_bench(
+                        tools, path, sequences=sequences, tokens=llama_tokens, depth=prompt, threads=threads
+                    )
+            roofs.append(kernel_bandwidth(ROOF_PROBE_BYTES, 3, threads)["bytes_per_s"])
+            for c in contenders:
+                for k in range(min(BURST, steps - burst * BURST)):
+                    c.fed.append(list(c.tokens))
+                    start = time.perf_counter()
+                    logits = c.batch.step(c.seqs, c.tokens)
+                    c.tokens = [int(t) for t in np.argmax(logits, axis=1)]
+                    (c.switch_s if k == 0 else c.step_s).append(time.perf_counter() - start)
+        timed = [
+            (c.twin, c.sequences, c.prompts, c.untimed, c.fed, c.step_s or c.switch_s, c.switch_s) for c in contenders
+        ]
+        del contenders, decoders, c
+        gc.collect()
+        roofs.append(kernel_bandwidth(1 << 29, 5, threads)["bytes_per_s"])
+        b = BYTES_PER_WEIGHT[torch.float16]
+        rows: list[dict] = []
+        progress("  counting each batch's bytes per step (its tokens fed again on the recording decoder) ...")
+        for twin in twins:
+            replay = _contender(base, twin, "cpu", threads)
+            for t, n, prompts, untimed, fed, steady, switch in timed:
+                if t != twin:
+                    continue
+                ffn, experts_read = _batch_ffn_bytes(replay, prompts, untimed, fed[: min(BURST, steps)], b)
+                rows.append(
+                    {
+                        "twin": twin,
+                        "runtime": "cpu-native",
+                        "sequences": n,
+                        "tpot_ms": statistics.median(steady) * 1e3,
+                        "step_ms": [x * 1e3 for x in steady],
+                        "switch_ms": [x * 1e3 for x in switch],
+                        "bytes_per_step": ffn + _other_bytes(config, b) + (n - 1) * config.hidden_size * b,
+                        "experts_read": experts_read,
+                    }
+                )
+            del replay
+            gc.collect()
+        if llama is not None:
+            read = {r["sequences"]: r["experts_read"] for r in rows if r["twin"] == "vanilla"}
+            for kind, path in llama.files.items():
+                for n in sequences:
+                    per_step = [x.seconds_per_step for x in llama_samples[kind] if x.sequences == n]
+                    fraction = read.get(n)
+                    rows.append(
+                        {
+                            "twin": "vanilla",
+                            "runtime": LLAMA_BATCHED,
+                            "gguf_type": kind,
+                            "sequences": n,
+                            "tpot_ms": statistics.median(per_step) * 1e3,
+                            "step_ms": [x * 1e3 for x in per_step],
+                            "bytes_per_step": llama_cpp.bytes_per_token(path, experts_read=fraction, tokens=n)
+                            if fraction is not None or n == 1
+                            else None,
+                        }
+                    )
+    roof = statistics.median(roofs)
+    for r in rows:
+        r["tokens_per_s"] = r["sequences"] / r["tpot_ms"] * 1e3
+        if r["bytes_per_step"]:
+            r["of_roof"] = r["bytes_per_step"] / roof * 1e3 / r["tpot_ms"]
+        same = [o for o in rows if o["runtime"] == r["runtime"] and o.get("gguf_type") == r.get("gguf_type")]
+        one = next((o for o in same if o["twin"] == r["twin"] and o["sequences"] == 1), None)
+        r["vs_one"] = r["tokens_per_s"] / one["tokens_per_s"] if one else None
+        for twin in ("expanded", "vanilla"):
+            other = next((o for o in same if o["twin"] == twin and o["sequences"] == r["sequences"]), None)
+            r[f"vs_{twin}"] = other["tpot_ms"] / r["tpot_ms"] if other and r["runtime"] != LLAMA_BATCHED else None
+        peer = next(
+            (
+                o
+                for o in rows
+                if o["runtime"] == LLAMA_BATCHED and o["gguf_type"] == matching and o["sequences"] == r["sequences"]
+            ),
+            None,
+        )
+        mine = r["runtime"] != LLAMA_BATCHED
+        r["vs_llama"] = peer["tpot_ms"] / r["tpot_ms"] if peer and mine else None
+        both = peer and mine and peer["bytes_per_step"] and r["bytes_per_step"]
+        r["llama_bytes_ratio"] = peer["bytes_per_step"] / r["bytes_per_step"] if both else None
+    from ..resources import peak_rss_bytes
+
+    return {
+        "peak_rss_bytes": peak_rss_bytes(),
+        "config": config.to_dict(),
+        "dtype": "float16",
+        "threads": threads,
+        "steps": steps,
+        "burst": min(BURST, steps),
+        "prompt_tokens": prompt,
+        "sequences": list(sequences),
+        "roof_bytes_per_s": roofs,
+        "rows": rows,
+        "llama_cpp": None
+        if llama is None
+        else {
+            "matching": matching,
+            "command": f"llama-batched-bench -m FILE -npp {prompt} -ntg {llama_tokens} "
+            f"-npl {','.join(map(str, sequences))} -t {threads} -tb {threads} --output-format jsonl",
+            "calls_per_file": LLAMA_ROUNDS,
+        },
+    }
+
+
+def _batch_ffn_bytes(replay: Contender, prompts, untimed, fed, b: int) -> tuple[float, float]:
+    """Mean FFN bytes per batched step over the steps in fed (per step, every sequence's token),
+    and the mean fraction of each block's experts read: each sequence's prompt, untimed and
+    fed tokens run one sequence at a time on the recording decoder, then each step's hidden
+    states of all the sequences routed together (the union a batched step reads)."""
+    moe = list(replay.layers)
+    hidden = []  # per sequence: its recorded FFN inputs, per step per block
+    for i, ids in enumerate(prompts):
+        replay.decoder.prefill(ids)
+        replay.decoder.step(untimed[i])
+        replay.sink.clear()
+        for step in fed:
+            replay.decoder.step(step[i])
+        hidden.append(list(replay.sink))
+    total, read = 0.0, []
+    for s in range(len(fed)):
+        for j, block in enumerate(moe):
+            kernel = replay.layers[block]
+            x = torch.cat([h[s * len(moe) + j] for h in hidden])
+            traffic = weights_loaded(kernel.config, kernel.route(x), b, kernel.quant)
+            total += traffic.total
+            read.append(traffic.experts_used / kernel.config.num_experts)
+    return total / len(fed), statistics.fmean(read)
+
+
+def lm_batch_table(result: dict) -> str:
+    names = {"deamoe": "DeaMoE", "expanded": "expanded twin", "vanilla": "vanilla twin"}
+    llama = result.get("llama_cpp")
+    rows = []
+    for r in sorted(result["rows"], key=lambda r: r["sequences"]):
+        who = f"llama.cpp {r['gguf_type']}" if r["runtime"] == LLAMA_BATCHED else "CPU kernel, native step"
+        row = [
+            f"{names[r['twin']]}, {who}",
+            r["sequences"],
+            format_bytes(r["bytes_per_step"]) if r.get("bytes_per_step") else "?",
+            f"{r['tpot_ms']:.2f}",
+            f"{r['tokens_per_s']:.1f}",
+            f"{r['vs_one']:.2f}x" if r.get("vs_one") else "",
+            f"{r['of_roof']:.0%}" if r.get("of_roof") else "",
+            f"{r['vs_expanded']:.2f}x" if r.get("vs_expanded") and r["twin"] != "expanded" else "",
+            f"{r['vs_vanilla']:.2f}x" if r.get("vs_vanilla") and r["twin"] != "vanilla" else "",
+        ]
+        if llama:
+            row += [
+                f"{r['vs_llama']:.2f}x" if r.get("vs_llama") else "",
+                f"{r['llama_bytes_ratio']:.2f}x" if r.get("llama_bytes_ratio") else "",
+            ]
+        rows.append(row)
+    headers = ["contender", "sequences", "weights/step", "TPOT ms", "tokens/s", "vs 1 seq", "of roof"]
+    headers += ["vs expanded", "vs vanilla"]
+    if llama:
+        headers += [f"vs llama.cpp {llama['matching']}", "its bytes / ours"]
+    c = result["config"]
+    title = (
+        f"Batched decoding: {c['num_layers']} blocks, d={c['hidden_size']}, {c['moe']['num_departments']} x "
+        f"{c['moe']['experts_per_department']} experts, {_weights(LMConfig.from_dict(c))}, "
+        f"{result['threads']} threads, "
+        f"{result['steps']} batched steps per contender in interleaved bursts of {result['burst']} (median), "
+        f"prompts of {result['prompt_tokens']} tokens, peak RSS {format_bytes(result['peak_rss_bytes'])}"
+    )
+    table = format_table(headers, rows, title=title)
+    roofs = [r / 1e9 for r in result["roof_bytes_per_s"]]
+    table += (
+        f"\nroof: {statistics.median(roofs):.1f} GB/s read (median of {len(roofs)} measurements; "
+        f"{min(roofs):.1f} to {max(roofs):.1f}); TPOT: a batched step (one token for every sequence); "
+        "tokens/s: sequences / TPOT; weights/step: the union the batch's routing reads"
+    )
+    if llama:
+        table += (
+            f"\nllama.cpp: {llama['command']}, {llama['calls_per_file']} calls per file interleaved with the "
+            "bursts (median of calls); its weights/step count the experts our vanilla twin's batch read"
+        )
+    return table

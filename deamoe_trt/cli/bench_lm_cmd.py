@@ -7,6 +7,11 @@ runtime are resident at once; runtimes run in turn. Configurations estimated abo
 --llama-bench PATH adds llama.cpp (llama-bench, with llama-quantize and llama-perplexity
 beside it; scripts/build_llama_cpp.sh builds them) on the vanilla twin as GGUF f16, Q8_0
 and Q4_0, and every contender's held-out perplexity.
+
+--sequences 1,4,16 times batched decoding instead: each twin on the native step's batch
+decoder at each count of sequences (aggregate tokens/s, the time of a batched step, bytes
+per step, % of the roof), and with --llama-bench, llama.cpp's llama-batched-bench on the
+vanilla twin as GGUF f16 and the type matching --quantized, at the same counts.
 """
 
 from __future__ import annotations
@@ -39,8 +44,15 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--threads", type=common.positive_int, default=2, help="threads per contender (default 2)")
     parser.add_argument(
+        "--sequences",
+        type=common.int_list(1, "sequence counts", "1,4,16"),
+        default=None,
+        metavar="N[,N]",
+        help="time batched decoding at these counts of sequences (native step; e.g. 1,4,16)",
+    )
+    parser.add_argument(
         "--runtimes",
-        default="cpu,cpu-native,ort",
+        default=None,
         help="comma-separated: cpu (the CPU kernel's FFNs, PyTorch attention), cpu-native (the whole step in "
         "native code), ort (default all three)",
     )
@@ -88,9 +100,12 @@ def run(args) -> int:
     from ..errors import UsageError
     from ..quant import QuantConfig
 
-    runtimes = tuple(r.strip() for r in args.runtimes.split(",") if r.strip())
+    if args.sequences is not None:
+        return _run_batched(args)
+    text = args.runtimes or "cpu,cpu-native,ort"
+    runtimes = tuple(r.strip() for r in text.split(",") if r.strip())
     if not runtimes or any(r not in RUNTIMES for r in runtimes):
-        raise UsageError(f"--runtimes takes a comma-separated list of {', '.join(RUNTIMES)}, got {args.runtimes!r}")
+        raise UsageError(f"--runtimes takes a comma-separated list of {', '.join(RUNTIMES)}, got {text!r}")
     result = run_lm_bench(
         layers=args.layers,
         departments=args.departments,
@@ -110,4 +125,34 @@ def run(args) -> int:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     if args.plot:
         write_plot(result, args.plot)
+    return 0
+
+
+def _run_batched(args) -> int:
+    from ..bench.lm_bench import lm_batch_table, run_lm_batch_bench
+    from ..errors import UsageError
+    from ..quant import QuantConfig
+
+    if args.runtimes not in (None, "cpu-native"):
+        raise UsageError("--sequences times the native step's batch decoder; drop --runtimes or give cpu-native")
+    if args.attention != "gqa":
+        raise UsageError("--sequences runs the native step, which does not run MLA; drop --attention mla")
+    if args.plot:
+        raise UsageError("--plot draws the one-sequence table; drop it with --sequences")
+    result = run_lm_batch_bench(
+        sequences=tuple(args.sequences),
+        layers=args.layers,
+        departments=args.departments,
+        steps=args.steps,
+        threads=args.threads,
+        max_memory=args.max_memory_gb * 2**30,
+        quant=QuantConfig(args.quantized, args.group_size) if args.quantized else None,
+        linears=tuple(p.strip() for p in args.linears.split(",") if p.strip()),
+        llama_bench=args.llama_bench,
+        llama_tokens=args.llama_tokens,
+        gguf_dir=args.gguf_dir,
+    )
+    print(lm_batch_table(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0

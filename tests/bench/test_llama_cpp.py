@@ -67,3 +67,29 @@ def test_bench_lm_times_llama_cpp_beside_our_runtimes():
     assert ours["deamoe"]["vs_llama"] == pytest.approx(llama["f16"]["tpot_ms"] / ours["deamoe"]["tpot_ms"])
     table = lm_bench_table(result)
     assert "vanilla twin, llama.cpp Q4_0" in table and "vs llama.cpp f16" in table
+
+
+@pytest.mark.slow
+def test_batched_bench_times_llama_batched_bench_at_the_same_counts():
+    from llama_cpp_tools import llama_tools
+
+    from deamoe_trt.bench.lm_bench import lm_batch_table, run_lm_batch_bench
+
+    tools = llama_tools()
+    if not tools.bench.with_name("llama-batched-bench").is_file():
+        pytest.skip("llama-batched-bench absent: rerun scripts/build_llama_cpp.sh")
+    result = run_lm_batch_bench(
+        layers=1, departments=2, steps=2, prompt=4, threads=1, progress=None, sequences=(1, 2),
+        llama_bench=tools.bench, llama_tokens=4, twins=("deamoe", "vanilla"),
+    )  # fmt: skip
+    llama = {r["sequences"]: r for r in result["rows"] if r["runtime"] == "llama-batched-bench"}
+    ours = {(r["twin"], r["sequences"]): r for r in result["rows"] if r["runtime"] == "cpu-native"}
+    assert set(llama) == {1, 2} and all(r["gguf_type"] == "f16" for r in llama.values())
+    assert all(len(r["step_ms"]) == 2 for r in llama.values())  # one call per round, every count in it
+    # Two sequences read at least one's experts; a token's share is top_k / N of them.
+    assert llama[2]["bytes_per_step"] >= llama[1]["bytes_per_step"]
+    for n in (1, 2):
+        mine = ours["deamoe", n]
+        assert mine["vs_llama"] == pytest.approx(llama[n]["tpot_ms"] / mine["tpot_ms"])
+        assert llama[n]["tokens_per_s"] == pytest.approx(n / llama[n]["tpot_ms"] * 1e3)
+    assert "vs llama.cpp f16" in lm_batch_table(result)

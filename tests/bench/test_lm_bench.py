@@ -131,3 +131,40 @@ def test_quantized_projections_run_on_onnx_runtime_and_count_as_packed(capsys):
     ffn = rows["deamoe", "cpu"]["ffn_bytes_per_token"]
     assert rows["deamoe", "ort"]["bytes_per_token"] == ffn + _other_bytes(config, 2)
     assert all(rows[t, "ort"]["tpot_ms"] > 0 for t in ("deamoe", "expanded", "vanilla"))
+
+
+@pytest.mark.slow
+def test_batched_bench_times_each_count_of_sequences_and_counts_the_union_it_reads():
+    from deamoe_trt.bench.lm_bench import _other_bytes, lm_batch_table, run_lm_batch_bench
+
+    small = {"layers": 1, "departments": 2, "steps": 2, "prompt": 4, "threads": 1}
+    result = run_lm_batch_bench(**small, sequences=(1, 3), progress=None)
+    rows = {(r["twin"], r["sequences"]): r for r in result["rows"]}
+    assert set(rows) == {(t, n) for t in ("deamoe", "expanded", "vanilla") for n in (1, 3)}
+    config = bench_config(layers=1, departments=2)
+    d, b, router = 2048, 2, 16 * 2048 * 2
+    for (twin, n), r in rows.items():
+        assert r["tokens_per_s"] == pytest.approx(n / r["tpot_ms"] * 1e3)
+        assert r["vs_one"] == pytest.approx(r["tokens_per_s"] / rows[twin, 1]["tokens_per_s"])
+        other = _other_bytes(config, b) + (n - 1) * d * b
+        experts = r["experts_read"] * 16
+        if twin == "deamoe":
+            # Both departments' shared parts (every token picks both), the union of private parts.
+            assert r["bytes_per_step"] == pytest.approx((2 * 384 + experts * 384) * 3 * d * b + router + other)
+        else:
+            assert r["bytes_per_step"] == pytest.approx(experts * 768 * 3 * d * b + router + other)
+    # One token reads top-k = 8 experts; three read at least those 8 and at most 24.
+    assert rows["deamoe", 1]["experts_read"] == 8 / 16
+    assert 8 / 16 <= rows["vanilla", 3]["experts_read"] <= 1
+    assert rows["deamoe", 3]["bytes_per_step"] > rows["deamoe", 1]["bytes_per_step"]
+    table = lm_batch_table(result)
+    assert "vs 1 seq" in table and "Batched decoding" in table
+
+
+def test_bench_lm_sequences_refuses_other_runtimes_and_bad_counts(capsys):
+    assert main(["bench-lm", "--sequences", "1,4", "--runtimes", "ort"]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench-lm", "--sequences", "0"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--sequences times the native step's batch decoder" in err and "sequence counts" in err
