@@ -286,6 +286,10 @@ def expected_outputs(
         from ..runtimes.onnxruntime import OrtDecoder
 
         decoder = OrtDecoder.from_model(loaded.model, threads=1)
+    elif runtime == "cpu":
+        from .. import runtimes
+
+        decoder = runtimes.get("cpu").decoder(loaded.model, threads=1)
     else:
         decoder = TorchDecoder(loaded.model)
     return {p: generate(decoder, loaded.tokenizer.encode(p), max_tokens).new_ids for p in dict.fromkeys(prompts)}

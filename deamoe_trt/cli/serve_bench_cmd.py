@@ -32,7 +32,10 @@ def register(subparsers) -> None:
         help="text file of prompts, one a line, rotated over the requests (default: the shipped prompts.txt)",
     )
     parser.add_argument(
-        "--runtime", choices=("ort", "torch"), default="ort", help="decoder in the server (default ort)"
+        "--runtime",
+        choices=("ort", "torch", "cpu"),
+        default="ort",
+        help="decoder in the server (default ort; cpu: the CPU kernel's native step, sequences batched)",
     )
     parser.add_argument("--clients", type=common.positive_int, default=4, help="concurrent gRPC streams (default 4)")
     parser.add_argument(

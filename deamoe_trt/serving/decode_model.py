@@ -24,8 +24,8 @@ cancelled). The last response of a request carries Triton's final flag. A bad re
 one error response; a wrong datatype is rejected by Triton before it gets here.
 
 Model parameters (config.pbtxt): checkpoint (folder, relative to the version folder),
-runtime (ort | torch | trt), threads (CPU threads per instance), max_active (sequences in
-flight), engine and plugin (trt only).
+runtime (ort | torch | cpu | trt), threads (CPU threads per instance), max_active (sequences
+in flight, stepped together), engine and plugin (trt only).
 
 Metrics (Prometheus, on Triton's metrics port next to its own): deamoe_lm_requests_total
 {outcome}, deamoe_lm_tokens_total, deamoe_lm_active_sequences.
@@ -113,16 +113,9 @@ class TritonPythonModel:
         self.tokenizer = loaded.tokenizer
         runtime = params.get("runtime", "ort")
         max_active = int(params.get("max_active", "32"))
-        new_decoder, release = _decoders(runtime, loaded.model, threads, max_active, version_dir, params)
+        batch = _batch_decoder(runtime, loaded.model, threads, max_active, version_dir, params)
         self._metrics()
-        self.scheduler = StepScheduler(
-            new_decoder,
-            self.tokenizer.decode,
-            max_context=loaded.model.config.max_position_embeddings,
-            max_active=max_active,
-            on_finish=self._finished,
-            release_decoder=release,
-        ).start()
+        self.scheduler = StepScheduler(batch, self.tokenizer.decode, on_finish=self._finished).start()
 
     def _metrics(self) -> None:
         family = pb_utils.MetricFamily
@@ -204,8 +197,8 @@ def _emitter(sender, stream: bool):
     return emit
 
 
-def _decoders(runtime: str, model, threads: int, max_active: int, version_dir: Path, params: dict):
-    """(new_decoder, release_decoder): fresh decoders over shared weights, one KV cache each."""
+def _batch_decoder(runtime: str, model, threads: int, max_active: int, version_dir: Path, params: dict):
+    """The runtime's batch decoder for up to max_active sequences over one copy of the weights."""
     from .. import runtimes
     from .repo import LM_RUNTIMES
 
@@ -215,5 +208,4 @@ def _decoders(runtime: str, model, threads: int, max_active: int, version_dir: P
     if runtime == "trt":
         options["engine"] = version_dir / params.get("engine", "model.engine")
         options["plugin"] = params.get("plugin") or os.environ.get("DEAMOE_TRT_PLUGIN")
-    pool = runtimes.get(LM_RUNTIMES[runtime]).decoder_pool(model, threads=threads, size=max_active, **options)
-    return pool.acquire, pool.release
+    return runtimes.get(LM_RUNTIMES[runtime]).batch_decoder(model, max_sequences=max_active, threads=threads, **options)

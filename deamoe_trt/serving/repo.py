@@ -63,7 +63,7 @@ LM_OUTPUTS = (
     ("finish_reason", "TYPE_STRING", "[ 1 ]"),
 )
 # The decode service's runtimes, and each one's name in deamoe_trt.runtimes.
-LM_RUNTIMES = {"ort": "ort", "torch": "torch", "trt": "tensorrt"}
+LM_RUNTIMES = {"ort": "ort", "torch": "torch", "cpu": "cpu", "trt": "tensorrt"}
 KINDS = {"gpu": "KIND_GPU", "cpu": "KIND_CPU"}
 
 

@@ -6,13 +6,13 @@ token as it comes; a sequence leaves as soon as it finishes, is cancelled or fai
 new one joins at the next turn without waiting for the others (iteration-level scheduling,
 as in Orca and TensorRT-LLM's in-flight batching).
 
-Each sequence keeps its own KV cache in its own `Decoder` (deamoe_trt.runtimes.decode's
-protocol: prefill, step), all sharing one set of weights. The steps of one turn run one
-sequence after another, not as one fused forward: the exported LM graph takes a single past
-length for the whole batch (no padding mask or per-row positions), so rows with different
-cache lengths cannot share a forward. The effect is the same every row gets a step per turn
-and the output is bit-for-bit what that prompt decodes to alone; what fusing would add on a
-GPU is throughput, not correctness (see docs/serving.md).
+The sequences are those of one `BatchDecoder` (deamoe_trt.runtimes.base: each sequence its
+own KV cache, position and length over one set of weights), and a turn's steps are one
+batched step: on a runtime with a batched step (the CPU kernel's native step) every weight
+is read once for all the sequences in flight; the others step their sequences one after
+another (SerialBatchDecoder: the exported LM graph takes a single past length for the whole
+batch, so rows with different cache lengths cannot share its forward). Either way every
+sequence gets a step per turn and its output is what its prompt decodes to alone.
 
 Sampling reuses deamoe_trt.runtimes.decode.pick (greedy, temperature, top-k, seeded PCG64) and
 adds nucleus (top-p) filtering in front of it.
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import UsageError
-from ..runtimes.base import Decoder
+from ..runtimes.base import BatchDecoder
 from ..runtimes.decode import Sampling, check_prompt, pick
 
 # Finish reasons, as OpenAI-style front ends name them.
@@ -101,32 +101,28 @@ class Sequence:
     is_cancelled: Callable[[], bool] = lambda: False
     new_ids: list[int] = field(default_factory=list)
     text: str = ""
-    decoder: Decoder | None = None
+    seq: int | None = None  # its handle in the batch decoder while it holds a slot
     rng: np.random.Generator | None = None
     budget: int = 0
     submitted_s: float = field(default_factory=time.perf_counter)
 
 
 class StepScheduler:
-    """Runs sequences on decoders from `new_decoder()` (each its own KV cache, shared weights).
+    """Runs sequences on one BatchDecoder (each its own KV cache, shared weights).
 
-    max_active bounds the sequences in flight (memory: one cache each); the rest wait in order.
-    release_decoder, if given, takes back a finished sequence's decoder (a fixed pool).
+    Up to batch.max_sequences are in flight (memory: one cache each); the rest wait in order.
     """
 
     def __init__(
         self,
-        new_decoder: Callable[[], Decoder],
+        batch: BatchDecoder,
         decode_text: Callable[[list[int]], str],
         *,
-        max_context: int,
-        max_active: int = 32,
         on_finish: Callable[[Sequence, str], None] | None = None,
-        release_decoder: Callable[[Decoder], None] | None = None,
     ):
-        self.new_decoder, self.decode_text = new_decoder, decode_text
-        self.max_context, self.max_active = max_context, max_active
-        self.on_finish, self.release_decoder = on_finish, release_decoder
+        self.batch, self.decode_text = batch, decode_text
+        self.max_context, self.max_active = batch.max_context, batch.max_sequences
+        self.on_finish = on_finish
         self.waiting: queue.Queue[Sequence] = queue.Queue()
         self.active: list[Sequence] = []
         self._stop = threading.Event()
@@ -150,8 +146,7 @@ class StepScheduler:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._admit(block=not self.active)
-            for sequence in list(self.active):
-                self._advance(sequence)
+            self._advance()
 
     def _admit(self, *, block: bool) -> None:
         while len(self.active) < self.max_active:
@@ -164,26 +159,37 @@ class StepScheduler:
                 self._finish(sequence, CANCELLED)
                 continue
             try:
-                sequence.decoder = self.new_decoder()
                 sequence.rng = np.random.default_rng(sequence.params.seed)
                 sequence.budget = min(sequence.params.max_tokens, self.max_context - len(sequence.prompt_ids))
-                token = next_token(sequence.decoder.prefill(list(sequence.prompt_ids)), sequence.params, sequence.rng)
+                sequence.seq, logits = self.batch.open(list(sequence.prompt_ids))
+                token = next_token(logits, sequence.params, sequence.rng)
             except Exception as exc:  # a failure of this request must not stop the others
                 self._finish(sequence, ERROR, error=f"{type(exc).__name__}: {exc}")
                 continue
             self.active.append(sequence)
             self._emit_token(sequence, token)
 
-    def _advance(self, sequence: Sequence) -> None:
-        if sequence.is_cancelled():
-            self._finish(sequence, CANCELLED)
+    def _advance(self) -> None:
+        """One batched step for every active sequence not cancelled."""
+        for sequence in list(self.active):
+            if sequence.is_cancelled():
+                self._finish(sequence, CANCELLED)
+        stepping = list(self.active)
+        if not stepping:
             return
         try:
-            token = next_token(sequence.decoder.step(sequence.new_ids[-1]), sequence.params, sequence.rng)
-        except Exception as exc:
-            self._finish(sequence, ERROR, error=f"{type(exc).__name__}: {exc}")
+            rows = self.batch.step([s.seq for s in stepping], [s.new_ids[-1] for s in stepping])
+        except Exception as exc:  # the step's sequences fail; the server goes on with new ones
+            for sequence in stepping:
+                self._finish(sequence, ERROR, error=f"{type(exc).__name__}: {exc}")
             return
-        self._emit_token(sequence, token)
+        for sequence, row in zip(stepping, rows, strict=True):
+            try:
+                token = next_token(row, sequence.params, sequence.rng)
+            except Exception as exc:
+                self._finish(sequence, ERROR, error=f"{type(exc).__name__}: {exc}")
+                continue
+            self._emit_token(sequence, token)
 
     def _emit_token(self, sequence: Sequence, token: int) -> None:
         sequence.new_ids.append(token)
@@ -207,9 +213,10 @@ class StepScheduler:
     def _finish(self, sequence: Sequence, reason: str, *, error: str | None = None, notify: bool = True) -> None:
         if sequence in self.active:
             self.active.remove(sequence)
-        if sequence.decoder is not None and self.release_decoder is not None:
-            self.release_decoder(sequence.decoder)
-        sequence.decoder = None  # frees the KV cache now, not when the client lets go
+        if sequence.seq is not None:
+            with contextlib.suppress(Exception):  # a slot the decoder no longer holds is free already
+                self.batch.close(sequence.seq)
+        sequence.seq = None  # its slot is free now, not when the client lets go
         if notify:
             with contextlib.suppress(Exception):  # nobody left to tell
                 sequence.emit([], "", reason, error)

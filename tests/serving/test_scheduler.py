@@ -1,13 +1,15 @@
-"""The step scheduler with real decoders on the shipped tiny LM: interleaving must not change any output."""
+"""The step scheduler with real batch decoders on the shipped tiny LM: batching must not change any output."""
 
 import threading
 
 import numpy as np
 import pytest
 
+from deamoe_trt import runtimes
 from deamoe_trt.errors import UsageError
 from deamoe_trt.lm import load_lm
 from deamoe_trt.lm.shipped import TINY_LM
+from deamoe_trt.runtimes.base import DecoderPool, SerialBatchDecoder
 from deamoe_trt.runtimes.decode import Sampling, generate, pick
 from deamoe_trt.runtimes.onnxruntime import OrtDecoder
 from deamoe_trt.runtimes.torch import TorchDecoder
@@ -71,14 +73,28 @@ def run_all(scheduler, jobs, timeout=60):
     return collectors
 
 
-@pytest.mark.parametrize("runtime", ["ort", "torch"])
-def test_interleaved_sequences_equal_each_prompt_alone(tiny, runtime, one_thread):
+def ort_batch(tiny, max_sequences: int = 32) -> tuple[SerialBatchDecoder, object]:
+    """ONNX Runtime's batch decoder (sequences stepped in turn over one session) and a factory of
+    single decoders on the same session."""
+    shared = OrtDecoder.from_model(tiny.model, threads=1)
+    new_decoder = lambda: OrtDecoder(shared.session, shared.info)  # noqa: E731
+    return SerialBatchDecoder(DecoderPool(new_decoder, keep_alive=shared), max_sequences), new_decoder
+
+
+@pytest.mark.parametrize("runtime", ["ort", "torch", "cpu"])
+def test_batched_sequences_equal_each_prompt_alone(tiny, runtime, one_thread):
     if runtime == "ort":
-        shared = OrtDecoder.from_model(tiny.model, threads=1)
-        new_decoder = lambda: OrtDecoder(shared.session, shared.info)  # noqa: E731
-    else:
+        batch, new_decoder = ort_batch(tiny, 3)
+    elif runtime == "torch":
+        batch = runtimes.get("torch").batch_decoder(tiny.model, max_sequences=3)
         new_decoder = lambda: TorchDecoder(tiny.model)  # noqa: E731
-    scheduler = StepScheduler(new_decoder, tiny.tokenizer.decode, max_context=256, max_active=3).start()
+    else:
+        cpu = runtimes.get("cpu")
+        if cpu.available() is not None:
+            pytest.skip(cpu.available())
+        batch = cpu.batch_decoder(tiny.model, max_sequences=3, threads=1)  # the native batched step
+        new_decoder = lambda: cpu.decoder(tiny.model, threads=1)  # noqa: E731
+    scheduler = StepScheduler(batch, tiny.tokenizer.decode).start()
     try:
         # Different prompt lengths and budgets; 4 jobs with room for 3, so one joins while others run.
         jobs = [(tiny.tokenizer.encode(p), GenerationParams(max_tokens=10 + 3 * i)) for i, p in enumerate(PROMPTS)]
@@ -92,13 +108,11 @@ def test_interleaved_sequences_equal_each_prompt_alone(tiny, runtime, one_thread
 
 
 def test_context_stop_cancel_and_a_failing_decoder(tiny):
-    shared = OrtDecoder.from_model(tiny.model, threads=1)
-    scheduler = StepScheduler(
-        lambda: OrtDecoder(shared.session, shared.info), tiny.tokenizer.decode, max_context=256
-    ).start()
+    batch, new_decoder = ort_batch(tiny)
+    scheduler = StepScheduler(batch, tiny.tokenizer.decode).start()
     try:
         prompt = tiny.tokenizer.encode("x" * 250)
-        alone = generate(OrtDecoder(shared.session, shared.info), tiny.tokenizer.encode("Anne was"), 40).new_ids
+        alone = generate(new_decoder(), tiny.tokenizer.encode("Anne was"), 40).new_ids
         stop_text = tiny.tokenizer.decode(alone)[5:8]
         context, stopped = run_all(
             scheduler,
@@ -123,12 +137,12 @@ def test_context_stop_cancel_and_a_failing_decoder(tiny):
     assert cancelled.finish == CANCELLED and len(cancelled.ids) < 200
 
     class Broken:
-        max_context = 256
+        name, max_context = "broken", 256
 
         def prefill(self, ids):
             raise RuntimeError("out of memory")
 
-    broken = StepScheduler(Broken, tiny.tokenizer.decode, max_context=256).start()
+    broken = StepScheduler(SerialBatchDecoder(DecoderPool(Broken), 2), tiny.tokenizer.decode).start()
     try:
         (failed,) = run_all(broken, [([65, 66], GenerationParams(max_tokens=3))])
     finally:
@@ -136,8 +150,29 @@ def test_context_stop_cancel_and_a_failing_decoder(tiny):
     assert failed.finish == "error" and "out of memory" in failed.error
 
 
+def test_a_failing_batched_step_fails_its_sequences_and_the_next_ones_run(tiny):
+    batch = runtimes.get("torch").batch_decoder(tiny.model, max_sequences=2)
+    real_step, calls = batch.step, []
+
+    def step_failing_once(seqs, tokens):
+        calls.append(len(seqs))
+        if len(calls) == 1:
+            raise RuntimeError("device lost")
+        return real_step(seqs, tokens)
+
+    batch.step = step_failing_once
+    scheduler = StepScheduler(batch, tiny.tokenizer.decode).start()
+    try:
+        (failed,) = run_all(scheduler, [([65, 66], GenerationParams(max_tokens=3))])
+        (after,) = run_all(scheduler, [([65, 66], GenerationParams(max_tokens=3))])
+    finally:
+        scheduler.stop()
+    assert failed.finish == "error" and "device lost" in failed.error
+    assert after.finish == LENGTH and after.ids == generate(TorchDecoder(tiny.model), [65, 66], 3).new_ids
+
+
 def test_bad_requests_are_refused_before_queueing(tiny):
-    scheduler = StepScheduler(lambda: None, tiny.tokenizer.decode, max_context=256)
+    scheduler = StepScheduler(ort_batch(tiny)[0], tiny.tokenizer.decode)
     with pytest.raises(UsageError, match="empty"):
         scheduler.submit(Sequence([], GenerationParams(), Collector()))
     with pytest.raises(UsageError, match="256"):
