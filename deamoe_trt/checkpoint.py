@@ -102,7 +102,7 @@ def write_files_streamed(
     """write_files for a checkpoint too large to hold: tensor(name) makes each tensor of
     schema (name -> shape, dtype) when its turn comes, in save_file's order, so the files are
     write_files' bytes while only one tensor is held. Weights first, config last."""
-    from .importers.safetensors_io import StreamingWriter, save_file_order
+    from .safetensors_io import StreamingWriter, save_file_order
 
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():

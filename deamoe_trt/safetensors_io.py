@@ -24,7 +24,7 @@ from typing import BinaryIO
 
 import torch
 
-from ..errors import UsageError
+from .errors import UsageError
 
 # safetensors dtype names <-> torch dtypes, for the dtypes a model's weights can have.
 ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}

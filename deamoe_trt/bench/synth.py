@@ -39,7 +39,7 @@ import torch
 from ..console import format_bytes
 from ..errors import UsageError, one_line
 from ..importers.mxfp4 import BLOCK, E2M1, SCALE_BIAS
-from ..importers.safetensors_io import INDEX_FILE, StreamingWriter
+from ..safetensors_io import INDEX_FILE, StreamingWriter
 
 CONFIGS = "configs"
 DEFAULT_SHARD_BYTES = 5 * 10**9  # transformers' save_pretrained default max_shard_size, "5GB"

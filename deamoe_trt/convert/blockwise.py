@@ -38,11 +38,11 @@ from safetensors.torch import load_file, save_file
 from .._io import atomic_path, atomic_write_text, read_json
 from ..checkpoint import CONFIG_FILE, ROUTER_BIAS, WEIGHTS_FILE, dtype_name
 from ..errors import UsageError
-from ..importers.safetensors_io import ShardReader, StreamingWriter
 from ..lm.checkpoint import FORMAT, FORMAT_VERSION, expected_tensors, read_lm_header
 from ..lm.checkpoint_format import checked_index
 from ..lm.model import Block, DeaMoELM, rope_tables
 from ..lm.tokenizer import HFTokenizer
+from ..safetensors_io import ShardReader, StreamingWriter
 from .core import ConvertSettings, convert_layer, plan_order
 from .metrics import relative_error
 from .sources import HELDOUT_FRACTION, lm_windows

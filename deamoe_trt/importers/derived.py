@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .safetensors_io import ST_DTYPES
+from ..safetensors_io import ST_DTYPES
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from ..checkpoint import (
 )
 from ..checkpoint import FORMAT as LAYER_FORMAT
 from ..errors import CheckpointError, UsageError
-from ..importers.safetensors_io import ST_NAMES, index_checkpoint
+from ..safetensors_io import ST_NAMES, index_checkpoint
 from .config import LMConfig
 from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, default_tokenizer, tokenizer_from_dict
 

@@ -181,11 +181,11 @@ def quantize_checkpoint_streamed(
     whole model (quantize_lm)."""
     from ..checkpoint import DTYPES, ROUTER_BIAS, WEIGHTS_FILE, write_files_streamed
     from ..errors import CheckpointError
-    from ..importers.safetensors_io import ShardReader
     from ..lm.checkpoint import expected_tensors
     from ..lm.checkpoint_format import checked_index, lm_header, read_lm_header
     from ..lm.tokenizer import HFTokenizer
     from ..quant import quantize_rtn
+    from ..safetensors_io import ShardReader
 
     source, output = Path(source), Path(output)
     if quant.method != "rtn":

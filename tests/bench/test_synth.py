@@ -10,7 +10,7 @@ import torch
 
 from deamoe_trt.bench import synth
 from deamoe_trt.errors import UsageError
-from deamoe_trt.importers.safetensors_io import INDEX_FILE, index_checkpoint
+from deamoe_trt.safetensors_io import INDEX_FILE, index_checkpoint
 
 # Per shipped config: the same architecture shrunk to a few thousand weights (every switch kept).
 TINY = {
