@@ -1,0 +1,107 @@
+"""`deamoe-trt export-hf`: a language-model checkpoint as a Hugging Face model directory that
+transformers loads with `AutoModelForCausalLM.from_pretrained(DIR)` (deamoe-trt installed) or
+`from_pretrained(DIR, trust_remote_code=True)` (only transformers and torch installed).
+
+The directory holds:
+- config.json: deamoe_trt.hf.fields' keys (model_type "deamoe", the LMConfig under
+  "deamoe_lm"), the dtype and auto_map, which names the remote code;
+- model-0000i-of-0000n.safetensors shards and model.safetensors.index.json: the tensors under
+  their Hugging Face names (the LM checkpoint's behind "model.", the head as lm_head.weight; a
+  tied head is stored once, as the embedding) in the checkpoint's dtype, bit for bit;
+- the tokenizer (a Hugging Face tokenizer's own files, or for the byte tokenizer a byte-level
+  tokenizer.json that splits text into the same ids) and generation_config.json;
+- the remote code: the package's own modules (deamoe_trt.hf.remote_code).
+
+Written into a temporary folder beside DIR and moved in file by file, config.json last.
+`deamoe-trt import-hf DIR` reads it back (deamoe_trt.importers.families.deamoe).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from .._io import staged_folder
+from ..checkpoint import CONFIG_FILE, dtype_name
+from ..errors import UsageError
+from ..hf.fields import hf_fields
+from ..hf.remote_code import write_remote_code
+from ..lm.checkpoint_format import stored_state
+from ..lm.model import DeaMoELM
+from ..lm.tokenizer import ByteTokenizer, HFTokenizer, NoTokenizer, Tokenizer, byte_level_tokenizer_json
+
+INDEX_FILE = "model.safetensors.index.json"
+DEFAULT_SHARD_BYTES = 2 * 2**30
+
+
+def hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The LM checkpoint's tensor names as the Hugging Face model's."""
+    return {(name if name == "lm_head.weight" else "model." + name): t for name, t in state.items()}
+
+
+def write_hf_dir(
+    model: DeaMoELM, tokenizer: Tokenizer, directory: str | Path, *, max_shard_bytes: int = DEFAULT_SHARD_BYTES
+) -> Path:
+    """Write model and tokenizer as a Hugging Face model directory; see the module docstring."""
+    directory = Path(directory)
+    config = model.config
+    if config.quantization is not None:
+        raise UsageError(
+            f"export-hf writes floating-point models; this one is quantized (int{config.quantization.bits}): "
+            "export the float checkpoint"
+        )
+    if max_shard_bytes < 1:
+        raise UsageError(f"the shard size must be at least 1 byte, got {max_shard_bytes}")
+    tensors = {n: t.detach().cpu().contiguous() for n, t in hf_names(stored_state(model.state_dict(), config)).items()}
+    shards = _shards(tensors, max_shard_bytes)
+    with staged_folder(directory, "the Hugging Face model directory", last=CONFIG_FILE) as staging:
+        weight_map = {}
+        for i, names in enumerate(shards):
+            file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file({n: tensors[n] for n in names}, str(staging / file), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(names, file))
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (staging / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        eos = write_tokenizer(tokenizer, staging)
+        generation = {"eos_token_id": eos} if eos is not None else {}
+        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        auto_map = write_remote_code(staging)
+        hf = {**hf_fields(config), "dtype": dtype_name(model.dtype), "auto_map": auto_map}
+        if eos is not None:
+            hf["eos_token_id"] = eos
+        (staging / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
+    return directory
+
+
+def _shards(tensors: dict[str, torch.Tensor], limit: int) -> list[list[str]]:
+    """Names in order, cut into shards of at most limit bytes (a larger tensor alone)."""
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    return shards
+
+
+def write_tokenizer(tokenizer: Tokenizer, folder: Path) -> int | None:
+    """The tokenizer files into folder; returns the end-of-text id (None: the byte tokenizer's
+    models have none, so generation runs to its length limit)."""
+    if isinstance(tokenizer, NoTokenizer):
+        return None
+    if isinstance(tokenizer, HFTokenizer):
+        tokenizer.save(folder)
+        eos = tokenizer.eos_ids()
+        return eos[0] if eos else None
+    assert isinstance(tokenizer, ByteTokenizer)
+    (folder / "tokenizer.json").write_text(json.dumps(byte_level_tokenizer_json(tokenizer)))
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "add_prefix_space": False, "model_max_length": 10**6}
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+    return None
