@@ -2,11 +2,15 @@
 
 from .config import DeaMoEConfig
 from .errors import CheckpointError, DeaMoEError, MissingDependencyError, UsageError
+from .hf.registration import install as _install_hf
 from .layer import DeaMoELayer, DeaMoEStack
 from .presets import PRESETS, get_preset
 from .quant import QuantConfig
 from .routing import Routing, route, route_logits
 from .traffic import StepTraffic, weights_loaded
+
+# AutoConfig / AutoModelForCausalLM learn model_type "deamoe" once transformers loads them.
+_install_hf()
 
 __version__ = "0.1.0"
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...lm.config import LMConfig
-from . import deepseek, ernie, granite
+from . import deamoe, deepseek, ernie, granite
 
 
 @dataclass(frozen=True)
@@ -32,4 +32,5 @@ FAMILIES: dict[str, Family] = {
     "ernie4_5_moe": Family("ERNIE-4.5-MoE", ernie.lm_config, ernie.block_sources),
     "deepseek_v2": Family("DeepSeek-V2", deepseek.lm_config, deepseek.block_sources),
     "deepseek_v3": Family("DeepSeek-V3", deepseek.lm_config, deepseek.block_sources, deepseek.ignored),
+    "deamoe": Family("DeaMoE (export-hf)", deamoe.lm_config, deamoe.block_sources),
 }
