@@ -276,7 +276,8 @@ def enum_code(attribute: str, value: str) -> int:
 # The README's tables, rendered from the contract
 # ---------------------------------------------------------------------------------------
 
-README = Path(__file__).resolve().parents[1] / "plugins" / "deamoe" / "README.md"
+# The plugin README, from a checkout's root: `--write-readme` rewrites it there by default.
+README = Path("plugins") / "deamoe" / "README.md"
 _ONNX_TYPE_NAMES = {"int": "INT", "bool": "INT", "float": "FLOAT", "str": "STRING"}
 
 
@@ -337,7 +338,7 @@ def render_readme(text: str) -> str:
         lines = text.split("\n")
         header = next((h for h in headers[table] if h in lines), None)
         if header is None:
-            raise ValueError(f"{README}: no {table} table (a line {headers[table][0]!r})")
+            raise ValueError(f"no {table} table (a line {headers[table][0]!r})")
         text = _replace_table(text, header, rows)
     return text
 
@@ -355,13 +356,29 @@ def tables_in(text: str) -> Iterable[list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deamoe_trt.contract", description=__doc__.split("\n")[0])
-    parser.add_argument("--write-readme", action="store_true", help=f"rewrite the contract tables of {README}")
+    parser.add_argument(
+        "--write-readme",
+        nargs="?",
+        const=README,
+        type=Path,
+        metavar="README",
+        help=f"rewrite the contract tables of README (default {README}, from a checkout's root)",
+    )
     args = parser.parse_args(argv)
     if args.write_readme:
         from ._io import atomic_write_text
 
-        atomic_write_text(README, render_readme(README.read_text()))
-        print(f"wrote {README}")
+        readme = args.write_readme
+        if not readme.is_file():
+            print(f"error: {readme} not found: run from the repository's root or name the README", file=sys.stderr)
+            return 2
+        try:
+            text = render_readme(readme.read_text())
+        except ValueError as err:
+            print(f"error: {readme}: {err}", file=sys.stderr)
+            return 2
+        atomic_write_text(readme, text)
+        print(f"wrote {readme}")
     else:
         print("\n\n".join("\n".join(rows) for rows in readme_tables().values()))
     return 0

@@ -437,3 +437,18 @@ def test_plugin_harness_expects_the_contract():
     for index, field_type, name in positions:
         attribute = contract.ATTRIBUTES[int(index)]
         assert (attribute.name, PLUGIN_FIELD_TYPES[attribute.kind]) == (name, field_type), f"plugin_harness.cpp {name}"
+
+
+def test_write_readme_rewrites_the_tables_of_the_readme_it_is_given(tmp_path, capsys):
+    readme = (PLUGIN / "README.md").read_text()
+    rows = [line for line in readme.split("\n") if line.startswith("| weight_bits | INT |")]
+    assert len(rows) == 1, "the attributes table has one weight_bits row"
+    stale = tmp_path / "README.md"
+    stale.write_text(readme.replace(rows[0], "| weight_bits | INT | stale |"))
+    assert contract.main(["--write-readme", str(stale)]) == 0
+    assert stale.read_text() == readme
+
+
+def test_write_readme_refuses_a_missing_readme_in_one_line(tmp_path, capsys):
+    assert contract.main(["--write-readme", str(tmp_path / "absent.md")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

@@ -16,25 +16,6 @@ import deamoe_trt
 
 PACKAGE = Path(deamoe_trt.__file__).resolve().parent
 
-# Places that reach above the package on purpose, each for a source checkout only, with what
-# an installed package does instead. (module, what it names)
-SOURCE_TREE_FALLBACKS = {
-    # The kernel sources of an editable install; a wheel carries its copy in deamoe_trt/cuda/_src.
-    ("deamoe_trt.cuda._library", "source_tree_kernel_dir"),
-    # `python -m deamoe_trt.contract --write-readme`: a developer tool that rewrites the
-    # contract tables of plugins/deamoe/README.md.
-    ("deamoe_trt.contract", "README"),
-    # Where `cmake -B build/plugins` puts the TensorRT plugin when run from the checkout; the
-    # working directory and DEAMOE_TRT_PLUGIN are searched first.
-    ("deamoe_trt.trt.plugin", "_REPO_ROOT"),
-    # The separate Edge-LLM environment scripts/setup.sh makes beside the checkout, and the
-    # import root the exporter there needs to find this package.
-    ("deamoe_trt.export.edgellm.environment", "REPO_ROOT"),
-    # The directory holding the deamoe_trt package (site-packages or the checkout), put on the
-    # Triton Python backend's import path.
-    ("deamoe_trt.serving.server", "TritonServer"),
-}
-
 REPOSITORY_PATH = re.compile(r"^(\./)?(tests|samples)(/|$)")
 
 
@@ -121,14 +102,10 @@ def repository_paths(package: Path) -> list[tuple[str, str, int, str]]:
 
 
 def test_the_package_reads_no_repository_paths():
-    found = [f for f in repository_paths(PACKAGE) if (f[0], f[1]) not in SOURCE_TREE_FALLBACKS]
+    """What only a checkout holds is found through deamoe_trt.checkout (an environment variable
+    or the editable install's record), never by climbing from a module's own file."""
+    found = repository_paths(PACKAGE)
     assert not found, "\n".join(f"{m}:{line} ({name}): {what}" for m, name, line, what in found)
-
-
-def test_each_fallback_is_still_there():
-    """A fallback that is gone should leave the list, so the list says what the package does."""
-    seen = {(m, name) for m, name, _, _ in repository_paths(PACKAGE)}
-    assert seen >= SOURCE_TREE_FALLBACKS, SOURCE_TREE_FALLBACKS - seen
 
 
 def test_the_reader_flags_climbing_paths_and_repository_strings_only(tmp_path):

@@ -41,11 +41,10 @@ import traceback
 from pathlib import Path
 
 from ..bench.timing import percentile
+from ..checkout import ENV_VAR as CHECKOUT_VAR
+from ..checkout import checkout_root
 from ..cli import args as common
-from ..cuda import source_tree_kernel_dir
 from ..dtypes import BY_NAME, BY_TRT
-
-REPO = source_tree_kernel_dir().parents[1]  # the checkout: plugins/ is not in the package
 
 PRESETS = ("tiny", "qwen3-30b-a3b-layer")
 FLUSH_BYTES = 1 << 30
@@ -167,9 +166,12 @@ class Check:
         root = self.args.tensorrt_root or os.environ.get("TENSORRT_ROOT") or self._assemble_root() or _system_root()
         if root is None:
             raise Skip("no TensorRT headers (pass --tensorrt-root, or --tensorrt-include for a pip TensorRT)")
+        checkout = checkout_root()  # plugins/ is not in the package
+        if checkout is None:
+            raise Skip(f"the plugin's sources are in a deamoe-trt checkout: set {CHECKOUT_VAR}, or pass --plugin")
         major, minor = query_gpu().compute_capability
         build = self.work / "build-plugins"
-        configure = ["cmake", "-S", str(REPO / "plugins"), "-B", str(build), f"-DTENSORRT_ROOT={root}",
+        configure = ["cmake", "-S", str(checkout / "plugins"), "-B", str(build), f"-DTENSORRT_ROOT={root}",
                      f"-DCMAKE_CUDA_ARCHITECTURES={major}{minor}", "-DCMAKE_BUILD_TYPE=Release"]  # fmt: skip
         nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
         if Path(nvcc).is_file():

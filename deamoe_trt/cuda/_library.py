@@ -12,6 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..checkout import ENV_VAR as CHECKOUT_VAR
+from ..checkout import checkout_root
 from ..errors import MissingDependencyError
 from ..native import cache_dir
 from ._abi import bind
@@ -31,19 +33,20 @@ class KernelBuildError(MissingDependencyError):
     """The kernel library is not there and could not be built (no nvcc/CMake, a failed build)."""
 
 
-def source_tree_kernel_dir() -> Path:
-    """native/cuda/ of the source tree this package runs from: the kernel library's sources."""
-    return Path(__file__).resolve().parents[2] / "native" / "cuda"
+def source_tree_kernel_dir() -> Path | None:
+    """native/cuda/ of the source checkout (deamoe_trt.checkout), None without one."""
+    root = checkout_root()
+    return None if root is None else root / "native" / "cuda"
 
 
 def kernel_source_dir(package_dir: Path | None = None) -> Path:
     """Where the kernel sources are (the folder holding their CMakeLists.txt and headers): the
     copy a wheel carries (deamoe_trt/cuda/_src/, see setup.py) if there is one, else the
-    source tree's native/cuda/ (editable installs)."""
+    checkout's native/cuda/ (editable installs); the packaged folder, absent, if neither."""
     packaged = (package_dir or Path(__file__).resolve().parent) / PACKAGED_DIR
     if (packaged / "CMakeLists.txt").is_file():
         return packaged
-    return source_tree_kernel_dir()
+    return source_tree_kernel_dir() or packaged
 
 
 def cache_root() -> Path:
@@ -82,8 +85,8 @@ def _cached_or_built(cuda_architectures: str | None) -> Path:
     source = kernel_source_dir()
     if not (source / "CMakeLists.txt").is_file():
         raise KernelBuildError(
-            f"the DeaMoE kernel sources are not at {source}; build libdeamoe_kernels.so "
-            f"(native/cuda/build_kernels.sh) and set {ENV_LIBRARY} to its path"
+            f"the DeaMoE kernel sources are not at {source}; set {CHECKOUT_VAR} to a deamoe-trt checkout, "
+            f"or build libdeamoe_kernels.so (native/cuda/build_kernels.sh) and set {ENV_LIBRARY} to its path"
         )
     archs = cuda_architectures or _local_architecture()
     nvcc = _find_nvcc()

@@ -39,6 +39,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..checkout import import_root
 from ..errors import DeaMoEError, MissingDependencyError
 
 INSTALL_HINT = "scripts/setup.sh installs it: pip install --no-deps nvidia-pytriton"
@@ -199,7 +200,7 @@ class TritonServer:
         # The stub's embedded interpreter finds its prefix (and so its venv) through PATH.
         env["PATH"] = os.pathsep.join([str(dist.python_env / "bin"), env.get("PATH", "")])
         # The model code imports deamoe_trt from wherever this process does (a checkout may not be installed).
-        env[SYS_PATH_VAR] = str(Path(__file__).resolve().parents[2])
+        env[SYS_PATH_VAR] = str(import_root())
         return env
 
     def command(self, dist: TritonDist) -> list[str]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import contract
+from ..checkout import checkout_root
 from ..errors import MissingDependencyError, UsageError
 
 PLUGIN_NAME = contract.OP_TYPE
@@ -34,7 +35,6 @@ _LIB_NAMES = (
         "deamoe_plugin_dynamic.dll",
     )
 )
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 BUILD_HINT = (
     "build it with: cmake -S plugins -B build/plugins -DTENSORRT_ROOT=<TensorRT prefix, /usr on JetPack> "
@@ -64,7 +64,7 @@ def candidate_paths() -> Iterator[Path]:
     env = os.environ.get(ENV_VAR)
     if env:
         yield Path(env)
-    roots = [Path.cwd(), _REPO_ROOT]
+    roots = [Path.cwd(), *filter(None, [checkout_root()])]
     folders = ["build/plugins", "build", "build/plugins/deamoe", "build/plugins/lib", "build/lib"]
     seen = set()
     for root in roots:

@@ -11,15 +11,23 @@ import deamoe_trt
 from deamoe_trt.cuda._library import kernel_source_dir, source_tree_kernel_dir
 from deamoe_trt.cuda._sources import kernel_sources
 
+REPO = Path(__file__).resolve().parents[2]
 
-def test_source_finder_falls_back_to_the_repository(tmp_path):
-    assert kernel_source_dir(tmp_path) == source_tree_kernel_dir()  # no _src/ here: an editable install
+
+def test_source_finder_falls_back_to_the_checkouts_kernels(tmp_path):
+    # No _src/ in tmp_path: an editable install, whose checkout is this repository.
+    assert kernel_source_dir(tmp_path) == source_tree_kernel_dir() == REPO / "native" / "cuda"
+
+
+def test_source_finder_without_a_checkout_names_the_packaged_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr("deamoe_trt.cuda._library.checkout_root", lambda: None)
+    assert source_tree_kernel_dir() is None
+    assert kernel_source_dir(tmp_path) == tmp_path / "_src"
 
 
 @pytest.mark.slow
 def test_wheel_carries_the_kernel_sources_and_the_finder_uses_them(tmp_path):
-    repo = source_tree_kernel_dir().parents[1]
-    pip_wheel = [sys.executable, "-m", "pip", "wheel", str(repo), "--no-deps", "--no-build-isolation", "-q"]
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q"]
     result = subprocess.run(
         [*pip_wheel, "-w", str(tmp_path)],
         capture_output=True,
@@ -28,7 +36,7 @@ def test_wheel_carries_the_kernel_sources_and_the_finder_uses_them(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     (wheel,) = tmp_path.glob("deamoe_trt-*.whl")
-    kernels = source_tree_kernel_dir()
+    kernels = REPO / "native" / "cuda"
     expected = {f"deamoe_trt/cuda/_src/{f.relative_to(kernels).as_posix()}": f for f in kernel_sources(kernels)}
     # The patterns really match: the sources, and the CMake files the build reads.
     assert {"deamoeKernels.cu", "deamoeRouting.cuh", "CMakeLists.txt", "architectures.cmake"} <= {

@@ -12,14 +12,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ...checkout import checkout_root
 from ...errors import DeaMoEError, MissingDependencyError, UsageError
 
 # Edge-LLM releases this export is tested with (the graph it writes changes between minor releases).
 TESTED_VERSIONS = ("0.11.0",)
 TESTED_SERIES = "0.11"
 PYTHON_ENV = "DEAMOE_TRT_EDGELLM_PYTHON"
-REPO_ROOT = Path(__file__).resolve().parents[3]
-VENV_PYTHON = REPO_ROOT / ".venv-edgellm" / "bin" / "python"
+
+
+def venv_python() -> Path | None:
+    """The Python of the .venv-edgellm scripts/setup.sh makes in the checkout (deamoe_trt.checkout)."""
+    root = checkout_root()
+    return None if root is None else root / ".venv-edgellm" / "bin" / "python"
 
 
 def check_version(version: str) -> None:
@@ -32,15 +37,16 @@ def check_version(version: str) -> None:
 
 
 def edgellm_python(explicit: str | None = None) -> Path:
-    """The Python that has Edge-LLM: explicit, $DEAMOE_TRT_EDGELLM_PYTHON, the repository's
+    """The Python that has Edge-LLM: explicit, $DEAMOE_TRT_EDGELLM_PYTHON, the checkout's
     .venv-edgellm, or this one; MissingDependencyError when none has it."""
     for candidate in (explicit, os.environ.get(PYTHON_ENV)):
         if candidate:
             if not Path(candidate).is_file():
                 raise UsageError(f"Edge-LLM Python {candidate} does not exist")
             return Path(candidate)
-    if VENV_PYTHON.is_file():
-        return VENV_PYTHON
+    venv = venv_python()
+    if venv is not None and venv.is_file():
+        return venv
     if importlib.util.find_spec("tensorrt_edgellm") is not None:
         return Path(sys.executable)
     raise MissingDependencyError(

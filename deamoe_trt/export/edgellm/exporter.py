@@ -9,16 +9,17 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from ...checkout import import_root
 from ...errors import DeaMoEError, UsageError
-from .environment import REPO_ROOT, edgellm_python
+from .environment import edgellm_python
 
 SIDECAR = "deamoe_trt.json"
 
 
 def run_driver(python: Path, lm_dir: Path, out: Path) -> subprocess.CompletedProcess:
-    """driver.py in python, deamoe_trt importable from this source tree; threads kept to two."""
+    """driver.py in python, deamoe_trt importable from where this process imports it; threads kept to two."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(import_root()), env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "2")
     command = [str(python), "-m", "deamoe_trt.export.edgellm.driver", str(lm_dir), str(out)]
     return subprocess.run(command, env=env, capture_output=True, text=True, check=False)
