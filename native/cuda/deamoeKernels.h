@@ -1,6 +1,6 @@
 /*
  * DeaMoE CUDA kernels: the public surface shared by the TensorRT plugin and the Python
- * binding (deamoe_trt.cuda). The math is ../../../shared/deamoe-spec.md; the routing
+ * binding (deamoe_trt.cuda). The math is docs/spec.md; the routing
  * reference is deamoe_trt/routing.py.
  *
  * Contract: additions are fine, changes to existing signatures must update both callers
