@@ -27,5 +27,6 @@ check=${PIPESTATUS[0]}
 "$python" -m pytest -m gpu -q -p no:cacheprovider -rs tests/runtimes/test_cuda.py tests/cuda/test_cuda_binding.py \
     2>&1 | tee "$out/pytest_gpu.log" | tail -25
 tests=${PIPESTATUS[0]}
+"$python" scripts/device_lm_check.py --out "$out" 2>&1 | tee "$out/lm_check.log" | tail -30  # whole-model table
 echo "device_check: check-gpu exit $check, gpu tests exit $tests"
 [ "$check" -eq 0 ] && [ "$tests" -eq 0 ]
