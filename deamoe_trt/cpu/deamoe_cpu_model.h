@@ -82,34 +82,57 @@ struct LinearRows {
   int int4_mode;
 };
 
-// y[t, r] = w[r] . x[t] (+ bias[r]) for the rows of quads [q0, q1). Tokens take turns on each
-// quad: it is read from memory for the first and from the caches for the others.
-template <typename WT>
-void gemv_quads(const LinearRows& J, int64_t q0, int64_t q1) {
+// y[t, r] = w[r] . x[t] (+ bias[r]) for tokens [t0, t0 + TT) and the four rows of one quad:
+// each chunk of the quad's weights is loaded (and widened from fp16) once for the TT tokens.
+// A token's sums take the same multiply-adds in the same order whatever TT: the same bits
+// as the token alone.
+template <typename WT, int TT>
+inline void gemv_quad_tokens(const LinearRows& J, int64_t quad, int64_t t0) {
   const float* bias = J.L.bias;
   const int64_t n = J.L.cols_p, rows = J.L.rows;
-  for (int64_t quad = q0; quad < q1; ++quad) {
-    const WT* wq = static_cast<const WT*>(J.L.w) + quad * kQuad * n;
-    for (int64_t t = 0; t < J.tokens; ++t) {
-      const float* xt = J.x + t * J.x_stride;
-      V a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
-      const WT* w = wq;
-      for (int64_t c = 0; c < n; c += W, w += kQuad * W) {
-        // Near and far (see prefetch_ahead), on the first token's pass: the others read the caches.
-        if (t == 0) prefetch_ahead<true>(reinterpret_cast<const uint8_t*>(w), kQuad * W * sizeof(WT));
-        const V x = vload(xt + c);
-        a0 = vfma(vload(w), x, a0);
-        a1 = vfma(vload(w + W), x, a1);
-        a2 = vfma(vload(w + 2 * W), x, a2);
-        a3 = vfma(vload(w + 3 * W), x, a3);
-      }
-      const float dots[kQuad] = {vsum(a0), vsum(a1), vsum(a2), vsum(a3)};
-      float* y = J.y + t * J.y_stride;
-      for (int r = 0; r < kQuad && quad * kQuad + r < rows; ++r) {
-        const int64_t row = quad * kQuad + r;
-        y[row] = dots[r] + (bias ? bias[row] : 0.0f);
-      }
+  const WT* w = static_cast<const WT*>(J.L.w) + quad * kQuad * n;
+  V acc[TT][kQuad];
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < kQuad; ++r) acc[t][r] = vzero();
+  const float* x0 = J.x + t0 * J.x_stride;
+  for (int64_t c = 0; c < n; c += W, w += kQuad * W) {
+    // Near and far (see prefetch_ahead), on the first tile's pass: the others read the caches.
+    if (t0 == 0) prefetch_ahead<true>(reinterpret_cast<const uint8_t*>(w), kQuad * W * sizeof(WT));
+    const V w0 = vload(w), w1 = vload(w + W), w2 = vload(w + 2 * W), w3 = vload(w + 3 * W);
+#pragma GCC unroll 4
+    for (int t = 0; t < TT; ++t) {
+      const V x = vload(x0 + t * J.x_stride + c);
+      acc[t][0] = vfma(w0, x, acc[t][0]);
+      acc[t][1] = vfma(w1, x, acc[t][1]);
+      acc[t][2] = vfma(w2, x, acc[t][2]);
+      acc[t][3] = vfma(w3, x, acc[t][3]);
     }
+  }
+  for (int t = 0; t < TT; ++t) {
+    float* y = J.y + (t0 + t) * J.y_stride;
+    for (int r = 0; r < kQuad && quad * kQuad + r < rows; ++r) {
+      const int64_t row = quad * kQuad + r;
+      y[row] = vsum(acc[t][r]) + (bias ? bias[row] : 0.0f);
+    }
+  }
+}
+
+// Tokens per tile: their accumulators, the quad's four weight vectors and x in registers
+// (AVX-512's 32 vector registers hold four tokens' 16, AVX2's 16 two tokens' 8).
+#if defined(__AVX512F__)
+constexpr int kTokenTile = 4;
+#else
+constexpr int kTokenTile = 2;
+#endif
+
+// y[t, r] = w[r] . x[t] (+ bias[r]) for the rows of quads [q0, q1), every token: a quad is
+// read from memory for the first tile of tokens and from the caches for the others.
+template <typename WT>
+void gemv_quads(const LinearRows& J, int64_t q0, int64_t q1) {
+  for (int64_t quad = q0; quad < q1; ++quad) {
+    int64_t t = 0;
+    for (; t + kTokenTile <= J.tokens; t += kTokenTile) gemv_quad_tokens<WT, kTokenTile>(J, quad, t);
+    for (; t < J.tokens; ++t) gemv_quad_tokens<WT, 1>(J, quad, t);
   }
 }
 
