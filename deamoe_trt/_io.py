@@ -44,7 +44,7 @@ def sweep_temporaries(folder: str | Path, name: str | None = None) -> list[Path]
     """Remove this tool's temporaries in folder (for `name` only, if given) whose process is
     gone: what a killed run left. A live writer's are kept. The paths removed."""
     folder = Path(folder)
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(folder.iterdir())
     except OSError:

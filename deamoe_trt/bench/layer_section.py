@@ -125,7 +125,9 @@ def _layer_traffic(layer: DeaMoELayer, inputs: dict, warmup: int) -> dict:
     out = {}
     with torch.inference_mode():
         for tokens, xs in inputs.items():
-            per = {k: {"bytes": [], "departments_used": [], "experts_used": [], "expert_ids": []} for k in kinds}
+            per: dict[str, dict[str, list]] = {
+                k: {"bytes": [], "departments_used": [], "experts_used": [], "expert_ids": []} for k in kinds
+            }
             for x in xs[warmup:]:
                 logits = router_logits(x, layer.router.weight, layer.router.logit_bias)
                 deamoe_routing = route_logits(logits, bias, config)

@@ -166,7 +166,9 @@ def _stack_traffic(stacks: dict, config: DeaMoEConfig, dtype: torch.dtype, input
     cfgs = {"deamoe": config, "expanded": config.expanded()}
     out = {}
     for tokens, xs in inputs.items():
-        per = {k: {"bytes": [], "departments_used": [], "experts_used": []} for k in stacks}
+        per: dict[str, dict[str, list[int]]] = {
+            k: {"bytes": [], "departments_used": [], "experts_used": []} for k in stacks
+        }
         for x in xs[warmup:]:
             for kind, stack in stacks.items():
                 total = used_d = used_e = 0

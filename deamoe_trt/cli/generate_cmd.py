@@ -245,7 +245,8 @@ class _Stream:
     so far, less what is already on screen: a token may complete a multi-byte character)."""
 
     def __init__(self, tokenizer, prompt: str):
-        self.tokenizer, self.ids, self.shown = tokenizer, [], ""
+        self.tokenizer, self.shown = tokenizer, ""
+        self.ids: list[int] = []
         print(prompt, end="", flush=True)
 
     def token(self, token: int) -> None:

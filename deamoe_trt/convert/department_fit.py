@@ -201,7 +201,7 @@ def fit_downs(
     trace += float(a.diagonal().sum())
     lam = ridge * trace / max(size, 1) + 1e-12
 
-    solved = []  # per expert: (C_e + lam)^-1 applied to [B_e^T | r_e']
+    solved: list[torch.Tensor | None] = []  # per expert: (C_e + lam)^-1 applied to [B_e^T | r_e']
     for (c, b, r_e), start in zip(blocks, private_starts, strict=True):
         if c.shape[0] == 0:
             solved.append(None)

@@ -76,7 +76,7 @@ def calibration_windows(ids: torch.Tensor, length: int, count: int = CALIBRATION
 def ffn_inputs(model: DeaMoELM, windows: list[torch.Tensor]) -> dict[int, torch.Tensor]:
     """Each DeaMoE block's FFN inputs [tokens, d] (its post-attention RMSNorm's output) when
     model runs on each window [S] of token ids."""
-    captured = {i: [] for i in model.moe_layers()}
+    captured: dict[int, list[torch.Tensor]] = {i: [] for i in model.moe_layers()}
     hooks = [
         model.layers[i].post_attention_layernorm.register_forward_hook(
             lambda _m, _i, out, i=i: captured[i].append(out.detach().reshape(-1, out.shape[-1]))

@@ -37,6 +37,7 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -125,7 +126,7 @@ class TritonPythonModel:
             "tokens": family("deamoe_lm_tokens_total", "tokens generated", family.COUNTER),
             "active": family("deamoe_lm_active_sequences", "sequences in flight", family.GAUGE),
         }
-        self.outcomes = {}
+        self.outcomes: dict[str, Any] = {}  # outcome -> its Triton counter
         self.tokens = self.families["tokens"].Metric(labels={})
         self.active = self.families["active"].Metric(labels={})
         self.lock = threading.Lock()

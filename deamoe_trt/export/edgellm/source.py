@@ -209,7 +209,7 @@ def write_hf_dir(model, tokenizer: HFTokenizer, lm_dir: Path, out: Path) -> dict
     config: LMConfig = model.config
     layers = {i: block.mlp for i, block in enumerate(model.layers) if block.is_moe}
     moe_prefixes = tuple(f"layers.{i}.mlp." for i in layers)
-    tensors = {}
+    tensors: dict[str, torch.Tensor] = {}
     state = model.state_dict()
     for name, tensor in state.items():
         if name.startswith(moe_prefixes) or (name == "lm_head.weight" and config.tie_word_embeddings):

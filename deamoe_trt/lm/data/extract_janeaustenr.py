@@ -21,7 +21,8 @@ import zlib
 
 class _Reader:
     def __init__(self, data: bytes):
-        self.data, self.pos, self.refs = data, 0, []
+        self.data, self.pos = data, 0
+        self.refs: list[tuple[str, object]] = []
 
     def take(self, n: int) -> bytes:
         out = self.data[self.pos : self.pos + n]
