@@ -93,3 +93,32 @@ def test_batched_bench_times_llama_batched_bench_at_the_same_counts():
         assert mine["vs_llama"] == pytest.approx(llama[n]["tpot_ms"] / mine["tpot_ms"])
         assert llama[n]["tokens_per_s"] == pytest.approx(n / llama[n]["tpot_ms"] * 1e3)
     assert "vs llama.cpp f16" in lm_batch_table(result)
+
+
+def fake_llama_batched_bench(tmp_path, rows: list[str]) -> LlamaTools:
+    """llama.cpp's tools as scripts; llama-batched-bench records its arguments and prints rows."""
+    for name in ("llama-bench", "llama-quantize", "llama-perplexity"):
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(0o755)
+    script = tmp_path / "llama-batched-bench"
+    body = "".join(f"echo '{row}'\n" for row in rows)
+    script.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "argv"}\necho "log line"\n{body}')
+    script.chmod(0o755)
+    return LlamaTools.beside(tmp_path / "llama-bench")
+
+
+def test_batched_bench_reads_one_row_per_count_of_sequences(tmp_path):
+    from deamoe_trt.bench.llama_cpp import batched_bench
+
+    row = '{{"pp": 4, "tg": 8, "pl": {pl}, "n_kv": 48, "t_tg": {t}, "speed_tg": {speed}}}'
+    tools = fake_llama_batched_bench(
+        tmp_path, [row.format(pl=1, t=0.4, speed=20.0), row.format(pl=4, t=0.8, speed=40.0)]
+    )
+    samples = batched_bench(tools, tmp_path / "m.gguf", sequences=(1, 4), tokens=8, depth=4, threads=2)
+    assert [(s.sequences, s.seconds_per_step, s.tokens_per_s) for s in samples] == [(1, 0.05, 20.0), (4, 0.1, 40.0)]
+    argv = (tmp_path / "argv").read_text().split()
+    assert argv[argv.index("-npl") + 1] == "1,4" and argv[argv.index("-ntg") + 1] == "8"
+    assert argv[argv.index("-npp") + 1] == "4" and int(argv[argv.index("-c") + 1]) >= 4 * (4 + 8)
+    missing = fake_llama_batched_bench(tmp_path, [row.format(pl=1, t=0.4, speed=20.0)])
+    with pytest.raises(UsageError, match="wrote 1 rows for 2 sequence counts"):
+        batched_bench(missing, tmp_path / "m.gguf", sequences=(1, 4), tokens=8, depth=4, threads=2)
