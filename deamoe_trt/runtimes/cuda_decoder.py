@@ -20,7 +20,8 @@ each sequence's new key at its own position and attends over its positions only 
 sliding block hides the keys outside its window; the cache itself keeps every key).
 
 On a GPU, a step of B sequences is captured as a CUDA graph the second time B sequences
-step together, and replayed from then on: a step is one host-to-device copy of the tokens,
+step together, and replayed from then on (graph_error says why, if a capture failed and the
+step stays eager): a step is one host-to-device copy of the tokens,
 positions and slots, one graph launch and one copy of the logits back, with no host
 synchronisation inside. Under the SIMT emulator (`CudaRuntime.emulated`, CPU tensors) the
 same step runs eagerly.
@@ -63,7 +64,7 @@ def runnable(model: DeaMoELM, twin: str, device: torch.device) -> DeaMoELM:
     for i in source.moe_layers():
         # The kernels read 16-byte vectors: fresh allocations are aligned, a checkpoint's
         # memory-mapped tensors need not be.
-        source.layers[i].mlp._apply(lambda t: t.clone())
+        source.layers[i].mlp._apply(lambda t: t if t.data_ptr() % 16 == 0 else t.clone())
     return source
 
 
@@ -207,26 +208,28 @@ class CudaBatchDecoder:
     # -- the step ---------------------------------------------------------------------------------
 
     def _run(self, batch: int) -> None:
-        """One step of the first `batch` rows of the step inputs: eagerly the first time (the
-        graph's warm-up: its writes are the ones a replay makes), from a CUDA graph after."""
-        if not self.use_graphs:
-            self._compute(batch)
-            return
+        """One step of the first `batch` rows of the step inputs: eagerly the first time B
+        sequences step; the second time eagerly on a side stream (the warm-up capture needs)
+        and then captured, its writes being the ones a replay makes; replayed after that."""
         graph = self._graphs.get(batch)
         if graph is not None:
             graph.replay()
             return
-        self._compute(batch)
-        if batch in self._seen or batch in self._graphs:
+        if not self.use_graphs or batch in self._graphs or batch not in self._seen:
+            self._seen.add(batch)
+            self._compute(batch)
             return
-        self._seen.add(batch)
+        main, side = torch.cuda.current_stream(self.device), torch.cuda.Stream(self.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            self._compute(batch)
+        main.wait_stream(side)
         try:
-            torch.cuda.synchronize(self.device)
             captured = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(captured):
+            with torch.cuda.graph(captured, stream=side):
                 self._compute(batch)
             self._graphs[batch] = captured
-        except RuntimeError as exc:  # a capture the driver refuses: the step stays eager
+        except RuntimeError as exc:  # a capture the driver refuses: this batch size stays eager
             self._graphs[batch] = None
             self.graph_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
