@@ -26,6 +26,7 @@ SUBCOMMANDS = (
     "deamoe_trt.cli.doctor_cmd",
     "deamoe_trt.cli.check_cmd",
     "deamoe_trt.cli.train_cmd",
+    "deamoe_trt.cli.train_compare_cmd",
     "deamoe_trt.cli.generate_cmd",
     "deamoe_trt.cli.export_lm_cmd",
     "deamoe_trt.cli.convert_cmd",

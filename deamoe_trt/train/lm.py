@@ -10,6 +10,14 @@ Loss: next-byte cross-entropy (nats) plus a small Switch-Transformer load-balanc
 per block (num_experts * sum_e f_e * P_e, f_e the share of routing slots expert e got and
 P_e its mean router score), which keeps the routers from collapsing onto a few experts.
 Reported losses are the cross-entropy alone.
+
+Data parallel under torchrun (the engine end-to-end healing uses, deamoe_trt.convert.distill):
+every process draws the same global batch, process r of R trains on windows r, r + R, ...,
+its cross-entropy is summed over its tokens and divided by the global batch's, the
+load-balancing term uses the global expert shares (one all-reduce of the counts), and one
+all-reduce of the gradients gives every process the one-process gradient and the same step.
+R processes give one process's result within float rounding; one process computes exactly
+as before.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import torch
 from torch.nn import functional as F
 
 from ..console import Progress
+from ..convert.distill import _all_reduce, world
 from ..errors import UsageError
 from ..lm.config import LMConfig
 from ..lm.model import DeaMoELM
@@ -136,6 +145,19 @@ def load_balance_loss(routing: Routing, num_experts: int) -> torch.Tensor:
     return num_experts * (share * routing.scores.mean(0)).sum()
 
 
+def global_load_balance_loss(routing: Routing, num_experts: int, tokens: int) -> torch.Tensor:
+    """This process's part of the load-balancing term of a global batch of `tokens` tokens
+    split over the processes: the expert shares are the global ones; the parts sum to
+    load_balance_loss over the whole batch."""
+    import torch.distributed as dist
+
+    counts = torch.zeros(num_experts, device=routing.scores.device)
+    counts.scatter_add_(0, routing.expert_ids.reshape(-1), torch.ones(routing.expert_ids.numel()))
+    dist.all_reduce(counts)
+    share = counts / counts.sum()
+    return num_experts * (share * routing.scores.sum(0) / tokens).sum()
+
+
 @torch.no_grad()
 def evaluate(model: DeaMoELM, data: torch.Tensor, settings: TrainSettings) -> float:
     """Mean cross-entropy over fixed windows (the same ones at every call and for every seed)."""
@@ -196,20 +218,34 @@ def _train(model, tokenizer, train_ids, val_ids, settings: TrainSettings, progre
         betas=(0.9, 0.95),
     )
     gen = torch.Generator().manual_seed(settings.seed)
-    bar = Progress(settings.steps, label, enabled=progress)
+    rank, size = world()
+    if settings.batch_size < size:
+        raise UsageError(f"the batch ({settings.batch_size} windows) must be at least the {size} processes")
+    bar = Progress(settings.steps, label, enabled=progress and rank == 0)
     losses: list[float] = []
     num_experts = model.config.moe.num_experts
+    params = list(model.parameters())
     model.train()
     for step in range(settings.steps):
         for group in optimizer.param_groups:
             group["lr"] = _lr(step, settings)
         x, y = windows(train_ids, settings.batch_size, settings.seq_len, gen)
-        out = model(x)
-        ce = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), y.reshape(-1))
-        aux = sum(load_balance_loss(r, num_experts) for r in out.routings) / len(out.routings)
+        if size == 1:
+            out = model(x)
+            ce = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), y.reshape(-1))
+            aux = sum(load_balance_loss(r, num_experts) for r in out.routings) / len(out.routings)
+        else:
+            out = model(x[rank::size])
+            tokens = x.numel()
+            logits = out.logits.reshape(-1, out.logits.shape[-1])
+            ce = F.cross_entropy(logits, y[rank::size].reshape(-1), reduction="sum") / tokens
+            parts = [global_load_balance_loss(r, num_experts, tokens) for r in out.routings]
+            aux = sum(parts) / len(out.routings)
         optimizer.zero_grad(set_to_none=True)
         (ce + settings.aux_loss_coef * aux).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+        if size > 1:
+            _all_reduce(params, ce)
+        torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
         optimizer.step()
         losses.append(ce.item())
         last = step + 1 == settings.steps

@@ -1,0 +1,76 @@
+"""`deamoe-trt train`: a DeaMoE language model and a vanilla MoE of equal expert parameters and
+active neurons per token, trained from the same data, seed and steps, compared on held-out
+perplexity and bytes per decoding step; one process or every process of a torchrun job."""
+
+from __future__ import annotations
+
+from . import args as common
+
+
+def register(subparsers) -> None:
+    from ..train.compare import PRESETS
+
+    parser = subparsers.add_parser(
+        "train",
+        help="train a DeaMoE LM and a vanilla MoE of equal size the same way, and compare them",
+        description=__doc__,
+    )
+    common.add_output(parser, help="directory to write (one checkpoint per model and report.json)", directory=True)
+    parser.add_argument(
+        "--preset", choices=tuple(PRESETS), default="small", help="model sizes and budget (default small)"
+    )
+    parser.add_argument(
+        "--steps", type=common.positive_int, default=None, help="optimizer steps of every model (default: the preset's)"
+    )
+    parser.add_argument(
+        "--upcycle",
+        action="store_true",
+        help="also train both from one dense model (sparse upcycling): --dense-steps dense, the rest MoE",
+    )
+    parser.add_argument(
+        "--dense-steps",
+        type=common.positive_int,
+        default=None,
+        help="dense steps before upcycling (default: the preset's)",
+    )
+    common.add_seed(parser)
+    parser.add_argument(
+        "--threads", type=common.positive_int, default=1, help="torch CPU threads per process (default 1)"
+    )
+    common.add_force(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import json
+    from pathlib import Path
+
+    from .._io import check_replaceable, json_format_is, replaced_directory
+    from ..convert.distill import init_distributed
+    from ..train.compare import REPORT_FORMAT, compare, get_preset, report_table
+
+    out = Path(args.output)
+    ours, what = json_format_is(REPORT_FORMAT, "report.json"), "training comparison"
+    check_replaceable(out, ours, what, force=args.force)  # before the training, not after it
+    rank, size = init_distributed("cpu")
+    preset = get_preset(args.preset)
+    if rank == 0:
+        print(f"training a DeaMoE LM and its matched vanilla MoE ({preset.description}) on {size} process(es)")
+    report, models = compare(
+        preset,
+        steps=args.steps,
+        dense_steps=args.dense_steps,
+        upcycled=args.upcycle,
+        seed=args.seed,
+        threads=args.threads,
+        progress=rank == 0,
+    )
+    report["settings"]["processes"] = size
+    if rank == 0:
+        with replaced_directory(out, ours, what, force=args.force, note=common.note) as staging:
+            for name, model in models.items():
+                model.save_pretrained(staging / name)
+            (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        print(report_table(report))
+        print(f"\nwrote {out}")
+    return 0

@@ -1,0 +1,336 @@
+"""DeaMoE against a vanilla MoE of equal size, trained from the same data, seed and budget.
+
+The paper's pretraining claim at small scale: a DeaMoE language model and a vanilla top-k
+MoE with the same expert parameters and the same active FFN neurons per token (so the same
+FLOPs per token) train the same number of steps on the same batches from the same seed;
+the report compares their held-out perplexity and the FFN bytes a decoding step of 1, 4 and
+8 tokens reads (deamoe_trt.convert.metrics, on each model's own held-out routing).
+
+The vanilla MoE is solved from the DeaMoE's config and an expert width f_v:
+    N_v f_v = D f_s + N f_p     (expert parameters, every department's shared part once)
+    k_v f_v = g f_s + k f_p     (neurons a token computes: g shared parts, k private parts)
+Both must come out whole; the attention, embeddings and head are the same. The routers
+differ by (N - N_v) d weights per block, which the report states.
+
+Sparse upcycling (`dense_steps`): one dense model (each FFN one SwiGLU of width f_s + f_p =
+f_v) trains first; both MoEs start from it, every expert a copy of its FFN (for the DeaMoE:
+each department's shared part its first f_s neurons, each private part the rest), with
+fresh routers, and train the remaining steps. With weights renormalised over the kept
+experts (norm_topk_prob) an upcycled model computes exactly the dense model's function at
+its first step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from ..config import DeaMoEConfig, top_k_moe
+from ..convert.metrics import STEP_TOKENS, departments_per_token, layer_step_bytes
+from ..errors import UsageError
+from ..lm.config import LMConfig
+from ..lm.model import DeaMoELM
+from ..lm.tokenizer import ByteTokenizer
+from .lm import CORPORA, TrainResult, TrainSettings, shipped_text, split_text, train
+
+REPORT_FORMAT = "deamoe-trt-train-comparison"
+
+
+def expert_neurons(moe: DeaMoEConfig) -> int:
+    """FFN neurons of one block's experts: D f_s + N f_p."""
+    return moe.num_departments * moe.shared_intermediate_size + moe.num_experts * moe.private_intermediate_size
+
+
+def active_neurons(moe: DeaMoEConfig) -> int:
+    """Neurons a token computes at most in one block: g f_s + k f_p."""
+    return moe.top_departments * moe.shared_intermediate_size + moe.top_k * moe.private_intermediate_size
+
+
+def matched_vanilla(moe: DeaMoEConfig, width: int | None = None) -> DeaMoEConfig:
+    """The vanilla top-k MoE of experts of `width` (default f_s + f_p) with moe's expert
+    parameters and active neurons per token; a one-line UsageError when none exists."""
+    width = width or moe.expert_intermediate_size
+    if moe.has_shared_experts or moe.ffn_bias:
+        raise UsageError("the comparison takes DeaMoE layers without always-on shared experts or FFN biases")
+    total, active = expert_neurons(moe), active_neurons(moe)
+    if total % width or active % width:
+        raise UsageError(
+            f"no vanilla MoE of experts {width} wide matches {total} expert neurons and {active} active "
+            "ones per token; choose a width dividing both"
+        )
+    return top_k_moe(
+        hidden_size=moe.hidden_size,
+        num_experts=total // width,
+        intermediate_size=width,
+        top_k=active // width,
+        score_func=moe.score_func,
+        norm_topk_prob=moe.norm_topk_prob,
+        routed_scaling_factor=moe.routed_scaling_factor,
+        activation=moe.activation,
+    )
+
+
+@dataclass(frozen=True)
+class ComparePreset:
+    config: LMConfig  # the DeaMoE language model
+    settings: TrainSettings
+    dense_steps: int  # steps of the dense model before upcycling
+    corpus: str = "persuasion"
+    heldout_windows: int = 32
+    description: str = ""
+
+    def vanilla(self) -> LMConfig:
+        return self.config.replace(moe=matched_vanilla(self.config.moe))
+
+    def dense(self) -> LMConfig:
+        width = self.config.moe.expert_intermediate_size
+        return self.config.replace(
+            moe=top_k_moe(
+                hidden_size=self.config.hidden_size,
+                num_experts=1,
+                intermediate_size=width,
+                top_k=1,
+                norm_topk_prob=True,
+            )
+        )
+
+
+def _lm(hidden: int, layers: int, heads: int, context: int, moe: DeaMoEConfig) -> LMConfig:
+    return LMConfig(
+        vocab_size=256,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        max_position_embeddings=context,
+        moe=moe,
+    )
+
+
+def _deamoe(hidden: int, departments: int, per_department: int, shared: int, private: int, k: int) -> DeaMoEConfig:
+    return DeaMoEConfig(
+        hidden_size=hidden,
+        num_departments=departments,
+        experts_per_department=per_department,
+        shared_intermediate_size=shared,
+        private_intermediate_size=private,
+        top_k=k,
+        top_departments=1,
+        norm_topk_prob=True,
+    )
+
+
+PRESETS: dict[str, ComparePreset] = {
+    # Seconds: the tests' models.
+    "micro": ComparePreset(
+        config=_lm(32, 1, 2, 32, _deamoe(32, 2, 4, 16, 8, 4)),
+        settings=TrainSettings(steps=6, batch_size=4, seq_len=16, lr=1e-2, warmup=2, eval_batches=2, log_every=3),
+        dense_steps=2,
+        heldout_windows=4,
+        description="d=32, 1 block; DeaMoE 2 departments of 4 experts (f_s=16, f_p=8), top-4 from 1 department",
+    ),
+    # A CPU core, tens of minutes: 2 blocks, d = 128. DeaMoE: 4 departments of 4 experts,
+    # f_s = 64, f_p = 32, a token's 4 experts from one department (64 + 4 x 32 = 192 neurons);
+    # vanilla: 8 experts of 96, top-2 (192 neurons); 768 expert neurons per block each.
+    "small": ComparePreset(
+        config=_lm(128, 2, 4, 128, _deamoe(128, 4, 4, 64, 32, 4)),
+        settings=TrainSettings(steps=600, batch_size=16, seq_len=128, lr=3e-3, warmup=30, eval_batches=4, log_every=25),
+        dense_steps=200,
+        heldout_windows=64,
+        description="d=128, 2 blocks; DeaMoE 4 departments of 4 experts (f_s=64, f_p=32), top-4 from 1 department",
+    ),
+}
+
+
+def get_preset(name: str) -> ComparePreset:
+    if name not in PRESETS:
+        raise UsageError(f"unknown comparison preset {name!r}; known: {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+@torch.no_grad()
+def upcycle(dense: DeaMoELM, config: LMConfig, *, seed: int = 0) -> DeaMoELM:
+    """config's MoE language model starting from dense (every FFN one expert of width f_s +
+    f_p): each department's shared part is the dense FFN's first f_s neurons, each private
+    part the rest; routers random (seed), everything else copied."""
+    dense_moe, moe = dense.config.moe, config.moe
+    if dense_moe.num_experts != 1 or dense_moe.expert_intermediate_size != moe.expert_intermediate_size:
+        raise UsageError(
+            f"upcycling needs a dense model of one FFN {moe.expert_intermediate_size} wide, "
+            f"got {dense_moe.num_experts} experts {dense_moe.expert_intermediate_size} wide"
+        )
+    model = DeaMoELM.random(config, seed=seed)
+    state = dense.state_dict()
+    f_s = moe.shared_intermediate_size
+    for name, tensor in model.state_dict().items():
+        if ".mlp.router." in name:
+            continue
+        if ".mlp.departments." in name or ".mlp.experts." in name:
+            block = name.split(".mlp.")[0]
+            gate_up = state[f"{block}.mlp.experts.gate_up"][0]  # [2f, d]: gate rows, then up rows
+            down = state[f"{block}.mlp.experts.down"][0]  # [d, f]
+            f = down.shape[1]
+            gate, up = gate_up[:f], gate_up[f:]
+            part = slice(0, f_s) if ".mlp.departments." in name else slice(f_s, f)
+            source = torch.cat([gate[part], up[part]]) if name.endswith("gate_up") else down[:, part]
+            tensor.copy_(source.expand_as(tensor))
+        else:
+            tensor.copy_(state[name])
+    return model
+
+
+def parameter_count(model: DeaMoELM) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def heldout_measures(model: DeaMoELM, heldout: torch.Tensor, windows: int, seq_len: int) -> dict:
+    """Held-out loss and perplexity on up to `windows` consecutive windows of seq_len + 1
+    tokens of heldout, and the FFN bytes per step (all blocks) at STEP_TOKENS tokens on
+    the model's routing of those tokens."""
+    count = min(windows, (len(heldout) - 1) // seq_len)
+    if count < 1:
+        raise UsageError(f"the held-out text ({len(heldout)} tokens) is shorter than one window of {seq_len + 1}")
+    starts = torch.arange(count) * seq_len
+    chunk = torch.stack([heldout[s : s + seq_len + 1] for s in starts.tolist()])
+    model.eval()
+    out = model(chunk[:, :-1])
+    loss = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), chunk[:, 1:].reshape(-1)).item()
+    layers = [model.layers[i].mlp for i in model.moe_layers()]
+    per_step = {
+        str(t): sum(layer_step_bytes(layer, r, t) for layer, r in zip(layers, out.routings, strict=True))
+        for t in STEP_TOKENS
+    }
+    return {
+        "heldout_tokens": count * seq_len,
+        "heldout_loss": loss,
+        "perplexity": math.exp(loss),
+        "bytes_per_step_at": per_step,
+        "departments_per_token": sum(departments_per_token(r) for r in out.routings) / len(out.routings),
+    }
+
+
+def _row(name: str, result: TrainResult, preset: ComparePreset, settings: TrainSettings, steps: dict) -> dict:
+    model, moe = result.model, result.model.config.moe
+    row = {
+        "model": name,
+        "steps": steps,
+        "parameters": parameter_count(model),
+        "router_parameters": sum(model.layers[i].mlp.router.weight.numel() for i in model.moe_layers()),
+        "expert_neurons_per_block": expert_neurons(moe),
+        "active_neurons_per_token": active_neurons(moe),
+        "experts": moe.num_experts,
+        "top_k": moe.top_k,
+        "departments": moe.num_departments,
+        "shared_size": moe.shared_intermediate_size,
+        "private_size": moe.private_intermediate_size,
+        "train_loss": result.train_loss,
+        "val_loss": result.val_loss,
+        "seconds": result.seconds,
+    }
+    _, heldout = split_text(shipped_text(preset.corpus), result.tokenizer, settings.val_fraction)
+    row.update(heldout_measures(model, heldout, preset.heldout_windows, settings.seq_len))
+    return row
+
+
+def compare(
+    preset: ComparePreset,
+    *,
+    steps: int | None = None,
+    dense_steps: int | None = None,
+    upcycled: bool = False,
+    seed: int = 0,
+    threads: int = 1,
+    progress: bool = True,
+) -> tuple[dict, dict[str, DeaMoELM]]:
+    """Train the DeaMoE and its matched vanilla MoE from scratch (and, with upcycled, both
+    from one dense model), the same steps in all; (report, models by name). Runs as one
+    process or as every process of a torchrun job (deamoe_trt.train.lm's data parallelism):
+    every process returns the same report and weights, within float rounding."""
+    settings = dataclasses.replace(preset.settings, steps=steps or preset.settings.steps, seed=seed, threads=threads)
+    dense_steps = preset.dense_steps if dense_steps is None else dense_steps
+    if upcycled and not 0 < dense_steps < settings.steps:
+        raise UsageError(f"dense steps must be between 1 and the {settings.steps} steps - 1, got {dense_steps}")
+    configs = {"deamoe": preset.config, "vanilla": preset.vanilla()}
+    tokenizer = ByteTokenizer(vocab_size=preset.config.vocab_size)
+    text = shipped_text(preset.corpus)
+    rows, models = [], {}
+    for name, config in configs.items():
+        result = train(config, settings, text=text, tokenizer=tokenizer, progress=progress, label=f"train {name}")
+        rows.append(_row(name, result, preset, settings, {"moe": settings.steps}))
+        models[name] = result.model
+    if upcycled:
+        first = dataclasses.replace(settings, steps=dense_steps)
+        dense = train(preset.dense(), first, text=text, tokenizer=tokenizer, progress=progress, label="train dense")
+        rows.append(_row("dense", dense, preset, first, {"dense": dense_steps}))
+        models["dense"] = dense.model
+        rest = dataclasses.replace(settings, steps=settings.steps - dense_steps)
+        for name, config in configs.items():
+            start = upcycle(dense.model, config, seed=seed)
+            result = train(
+                settings=rest,
+                text=text,
+                tokenizer=tokenizer,
+                model=start,
+                progress=progress,
+                label=f"train {name} (upcycled)",
+            )
+            steps_taken = {"dense": dense_steps, "moe": rest.steps}
+            rows.append(_row(f"{name}-upcycled", result, preset, rest, steps_taken))
+            models[f"{name}-upcycled"] = result.model
+    report = {
+        "format": REPORT_FORMAT,
+        "text": CORPORA[preset.corpus][1],
+        "description": preset.description,
+        "settings": {
+            "steps": settings.steps,
+            "batch_size": settings.batch_size,
+            "seq_len": settings.seq_len,
+            "lr": settings.lr,
+            "seed": seed,
+            "threads": threads,
+            "dense_steps": dense_steps if upcycled else 0,
+        },
+        "step_tokens": list(STEP_TOKENS),
+        "rows": rows,
+    }
+    return report, models
+
+
+def report_table(report: dict, *, markdown: bool = False) -> str:
+    """One row per model: parameters, active neurons, held-out perplexity and bytes per step
+    at each token count, the latter against the vanilla MoE trained the same way."""
+    from ..console import format_bytes, format_table
+
+    rows = report["rows"]
+    by_name = {r["model"]: r for r in rows}
+    headers = ["model", "parameters", "expert neurons", "active neurons", "held-out ppl"]
+    headers += [f"bytes/step at {t}" for t in report["step_tokens"]]
+    out = []
+    for r in rows:
+        base = by_name.get("vanilla-upcycled" if r["model"].endswith("-upcycled") else "vanilla")
+        cells = [
+            r["model"],
+            f"{r['parameters']:,}",
+            str(r["expert_neurons_per_block"]),
+            str(r["active_neurons_per_token"]),
+            f"{r['perplexity']:.3f}",
+        ]
+        for t in report["step_tokens"]:
+            value = r["bytes_per_step_at"][str(t)]
+            ratio = (
+                ""
+                if base is None or r is base or r["model"] == "dense"
+                else f" ({value / base['bytes_per_step_at'][str(t)]:.1%})"
+            )
+            cells.append(format_bytes(value) + ratio)
+        out.append(cells)
+    if markdown:
+        lines = ["| " + " | ".join(headers) + " |", "| --- |" + " ---: |" * (len(headers) - 1)]
+        lines += ["| " + " | ".join(c) + " |" for c in out]
+        return "\n".join(lines)
+    return format_table(headers, out, title="held-out perplexity and FFN bytes per decoding step (vs the vanilla MoE)")
