@@ -158,9 +158,10 @@ class CudaBatchDecoder:
         ]
         self.windows = [0 if c.is_mla else c.window(i) for i in range(c.num_layers)]
         # The step's inputs and output at fixed addresses (what a captured graph reads and writes).
-        self._slots = torch.zeros(S, dtype=torch.long, device=dev)
-        self._positions = torch.zeros(S, dtype=torch.long, device=dev)
-        self._tokens = torch.zeros(S, dtype=torch.long, device=dev)
+        # Rows: slots, positions, tokens; staged in pinned host memory, one copy in a step.
+        self._host = torch.zeros((3, S), dtype=torch.long, pin_memory=dev.type == "cuda")
+        self._inputs = torch.zeros((3, S), dtype=torch.long, device=dev)
+        self._slots, self._positions, self._tokens = self._inputs
         self._logits = torch.zeros((S, c.vocab_size), dtype=torch.float32, device=dev)
         self._key_index = torch.arange(L, device=dev)
         self.use_graphs = graphs and dev.type == "cuda"
@@ -186,12 +187,11 @@ class CudaBatchDecoder:
     def step(self, seqs: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         self.slots.check_step(seqs, tokens)
         batch = len(seqs)
-        host = torch.tensor(
+        # The last step ended reading its logits back, so no copy from _host is still in flight.
+        self._host[:, :batch] = torch.tensor(
             [list(seqs), [self.slots.lengths[s] for s in seqs], [int(t) for t in tokens]], dtype=torch.long
         )
-        self._slots[:batch].copy_(host[0], non_blocking=True)
-        self._positions[:batch].copy_(host[1], non_blocking=True)
-        self._tokens[:batch].copy_(host[2], non_blocking=True)
+        self._inputs[:, :batch].copy_(self._host[:, :batch], non_blocking=True)
         self._run(batch)
         for s in seqs:
             self.slots.lengths[s] += 1
