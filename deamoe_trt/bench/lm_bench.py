@@ -44,6 +44,13 @@ Its bytes per token are its GGUF's tensors (experts times top_k / N, one embeddi
 model's quality is printed beside: perplexity on the held-out part of the shipped text by
 llama-perplexity's protocol (chunks of PPL_CONTEXT tokens, the second half of each counted),
 llama-perplexity itself for the GGUF files, the PyTorch reference for ours.
+
+`run_lm_batch_bench` (`--sequences 1,4,16`): batched decoding. Every twin on the native
+step's batch decoder at each count of sequences is a contender (its own prompts, the same
+for every twin), stepped in the same interleaved bursts; TPOT is a batched step, tokens/s the
+sequences over it, bytes per step the union the batch's routing reads (replayed as above).
+With `--llama-bench`, llama.cpp's llama-batched-bench decodes the vanilla twin's GGUF (f16
+and the type matching --quantized) at the same counts, called between the bursts.
 """
 
 from __future__ import annotations
