@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import nn
@@ -469,7 +470,7 @@ class DeaMoELayer(nn.Module):
             layer = 0
         if not 0 <= layer < len(stack.layers):
             raise UsageError(f"layer {layer} is out of range: {directory} holds {len(stack.layers)} layers")
-        return stack.layers[layer]
+        return cast(DeaMoELayer, stack.layers[layer])
 
 
 class DeaMoEStack(nn.Module):
@@ -516,11 +517,11 @@ class DeaMoEStack(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.layers[0].dtype
+        return cast(DeaMoELayer, self.layers[0]).dtype
 
     @property
     def quant(self) -> QuantConfig | None:
-        return self.layers[0].quant
+        return cast(DeaMoELayer, self.layers[0]).quant
 
     def quantized(self, quant: QuantConfig) -> DeaMoEStack:
         return DeaMoEStack.from_layers([layer.quantized(quant) for layer in self.layers])

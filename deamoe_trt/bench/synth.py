@@ -76,7 +76,7 @@ def read_config(config: str) -> dict[str, Any]:
     if not path.is_file():
         if config not in shipped_configs():
             raise UsageError(f"no config {config}: give a config.json or one of {', '.join(shipped_configs())}")
-        text = resources.files(__package__).joinpath(CONFIGS, f"{config}.json").read_text()
+        text = resources.files(__package__).joinpath(CONFIGS).joinpath(f"{config}.json").read_text()
     else:
         text = path.read_text()
     try:

@@ -127,7 +127,8 @@ def convert_model(
         if fraction is None:  # the converted model, healed when asked
             result = max((v for v in variants if v.name.startswith("converted")), key=lambda v: len(v.name))
         rows += [_measure(source, v, source, settings=s) for v in variants]
-    report = {
+    assert result is not None  # fractions starts with None, the requested size
+    report: dict = {
         "source": _describe(source),
         "settings": {k: v for k, v in dataclasses.asdict(settings).items() if v is not None},
         "rows": rows,

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import onnx
 
 from .. import __version__
+from ..config import DeaMoEConfig
 from ..errors import UsageError
 from ..layer import DeaMoELayer, DeaMoEStack
 from .dtypes import get_dtype
@@ -49,7 +50,7 @@ def build_model(
         raise UsageError(f"layer_indices must be {len(layers)} distinct indices >= 0, got {list(indices)}")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise UsageError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-    config = layers[0].config
+    config: DeaMoEConfig = layers[0].config
     hidden = config.hidden_size
 
     b = GraphBuilder(opset, export_dtype)

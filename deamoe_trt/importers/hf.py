@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -242,7 +242,7 @@ def _read_deepseek_v3(module: nn.Module, name: str) -> tuple[DeaMoEConfig, _Weig
 def _router(module: nn.Module, name: str) -> nn.Module:
     router = getattr(module, "gate", None)
     weight = getattr(router, "weight", None)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+    if not isinstance(router, nn.Module) or not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise UsageError(f"{name} has no router: expected a .gate module with a 2-D .weight [num_experts, hidden]")
     if isinstance(getattr(router, "bias", None), torch.Tensor):
         raise UsageError(f"{name}.gate has a bias; the DeaMoE router is bias-free (its bias only selects)")
@@ -285,7 +285,8 @@ def _fused_experts(experts: nn.Module, name: str, num_experts: int, hidden: int)
     for attr in ("gate_up_proj_bias", "down_proj_bias"):
         if isinstance(getattr(experts, attr, None), torch.Tensor):
             raise UsageError(f"{where} has {attr}; DeaMoE experts are bias-free")
-    gate_up, down = experts.gate_up_proj, getattr(experts, "down_proj", None)
+    # The caller routes here only modules whose gate_up_proj is a tensor.
+    gate_up, down = cast(torch.Tensor, experts.gate_up_proj), getattr(experts, "down_proj", None)
     if not isinstance(down, torch.Tensor):
         raise UsageError(f"{where} has gate_up_proj but no down_proj tensor")
     if getattr(experts, "is_transposed", False):  # [E, H, 2I] and [E, I, H]

@@ -34,7 +34,7 @@ from ..export.metadata import PREFIX, load_model
 from ..export.save import data_path
 from ..validation.plugin_op import has_plugin_nodes
 
-TRITON_TYPES = {
+TRITON_TYPES: dict[int, str] = {
     TensorProto.FLOAT: "TYPE_FP32",
     TensorProto.FLOAT16: "TYPE_FP16",
     TensorProto.BFLOAT16: "TYPE_BF16",

@@ -54,6 +54,12 @@ CORPORA: dict[str, tuple[tuple[str, ...], str]] = {
         ("austen-five.txt.xz", TEXT_NAME),
         "Jane Austen's six novels (1811-1818; Persuasion last), public domain; via Debian r-cran-janeaustenr 1.0.0-1",
     ),
+    # Source code: 23 whole modules of CPython 3.11.2's standard library (data/SOURCE.md).
+    "cpython": (
+        ("cpython-stdlib.txt.xz",),
+        "23 CPython 3.11.2 standard-library modules, PSF License Version 2 (data/cpython-LICENSE.txt); "
+        "via Debian libpython3.11-minimal/-stdlib 3.11.2-6+deb12u6",
+    ),
 }
 
 

@@ -30,8 +30,10 @@ def lm_profiles(config: LMConfig, batch: int = 1) -> list[dict[str, tuple[tuple[
     """(min, opt, max) shapes of every input for the prefill and the decode profile."""
     c = config
     context = c.max_position_embeddings
-    prefill = {INPUT_IDS: ((batch, 1), (batch, min(64, context)), (batch, context))}
-    decode = {INPUT_IDS: ((batch, 1), (batch, 1), (batch, 1))}
+    prefill: dict[str, tuple[tuple[int, ...], ...]] = {
+        INPUT_IDS: ((batch, 1), (batch, min(64, context)), (batch, context))
+    }
+    decode: dict[str, tuple[tuple[int, ...], ...]] = {INPUT_IDS: ((batch, 1), (batch, 1), (batch, 1))}
     for i in range(c.num_layers):
         for name, (heads, width) in zip(past_names(i), c.cache_shapes(), strict=True):
             kv = (batch, heads)

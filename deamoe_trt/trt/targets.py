@@ -239,7 +239,8 @@ def profile_shapes(
                 f"input {name!r} has shape {list(shape)}: only its first (token) dimension may be dynamic; "
                 "export the model with a fixed hidden size"
             )
-        shapes[name] = tuple((t, *shape[1:]) for t in tokens)
+        low, opt, high = tokens
+        shapes[name] = ((low, *shape[1:]), (opt, *shape[1:]), (high, *shape[1:]))
     return shapes
 
 

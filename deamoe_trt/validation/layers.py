@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import onnx
@@ -122,7 +123,7 @@ def reference_module(info: ExportInfo, checkpoint: str | Path) -> DeaMoELayer | 
     stack = DeaMoEStack.from_pretrained(checkpoint)
     dtype = DTYPES[info.dtype].torch
     layers = [stack.layers[i].to(dtype) for i in info.layers]
-    return layers[0] if info.module == "layer" else DeaMoEStack.from_layers(layers)
+    return cast(DeaMoELayer, layers[0]) if info.module == "layer" else DeaMoEStack.from_layers(layers)
 
 
 def check_weights(

@@ -1,3 +1,5 @@
+from importlib import resources
+
 import pytest
 import torch
 import torch.utils.deterministic
@@ -45,9 +47,24 @@ def test_the_six_novels_end_with_persuasion_whose_end_is_held_out():
 
 
 def test_an_unknown_text_is_refused_in_one_line():
-    with pytest.raises(UsageError, match="unknown text 'tolstoy'; shipped: persuasion, austen") as error:
+    with pytest.raises(UsageError, match="unknown text 'tolstoy'; shipped: persuasion, austen, cpython") as error:
         shipped_text("tolstoy")
-    assert "\n" not in str(error.value) and set(CORPORA) == {"persuasion", "austen"}
+    assert "\n" not in str(error.value) and set(CORPORA) == {"persuasion", "austen", "cpython"}
+
+
+def test_the_cpython_text_is_the_named_standard_library_modules_whole():
+    text = shipped_text("cpython")
+    assert 400_000 < len(text) < 500_000 and set(text) <= PRINTABLE
+    names = [
+        line[len("# ===== Lib/") : -len(" =====")] for line in text.splitlines() if line.startswith("# ===== Lib/")
+    ]
+    assert names[0] == "abc.py" and names[-1] == "difflib.py" and len(names) == 23
+    # Each module is its source unchanged: textwrap's begins with its docstring.
+    assert '# ===== Lib/textwrap.py =====\n"""Text wrapping and filling.' in text
+    assert (
+        "PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2"
+        in (resources.files("deamoe_trt.lm") / "data" / "cpython-LICENSE.txt").read_text()
+    )
 
 
 def test_deterministic_threads_restores_the_settings_it_changes():

@@ -116,7 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace | int:
 
 
 def environment(dry_run: bool) -> dict:
-    env = {
+    env: dict = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
