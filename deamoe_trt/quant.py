@@ -167,6 +167,9 @@ class QuantizedWeight(nn.Module):
     "<weight>.qweight" and "<weight>.scales"). Indexing dequantizes one group, as a
     Parameter's indexing returns it; `dense()` dequantizes all."""
 
+    qweight: torch.Tensor
+    scales: torch.Tensor
+
     def __init__(self, shape, config: QuantConfig, *, dtype: torch.dtype, device=None):
         super().__init__()
         self.shape = tuple(shape)

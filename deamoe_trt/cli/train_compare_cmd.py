@@ -9,6 +9,7 @@ from . import args as common
 
 def register(subparsers) -> None:
     from ..train.compare import PRESETS
+    from ..train.lm import CORPORA
 
     parser = subparsers.add_parser(
         "train",
@@ -33,15 +34,19 @@ def register(subparsers) -> None:
         default=None,
         help="dense steps before upcycling (default: the preset's)",
     )
+    parser.add_argument(
+        "--text", choices=tuple(CORPORA), default=None, help="shipped training text (default: the preset's, persuasion)"
+    )
     common.add_seed(parser)
     parser.add_argument(
-        "--threads", type=common.positive_int, default=1, help="torch CPU threads per process (default 1)"
+        "--threads", type=common.thread_count, default=1, help="torch CPU threads per process (default 1)"
     )
     common.add_force(parser)
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
+    import dataclasses
     import json
     from pathlib import Path
 
@@ -54,6 +59,8 @@ def run(args) -> int:
     check_replaceable(out, ours, what, force=args.force)  # before the training, not after it
     rank, size = init_distributed("cpu")
     preset = get_preset(args.preset)
+    if args.text:
+        preset = dataclasses.replace(preset, corpus=args.text)
     if rank == 0:
         print(f"training a DeaMoE LM and its matched vanilla MoE ({preset.description}) on {size} process(es)")
     report, models = compare(

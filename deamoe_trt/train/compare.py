@@ -284,6 +284,7 @@ def compare(
             models[f"{name}-upcycled"] = result.model
     report = {
         "format": REPORT_FORMAT,
+        "corpus": preset.corpus,
         "text": CORPORA[preset.corpus][1],
         "description": preset.description,
         "settings": {

@@ -118,7 +118,9 @@ def test_train_writes_both_models_and_the_report_and_refuses_a_foreign_directory
     assert [r["model"] for r in report["rows"]] == ["deamoe", "vanilla"] and report["settings"]["processes"] == 1
     assert DeaMoELM.from_pretrained(out / "vanilla").config.moe == MICRO.vanilla().moe
     assert "bytes/step at 8" in capsys.readouterr().out
-    assert main(["train", "--preset", "micro", "--steps", "3", "-o", str(out)]) == 0  # its own output: replaced
+    # Its own output is replaced; --text picks another shipped text.
+    assert main(["train", "--preset", "micro", "--steps", "3", "--text", "cpython", "-o", str(out)]) == 0
+    assert json.loads((out / "report.json").read_text())["corpus"] == "cpython"
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
