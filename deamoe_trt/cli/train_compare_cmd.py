@@ -29,6 +29,9 @@ def register(subparsers) -> None:
         help="also train both from one dense model (sparse upcycling): --dense-steps dense, the rest MoE",
     )
     parser.add_argument(
+        "--upcycled-only", action="store_true", help="with --upcycle: only the upcycled models (not those from scratch)"
+    )
+    parser.add_argument(
         "--dense-steps",
         type=common.positive_int,
         default=None,
@@ -68,6 +71,7 @@ def run(args) -> int:
         steps=args.steps,
         dense_steps=args.dense_steps,
         upcycled=args.upcycle,
+        scratch=not args.upcycled_only,
         seed=args.seed,
         threads=args.threads,
         progress=rank == 0,

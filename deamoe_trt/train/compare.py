@@ -243,23 +243,27 @@ def compare(
     steps: int | None = None,
     dense_steps: int | None = None,
     upcycled: bool = False,
+    scratch: bool = True,
     seed: int = 0,
     threads: int = 1,
     progress: bool = True,
 ) -> tuple[dict, dict[str, DeaMoELM]]:
     """Train the DeaMoE and its matched vanilla MoE from scratch (and, with upcycled, both
-    from one dense model), the same steps in all; (report, models by name). Runs as one
+    from one dense model; without scratch, only those), the same steps in all; (report,
+    models by name). Runs as one
     process or as every process of a torchrun job (deamoe_trt.train.lm's data parallelism):
     every process returns the same report and weights, within float rounding."""
     settings = dataclasses.replace(preset.settings, steps=steps or preset.settings.steps, seed=seed, threads=threads)
     dense_steps = preset.dense_steps if dense_steps is None else dense_steps
+    if not (scratch or upcycled):
+        raise UsageError("nothing to train: ask for the models from scratch, upcycled ones, or both")
     if upcycled and not 0 < dense_steps < settings.steps:
         raise UsageError(f"dense steps must be between 1 and the {settings.steps} steps - 1, got {dense_steps}")
     configs = {"deamoe": preset.config, "vanilla": preset.vanilla()}
     tokenizer = ByteTokenizer(vocab_size=preset.config.vocab_size)
     text = shipped_text(preset.corpus)
     rows, models = [], {}
-    for name, config in configs.items():
+    for name, config in configs.items() if scratch else ():
         result = train(config, settings, text=text, tokenizer=tokenizer, progress=progress, label=f"train {name}")
         rows.append(_row(name, result, preset, settings, {"moe": settings.steps}))
         models[name] = result.model

@@ -104,6 +104,11 @@ def test_the_report_holds_perplexity_and_bytes_per_step_at_1_4_and_8_tokens():
         loss = F.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten()).item()
         assert row["perplexity"] == pytest.approx(math.exp(loss), rel=1e-5)
         assert row["perplexity"] < 256  # trained: better than a uniform guess over bytes
+    only, _ = compare(MICRO, upcycled=True, scratch=False, progress=False)
+    assert [r["model"] for r in only["rows"]] == ["dense", "deamoe-upcycled", "vanilla-upcycled"]
+    assert only["rows"][1]["perplexity"] == rows["deamoe-upcycled"]["perplexity"]  # the same run, deterministic
+    with pytest.raises(UsageError, match="nothing to train"):
+        compare(MICRO, scratch=False)
     table = report_table(report)
     assert "bytes/step at 4" in table and "bytes/step at 8" in table
     ratio = rows["deamoe"]["bytes_per_step_at"]["8"] / rows["vanilla"]["bytes_per_step_at"]["8"]
