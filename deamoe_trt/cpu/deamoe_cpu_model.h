@@ -220,6 +220,74 @@ inline V fma_scale(V acc, const float* s, V total) {
 // come out as q * 2^(4r) (q itself by quad_chunk_int4_lookup); its sum is multiplied by
 // kQuadRowFactor[r] once, at the end (a power of two: the same bits as scaling every group's
 // scale by it).
+// Tokens [t0, t0 + TT) of one quad of a quantized projection (several tokens in a step): each
+// chunk's codes are turned into floats once for the TT tokens. Row r's codes come out as
+// q * 2^(4r) (int4) and its sums are scaled back exactly at the end, so a token's logits are
+// those of the one-token loops below.
+template <int BITS, int MODE, int SD, int TT>
+void gemv_quad_q_tokens(const LinearRows& J, int64_t quad, int64_t t0) {
+  const int64_t cols = J.L.cols_p, gs = J.L.group_size, rows = J.L.rows;
+  constexpr int sbytes = kQuad * scale_bytes(SD);
+  const uint8_t* p = static_cast<const uint8_t*>(J.L.w) + quad * q_quad_bytes(BITS, cols, gs, SD);
+  const float* x0 = (MODE == kSubnormal ? J.x_shifted : J.x) + t0 * J.x_stride;
+  V total[TT][kQuad];
+  __m128 zero[TT];  // row r in lane r: sum_G s_G,r * xsum_G
+  for (int t = 0; t < TT; ++t) {
+    zero[t] = _mm_setzero_ps();
+    for (int r = 0; r < kQuad; ++r) total[t][r] = vzero();
+  }
+  for (int64_t g = 0; g < cols / gs; ++g) {
+    const __m128 s = load_scales(p, SD);
+    alignas(16) float scale[kQuad];
+    _mm_store_ps(scale, s);
+    p += sbytes;
+    V acc[TT][kQuad];
+    for (int t = 0; t < TT; ++t)
+      for (int r = 0; r < kQuad; ++r) acc[t][r] = vzero();
+    for (int64_t c = g * gs; c < (g + 1) * gs; c += W) {
+      if (t0 == 0) prefetch_ahead<BITS == 4 && MODE == kSubnormal>(p, BITS == 4 ? 2 * W : kQuad * W);
+      V w[kQuad];
+      if constexpr (BITS == 4) {
+        const VI lanes = load_u16(p);
+        p += 2 * W;
+#pragma GCC unroll 4
+        for (int r = 0; r < kQuad; ++r) {
+          const VI bits = iand(lanes, 0xFu << (4 * r));
+          w[r] = MODE == kSubnormal ? as_float(bits) : to_float(bits);
+        }
+      } else {
+#pragma GCC unroll 4
+        for (int r = 0; r < kQuad; ++r) w[r] = to_float(load_s8(p + r * W));
+        p += kQuad * W;
+      }
+#pragma GCC unroll 4
+      for (int t = 0; t < TT; ++t) {
+        const V x = vload(x0 + t * J.x_stride + c);
+        for (int r = 0; r < kQuad; ++r) acc[t][r] = vfma(w[r], x, acc[t][r]);
+      }
+    }
+    for (int t = 0; t < TT; ++t) {
+      for (int r = 0; r < kQuad; ++r) total[t][r] = fma_scale(acc[t][r], scale + r, total[t][r]);
+      if constexpr (BITS == 4) zero[t] = _mm_fmadd_ps(s, _mm_set1_ps(J.xsum[(t0 + t) * (cols / gs) + g]), zero[t]);
+    }
+  }
+  for (int t = 0; t < TT; ++t) {
+    alignas(16) float zeros[kQuad];
+    _mm_store_ps(zeros, zero[t]);
+    float* y = J.y + (t0 + t) * J.y_stride;
+    for (int r = 0; r < kQuad; ++r) {
+      const int64_t row = quad * kQuad + r;
+      if (row >= rows) break;
+      const float unit = BITS == 4 ? kInt4GateUpUnit[MODE] * kQuadRowFactor[r] : 1.0f;
+      y[row] = vsum(total[t][r]) * unit - (BITS == 4 ? 8.0f * zeros[r] : 0.0f) + (J.L.bias ? J.L.bias[row] : 0.0f);
+    }
+  }
+}
+
+// Tokens per tile of the quantized loops: their sums and the chunk's four widened rows in
+// registers.
+constexpr int kQTokenTile = 2;
+
 template <int BITS, int MODE, int SD>
 void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
   const int64_t cols = J.L.cols_p, gs = J.L.group_size, rows = J.L.rows;
@@ -233,6 +301,14 @@ void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
 #else
   constexpr bool lookup = false;
 #endif
+  if (J.tokens > 1) {
+    for (int64_t quad = q0; quad < q1; ++quad) {
+      int64_t t = 0;
+      for (; t + kQTokenTile <= J.tokens; t += kQTokenTile) gemv_quad_q_tokens<BITS, MODE, SD, kQTokenTile>(J, quad, t);
+      for (; t < J.tokens; ++t) gemv_quad_q_tokens<BITS, MODE, SD, 1>(J, quad, t);
+    }
+    return;
+  }
   for (int64_t quad = q0; quad < q1; ++quad)
     for (int64_t t = 0; t < J.tokens; ++t) {
       const uint8_t* p = static_cast<const uint8_t*>(J.L.w) + quad * quad_bytes;
