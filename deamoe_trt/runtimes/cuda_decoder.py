@@ -4,10 +4,11 @@ runtime (runtimes.cuda), for 1 to max_sequences sequences per step.
 Where each part runs:
 - every DeaMoE FFN on the kernel library (`deamoe_forward`: one call per block and step for
   all the step's sequences, so each used weight row is read once for all of them; float
-  and the int8/int4 weights of `quantize`);
+  and the int8/int4 weights of `quantize`), and every dense MLP block as the one-part layer
+  (`dense_as_layer`; int8/int4 codes when `quantize --linears dense` stored them);
 - embedding, RMS norms, q/k/v/o, rotary, decode attention over the KV cache (grouped-query
   heads, sliding windows, sinks, q/k norms, clipping; multi-head latent attention in its
-  absorbed form), dense MLPs and the head on PyTorch ops on the same device. Projections
+  absorbed form) and the head on PyTorch ops on the same device. Projections
   stored int8/int4 (`quantize --linears`) are dequantized once when the decoder is made and
   run as dense matrices in the model's dtype, as the PyTorch reference runs them;
 - prefill on the PyTorch model, with the FFNs on the kernels on a GPU and on PyTorch under
@@ -68,6 +69,41 @@ def runnable(model: DeaMoELM, twin: str, device: torch.device) -> DeaMoELM:
     return source
 
 
+def dense_as_layer(source: DeaMoELM, block: int, device: torch.device):
+    """Block `block`'s dense SwiGLU MLP as the one-part DeaMoE layer the kernels run: one
+    department of one expert whose shared part is the MLP (gate rows then up rows, the
+    canonical gate_up), no private part and a zero router, so its one expert weighs
+    softmax([0]) = 1. Stored int8/int4 (`quantize --linears dense`) it keeps its codes."""
+    from ..config import DeaMoEConfig
+    from ..layer import DeaMoELayer
+    from ..quant import QuantizedWeight
+
+    c, mlp = source.config, source.layers[block].mlp
+    width = mlp.down_proj.in_features
+    config = DeaMoEConfig(
+        hidden_size=c.hidden_size,
+        num_departments=1,
+        experts_per_department=1,
+        shared_intermediate_size=width,
+        private_intermediate_size=0,
+        top_k=1,
+        top_departments=1,
+    )
+    quantized = isinstance(mlp.down_proj.weight, QuantizedWeight)
+    layer = DeaMoELayer(config, dtype=source.dtype, device="meta", quant=c.quantization if quantized else None)
+    state = {"router.weight": torch.zeros((1, c.hidden_size), dtype=source.dtype)}
+    gate, up, down = mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight
+    for suffix in (".qweight", ".scales") if quantized else ("",):
+
+        def part(weight, suffix=suffix):
+            return getattr(weight, suffix[1:]) if suffix else weight
+
+        state["departments.gate_up" + suffix] = torch.cat((part(gate), part(up)))[None]
+        state["departments.down" + suffix] = part(down)[None]
+    layer.load_state_dict({k: v.detach().to(device).contiguous() for k, v in state.items()}, assign=True)
+    return layer.eval()
+
+
 class KernelFFN:
     """One block's DeaMoE FFN on the kernel library, with its parameters, weight pointers and
     workspace made once (for up to max_tokens tokens a call), so a call allocates nothing but
@@ -84,6 +120,12 @@ class KernelFFN:
         self.weights, self._keep = layer_weights(layer)
         self.size = workspace_bytes(lib, layer.config, max_tokens, self.dtype)
         self.workspace = torch.empty(self.size, dtype=torch.uint8, device=layer.router.weight.device)
+
+    def supported(self) -> bool:
+        """Whether the kernels run this layer in its dtype (deamoe_check_supported)."""
+        from ..cuda._abi import SUCCESS
+
+        return self.lib.deamoe_check_supported(ctypes.byref(self.params), self.code) == SUCCESS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         from ..cuda._ops import check, forward_with
@@ -137,7 +179,11 @@ class CudaBatchDecoder:
         self.runtime = runtime
         self.name = runtime.name
         self.device = runtime.device
-        self.model = runnable(model, twin, self.device)
+        check_twin(twin)
+        source = model.twin(twin)
+        dense = [i for i in range(source.config.num_layers) if source.config.is_dense(i)]
+        dense_layers = {i: dense_as_layer(source, i, self.device) for i in dense}
+        self.model = runnable(source, "deamoe", self.device)  # source is the twin already
         c = self.config = self.model.config
         limit = c.max_position_embeddings
         if max_context is not None and not (isinstance(max_context, int) and 2 <= max_context <= limit):
@@ -151,6 +197,10 @@ class CudaBatchDecoder:
         self.ffns: dict[int, KernelFFN] = {
             i: KernelFFN(lib, self.model.layers[i].mlp, max_sequences, runtime._stream) for i in self.model.moe_layers()
         }
+        for i, layer in dense_layers.items():
+            ffn = KernelFFN(lib, layer, max_sequences, runtime._stream)
+            if ffn.supported():  # else (a width the kernels cannot tile) PyTorch runs the block
+                self.ffns[i] = ffn
         dtype, dev, S, L = self.model.dtype, self.device, max_sequences, self.max_context
         self.cache = [
             tuple(torch.zeros((S, heads, L, width), dtype=dtype, device=dev) for heads, width in c.cache_shapes())

@@ -179,3 +179,17 @@ def test_generate_runtime_cuda_emulated_prints_the_reference_text(capsys, monkey
     loaded = load_lm(TINY_LM)
     want = generate(TorchDecoder(loaded.model), list(b"The"), 4).new_ids
     assert code == 0 and "The" + loaded.tokenizer.decode(want) in out and "cuda-emulated" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bits", [0, 8])  # int4 needs widths of 32: the micro model's are 16
+def test_dense_blocks_run_on_the_kernels_as_one_part_layers(emulated, bits):
+    from configs import LINEARS_MICRO_LM
+
+    model = DeaMoELM.random(LINEARS_MICRO_LM, seed=2).eval()
+    if bits:
+        model = model.quantized(QuantConfig(bits=bits, group_size=16), linears=("dense",))
+    batch = emulated.batch_decoder(model, max_sequences=1)
+    assert sorted(batch.ffns) == [0, 1, 2]  # block 1 is the dense one
+    worst = decode_against_reference(emulated, model, [[5, 6, 7]], 4)
+    assert worst < LOGITS_TOLERANCE[torch.float32]
