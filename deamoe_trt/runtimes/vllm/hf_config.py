@@ -16,7 +16,14 @@ from transformers import PretrainedConfig
 
 from ...errors import UsageError
 from ...lm.config import LMConfig
-from .checks import check_head_dim, check_servable, check_vllm_version, platform_head_sizes
+from .checks import (
+    check_head_dim,
+    check_quantized_platform,
+    check_servable,
+    check_vllm_version,
+    platform_head_sizes,
+    platform_name_and_amx,
+)
 from .model_dir import MODEL_TYPE
 
 
@@ -45,10 +52,12 @@ class DeaMoEHFConfig(PretrainedConfig):
 
 
 def check_engine(config: LMConfig) -> None:
-    """The installed vLLM's version, and config's head_dim on its platform's attention."""
+    """The installed vLLM's version, config's head_dim on its platform's attention, and its
+    quantized weights on the platform's quantized methods."""
     import vllm
 
     check_vllm_version(vllm.__version__)
     sizes = platform_head_sizes()
     if sizes is not None:
         check_head_dim(config.head_dim, sizes[1], sizes[0])
+    check_quantized_platform(config, *platform_name_and_amx())

@@ -14,12 +14,17 @@ parts (N groups, k slots). Routing is a pure function of the router logits, so e
 custom routing function recomputes it from the same logits and both agree exactly.
 
 Weights load from the model directory's model.safetensors under deamoe-trt's names; they are
-checked against the LMConfig with the checkpoint reader's own check first.
+checked against the LMConfig with the checkpoint reader's own check first. A quantized
+directory (deamoe_trt.runtimes.vllm.compressed) carries compressed-tensors' quantization_config,
+so vLLM hands both FusedMoE layers (and the quantized attention projections and head) its own
+quantized methods, which load the re-packed codes per expert through FusedMoE's weight loader;
+shared experts and dense MLPs stay deamoe-trt's modules, run from the checkpoint's codes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -41,7 +46,9 @@ from ...lm.attention import RMSNorm, apply_rope
 from ...lm.checkpoint import expected_tensors
 from ...lm.config import LMConfig
 from ...lm.model import DeaMoELM, DenseMLP, rope_tables
+from ...lm.qlinear import QuantizedLinear
 from ...routing import route_logits, router_logits
+from .compressed import checkpoint_state
 from .grouping import department_slots, department_slots_per_token, expert_slots
 
 
@@ -66,13 +73,26 @@ class DeaMoEAttention(nn.Module):
             config.num_heads,
             config.num_key_value_heads,
             bias=config.qkv_bias,
+            quant_config=vllm_config.quant_config,
             prefix=f"{prefix}.qkv_proj",
         )
-        self.o_proj = RowParallelLinear(config.q_dim, config.hidden_size, bias=config.o_bias, prefix=f"{prefix}.o_proj")
+        self.o_proj = RowParallelLinear(
+            config.q_dim,
+            config.hidden_size,
+            bias=config.o_bias,
+            quant_config=vllm_config.quant_config,
+            prefix=f"{prefix}.o_proj",
+        )
         if config.qk_norm != "none":
             per_head = config.qk_norm == "head"
             self.q_norm = RMSNorm(config.head_dim if per_head else config.q_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim if per_head else config.kv_dim, config.rms_norm_eps)
+        # gpt-oss's sink logits, this rank's heads; float32 so the checkpoint's values pass unrounded.
+        self.sinks = (
+            nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
+            if config.attention_sinks
+            else None
+        )
         self.attn = Attention(
             self.num_heads,
             config.head_dim,
@@ -82,6 +102,7 @@ class DeaMoEAttention(nn.Module):
             quant_config=None,
             per_layer_sliding_window=config.window(layer) or None,
             prefix=f"{prefix}.attn",
+            sinks=self.sinks,
         )
 
     def _full_norms(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,12 +138,20 @@ class DeaMoEFFN(nn.Module):
     parts) and the optional always-on shared experts. Router and shared experts are
     deamoe_trt.layer's modules (replicated over tensor-parallel ranks); FusedMoE shards the rest."""
 
-    def __init__(self, config: LMConfig, prefix: str):
+    def __init__(self, config: LMConfig, vllm_config: VllmConfig, prefix: str):
         super().__init__()
         moe = self.moe = config.moe
         dtype = torch.get_default_dtype()
         self.router = Router(moe, dtype=torch.float32 if config.float32_router else dtype)
-        common = dict(hidden_size=moe.hidden_size, renormalize=False, params_dtype=dtype)
+        common = dict(
+            hidden_size=moe.hidden_size, renormalize=False, params_dtype=dtype, quant_config=vllm_config.quant_config
+        )
+        if moe.activation == "swiglu_clamped":  # gpt-oss's activation, its gate and up rows interleaved
+            common.update(
+                activation="swigluoai", swiglu_limit=moe.swiglu_limit, swiglu_alpha=moe.swiglu_alpha, swiglu_beta=1.0
+            )
+        if moe.ffn_bias:
+            common["has_bias"] = True
         self.departments = (
             FusedMoEFactory(
                 num_experts=moe.num_departments,
@@ -147,7 +176,9 @@ class DeaMoEFFN(nn.Module):
             if moe.private_intermediate_size
             else None
         )
-        self.shared_experts = SharedExperts(moe, dtype=dtype) if moe.has_shared_experts else None
+        self.shared_experts = (
+            SharedExperts(moe, quant=config.quantization, dtype=dtype) if moe.has_shared_experts else None
+        )
 
     def _routing(self, logits: torch.Tensor):
         return route_logits(logits, self.router.bias, self.moe)
@@ -169,6 +200,19 @@ class DeaMoEFFN(nn.Module):
         return out
 
 
+def dense_mlp(config: LMConfig) -> DenseMLP:
+    """A dense block's MLP, its projections QuantizedLinears where quantized_linears has "dense"."""
+    mlp = DenseMLP(config.hidden_size, config.dense_intermediate_size)
+    if config.quantization is not None and "dense" in config.quantized_linears:
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            linear = getattr(mlp, name)
+            quantized = QuantizedLinear(
+                linear.in_features, linear.out_features, config.quantization, bias=False, dtype=linear.weight.dtype
+            )
+            setattr(mlp, name, quantized)
+    return mlp
+
+
 class DeaMoEBlock(nn.Module):
     def __init__(self, config: LMConfig, layer: int, vllm_config: VllmConfig, prefix: str):
         super().__init__()
@@ -176,9 +220,7 @@ class DeaMoEBlock(nn.Module):
         self.self_attn = DeaMoEAttention(config, layer, vllm_config, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp: nn.Module = (
-            DenseMLP(config.hidden_size, config.dense_intermediate_size)
-            if config.is_dense(layer)
-            else DeaMoEFFN(config, f"{prefix}.mlp")
+            dense_mlp(config) if config.is_dense(layer) else DeaMoEFFN(config, vllm_config, f"{prefix}.mlp")
         )
         self.residual_multiplier = config.residual_multiplier
 
@@ -193,6 +235,9 @@ class DeaMoEBlock(nn.Module):
 class DeaMoEForCausalLM(nn.Module):
     """vLLM's model interface (embed_input_ids, forward, compute_logits, load_weights)."""
 
+    # The checkpoint's q/k/v projections are one vLLM layer: compressed-tensors' "ignore" names them.
+    packed_modules_mapping: ClassVar[dict[str, list[str]]] = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
         config = self.lm = _lm_config(vllm_config)
@@ -201,7 +246,9 @@ class DeaMoEForCausalLM(nn.Module):
             DeaMoEBlock(config, i, vllm_config, f"layers.{i}") for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, prefix="lm_head")
+        self.lm_head = ParallelLMHead(
+            config.vocab_size, config.hidden_size, quant_config=vllm_config.quant_config, prefix="lm_head"
+        )
         if config.tie_word_embeddings:
             self.lm_head = self.lm_head.tie_weights(self.embed_tokens)
         self.logits_processor = LogitsProcessor(config.vocab_size, scale=1.0 / config.logits_scaling)
@@ -236,8 +283,10 @@ class DeaMoEForCausalLM(nn.Module):
         stored = embedding.dtype if embedding is not None else torch.float32
         skeleton = DeaMoELM(self.lm, dtype=stored, device="meta")
         # The checkpoint reader's own check: every tensor present, shaped, typed and finite.
-        check_tensors(tensors, expected_tensors(skeleton), dtype_name(stored), "model.safetensors")
-        params = dict(self.named_parameters())
+        as_stored = tensors if self.lm.quantization is None else checkpoint_state(tensors, self.lm)
+        check_tensors(as_stored, expected_tensors(skeleton), dtype_name(stored), "model.safetensors")
+        # Quantized shared experts and dense MLPs keep their codes and scales in buffers.
+        params = {**dict(self.named_buffers()), **dict(self.named_parameters())}
         loaded: set[str] = set()
 
         def put(name: str, tensor: torch.Tensor) -> None:
@@ -255,6 +304,8 @@ class DeaMoEForCausalLM(nn.Module):
                 target = ".".join([*parts[:3], "qkv_proj", parts[4]])
                 params[target].weight_loader(params[target], tensor.to(params[target].dtype), parts[3][0])
                 loaded.add(target)
+            elif name.split(".")[4:5] and name.split(".")[4].isdigit() and ".mlp." in name:
+                self._load_compressed_group(name, tensor, params, loaded)
             elif ".mlp.departments." in name or ".mlp.experts." in name:
                 self._load_grouped(name, tensor, params, loaded)
             elif name.endswith(ROUTER_BIAS) or name.endswith("router.logit_bias"):
@@ -264,19 +315,41 @@ class DeaMoEForCausalLM(nn.Module):
         return loaded
 
     def _load_grouped(self, name: str, tensor: torch.Tensor, params: dict, loaded: set[str]) -> None:
-        """gate_up [G, 2f, d] (gate rows, then up) and down [G, d, f]: FusedMoE's w13 and w2,
-        loaded group by group through its weight loader (which shards them for tensor and
-        expert parallelism)."""
+        """gate_up [G, 2f, d] (gate rows, then up) and down [G, d, f], and their biases
+        gate_up_bias [G, 2f] and down_bias [G, d]: FusedMoE's w13 and w2, loaded group by group
+        through its weight loader (which shards them for tensor and expert parallelism). With
+        gpt-oss's activation vLLM wants gate and up rows interleaved (g0, u0, g1, ...), which
+        its loader does not write: this rank's rows are interleaved here and copied in."""
         part, kind = name.rsplit(".", 2)[1:]
         prefix = name[: -len(f"{part}.{kind}")] + part
-        target = f"{prefix}.routed_experts.{'w13_weight' if kind == 'gate_up' else 'w2_weight'}"
+        stem = "w13" if kind.startswith("gate_up") else "w2"
+        target = f"{prefix}.routed_experts.{stem}_{'bias' if kind.endswith('_bias') else 'weight'}"
         param = params[target]
         width = tensor.shape[1] // 2
+        if stem == "w13" and self.lm.moe.activation == "swiglu_clamped":
+            rows = param.shape[1] // 2
+            start = get_tensor_model_parallel_rank() * rows
+            gate, up = tensor[:, start : start + rows], tensor[:, width + start : width + start + rows]
+            param.data.copy_(torch.stack((gate, up), dim=2).flatten(1, 2).to(param.dtype))
+            loaded.add(target)
+            return
         for group in range(tensor.shape[0]):
             weight = tensor[group].to(param.dtype)
-            if kind == "gate_up":
+            if kind.startswith("gate_up"):
                 param.weight_loader(param, weight[:width], target, shard_id="w1", expert_id=group)
                 param.weight_loader(param, weight[width:], target, shard_id="w3", expert_id=group)
             else:
                 param.weight_loader(param, weight, target, shard_id="w2", expert_id=group)
+        loaded.add(target)
+
+    def _load_compressed_group(self, name: str, tensor: torch.Tensor, params: dict, loaded: set[str]) -> None:
+        """layers.{i}.mlp.{part}.{g}.{gate|up|down}_proj.weight_{packed|scale|shape}: one group's
+        projection in compressed-tensors' layout, into FusedMoE's w13/w2 parameters of vLLM's
+        quantized method through its weight loader (which shards and checks it)."""
+        layer, part, group, proj, suffix = name.split(".")[1], *name.split(".")[3:]
+        stem = "w2" if proj == "down_proj" else "w13"
+        target = f"layers.{layer}.mlp.{part}.routed_experts.{stem}_{suffix}"
+        param = params[target]
+        shard = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}[proj]
+        param.weight_loader(param, tensor, target, shard_id=shard, expert_id=int(group))
         loaded.add(target)

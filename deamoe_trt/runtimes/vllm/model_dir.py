@@ -3,8 +3,11 @@ that vLLM serves with deamoe-trt's plugin (`vllm serve DIR`, `vllm.LLM(DIR)`).
 
 The directory holds:
 - config.json: the Hugging Face keys vLLM reads, "architectures": ["DeaMoEForCausalLM"],
-  "model_type": "deamoe", and the whole LMConfig under "deamoe_lm" (hf_config.hf_fields);
-- model.safetensors: the model's tensors under their deamoe-trt checkpoint names and dtype;
+  "model_type": "deamoe", and the whole LMConfig under "deamoe_lm" (hf_fields); quantized,
+  also the "quantization_config" that makes vLLM load it with its own quantized methods;
+- model.safetensors: the model's tensors under their deamoe-trt checkpoint names and dtype; a
+  quantized checkpoint's FFN groups and quantized projections in compressed-tensors'
+  pack-quantized format instead (deamoe_trt.runtimes.vllm.compressed), its codes re-packed;
 - the tokenizer: a Hugging Face tokenizer's own files, or for the byte tokenizer a byte-level
   tokenizer.json (deamoe_trt.lm.tokenizer.byte_level_tokenizer_json) that splits text into
   the same ids;
@@ -31,6 +34,7 @@ from ...lm.config import LMConfig
 from ...lm.model import DeaMoELM
 from ...lm.tokenizer import ByteTokenizer, HFTokenizer, NoTokenizer, Tokenizer, byte_level_tokenizer_json
 from .checks import check_servable
+from .compressed import compressed_state, quantization_config
 
 # The byte tokenizer's models continue text: the template passes the messages' text through.
 BYTE_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
@@ -90,11 +94,15 @@ def write_lm_dir(model: DeaMoELM, tokenizer: Tokenizer, directory: str | Path) -
     check_tokenizer(tokenizer)
     with staged_folder(directory, "the vLLM model directory", last=CONFIG_FILE) as staging:
         tensors = {name: t.detach().cpu().contiguous() for name, t in stored_state(model.state_dict(), config).items()}
+        if config.quantization is not None:
+            tensors = compressed_state(tensors, config)
         save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
         eos = _write_tokenizer(tokenizer, staging)
         generation = {"eos_token_id": eos} if eos is not None else {}
         (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         hf = {**hf_fields(config), "dtype": dtype_name(model.dtype)}
+        if config.quantization is not None:
+            hf["quantization_config"] = quantization_config(config)
         if eos is not None:
             hf["eos_token_id"] = eos
         (staging / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")

@@ -11,7 +11,6 @@ from safetensors.torch import load_file
 from deamoe_trt.cli.main import main
 from deamoe_trt.lm import DeaMoELM, load_lm
 from deamoe_trt.lm.tokenizer import PRINTABLE_ASCII
-from deamoe_trt.quant import QuantConfig
 
 from .conftest import CONVERTED_LM, TINY_LM
 
@@ -75,16 +74,23 @@ def refused(capsys, tmp_path, checkpoint, needle):
     return err[0]
 
 
-def test_export_vllm_refuses_a_quantized_checkpoint_in_one_line(tmp_path, capsys):
-    quantized = load_lm(TINY_LM).model.quantized(QuantConfig(bits=4, group_size=32))
-    quantized.save_pretrained(tmp_path / "int4")
-    refused(capsys, tmp_path, tmp_path / "int4", "quantized (int4, group size 32)")
+def test_export_vllm_of_a_quantize_checkpoint_writes_compressed_tensors(tmp_path, capsys):
+    quantize = ("quantize", TINY_LM, "-o", tmp_path / "int8", "--bits", 8, "--group-size", 32, "--no-compare")
+    assert cli(capsys, *quantize)[0] == 0
+    code, _, err = cli(capsys, "export-vllm", tmp_path / "int8", "-o", tmp_path / "vllm")
+    assert code == 0 and not err, err
+    hf = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert hf["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] == 8
+    assert hf["deamoe_lm"]["quantization"]["bits"] == 8
+    written = load_file(str(tmp_path / "vllm" / "model.safetensors"))
+    assert written["layers.0.mlp.departments.0.gate_proj.weight_packed"].dtype == torch.int32
 
 
-def test_export_vllm_refuses_attention_sinks_in_one_line(tmp_path, capsys):
-    config = load_lm(TINY_LM).model.config.replace(attention_sinks=True)
-    DeaMoELM.random(config).save_pretrained(tmp_path / "sinks")
-    refused(capsys, tmp_path, tmp_path / "sinks", "attention sinks")
+def test_export_vllm_refuses_a_clamped_swiglu_vllm_does_not_compute_in_one_line(tmp_path, capsys):
+    config = load_lm(TINY_LM).model.config
+    config = config.replace(moe=config.moe.replace(activation="swiglu_clamped", swiglu_limit=5.0))
+    DeaMoELM.random(config).save_pretrained(tmp_path / "clamped")
+    refused(capsys, tmp_path, tmp_path / "clamped", "limit 5.0 is not served by the vLLM plugin")
 
 
 def test_export_vllm_refuses_a_file_in_the_way(tmp_path, capsys):

@@ -51,9 +51,9 @@ def test_a_hand_edited_config_with_an_unserved_feature_is_refused(tmp_path):
     directory = model_dir(tmp_path, "edited")
     path = directory / "config.json"
     data = json.loads(path.read_text())
-    data["deamoe_lm"]["attention_sinks"] = True
+    data["deamoe_lm"]["moe"].update(activation="swiglu_clamped", swiglu_alpha=1.5)
     path.write_text(json.dumps(data))
-    assert refusal(directory).startswith("attention sinks (gpt-oss) are not served by the vLLM plugin")
+    assert refusal(directory).startswith("the clamped SwiGLU with alpha 1.5 and limit 7.0 is not served")
 
 
 @pytest.mark.slow
