@@ -32,12 +32,16 @@ RUNTIMES = ("cpu", "ort", "torch")
 ORT_RESIDENT_FACTOR = 2
 
 
+def not_prepared(x: Any) -> Any:
+    raise RuntimeError("this contender was not prepared: it has nothing to run")
+
+
 @dataclass
 class Contender:
     name: str
     model: str
     runtime: str
-    run: Callable[[Any], Any] | None = None  # one step on a prepared input
+    run: Callable[[Any], Any] = not_prepared  # one step on a prepared input
     prepare: Callable[[torch.Tensor], Any] = identity  # torch input -> runtime input (not timed)
     to_torch: Callable[[Any], torch.Tensor] = identity  # runtime output -> torch (for checks)
     memory_bytes: int = 0

@@ -47,7 +47,8 @@ def layer_section(options: BenchOptions, runner: Runner) -> dict:
     warmup, steps = options.warmup_steps, options.steps
     contenders: dict[str, Contender] = {}
     for name, why in plan.skipped.items():
-        contenders[name] = Contender(name, *name.split("/"), status="skipped", reason=f"memory: {why}")
+        model, runtime = name.split("/")
+        contenders[name] = Contender(name, model, runtime, status="skipped", reason=f"memory: {why}")
 
     log.say(f"building {options.preset} ({options.dtype}): {plan.deamoe_bytes / 1e9:.2f} GB")
     layer = loop.random_layer(config, options.seed, dtype, budget)

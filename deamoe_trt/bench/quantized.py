@@ -142,6 +142,10 @@ def run_quant_bench(options: QuantBenchOptions) -> dict:
     for tokens, xs in inputs.items():
         prepared = {c.name: xs for c in contenders}
         progress = Progress(warmup + steps, f"quantized T={tokens}", enabled=options.progress)
+
+        def advance(step: int, p: Progress = progress) -> None:
+            p.update(step=1)
+
         times, probe_rates = interleaved(
             contenders,
             prepared,
@@ -150,7 +154,7 @@ def run_quant_bench(options: QuantBenchOptions) -> dict:
             cooldown=runner_cooldown,
             probe=probe,
             probe_cooldown_s=options.gap_ms / 1e3,
-            on_step=lambda step, p=progress: p.update(step=1),
+            on_step=advance,
         )
         rates += probe_rates
         results[tokens] = times

@@ -335,6 +335,7 @@ def _print_perplexity(checkpoint, tokenizer, model, quantized: list) -> dict | N
     """Print the held-out perplexity of the input and of each (label, quantized model) side by
     side; return them by label (None: no tokenizer for the text)."""
     import math
+    from typing import cast
 
     from ..checkpoint import dtype_name
     from ..console import format_table
@@ -348,7 +349,8 @@ def _print_perplexity(checkpoint, tokenizer, model, quantized: list) -> dict | N
         print(f"(no held-out perplexity: the model's {tokenizer.describe()} cannot encode the shipped text)")
         return None
     losses = [(f"input ({dtype_name(model.dtype)})", base)]
-    losses += [(label, held_out_loss(q, tokenizer)) for label, q in quantized]
+    # The input's tokenizer encoded the text, so every quantized copy's does: each loss is a float.
+    losses += [(label, cast(float, held_out_loss(q, tokenizer))) for label, q in quantized]
     rows = [(label, f"{v:.4f}", f"{math.exp(v):.3f}", f"{math.exp(v - base):.4f}x") for label, v in losses]
     title = f"Held-out perplexity (last 10% of {TEXT_SOURCE}; same windows for all)"
     print(format_table(("model", "held-out loss", "perplexity", "vs input"), rows, title=title))

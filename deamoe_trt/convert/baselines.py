@@ -330,7 +330,9 @@ def build(
     out = []
 
     width = pruned_width(sources, heldout, target)
-    layers = [pruned_layer(s, x, width, ridge=settings.ridge) for s, x in zip(sources, calibration, strict=True)]
+    layers: list[nn.Module] = [
+        pruned_layer(s, x, width, ridge=settings.ridge) for s, x in zip(sources, calibration, strict=True)
+    ]
     out.append(Baseline(PRUNED, layers, identity, {"expert_width": width}))
 
     k = lowered_k(sources, heldout, target)

@@ -21,7 +21,7 @@ padding.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import transformers
@@ -41,7 +41,8 @@ _TIED = {"lm_head.weight": "model.embed_tokens.weight"}
 class DeaMoEPreTrainedModel(PreTrainedModel):
     config_class = DeaMoEPretrainedConfig
     base_model_prefix = "model"
-    _no_split_modules: ClassVar[list[str]] = ["Block"]
+    # transformers declares it an instance attribute (list or set) that it rewrites per model.
+    _no_split_modules = ["Block"]  # noqa: RUF012
     _supports_cache_class = True
 
     def _init_weights(self, module: torch.nn.Module) -> None:

@@ -183,7 +183,7 @@ def _read_softmax_topk(module: nn.Module, name: str, family: str) -> tuple[DeaMo
     """Mixtral, Qwen2-MoE, Qwen3-MoE: softmax over all experts, top-k, optional renormalise."""
     router = _router(module, name)
     weights = _experts(module, name, router)
-    num_experts, hidden = router.weight.shape
+    num_experts, hidden = cast(torch.Tensor, router.weight).shape
     sources = _param_sources(module)
     top_k = _hyper(sources, ("top_k", "num_experts_per_tok"), name, "top_k")
     # Mixtral always renormalises its top-k probabilities; the Qwen blocks say whether they do.
@@ -208,7 +208,7 @@ def _read_deepseek_v3(module: nn.Module, name: str) -> tuple[DeaMoEConfig, _Weig
 
     router = _router(module, name)
     weights = _experts(module, name, router)
-    num_experts, hidden = router.weight.shape
+    num_experts, hidden = cast(torch.Tensor, router.weight).shape
     sources = _param_sources(module)
     scoring = _hyper(sources, ("scoring_func",), name, "scoring_func", default="sigmoid")
     if scoring != "sigmoid":
@@ -252,7 +252,7 @@ def _router(module: nn.Module, name: str) -> nn.Module:
 
 def _experts(module: nn.Module, name: str, router: nn.Module) -> _Weights:
     """Routed experts as gate_up [N, 2I, d], down [N, d, I], from either layout."""
-    num_experts, hidden = router.weight.shape
+    num_experts, hidden = cast(torch.Tensor, router.weight).shape
     experts = getattr(module, "experts", None)
     if isinstance(getattr(experts, "gate_up_proj", None), torch.Tensor):
         gate_up, down = _fused_experts(experts, name, num_experts, hidden)

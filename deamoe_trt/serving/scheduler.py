@@ -28,6 +28,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -178,7 +179,8 @@ class StepScheduler:
         if not stepping:
             return
         try:
-            rows = self.batch.step([s.seq for s in stepping], [s.new_ids[-1] for s in stepping])
+            # every active sequence holds a slot, so its seq is set
+            rows = self.batch.step([cast(int, s.seq) for s in stepping], [s.new_ids[-1] for s in stepping])
         except Exception as exc:  # the step's sequences fail; the server goes on with new ones
             for sequence in stepping:
                 self._finish(sequence, ERROR, error=f"{type(exc).__name__}: {exc}")

@@ -111,7 +111,9 @@ def _lm(hidden: int, layers: int, heads: int, context: int, moe: DeaMoEConfig) -
     )
 
 
-def _deamoe(hidden: int, departments: int, per_department: int, shared: int, private: int, k: int) -> DeaMoEConfig:
+def _deamoe(
+    hidden: int, departments: int, per_department: int, shared: int, private: int, k: int, g: int
+) -> DeaMoEConfig:
     return DeaMoEConfig(
         hidden_size=hidden,
         num_departments=departments,
@@ -119,7 +121,7 @@ def _deamoe(hidden: int, departments: int, per_department: int, shared: int, pri
         shared_intermediate_size=shared,
         private_intermediate_size=private,
         top_k=k,
-        top_departments=1,
+        top_departments=g,
         norm_topk_prob=True,
     )
 
@@ -127,21 +129,22 @@ def _deamoe(hidden: int, departments: int, per_department: int, shared: int, pri
 PRESETS: dict[str, ComparePreset] = {
     # Seconds: the tests' models.
     "micro": ComparePreset(
-        config=_lm(32, 1, 2, 32, _deamoe(32, 2, 4, 16, 8, 4)),
+        config=_lm(32, 1, 2, 32, _deamoe(32, 2, 4, 8, 8, 3, 1)),
         settings=TrainSettings(steps=6, batch_size=4, seq_len=16, lr=1e-2, warmup=2, eval_batches=2, log_every=3),
         dense_steps=2,
         heldout_windows=4,
-        description="d=32, 1 block; DeaMoE 2 departments of 4 experts (f_s=16, f_p=8), top-4 from 1 department",
+        description="d=32, 1 block; DeaMoE 2 departments of 4 experts (f_s=f_p=8), top-3 from 1 department",
     ),
     # A CPU core, tens of minutes: 2 blocks, d = 128. DeaMoE: 4 departments of 4 experts,
-    # f_s = 64, f_p = 32, a token's 4 experts from one department (64 + 4 x 32 = 192 neurons);
-    # vanilla: 8 experts of 96, top-2 (192 neurons); 768 expert neurons per block each.
+    # f_s = f_p = 48, a token's 4 experts from the top 2 departments (at most 2 x 48 + 4 x 48
+    # = 288 neurons); vanilla: 10 experts of 96, top-3 (288 neurons); 960 expert neurons
+    # per block each.
     "small": ComparePreset(
-        config=_lm(128, 2, 4, 128, _deamoe(128, 4, 4, 64, 32, 4)),
+        config=_lm(128, 2, 4, 128, _deamoe(128, 4, 4, 48, 48, 4, 2)),
         settings=TrainSettings(steps=600, batch_size=16, seq_len=128, lr=3e-3, warmup=30, eval_batches=4, log_every=25),
         dense_steps=200,
         heldout_windows=64,
-        description="d=128, 2 blocks; DeaMoE 4 departments of 4 experts (f_s=64, f_p=32), top-4 from 1 department",
+        description="d=128, 2 blocks; DeaMoE 4 departments of 4 experts (f_s=f_p=48), top-4 from 2 departments",
     ),
 }
 
@@ -220,7 +223,7 @@ def _row(name: str, result: TrainResult, preset: ComparePreset, settings: TrainS
         "model": name,
         "steps": steps,
         "parameters": parameter_count(model),
-        "router_parameters": sum(model.layers[i].mlp.router.weight.numel() for i in model.moe_layers()),
+        "router_parameters": sum(int(model.layers[i].mlp.router.weight.numel()) for i in model.moe_layers()),
         "expert_neurons_per_block": expert_neurons(moe),
         "active_neurons_per_token": active_neurons(moe),
         "experts": moe.num_experts,

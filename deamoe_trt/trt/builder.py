@@ -121,7 +121,7 @@ def _progress_monitor(trt, stream: TextIO):
     if base is None:
         return None
 
-    class Monitor(base):
+    class Monitor(base):  # type: ignore[misc, valid-type]  # TensorRT's class, found at run time
         def __init__(self):
             base.__init__(self)
             self.start = time.perf_counter()

@@ -45,11 +45,12 @@ def test_the_vanilla_moe_has_the_deamoe_expert_parameters_and_flops_per_token(na
     flops_a = 2 * 3 * d * (ma.top_departments * ma.shared_intermediate_size + ma.top_k * ma.private_intermediate_size)
     flops_b = 2 * 3 * d * mb.top_k * mb.private_intermediate_size
     assert flops_a == flops_b
-    # ... and every token does compute that: its experts fill exactly g departments.
+    # ... at most: a token's experts lie in at most g departments (exactly g when g = 1).
     x = torch.randn(64, d)
     routing = a.layers[0].mlp.route(x)
     departments = [len(set(row)) for row in routing.department_ids.tolist()]
-    assert departments == [ma.top_departments] * 64
+    assert max(departments) <= ma.top_departments and (ma.top_departments > 1 or set(departments) == {1})
+    assert ma.top_k < ma.top_departments * ma.experts_per_department  # the experts are chosen, not all taken
     assert [len(set(row)) for row in b.layers[0].mlp.route(x).expert_ids.tolist()] == [mb.top_k] * 64
 
 

@@ -19,7 +19,7 @@ What is carried over exactly, as transformers' gpt_oss modeling computes it:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -172,7 +172,7 @@ def layer_from_hf(module: torch.nn.Module, *, dtype: torch.dtype | None = None):
     gate_up = experts.gate_up_proj
     if not gate_up.is_floating_point():
         raise UsageError(f"{name} holds packed MXFP4 experts; import the whole model (import-hf without --layers-only)")
-    n, d = router.weight.shape
+    n, d = cast(torch.Tensor, router.weight).shape
     try:
         config = top_k_moe(
             hidden_size=d,
