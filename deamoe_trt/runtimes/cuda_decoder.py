@@ -42,6 +42,11 @@ from ..errors import UsageError
 from ..lm.model import DeaMoELM, check_twin
 from .base import Slots
 
+# The context a decoder holds unless told otherwise (max_context=): every step attends over
+# all of it (the positions after a sequence's own masked), and the cache is allocated whole,
+# so a model's full context (40960 for Qwen3) would cost gigabytes and a slower step.
+DEFAULT_MAX_CONTEXT = 4096
+
 
 def runnable(model: DeaMoELM, twin: str, device: torch.device) -> DeaMoELM:
     """model's twin on device, its int8/int4 projections (quantized_linears) dense in the
@@ -190,7 +195,7 @@ class CudaBatchDecoder:
             raise UsageError(
                 f"max_context must be an integer from 2 to the model's context of {limit}, got {max_context!r}"
             )
-        self.max_context = max_context or limit
+        self.max_context = max_context or min(limit, DEFAULT_MAX_CONTEXT)
         self.slots = Slots(max_sequences, self.max_context)
         self.max_sequences = max_sequences
         lib = runtime.lib
