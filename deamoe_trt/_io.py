@@ -253,7 +253,7 @@ def check_writable(target: str | Path, *, directory: bool = False) -> Path:
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise UsageError(f"cannot write {_short(target)}: {one_line(exc)}") from None
+        raise UsageError(f"cannot write {_short(target)}: {folder} takes no new files ({exc.strerror})") from None
     return target
 
 
@@ -263,6 +263,8 @@ def read_json(path: Path, error: type[UsageError] = UsageError):
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise error(f"{path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise error(f"{path} is nested too deeply to be a config") from None
 
 
 def atomic_write_text(target: str | Path, text: str) -> None:

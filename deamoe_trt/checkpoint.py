@@ -135,6 +135,7 @@ def read_header(directory: str | Path) -> dict[str, Any]:
     num_layers = header.get("num_layers")
     if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
         raise CheckpointError(f"{path}: num_layers must be an integer >= 1, got {num_layers!r}")
+    check_layer_count(directory / WEIGHTS_FILE, num_layers, path)
     if header.get("dtype") not in DTYPES:
         raise CheckpointError(f"{path}: dtype must be one of {', '.join(DTYPES)}, got {header.get('dtype')!r}")
     header.setdefault("router_dtype", header["dtype"])
@@ -185,6 +186,26 @@ def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Te
             raise CheckpointError(f"{name} is {dtype_name(got.dtype)} but {reason} {dtype_name(want.dtype)}")
         if not bool(torch.isfinite(got).all()):
             raise CheckpointError(f"{name} contains NaN or Inf ({path})")
+
+
+def check_layer_count(weights: Path, num_layers: int, config_path: Path) -> None:
+    """A CheckpointError when config_path claims more layers than weights holds tensors of,
+    found from the safetensors header alone: a claim of a billion layers is refused before
+    a model of that size is built, even on the meta device. Nothing is said of a missing or
+    unreadable file here; the tensor checks that follow report those in their own words."""
+    if not weights.is_file():
+        return
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            names = list(f.keys())
+    except (SafetensorError, OSError, ValueError, RuntimeError):
+        return
+    held = {name.split(".", 2)[1] for name in names if name.startswith("layers.") and name.count(".") >= 2}
+    if num_layers > len(held):
+        raise CheckpointError(
+            f"{config_path}: num_layers is {num_layers:,} but {weights.name} holds {len(held)} layer(s); "
+            "it lacks the tensors of the rest"
+        )
 
 
 def read_tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -15,4 +15,7 @@ def input_generator(seed: int) -> torch.Generator:
 
 def random_hidden(tokens: int, hidden: int, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """[tokens, hidden] unit-variance activations, as a normalised residual stream is."""
+    from .resources import check_fits
+
+    check_fits(tokens * hidden * 8, f"{tokens:,} random tokens of width {hidden}")  # float32, then dtype
     return torch.randn(tokens, hidden, generator=input_generator(seed)).to(dtype)

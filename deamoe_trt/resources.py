@@ -1,7 +1,8 @@
-"""What this process has used of the machine: its peak resident memory."""
+"""What this process has used of the machine (its peak resident memory) and what the machine has."""
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 from pathlib import Path
@@ -21,3 +22,24 @@ def peak_rss_bytes() -> int:
         pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
+
+
+def physical_memory_bytes() -> int:
+    """This machine's memory (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+def check_fits(nbytes: int | float, what: str) -> None:
+    """A one-line UsageError, before anything is allocated, when `what` needs more bytes than
+    this machine has: a count from a flag or a config that would only grow until the system
+    kills the process."""
+    from .errors import UsageError
+
+    total = physical_memory_bytes()
+    if total and nbytes > total:
+        raise UsageError(
+            f"{what} needs about {nbytes / 2**30:,.1f} GiB, more than this machine's {total / 2**30:,.1f} GiB"
+        )

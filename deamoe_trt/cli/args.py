@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Sequence
 
 from ..dtypes import DTYPES
@@ -59,10 +60,46 @@ def number(what: str, accept: Callable[[float], bool]) -> Callable[[str], float]
     return parse
 
 
-token_counts = int_list(1, "token counts", "1,4,16")
+def int_in_range(low: int, high: int, what: str) -> Callable[[str], int]:
+    """An integer in [low, high]; what names it in the one-line error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, an integer in [{low}, {high}], got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected {what}, an integer in [{low}, {high}], got {text!r}")
+        return value
+
+    return parse
+
+
+def _thread_limit() -> int:
+    # Past a few per core threads only contend, and thousands exhaust the stack space the
+    # OpenMP runtime asks for (a crash, not an error).
+    return max(64, 4 * (os.cpu_count() or 1))
+
+
+# Tokens per decoding step: far past any batch a step runs, and a bound on what one allocates.
+MAX_STEP_TOKENS = 65536
+
+
+def token_list(text: str) -> list[int]:
+    values = int_list(1, "token counts", "1,4,16")(text)
+    if any(v > MAX_STEP_TOKENS for v in values):
+        raise argparse.ArgumentTypeError(f"token counts must be at most {MAX_STEP_TOKENS}, got {text!r}")
+    return values
+
+
+token_counts = token_list
+thread_count = int_in_range(1, _thread_limit(), "a thread count")
+seed_value = int_in_range(0, 2**63 - 1, "a seed")
 positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
 unit_fraction = number("a number in [0, 1)", lambda v: 0 <= v < 1)
+# A memory size in GB: positive and finite, at most an exabyte.
+gigabytes = number("a number of GB > 0", lambda v: 0 < v <= 2**30)
 
 
 def add_checkpoint(parser: argparse.ArgumentParser, *, name: str = "checkpoint", help: str | None = None) -> None:
@@ -80,7 +117,7 @@ def add_tokens(parser: argparse.ArgumentParser, default: str = "1,2,4,8") -> Non
 
 
 def add_seed(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=0, help="seed for weights and random inputs (default 0)")
+    parser.add_argument("--seed", type=seed_value, default=0, help="seed for weights and random inputs (default 0)")
 
 
 def add_dtype(parser: argparse.ArgumentParser, *, choices=tuple(DTYPE_NAMES), default: str = "fp32") -> None:

@@ -47,7 +47,9 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--steps", type=common.positive_int, default=None, help="timed steps per token count (default 200)"
     )
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default max(3, steps/10))")
+    parser.add_argument(
+        "--warmup", type=common.non_negative_int, default=None, help="untimed steps first (default max(3, steps/10))"
+    )
     parser.add_argument("--json", metavar="PATH", type=common.writable_path, help="write every figure as JSON here")
     parser.add_argument("--plot", metavar="PATH", type=common.writable_path, help="write the figure (PNG) here")
     parser.add_argument("--quick", action="store_true", help="a small run in seconds (tiny preset, few steps)")
@@ -62,7 +64,7 @@ def register(subparsers) -> None:
         "--stack-dtype", choices=("fp16", "fp32"), default="fp16", help="dtype of the multi-layer stack (default fp16)"
     )
     parser.add_argument(
-        "--threads", type=common.positive_int, default=None, help="threads per runtime (default: all cores)"
+        "--threads", type=common.thread_count, default=None, help="threads per runtime (default: all cores)"
     )
     parser.add_argument(
         "--only",
@@ -73,7 +75,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--gap-ms",
-        type=float,
+        type=common.number("a number of milliseconds in [0, 10000]", lambda v: 0 <= v <= 10000),
         default=None,
         help="busy pause before each timed call, longer after runtimes whose threads spin (default 2; 0 with --quick)",
     )

@@ -42,7 +42,7 @@ def register(subparsers) -> None:
         default=32,
         help="decode steps per contender, in interleaved bursts (default 32)",
     )
-    parser.add_argument("--threads", type=common.positive_int, default=2, help="threads per contender (default 2)")
+    parser.add_argument("--threads", type=common.thread_count, default=2, help="threads per contender (default 2)")
     parser.add_argument(
         "--sequences",
         type=common.int_list(1, "sequence counts", "1,4,16"),
@@ -57,7 +57,10 @@ def register(subparsers) -> None:
         "native code), ort (default all three)",
     )
     parser.add_argument(
-        "--max-memory-gb", type=float, default=8.0, help="refuse configurations estimated above this (default 8)"
+        "--max-memory-gb",
+        type=common.gigabytes,
+        default=8.0,
+        help="refuse configurations estimated above this (default 8)",
     )
     parser.add_argument(
         "--quantized", type=int, choices=BITS, default=None, metavar="BITS", help="int4 or int8 DeaMoE FFN weights"

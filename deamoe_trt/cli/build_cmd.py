@@ -63,7 +63,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--device-memory",
-        type=float,
+        type=common.gigabytes,
         metavar="GB",
         help="the device's memory, for the fit check (default: the target's smallest device, or this GPU's)",
     )

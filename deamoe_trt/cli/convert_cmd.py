@@ -78,7 +78,12 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--heal-steps", type=common.non_negative_int, default=0, metavar="N", help="distillation steps (default 0)"
     )
-    parser.add_argument("--heal-lr", type=float, default=1e-3, help="healing learning rate (default 1e-3)")
+    parser.add_argument(
+        "--heal-lr",
+        type=common.number("a number > 0", lambda v: 0 < v < float("inf")),
+        default=1e-3,
+        help="healing learning rate (default 1e-3)",
+    )
     parser.add_argument(
         "--heal-batch",
         type=common.positive_int,
@@ -117,7 +122,7 @@ def register(subparsers) -> None:
         help="skip the baselines; a language model without --heal-steps or --plot is then converted one block at "
         "a time in bounded memory, and a killed run rerun with the same arguments resumes (OUTPUT.work)",
     )
-    parser.add_argument("--threads", type=common.positive_int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--threads", type=common.thread_count, default=1, help="torch CPU threads (default 1)")
     common.add_seed(parser)
     common.add_force(parser)
     parser.set_defaults(func=run)

@@ -48,12 +48,12 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     if args.output:
-        return _demo(Path(args.output), args.seed)
+        return _demo(Path(args.output), args.seed, kept=True)
     with tempfile.TemporaryDirectory(prefix="deamoe-demo-") as tmp:
-        return _demo(Path(tmp), args.seed)
+        return _demo(Path(tmp), args.seed, kept=False)
 
 
-def _demo(workdir: Path, seed: int) -> int:
+def _demo(workdir: Path, seed: int, *, kept: bool) -> int:
     checkpoint = workdir / "tiny"
     _step("make the tiny preset", ["init", "--preset", "tiny", "-o", checkpoint, "--seed", seed])
     _routing(checkpoint, seed)
@@ -83,7 +83,8 @@ def _demo(workdir: Path, seed: int) -> int:
         ],
     )
     _converted(CONVERTED_LM)
-    print(f"\ndemo finished; files in {workdir}")
+    # A temporary folder is gone once the demo returns: name only one that stays.
+    print(f"\ndemo finished; files in {workdir}" if kept else "\ndemo finished (keep its files with -o DIR)")
     return 0
 
 

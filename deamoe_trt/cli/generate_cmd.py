@@ -81,11 +81,20 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--chat", action="store_true", help="wrap the prompt in the model's chat template (Hugging Face tokenizers)"
     )
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sample")
-    parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0; greedy ignores it)")
     parser.add_argument(
-        "--threads", type=common.positive_int, default=1, help="CPU threads for torch and ONNX Runtime (default 1)"
+        "--temperature",
+        type=common.number("a number >= 0", lambda v: 0 <= v < float("inf")),
+        default=0.0,
+        help="0 (default): greedy; > 0: sample",
+    )
+    parser.add_argument(
+        "--top-k", type=common.non_negative_int, default=0, help="sample among the k most likely tokens (0: all)"
+    )
+    parser.add_argument(
+        "--seed", type=common.seed_value, default=0, help="sampling seed (default 0; greedy ignores it)"
+    )
+    parser.add_argument(
+        "--threads", type=common.thread_count, default=1, help="CPU threads for torch and ONNX Runtime (default 1)"
     )
     parser.set_defaults(func=run)
 

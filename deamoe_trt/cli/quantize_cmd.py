@@ -61,7 +61,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--tokens",
-        type=common.positive_int,
+        type=common.int_in_range(1, 1 << 20, "a token count"),
         default=64,
         help="--method rtn without --eval: random tokens to measure the error on (default 64)",
     )

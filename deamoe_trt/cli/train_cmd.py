@@ -24,10 +24,11 @@ def register(subparsers) -> None:
     parser.add_argument("--quick", action="store_true", help="a few seconds: small batches, 40 steps (for tests)")
     parser.add_argument(
         "--threads",
-        type=common.positive_int,
+        type=common.thread_count,
         default=1,
         help="torch CPU threads (default 1: the same seed gives the same weights on any machine)",
     )
+    common.add_force(parser)
     parser.set_defaults(func=run)
 
 
@@ -35,16 +36,21 @@ def run(args) -> int:
     import dataclasses
     from pathlib import Path
 
+    from .._io import check_replaceable, json_format_is, replaced_directory
     from ..console import format_bytes, format_table
+    from ..lm.checkpoint import FORMAT
     from ..runtimes.decode import generate
     from ..runtimes.torch import TorchDecoder
     from ..train.lm import QUICK, TEXT_SOURCE, TrainSettings, save_trained, train
 
     base = QUICK if args.quick else TrainSettings(steps=DEFAULT_STEPS)
     settings = dataclasses.replace(base, steps=args.steps or base.steps, seed=args.seed, threads=args.threads)
+    out, ours, what = Path(args.output or "tiny-lm"), json_format_is(FORMAT), "language-model checkpoint"
+    check_replaceable(out, ours, what, force=args.force)  # before the training, not after it
     print(f"training tiny-lm for {settings.steps} steps on {TEXT_SOURCE} (seed {settings.seed})")
     result = train(settings=settings)
-    out = save_trained(result, settings, Path(args.output or "tiny-lm"))
+    with replaced_directory(out, ours, what, force=args.force, note=common.note) as staging:
+        save_trained(result, settings, staging)
     size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
     print(
         format_table(

@@ -53,7 +53,7 @@ def register(subparsers) -> None:
         metavar="I,J",
         help="GPUs the instances go on (default: all)",
     )
-    shared.add_argument("--threads", type=common.positive_int, default=1, help="CPU threads per instance (default 1)")
+    shared.add_argument("--threads", type=common.thread_count, default=1, help="CPU threads per instance (default 1)")
     shared.add_argument(
         "--max-batch-size",
         type=common.non_negative_int,

@@ -53,9 +53,17 @@ def run(args) -> int:
 def _load_inputs(path: str):
     import numpy as np
 
-    from ..errors import UsageError
+    from ..errors import UsageError, one_line
 
+    expected = f"cannot read inputs from {path} (a .npy array of [T, d] is expected)"
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+    except OSError as exc:
+        raise UsageError(f"{expected}: {exc.strerror or exc}") from None
+    if magic != b"\x93NUMPY":  # numpy reads anything else as a pickle, and says so
+        raise UsageError(f"{expected}: it is not a .npy file (no NUMPY header)")
     try:
         return np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read inputs from {path} (a .npy array of [T, d] is expected): {exc}") from None
+        raise UsageError(f"{expected}: {one_line(exc, first=True)}") from None

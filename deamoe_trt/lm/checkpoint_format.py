@@ -29,6 +29,7 @@ from ..checkpoint import (
     DTYPES,
     ROUTER_BIAS,
     WEIGHTS_FILE,
+    check_layer_count,
     check_tensors,
     dtype_name,
     read_tensors,
@@ -149,6 +150,7 @@ def read_lm_header(directory: str | Path) -> dict[str, Any]:
         header["tokenizer"] = tokenizer_from_dict(header.get("tokenizer"), directory)
     except (ValueError, TypeError, UsageError) as exc:
         raise CheckpointError(f"{path}: {exc}") from None
+    check_layer_count(directory / WEIGHTS_FILE, header["config"].num_layers, path)
     if isinstance(header["tokenizer"], ByteTokenizer) and header["tokenizer"].vocab_size != header["config"].vocab_size:
         raise CheckpointError(
             f"{path}: tokenizer vocab_size {header['tokenizer'].vocab_size} differs from the model's "

@@ -358,8 +358,10 @@ def read_calibration(source: str, stack, *, seed: int = 0, what: str = "--calibr
         if not count.isdigit() or int(count) < 1:
             raise UsageError(f"{what} random:N needs a token count N >= 1, got {source!r}")
         return stack_hidden(stack, random_hidden(int(count), d, seed=seed))
-    if not Path(source).is_file():
+    if not Path(source).exists():
         raise UsageError(f"{what} {source}: no such file")
+    if not Path(source).is_file():
+        raise UsageError(f"{what} {source} is not a regular file; give a safetensors file of hidden states")
     try:
         tensors = read_tensors(Path(source))
     except UsageError as exc:  # one line: "... is not a readable safetensors file ..."

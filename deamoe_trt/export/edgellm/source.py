@@ -134,8 +134,10 @@ def chat_template_source(directory: Path) -> Path | None:
 def check_tokenizer(tokenizer: Tokenizer, directory: Path) -> None:
     """Edge-LLM's runtime tokenizes with tokenizer.json and renders a chat template: both must be there."""
     if not isinstance(tokenizer, HFTokenizer):
+        what = tokenizer.describe()
+        what = what if what.startswith("no ") else f"a tokenizer of {what}"
         raise UsageError(
-            f"{directory} has a {tokenizer.describe()}, not a Hugging Face tokenizer.json, which Edge-LLM's "
+            f"{directory} has {what}, not a Hugging Face tokenizer.json, which Edge-LLM's "
             "runtime needs; import the model with `deamoe-trt import-hf` from a directory that has one"
         )
     if chat_template_source(directory) is None:
