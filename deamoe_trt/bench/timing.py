@@ -47,6 +47,7 @@ def interleaved(
                 if cooldown and previous_cooldown > 0:
                     cooldown(previous_cooldown)
                 if contender is None:
+                    assert probe is not None  # the only empty slot is the probe's
                     rate = probe(step)
                     if step >= warmup:
                         rates.append(rate)

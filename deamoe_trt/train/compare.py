@@ -219,11 +219,14 @@ def heldout_measures(model: DeaMoELM, heldout: torch.Tensor, windows: int, seq_l
 
 def _row(name: str, result: TrainResult, preset: ComparePreset, settings: TrainSettings, steps: dict) -> dict:
     model, moe = result.model, result.model.config.moe
+    router_parameters = 0
+    for i in model.moe_layers():
+        router_parameters += model.layers[i].mlp.router.weight.numel()
     row = {
         "model": name,
         "steps": steps,
         "parameters": parameter_count(model),
-        "router_parameters": sum(int(model.layers[i].mlp.router.weight.numel()) for i in model.moe_layers()),
+        "router_parameters": router_parameters,
         "expert_neurons_per_block": expert_neurons(moe),
         "active_neurons_per_token": active_neurons(moe),
         "experts": moe.num_experts,
