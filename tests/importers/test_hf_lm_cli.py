@@ -79,6 +79,8 @@ def _dir(path, config, files=()):
         ("wrong_shape", r"model\.layers\.0\.self_attn\.q_proj\.weight has shape \[8, 32\], but config\.json implies"),
         ("extra_tensor", r"1 tensor\(s\) this import would drop, first model\.layers\.0\.self_attn\.rel_pos"),
         ("lacking_tensor", r"lacks model\.layers\.2\.mlp\.gate\.weight"),
+        ("nan_weight", r"model\.layers\.2\.mlp\.experts\.3\.down_proj\.weight holds NaN or infinite values"),
+        ("inf_weight", r"model\.embed_tokens\.weight holds NaN or infinite values"),
     ],
 )
 def test_bad_model_dirs_fail_in_one_line_with_nothing_written(qwen3_dir, tmp_path, capsys, case, message):
@@ -102,6 +104,10 @@ def test_bad_model_dirs_fail_in_one_line_with_nothing_written(qwen3_dir, tmp_pat
             tensors["model.layers.0.self_attn.rel_pos"] = torch.zeros(3)
         elif case == "lacking_tensor":
             del tensors["model.layers.2.mlp.gate.weight"]
+        elif case == "nan_weight":
+            tensors["model.layers.2.mlp.experts.3.down_proj.weight"][0, 1] = float("nan")
+        elif case == "inf_weight":
+            tensors["model.embed_tokens.weight"][5, 0] = float("-inf")
         _dir(src, hf_config)
         if case == "missing_shard":
             names = sorted(tensors)
