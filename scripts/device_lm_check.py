@@ -443,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
         r["sequences"]: r["bytes_per_step"] for r in result["rows"] if r["twin"] == "vanilla" and r["weights"] == "bf16"
     }
     del base
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     if args.peer == "auto" and "bf16" in weights:
         if time.perf_counter() - started > args.budget_s:
             result["errors"].append(f"peer: skipped, past the {args.budget_s:.0f} s budget")
