@@ -72,6 +72,7 @@ def load_moe_layers(
                 f"its MoE layers are {', '.join(map(str, available))}"
             )
 
+    _check_stored_weights(Path(model_dir), [f"layers.{i}." for i in (layers if layers is not None else available)])
     try:
         with _quiet(transformers):
             model, info = transformers.AutoModel.from_pretrained(
@@ -92,7 +93,33 @@ def load_moe_layers(
             f"{path} lacks {len(missing)} tensor(s) of its MoE layers, first {missing[0]}; "
             "refusing to import randomly initialised weights"
         )
+    for name, tensor in model.state_dict().items():
+        ours = any(name.startswith(b + ".") for b in blocks)
+        if ours and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise UsageError(f"{name} holds NaN or infinite values; the model's weights are damaged")
     return from_hf_model(model, layers=layers, dtype=dtype)
+
+
+def _check_stored_weights(model_dir: Path, prefixes: list[str]) -> None:
+    """What the whole-model import checks of the stored tensors, from their headers, before
+    transformers reads them: every file whole, and the MoE layers' weights in a float dtype
+    (transformers would cast an int32 expert to the model's dtype without a word)."""
+    from safetensors import SafetensorError, safe_open
+
+    from ..safetensors_io import ST_DTYPES, index_checkpoint
+
+    index = index_checkpoint(model_dir)
+    for file in sorted({info.file for info in index.values()}):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as exc:
+            reason = one_line(exc, first=True)
+            raise UsageError(f"{file} is not a readable safetensors file (truncated or corrupt?): {reason}") from None
+    for name, info in sorted(index.items()):
+        inside = any(f".{prefix}" in f".{name}" for prefix in prefixes)
+        if inside and info.dtype not in ST_DTYPES:
+            raise UsageError(f"{name} is {info.dtype}; import float32, float16 or bfloat16 weights")
 
 
 @contextlib.contextmanager

@@ -149,3 +149,31 @@ def test_import_hf_refuses_a_model_dir_missing_moe_tensors(qwen2_dir, tmp_path, 
     save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
     code, _, err = run_cli(capsys, broken, "-o", tmp_path / "ckpt")
     assert code == 2 and "lacks 1 tensor(s) of its MoE layers, first layers.2.mlp.gate.weight" in err
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("truncated", r"model\.safetensors is truncated"),
+        ("int32", r"model\.layers\.2\.mlp\.experts\.1\.down_proj\.weight is I32; import float32, float16 or bfloat16"),
+        ("nan", r"layers\.2\.mlp\.experts.* holds NaN or infinite values"),
+    ],
+)
+def test_layers_only_refuses_what_the_whole_model_import_refuses(qwen2_dir, tmp_path, capsys, case, message):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    path, _ = qwen2_dir
+    src = shutil.copytree(path, tmp_path / "m")
+    weights = src / "model.safetensors"
+    if case == "truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        tensors = load_file(weights)
+        name = "model.layers.2.mlp.experts.1.down_proj.weight"
+        tensors[name] = tensors[name].to(torch.int32) if case == "int32" else tensors[name].fill_(float("nan"))
+        save_file(tensors, weights, metadata={"format": "pt"})
+    code, _, err = run_cli(capsys, src, "-o", tmp_path / "ckpt", "--layers-only")
+    assert code == 2 and re.search(message, err) and err.count("\n") == 1, err
+    assert not (tmp_path / "ckpt").exists()
