@@ -47,13 +47,23 @@ from .base import Slots
 # so a model's full context (40960 for Qwen3) would cost gigabytes and a slower step.
 DEFAULT_MAX_CONTEXT = 4096
 
+# Where q/k/v/o and the head run: "torch" (PyTorch's matrix products) or "kernels" (the
+# kernel library's GEMV, KernelLinear; float weights).
+PROJECTIONS = ("torch", "kernels")
 
-def runnable(model: DeaMoELM, twin: str, device: torch.device) -> DeaMoELM:
+
+def runnable(model: DeaMoELM, twin: str, device: torch.device, *, own_modules: bool = False) -> DeaMoELM:
     """model's twin on device, its int8/int4 projections (quantized_linears) dense in the
-    model's dtype; the DeaMoE FFNs stay as stored (the kernels read int8/int4 codes)."""
+    model's dtype; the DeaMoE FFNs stay as stored (the kernels read int8/int4 codes).
+    own_modules: modules of its own (sharing the tensors), so that the caller may swap some."""
     check_twin(twin)
     source = model.twin(twin)
     c = source.config
+    if own_modules and not c.quantized_linears:
+        copy = DeaMoELM(c, dtype=source.dtype, device="meta")
+        copy.load_state_dict(source.state_dict(), assign=True)
+        copy.tie_weights()
+        source = copy.materialize_rope()
     if c.quantized_linears:
         from ..lm.qlinear import dequantized_state
 
@@ -107,6 +117,86 @@ def dense_as_layer(source: DeaMoELM, block: int, device: torch.device):
         state["departments.down" + suffix] = part(down)[None]
     layer.load_state_dict({k: v.detach().to(device).contiguous() for k, v in state.items()}, assign=True)
     return layer.eval()
+
+
+class KernelLinear:
+    """y = x W^T (+ b) with W [out, in] streamed by the kernel library's router-logits GEMV
+    (`deamoe_router_logits`: W as the router of a one-department layer of `out` experts,
+    float32 accumulation, every row read once for all the step's tokens), rounded to x's
+    dtype as F.linear rounds its float32 sums. Float weights only."""
+
+    def __init__(self, lib: ctypes.CDLL, linear, stream: Callable[[], int | None]):
+        from ..config import DeaMoEConfig
+        from ..cuda._abi import DTYPES, layer_params
+
+        out, width = linear.weight.shape
+        config = DeaMoEConfig(
+            hidden_size=width,
+            num_departments=1,
+            experts_per_department=out,
+            shared_intermediate_size=0,
+            private_intermediate_size=16,
+            top_k=1,
+            top_departments=1,
+        )
+        weight = linear.weight.detach()
+        self.weight = weight if weight.data_ptr() % 16 == 0 and weight.is_contiguous() else weight.contiguous().clone()
+        self.bias = linear.bias
+        self.params = layer_params(config)
+        self.lib, self.stream, self.out, self.code = lib, stream, out, DTYPES[weight.dtype]
+
+    def valid(self) -> bool:
+        from ..cuda._abi import SUCCESS
+
+        return self.lib.deamoe_validate(ctypes.byref(self.params)) == SUCCESS
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from ..cuda._ops import check
+
+        tokens = x.reshape(-1, x.shape[-1]).to(self.weight.dtype).contiguous()
+        logits = torch.empty((tokens.shape[0], self.out), dtype=torch.float32, device=tokens.device)
+        status = self.lib.deamoe_router_logits(
+            ctypes.byref(self.params),
+            self.code,
+            tokens.data_ptr(),
+            self.weight.data_ptr(),
+            None,
+            tokens.shape[0],
+            logits.data_ptr(),
+            self.stream(),
+        )
+        check(self.lib, status, "deamoe_router_logits")
+        y = logits if self.bias is None else logits + self.bias.float()
+        return y.to(x.dtype).view(*x.shape[:-1], self.out)
+
+
+def kernel_projections(model: DeaMoELM, lib: ctypes.CDLL, stream: Callable[[], int | None]) -> int:
+    """Puts KernelLinear in place of every float nn.Linear of model's attention and head (the
+    ones the kernels accept); how many."""
+    from torch import nn
+
+    count = 0
+    parents = [block.self_attn for block in model.layers] + [model]
+    for parent in parents:
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and (parent is not model or name == "lm_head"):
+                fast = KernelLinear(lib, child, stream)
+                if fast.valid():
+                    setattr(parent, name, _Projection(fast))
+                    count += 1
+    return count
+
+
+class _Projection(torch.nn.Module):
+    """A KernelLinear as a module, so the model's own code (attention, head) calls it."""
+
+    def __init__(self, fast: KernelLinear):
+        super().__init__()
+        self.fast = fast
+        self.weight = fast.weight  # what code reading .weight (MLA's up projections) finds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fast(x)
 
 
 class KernelFFN:
@@ -180,6 +270,7 @@ class CudaBatchDecoder:
         twin: str = "deamoe",
         max_context: int | None = None,
         graphs: bool = True,
+        projections: str = "torch",
     ):
         self.runtime = runtime
         self.name = runtime.name
@@ -188,7 +279,10 @@ class CudaBatchDecoder:
         source = model.twin(twin)
         dense = [i for i in range(source.config.num_layers) if source.config.is_dense(i)]
         dense_layers = {i: dense_as_layer(source, i, self.device) for i in dense}
-        self.model = runnable(source, "deamoe", self.device)  # source is the twin already
+        if projections not in PROJECTIONS:
+            raise UsageError(f"projections must be one of {', '.join(PROJECTIONS)}, got {projections!r}")
+        kernels = projections == "kernels"
+        self.model = runnable(source, "deamoe", self.device, own_modules=kernels)  # source is the twin already
         c = self.config = self.model.config
         limit = c.max_position_embeddings
         if max_context is not None and not (isinstance(max_context, int) and 2 <= max_context <= limit):
@@ -202,6 +296,7 @@ class CudaBatchDecoder:
         self.ffns: dict[int, KernelFFN] = {
             i: KernelFFN(lib, self.model.layers[i].mlp, max_sequences, runtime._stream) for i in self.model.moe_layers()
         }
+        self.kernel_projections = kernel_projections(self.model, lib, runtime._stream) if kernels else 0
         for i, layer in dense_layers.items():
             ffn = KernelFFN(lib, layer, max_sequences, runtime._stream)
             if ffn.supported():  # else (a width the kernels cannot tile) PyTorch runs the block

@@ -193,3 +193,17 @@ def test_dense_blocks_run_on_the_kernels_as_one_part_layers(emulated, bits):
     assert sorted(batch.ffns) == [0, 1, 2]  # block 1 is the dense one
     worst = decode_against_reference(emulated, model, [[5, 6, 7]], 4)
     assert worst < LOGITS_TOLERANCE[torch.float32]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["grouped-qk-norm-bias", "latent"])
+def test_projections_on_the_kernels_gemv_decode_the_reference_tokens(emulated, variant):
+    from torch import nn
+
+    model = _micro(**VARIANTS[variant], tie_word_embeddings=variant == "latent")
+    batch = emulated.batch_decoder(model, max_sequences=2, projections="kernels")
+    expected = 4 * model.config.num_layers + 1 if variant != "latent" else None
+    assert batch.kernel_projections == expected or (expected is None and batch.kernel_projections > 0)
+    worst = decode_against_reference(emulated, model, [[3, 1, 4, 1, 5], [9, 2]], 4, projections="kernels")
+    assert worst < LOGITS_TOLERANCE[torch.float32]
+    assert isinstance(model.layers[0].self_attn.o_proj, nn.Linear)  # the caller's model is left as it was
