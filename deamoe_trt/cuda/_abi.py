@@ -92,7 +92,20 @@ PROTOTYPES = {
     "deamoe_route_logits": (_I32, [_P(LayerParams), _I32, _VOID, _VOID, _I32, _VOID, _VOID, _VOID, _VOID, _VOID]),
     "deamoe_set_programmatic_launch": (None, [_I32]),
     "deamoe_programmatic_launch": (_I32, []),
+    "deamoe_num_variants": (_I32, []),
+    "deamoe_variant_name": (ctypes.c_char_p, [_I32]),
+    "deamoe_forward_variant": (
+        _I32,
+        # params, weights, dtype, variant, hidden, output, tokens, workspace, size, stream
+        [_P(LayerParams), _P(LayerWeights), _I32, _I32, _VOID, _VOID, _I32, _VOID, ctypes.c_size_t, _VOID],
+    ),
 }
+
+
+@functools.lru_cache(maxsize=8)
+def variant_names(lib: ctypes.CDLL) -> tuple[str, ...]:
+    """The library's kernel variants (deamoeKernels.h, forwardVariant), index = variant id."""
+    return tuple(lib.deamoe_variant_name(i).decode() for i in range(lib.deamoe_num_variants()))
 
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:

@@ -8,15 +8,18 @@ library (tests/native/cuda/, check-gpu --dry-run), which runs the kernel code on
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
 from ..config import DeaMoEConfig
+from ..dtypes import BY_TORCH
 from ..errors import DeaMoEError, UsageError
 from ..layer import SUPPORTED_DTYPES, DeaMoELayer
 from ..quant import QuantizedWeight
 from ..routing import Routing
-from ._abi import DTYPES, STATUS_NAMES, SUCCESS, LayerWeights, layer_params
+from . import tuning
+from ._abi import DTYPES, STATUS_NAMES, SUCCESS, LayerWeights, layer_params, variant_names
 
 
 class KernelError(DeaMoEError):
@@ -100,22 +103,58 @@ def workspace_bytes(lib: ctypes.CDLL, config: DeaMoEConfig, max_tokens: int, dty
     return int(size)
 
 
-def forward_with(lib: ctypes.CDLL, layer: DeaMoELayer, x: torch.Tensor, stream: int | None = None) -> torch.Tensor:
-    """The layer's output for x ([..., d]), in x's dtype (computed in the layer's dtype)."""
+@functools.lru_cache(maxsize=16)
+def _cuda_device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def _device_name(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return None  # the SIMT-emulated library on host tensors: no GPU, no table
+    return _cuda_device_name(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def variant_id(lib: ctypes.CDLL, layer: DeaMoELayer, num_tokens: int, device: torch.device,
+               variant: int | str | None) -> int:  # fmt: skip
+    """The kernel variant a forward runs: `variant` (an id or a name of this library's), or for
+    None the per-GPU table's choice for this layer and token count (deamoe_trt.cuda.tuning; 0,
+    the default kernels, on a GPU without a table, and on the emulated library)."""
+    names = variant_names(lib)
+    if variant is None:
+        bits = layer.quant.bits if layer.quant is not None else 0
+        name = tuning.select(_device_name(device), layer.config, BY_TORCH[layer.dtype].name, bits, num_tokens)
+        # A table written by a library with other variants: what this one lacks runs the default.
+        return names.index(name) if name in names else 0
+    if isinstance(variant, str):
+        if variant not in names:
+            raise UsageError(f"unknown kernel variant {variant!r}; this library has: {', '.join(names)}")
+        return names.index(variant)
+    if not 0 <= int(variant) < len(names):
+        raise UsageError(f"kernel variant must be 0..{len(names) - 1}, got {variant}")
+    return int(variant)
+
+
+def forward_with(lib: ctypes.CDLL, layer: DeaMoELayer, x: torch.Tensor, stream: int | None = None,
+                 variant: int | str | None = None) -> torch.Tensor:  # fmt: skip
+    """The layer's output for x ([..., d]), in x's dtype (computed in the layer's dtype).
+
+    variant: the kernel variant (variant_id); None: this GPU's table's choice."""
     dtype = _layer_dtype(layer)
     config = layer.config
     tokens = _tokens(config, x, dtype)
     num_tokens = tokens.shape[0]
     out = torch.empty_like(tokens)
     if num_tokens:
+        chosen = variant_id(lib, layer, num_tokens, tokens.device, variant)
         params = layer_params(config, layer.router_dtype == torch.float32, layer.quant)
         weights, keep = layer_weights(layer)
         size = workspace_bytes(lib, config, num_tokens, dtype)
         workspace = torch.empty(size, dtype=torch.uint8, device=tokens.device)
-        status = lib.deamoe_forward(
+        status = lib.deamoe_forward_variant(
             ctypes.byref(params),
             ctypes.byref(weights),
             DTYPES[dtype],
+            chosen,
             _ptr(tokens),
             _ptr(out),
             num_tokens,
@@ -123,7 +162,7 @@ def forward_with(lib: ctypes.CDLL, layer: DeaMoELayer, x: torch.Tensor, stream: 
             size,
             stream,
         )
-        check(lib, status, "deamoe_forward")
+        check(lib, status, "deamoe_forward_variant")
         del keep
     return out.to(x.dtype).reshape(x.shape)
 

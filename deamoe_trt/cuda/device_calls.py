@@ -35,17 +35,19 @@ def _kernels() -> ctypes.CDLL:
     return load_library()
 
 
-def forward(layer: DeaMoELayer, hidden_states: torch.Tensor) -> torch.Tensor:
+def forward(layer: DeaMoELayer, hidden_states: torch.Tensor, *, variant: int | str | None = None) -> torch.Tensor:
     """The layer's output for hidden_states [..., d] through the kernels (same shape and dtype).
 
     Computed in the layer's dtype with float32 accumulation; hidden_states of another
     dtype are cast to it first and the result cast back. A quantized layer (layer.quant)
     runs from its packed int4/int8 codes and scales, dequantized in registers.
+    variant: a kernel variant's name or id (native/cuda/KERNELS.md, "Variants"); None runs
+    the one this GPU's table (deamoe_trt.cuda.tuning) lists for the case, else the default.
     """
     device = _require_cuda(hidden_states, layer.router.weight)
     lib = _kernels()
     with torch.cuda.device(device):
-        return _ops.forward_with(lib, layer, hidden_states, _stream(device))
+        return _ops.forward_with(lib, layer, hidden_states, _stream(device), variant=variant)
 
 
 def route(layer: DeaMoELayer, hidden_states: torch.Tensor) -> Routing:

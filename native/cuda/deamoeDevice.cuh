@@ -168,6 +168,34 @@ DEAMOE_DEVICE void loadActivation(A const* p, float (&f)[E])
     }
 }
 
+// E activation values starting at p in shared memory (16-byte aligned; staged by the
+// staged-down variant in the activation dtype), as float.
+template <class A, int E>
+DEAMOE_DEVICE void loadStagedActivation(A const* p, float (&f)[E])
+{
+    static_assert(sizeof(A) * E % 16 == 0, "whole 16-byte vectors");
+    constexpr int perVector = 16 / static_cast<int>(sizeof(A));
+#pragma unroll
+    for (int i = 0; i < E / perVector; ++i)
+    {
+        float part[perVector];
+        unpack<A>(reinterpret_cast<uint4 const*>(p)[i], part);
+#pragma unroll
+        for (int e = 0; e < perVector; ++e)
+            f[i * perVector + e] = part[e];
+    }
+}
+
+// E activations at p: read through L1 (global memory), or from shared memory (SMEM).
+template <bool SMEM, class A, int E>
+DEAMOE_DEVICE void loadActivations(A const* p, float (&f)[E])
+{
+    if constexpr (SMEM)
+        loadStagedActivation<A, E>(p, f);
+    else
+        loadActivation<A, E>(p, f);
+}
+
 // Programmatic dependent launch (sm_90+, opt-in: setProgrammaticLaunch). Every kernel
 // first waits for the kernel before it in the stream to complete and flush
 // (griddepcontrol.wait: a no-op when not launched as a dependent), then lets the next one
@@ -237,12 +265,13 @@ struct Unroll
 // the tokens t whose bit is set in `tokens` (the same for the whole warp, so the token
 // branches are uniform). No cross-lane reduction. The order of operations per (r, t)
 // depends only on the lane and the chunk range: results are bitwise reproducible.
-template <class W, class A, int R, int TT>
+// SMEM: act is in shared memory (the staged-down variant), else global memory read through L1.
+// U: chunks per row in flight (the deep-loads variant's gate/up rows: twice Unroll's).
+template <class W, class A, int R, int TT, bool SMEM = false, int U = Unroll<TT>::value>
 DEAMOE_DEVICE void accumulateRows(W const* const (&rows)[R], int chunkBegin, int chunkEnd, A const* act,
     int const (&offset)[TT], uint32_t tokens, float (&acc)[R][TT])
 {
     constexpr int E = Elems16<W>::value;
-    constexpr int U = Unroll<TT>::value;
     int const lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
     for (int c0 = chunkBegin + lane; c0 < chunkEnd; c0 += kWarpSize * U)
     {
@@ -271,7 +300,7 @@ DEAMOE_DEVICE void accumulateRows(W const* const (&rows)[R], int chunkBegin, int
                     if ((tokens >> t) & 1u)
                     {
                         float a[E];
-                        loadActivation<A, E>(act + offset[t] + static_cast<size_t>(c) * E, a);
+                        loadActivations<SMEM, A, E>(act + offset[t] + static_cast<size_t>(c) * E, a);
 #pragma unroll
                         for (int r = 0; r < R; ++r)
                         {
@@ -380,7 +409,7 @@ struct QuantSubUnroll
 // registers are the float path's: 8 dequantized codes per row, 8 activations, one partial.
 // int4 at group size 16 has two groups per chunk (two scales), otherwise one. The order of
 // operations per (r, t) depends only on the lane and the chunk range: bitwise reproducible.
-template <int BITS, int U, class S, class A, int R, int TT>
+template <int BITS, int U, class S, class A, int R, int TT, bool SMEM = false>
 DEAMOE_DEVICE void accumulateQuantRows(QuantRow<S> const (&rows)[R], int groupShift, int chunkBegin, int chunkEnd,
     A const* act, int const (&offset)[TT], uint32_t tokens, float (&acc)[R][TT])
 {
@@ -429,7 +458,8 @@ DEAMOE_DEVICE void accumulateQuantRows(QuantRow<S> const (&rows)[R], int groupSh
                         if ((tokens >> t) & 1u)
                         {
                             float a[8];
-                            loadActivation<A, 8>(act + offset[t] + static_cast<size_t>(c) * Q::kPerChunk + 8 * sub, a);
+                            loadActivations<SMEM, A, 8>(
+                                act + offset[t] + static_cast<size_t>(c) * Q::kPerChunk + 8 * sub, a);
 #pragma unroll
                             for (int r = 0; r < R; ++r)
                             {
@@ -445,6 +475,52 @@ DEAMOE_DEVICE void accumulateQuantRows(QuantRow<S> const (&rows)[R], int groupSh
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+// accumulateQuantRows for rows of at most 16 chunks (deepseek-v3-layer's 512-wide int4
+// down rows, 256-wide int8) with whole warps: lanes 0-15 take row 0 and lanes 16-31 row 1,
+// one chunk each, where accumulateQuantRows leaves half of the warp idle. act is in shared
+// memory (SMEM) or global memory. Each (row, token) is still one lane's fixed sequence of
+// operations per chunk: bitwise reproducible.
+template <int BITS, class S, class A, int R, int TT, bool SMEM>
+DEAMOE_DEVICE void accumulateQuantRowsNarrow(QuantRow<S> const (&rows)[R], int groupShift, int chunks, A const* act,
+    int const (&offset)[TT], uint32_t tokens, float (&acc)[R][TT])
+{
+    static_assert(R == 2, "a half warp per row");
+    using Q = QuantCodes<BITS>;
+    int const lane = static_cast<int>(threadIdx.x) & (kWarpSize - 1);
+    int const mine = lane >> 4; // this lane's row
+    int const c = lane & (kWarpSize / 2 - 1);
+    if (c >= chunks)
+        return;
+    QuantRow<S> const row = mine ? rows[1] : rows[0];
+    uint4 const raw = loadStreaming(row.codes + static_cast<size_t>(c) * 16);
+    int const column = c * Q::kPerChunk;
+    float const scaleLow = toFloat(row.scales[column >> groupShift]);
+    // int4 at group size 16: the chunk's upper 16 columns have their own scale.
+    float const scaleHigh = BITS == 4 && groupShift < 5 ? toFloat(row.scales[(column + 16) >> groupShift]) : scaleLow;
+#pragma unroll(QuantSubUnroll<BITS, TT>::value)
+    for (int sub = 0; sub < Q::kSubs; ++sub)
+    {
+        float q[8];
+        dequantizeCodes<BITS>(raw, sub, q);
+        float const s = sub >= Q::kSubs / 2 ? scaleHigh : scaleLow;
+#pragma unroll
+        for (int t = 0; t < TT; ++t)
+        {
+            if ((tokens >> t) & 1u)
+            {
+                float a[8];
+                loadActivations<SMEM, A, 8>(act + offset[t] + column + 8 * sub, a);
+                float p = q[0] * a[0];
+#pragma unroll
+                for (int e = 1; e < 8; ++e)
+                    p = fmaf(q[e], a[e], p);
+                acc[0][t] = mine ? acc[0][t] : fmaf(s, p, acc[0][t]);
+                acc[1][t] = mine ? fmaf(s, p, acc[1][t]) : acc[1][t];
             }
         }
     }

@@ -56,11 +56,51 @@ struct DownMinBlocks
     static constexpr int value = TT == 1 ? 7 : (TT == 2 ? (BITS == 4 ? 5 : 6) : (TT >= 16 ? 3 : 4));
 };
 
+// Dynamic shared memory of the staged-down variant: one part's h for TT tokens in the
+// activation dtype, at the widest part's width.
+template <class T>
+size_t stagedDownSmemBytes(int tileTokens, int departmentWidth, int expertWidth)
+{
+    return static_cast<size_t>(tileTokens) * static_cast<size_t>(std::max(departmentWidth, expertWidth)) * sizeof(T);
+}
+
+// The staged-down variant: the block copies part q's h of each of its tokens (float32,
+// global) into shared memory, rounded to T, token t at staged + t * width; offset[t] becomes
+// t * width for the tokens that use the part, -1 for the others. Called by every thread.
+template <class T, int TT>
+DEAMOE_DEVICE void stagePartActivations(
+    float const* h, int const (&partOffset)[TT], int width, T* staged, int (&offset)[TT])
+{
+    int const tid = static_cast<int>(threadIdx.x);
+    if (tid < TT)
+        offset[tid] = partOffset[tid] >= 0 ? tid * width : -1;
+    int const vectors = width / 4; // widths are multiples of 16 (int8 rows) or of 32 (int4)
+    for (int i = tid; i < TT * vectors; i += kGemvThreads)
+    {
+        int const t = i / vectors;
+        int const j = 4 * (i - t * vectors);
+        int const from = partOffset[t];
+        if (from >= 0)
+        {
+            float4 const v = *reinterpret_cast<float4 const*>(h + from + j);
+            T* const to = staged + t * width + j;
+            to[0] = fromFloat<T>(v.x);
+            to[1] = fromFloat<T>(v.y);
+            to[2] = fromFloat<T>(v.z);
+            to[3] = fromFloat<T>(v.w);
+        }
+    }
+}
+
 // Each block owns kDownRowsPerTile output rows and streams those rows of every used part
 // (experts in plan order, then departments), adding each part's dot products into the
 // tokens' accumulators (W_j and w_e are already folded into h), then the shared experts'
 // output. The parts' metadata is staged in shared memory kDownPartsPerGroup at a time.
-template <class T, int TT, int BITS>
+// STAGED (the staged-down variant): each part's h is copied once per block into shared
+// memory in T (stagePartActivations), so the 4 warps read it from there rather than each
+// through L1 in float32, and quantized rows of at most 16 chunks take whole warps
+// (accumulateQuantRowsNarrow).
+template <class T, int TT, int BITS, bool STAGED = false>
 __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) downKernel(DownArgs<T> const args)
 {
     beginDependentKernel();
@@ -120,7 +160,44 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
             }
         }
         __syncthreads();
-        if (firstRow < d)
+        if constexpr (STAGED)
+        {
+            T* const staged = reinterpret_cast<T*>(dynamicSmem());
+            __shared__ int stagedOffset[TT];
+            for (int q = 0; q < n; ++q)
+            {
+                int const width = partWidth[q];
+                __syncthreads(); // the previous part's activations are consumed
+                stagePartActivations<T, TT>(partH[q], partOffset[q], width, staged, stagedOffset);
+                __syncthreads();
+                if (firstRow >= d)
+                    continue;
+                uint32_t tokens = 0u;
+#pragma unroll
+                for (int t = 0; t < TT; ++t)
+                    tokens |= stagedOffset[t] >= 0 ? 1u << t : 0u;
+                if constexpr (BITS > 0)
+                {
+                    QuantRow<T> rows[R];
+                    downQuantRows<BITS>(
+                        partQuant[q].codes, partQuant[q].scales, width, d, args.groupShift, firstRow, rows);
+                    int const chunks = width * BITS / 128;
+                    if (2 * chunks <= kWarpSize)
+                        accumulateQuantRowsNarrow<BITS, T, T, R, TT, true>(
+                            rows, args.groupShift, chunks, staged, stagedOffset, tokens, acc);
+                    else
+                        accumulateQuantRows<BITS, kQuantUnroll, T, T, R, TT, true>(
+                            rows, args.groupShift, 0, chunks, staged, stagedOffset, tokens, acc);
+                }
+                else
+                {
+                    T const* rows[R];
+                    downRowPointers(partDown[q], width, d, firstRow, rows);
+                    accumulateRows<T, T, R, TT, true>(rows, 0, width / E, staged, stagedOffset, tokens, acc);
+                }
+            }
+        }
+        else if (firstRow < d)
         {
             for (int q = 0; q < n; ++q)
             {

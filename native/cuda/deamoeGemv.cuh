@@ -79,8 +79,9 @@ struct GateUpArgs
 };
 
 // One gate/up block: block index `block` of the K1 or K2 gate/up grid. BITS: 0 for T
-// weights, 4 or 8 for quantized FFN weights (the router rows are T either way).
-template <class T, int TT, int BITS = 0>
+// weights, 4 or 8 for quantized FFN weights (the router rows are T either way). U: chunks
+// per T row in flight (the deep-loads variant: twice Unroll's).
+template <class T, int TT, int BITS = 0, int U = Unroll<TT>::value>
 DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
 {
     constexpr int E = Elems16<T>::value;
@@ -211,7 +212,7 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
         int const chunksPerRow = d / E;
         int const begin = slice * args.chunksPerSlice;
         int const end = min(begin + args.chunksPerSlice, chunksPerRow);
-        accumulateRows<T, T, 2, TT>(rows, begin, end, args.x, offset, firstTokens(numTokens), acc);
+        accumulateRows<T, T, 2, TT, false, U>(rows, begin, end, args.x, offset, firstTokens(numTokens), acc);
     }
     if (active)
     {

@@ -28,6 +28,19 @@ constexpr int kRouteThreads = 128;                              // route(): one 
 constexpr size_t kSmemBudget = 48 * 1024;                       // no opt-in attribute needed anywhere
 constexpr size_t kAlign = 256;
 
+// Kernel variants (variantName(), KERNELS.md "Variants"): which kernels a variant id changes.
+constexpr int32_t kVariantStagedDown = 1; // K3 with each part's h staged in shared memory
+constexpr int32_t kVariantDeepLoads = 2;  // K2's float gate/up rows with twice the loads in flight
+constexpr int32_t kVariantStagedDeep = 3; // both
+inline bool stagesDown(int32_t variant)
+{
+    return variant == kVariantStagedDown || variant == kVariantStagedDeep;
+}
+inline bool deepLoads(int32_t variant)
+{
+    return variant == kVariantDeepLoads || variant == kVariantStagedDeep;
+}
+
 // The step's synchronisation words (workspace `counters`), zeroed by K1 for K2.
 enum Counter : int32_t
 {
@@ -100,7 +113,7 @@ bool programmaticLaunchUsable() noexcept;
 struct TypedOps
 {
     Status (*forward)(LayerParams const& p, LayerWeights const& w, void const* hidden, void* output, int32_t numTokens,
-        void* workspace, cudaStream_t stream);
+        void* workspace, int32_t variant, cudaStream_t stream);
     Status (*route)(LayerParams const& p, void const* hidden, void const* routerWeight, void const* routerBias,
         void const* routerLogitBias, int32_t numTokens, RoutingOutputs const& out, void* workspace,
         cudaStream_t stream);

@@ -480,10 +480,25 @@ Status checkSupported(LayerParams const& params, DataType dtype) noexcept
     return Status::kSUCCESS;
 }
 
+char const* variantName(int32_t variant) noexcept
+{
+    static char const* const names[kNumVariants] = {"default", "staged-down", "deep-loads", "staged-deep"};
+    return variant >= 0 && variant < kNumVariants ? names[variant] : nullptr;
+}
+
 Status forward(LayerParams const& params, LayerWeights const& weights, DataType dtype, void const* hidden, void* output,
     int32_t numTokens, void* workspace, size_t workspaceBytes, cudaStream_t stream) noexcept
 {
+    return forwardVariant(params, weights, dtype, 0, hidden, output, numTokens, workspace, workspaceBytes, stream);
+}
+
+Status forwardVariant(LayerParams const& params, LayerWeights const& weights, DataType dtype, int32_t variant,
+    void const* hidden, void* output, int32_t numTokens, void* workspace, size_t workspaceBytes,
+    cudaStream_t stream) noexcept
+{
     DEAMOE_RETURN_IF_FAILED(checkSupported(params, dtype));
+    if (variantName(variant) == nullptr)
+        return fail(Status::kINVALID_ARGUMENT, "kernel variant must be 0..%d, got %d", kNumVariants - 1, variant);
     if (numTokens < 0)
         return fail(Status::kINVALID_ARGUMENT, "num_tokens must be >= 0, got %d", numTokens);
     if (numTokens == 0)
@@ -552,7 +567,7 @@ Status forward(LayerParams const& params, LayerWeights const& weights, DataType 
             workspace ? workspaceBytes : size_t{0});
     if (!detail::aligned16(workspace))
         return fail(Status::kUNSUPPORTED, "workspace must be 16-byte aligned");
-    return detail::opsFor(dtype)->forward(params, weights, hidden, output, numTokens, workspace, stream);
+    return detail::opsFor(dtype)->forward(params, weights, hidden, output, numTokens, workspace, variant, stream);
 }
 
 } // namespace deamoe
@@ -614,6 +629,28 @@ int32_t deamoe_forward(deamoe::LayerParams const* params, deamoe::LayerWeights c
         return code(deamoe::detail::fail(deamoe::Status::kINVALID_ARGUMENT, "weights is null"));
     return code(deamoe::forward(*params, *weights, static_cast<deamoe::DataType>(dtype), hidden, output, num_tokens,
         workspace, workspace_bytes, stream));
+}
+
+int32_t deamoe_forward_variant(deamoe::LayerParams const* params, deamoe::LayerWeights const* weights, int32_t dtype,
+    int32_t variant, void const* hidden, void* output, int32_t num_tokens, void* workspace, size_t workspace_bytes,
+    cudaStream_t stream)
+{
+    if (!orInvalid(params))
+        return code(deamoe::Status::kINVALID_ARGUMENT);
+    if (!weights)
+        return code(deamoe::detail::fail(deamoe::Status::kINVALID_ARGUMENT, "weights is null"));
+    return code(deamoe::forwardVariant(*params, *weights, static_cast<deamoe::DataType>(dtype), variant, hidden, output,
+        num_tokens, workspace, workspace_bytes, stream));
+}
+
+int32_t deamoe_num_variants(void)
+{
+    return deamoe::kNumVariants;
+}
+
+char const* deamoe_variant_name(int32_t variant)
+{
+    return deamoe::variantName(variant);
 }
 
 char const* deamoe_status_string(int32_t status)

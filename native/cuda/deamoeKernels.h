@@ -177,6 +177,20 @@ Status routeLogits(LayerParams const& params, DataType dtype, float const* logit
 void setProgrammaticLaunch(bool enabled) noexcept;
 bool programmaticLaunch() noexcept;
 
+// Kernel variants: other kernels for the same forward, chosen per call (forwardVariant; the
+// per-GPU table of deamoe_trt/cuda/tuned/ picks one per layer shape, dtype, bits and tokens).
+// They compute the same math in the same per-lane order, except where KERNELS.md
+// ("Variants") says what they round differently; 0 is forward()'s. A variant that does not
+// apply to a launch (its shared memory would not fit, say) runs the default kernel there.
+constexpr int32_t kNumVariants = 4;
+// The variant's name ("default", "staged-down", "deep-loads", "staged-deep"), or nullptr for an
+// id out of range.
+char const* variantName(int32_t variant) noexcept;
+// forward() with the kernels of `variant` (0 .. kNumVariants - 1; else kINVALID_ARGUMENT).
+Status forwardVariant(LayerParams const& params, LayerWeights const& weights, DataType dtype, int32_t variant,
+    void const* hidden, void* output, int32_t numTokens, void* workspace, size_t workspaceBytes,
+    cudaStream_t stream) noexcept;
+
 } // namespace deamoe
 
 // C ABI for ctypes (deamoe_trt.cuda). Same semantics; returns a Status as int32_t.
@@ -202,4 +216,9 @@ int32_t deamoe_route_logits(deamoe::LayerParams const* params, int32_t dtype, fl
     int32_t* kept_departments, cudaStream_t stream);
 void deamoe_set_programmatic_launch(int32_t enabled);
 int32_t deamoe_programmatic_launch(void);
+int32_t deamoe_num_variants(void);
+char const* deamoe_variant_name(int32_t variant);
+int32_t deamoe_forward_variant(deamoe::LayerParams const* params, deamoe::LayerWeights const* weights, int32_t dtype,
+    int32_t variant, void const* hidden, void* output, int32_t num_tokens, void* workspace, size_t workspace_bytes,
+    cudaStream_t stream);
 }

@@ -203,7 +203,7 @@ Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* rou
 // One tile of the forward; BITS: 0 for T FFN weights, 4 or 8 for quantized ones.
 template <class T, int TT, int BITS>
 Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden, T* output, int numTokens,
-    WorkspaceLayout const& L, char* ws, cudaStream_t stream)
+    WorkspaceLayout const& L, char* ws, int variant, cudaStream_t stream)
 {
     int const d = p.hidden;
     int const k = p.topK;
@@ -297,9 +297,22 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         long long const blocks = args.routingBlocks + args.sharedDownBlocks
             + static_cast<long long>(L.maxDepartmentParts) * gu.departmentBlocksPerPart
             + static_cast<long long>(L.maxExpertParts) * gu.expertBlocksPerPart;
-        status = checkLaunch("routing/routed gate-up kernel",
-            DEAMOE_LAUNCH(
-                (routedKernel<T, TT, BITS>), static_cast<unsigned>(blocks), kGemvThreads, smem, stream, args));
+        // deep-loads: float rows at 1-4 tokens (quantized rows measured slower with more in flight).
+        if constexpr (BITS == 0 && TT <= 4)
+        {
+            if (deepLoads(variant))
+                status = checkLaunch("routing/routed gate-up kernel (deep loads)",
+                    DEAMOE_LAUNCH((routedKernel<T, TT, BITS, 2 * Unroll<TT>::value>), static_cast<unsigned>(blocks),
+                        kGemvThreads, smem, stream, args));
+            else
+                status = checkLaunch("routing/routed gate-up kernel",
+                    DEAMOE_LAUNCH(
+                        (routedKernel<T, TT, BITS>), static_cast<unsigned>(blocks), kGemvThreads, smem, stream, args));
+        }
+        else
+            status = checkLaunch("routing/routed gate-up kernel",
+                DEAMOE_LAUNCH(
+                    (routedKernel<T, TT, BITS>), static_cast<unsigned>(blocks), kGemvThreads, smem, stream, args));
         if (status != Status::kSUCCESS)
             return status;
     }
@@ -333,9 +346,15 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
             args.expertDownCodes = quant.expertDown;
             args.expertDownScales = quant.expertDownScales;
         }
-        status = checkLaunch("down kernel",
-            DEAMOE_LAUNCH(
-                (downKernel<T, TT, BITS>), static_cast<unsigned>(L.downTiles), kGemvThreads, 0, stream, args));
+        size_t const staged = stagedDownSmemBytes<T>(TT, p.sharedWidth, p.privateWidth);
+        if (stagesDown(variant) && staged <= kSmemBudget)
+            status = checkLaunch("down kernel (staged)",
+                DEAMOE_LAUNCH((downKernel<T, TT, BITS, true>), static_cast<unsigned>(L.downTiles), kGemvThreads, staged,
+                    stream, args));
+        else
+            status = checkLaunch("down kernel",
+                DEAMOE_LAUNCH(
+                    (downKernel<T, TT, BITS>), static_cast<unsigned>(L.downTiles), kGemvThreads, 0, stream, args));
     }
     return status;
 }
@@ -357,7 +376,7 @@ Status dispatchTileTokens(int n, F&& f)
 
 template <class T>
 Status forwardTyped(LayerParams const& p, LayerWeights const& w, void const* hidden, void* output, int32_t numTokens,
-    void* workspace, cudaStream_t stream)
+    void* workspace, int32_t variant, cudaStream_t stream)
 {
     WorkspaceLayout const L = workspaceLayout(p, std::min(numTokens, kMaxTileTokens));
     char* ws = static_cast<char*>(workspace);
@@ -370,9 +389,9 @@ Status forwardTyped(LayerParams const& p, LayerWeights const& w, void const* hid
             constexpr int TT = decltype(tt)::value;
             switch (p.weightBits) // validated: 0, 4 or 8
             {
-            case 4: return forwardTile<T, TT, 4>(p, w, x, y, n, L, ws, stream);
-            case 8: return forwardTile<T, TT, 8>(p, w, x, y, n, L, ws, stream);
-            default: return forwardTile<T, TT, 0>(p, w, x, y, n, L, ws, stream);
+            case 4: return forwardTile<T, TT, 4>(p, w, x, y, n, L, ws, variant, stream);
+            case 8: return forwardTile<T, TT, 8>(p, w, x, y, n, L, ws, variant, stream);
+            default: return forwardTile<T, TT, 0>(p, w, x, y, n, L, ws, variant, stream);
             }
         });
         if (status != Status::kSUCCESS)

@@ -155,7 +155,9 @@ struct RoutedMinBlocks
     static constexpr int value = BITS > 0 && TT == 1 ? kQuantOneTokenMinBlocks : 1;
 };
 
-template <class T, int TT, int BITS>
+// GATE_UP_UNROLL: chunks per float row in flight in the gate/up blocks (the deep-loads
+// variant: twice Unroll's, for 1-4 tokens on float weights).
+template <class T, int TT, int BITS, int GATE_UP_UNROLL = Unroll<TT>::value>
 __global__ void __launch_bounds__(kGemvThreads, RoutedMinBlocks<TT, BITS>::value) routedKernel(RoutedArgs<T> const args)
 {
     beginDependentKernel();
@@ -185,7 +187,7 @@ __global__ void __launch_bounds__(kGemvThreads, RoutedMinBlocks<TT, BITS>::value
             __nanosleep(256);
     }
     __syncthreads(); // the plan is visible to the whole block from here
-    gateUpBlock<T, TT, BITS>(args.gateUp, block);
+    gateUpBlock<T, TT, BITS, GATE_UP_UNROLL>(args.gateUp, block);
 }
 
 } // namespace detail

@@ -183,3 +183,34 @@ def test_gpu_quantized_forward_matches_the_dequantized_reference(bits):
     with torch.no_grad():
         ref = copy.deepcopy(layer).float()(x.float())  # the dequantized weights, float32 math
     assert float((y.float() - ref).norm() / ref.norm()) < 1e-2
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("tokens", [1, 4, 16])
+@pytest.mark.parametrize("bits", [0, 4, 8])
+def test_gpu_every_kernel_variant_matches_the_reference_and_is_graph_capturable(bits, tokens):
+    """Each variant (KERNELS.md, "Variants") on the GPU: the release/acquire of the plan, the
+    staged down kernel's shared memory and barriers, CUDA-graph capture, which the emulator
+    cannot show."""
+    from deamoe_trt.cuda._abi import variant_names
+    from deamoe_trt.quant import QuantConfig
+
+    c = deepseek_style(hidden_size=512, private_intermediate_size=512, shared_expert_intermediate_size=256)
+    layer = DeaMoELayer.random(c, seed=4, dtype=torch.bfloat16)
+    if bits:
+        layer = layer.quantized(QuantConfig(bits, 32))
+    layer = layer.cuda()
+    x = torch.randn(tokens, c.hidden_size, device="cuda").to(torch.bfloat16)
+    with torch.no_grad():
+        ref = copy.deepcopy(layer).float()(x.float())
+        for variant in variant_names(cuda.load_library()):
+            y = cuda.forward(layer, x, variant=variant)
+            assert float((y.float() - ref).norm() / ref.norm()) < 1e-2, variant
+            graph = torch.cuda.CUDAGraph()
+            static_x = x.clone()
+            with torch.cuda.graph(graph):
+                static_y = cuda.forward(layer, static_x, variant=variant)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(static_y, y), variant

@@ -1,0 +1,183 @@
+"""Every kernel variant (deamoeKernels.h, forwardVariant), executed on the CPU by the SIMT
+emulator, against the PyTorch reference: float, int8 and int4 FFN weights, 1, 4 and 16 tokens,
+on the layers the other emulated tests use, plus rows wide enough for the variants' other paths.
+
+The reference is float32 math on the layer's weights (a quantized layer: its dequantized
+weights), as in the other emulated tests; a variant may round differently only where
+KERNELS.md ("Variants") says so. The default variant is the other emulated tests' subject.
+Variants that run the same kernels as another for a weight format are checked bitwise
+equal to it instead of against the reference again (the emulator's time is the cost):
+deep-loads changes only float gate/up rows, so on quantized weights it is the default and
+staged-deep is staged-down.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from configs import DEEPSEEK_STYLE_GROUPED, QWEN2_STYLE_GATED_SHARED, deepseek_style
+from deamoe_trt.config import DeaMoEConfig
+from deamoe_trt.cuda import _abi, _ops
+from deamoe_trt.errors import UsageError
+from deamoe_trt.layer import DeaMoELayer
+from deamoe_trt.presets import PRESETS
+from deamoe_trt.quant import QuantConfig
+
+pytestmark = pytest.mark.slow  # compiles the kernel library for the SIMT emulator, then emulates it
+
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+TOKENS = [1, 4, 16]
+
+FLOAT_CONFIGS = {
+    "tiny": PRESETS["tiny"],
+    "deepseek-like": deepseek_style(hidden_size=64, experts_per_department=8, shared_expert_intermediate_size=32),
+    "qwen2-moe-like": QWEN2_STYLE_GATED_SHARED,
+}
+# Every part kind at int4 and int8 (rows of 1-2 chunks: the narrow path of whole warps).
+GATED = DeaMoEConfig(
+    hidden_size=64,
+    num_departments=2,
+    experts_per_department=4,
+    shared_intermediate_size=32,
+    private_intermediate_size=32,
+    top_k=3,
+    top_departments=2,
+    shared_expert_intermediate_size=32,
+    shared_expert_gate=True,
+)
+# Down rows of 17 int4 / 34 int8 chunks: wider than a half warp, the staged rows' other path.
+WIDE_ROWS = DeaMoEConfig(
+    hidden_size=32,
+    num_departments=1,
+    experts_per_department=2,
+    shared_intermediate_size=0,
+    private_intermediate_size=544,
+    top_k=1,
+    top_departments=1,
+)
+QUANT_CONFIGS = {"gated": GATED, "deepseek-style-grouped": DEEPSEEK_STYLE_GROUPED, "wide-rows": WIDE_ROWS}
+
+
+def hidden(c: DeaMoEConfig, num_tokens: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(num_tokens, c.hidden_size, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def reference_fp32(layer: DeaMoELayer, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return copy.deepcopy(layer).float()(x.float())
+
+
+def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.float() - ref.float()).norm() / ref.float().norm())
+
+
+def variants(lib) -> tuple[str, ...]:
+    return _abi.variant_names(lib)
+
+
+# The variants whose kernels differ from the default's and from each other's, per weight format.
+FLOAT_VARIANTS = ("staged-down", "staged-deep")
+QUANT_VARIANTS = ("staged-down",)
+
+
+def test_the_library_names_its_variants_default_first(emulated_lib):
+    names = variants(emulated_lib)
+    assert names[:4] == ("default", "staged-down", "deep-loads", "staged-deep")
+    assert emulated_lib.deamoe_variant_name(len(names)) is None
+
+
+# Each token count in one dtype (every dtype over the three): the emulator's time stays small.
+DTYPE_AT = {1: torch.bfloat16, 4: torch.float16, 16: torch.float32}
+
+
+@pytest.mark.parametrize("num_tokens", TOKENS)
+@pytest.mark.parametrize("name", list(FLOAT_CONFIGS))
+def test_every_variant_matches_the_reference_on_float_weights(emulated_lib, name, num_tokens):
+    c, dtype = FLOAT_CONFIGS[name], DTYPE_AT[num_tokens]
+    layer = DeaMoELayer.random(c, seed=num_tokens, dtype=dtype)
+    x = hidden(c, num_tokens, seed=10 + num_tokens, dtype=dtype)
+    ref = reference_fp32(layer, x)
+    for variant in FLOAT_VARIANTS:
+        y = _ops.forward_with(emulated_lib, layer, x, variant=variant)
+        assert y.dtype == dtype and y.shape == x.shape
+        assert relative_error(y, ref) < TOLERANCE[dtype], variant
+
+
+@pytest.mark.parametrize("num_tokens", TOKENS)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("name", list(QUANT_CONFIGS))
+def test_every_variant_matches_the_dequantized_reference(emulated_lib, name, bits, num_tokens):
+    c, dtype = QUANT_CONFIGS[name], DTYPE_AT[num_tokens]
+    layer = DeaMoELayer.random(c, seed=bits, dtype=dtype).quantized(QuantConfig(bits, 32))
+    x = hidden(c, num_tokens, seed=num_tokens, dtype=dtype)
+    ref = reference_fp32(layer, x)
+    for variant in QUANT_VARIANTS:
+        y = _ops.forward_with(emulated_lib, layer, x, variant=variant)
+        assert relative_error(y, ref) < TOLERANCE[dtype], variant
+
+
+@pytest.mark.parametrize("bits", [0, 4])
+def test_the_staged_variant_runs_its_own_kernel(emulated_lib, bits):
+    """bf16: the staged-down variant rounds h to bf16 in shared memory, the default keeps it
+    float32, so their outputs differ in the last bits when the variant really ran."""
+    layer = DeaMoELayer.random(GATED, seed=3, dtype=torch.bfloat16)
+    if bits:
+        layer = layer.quantized(QuantConfig(bits, 32))
+    x = hidden(GATED, 4, seed=4, dtype=torch.bfloat16)
+    default = _ops.forward_with(emulated_lib, layer, x, variant="default")
+    staged = _ops.forward_with(emulated_lib, layer, x, variant="staged-down")
+    assert not torch.equal(default, staged)
+    assert torch.equal(staged, _ops.forward_with(emulated_lib, layer, x, variant="staged-down"))  # deterministic
+
+
+@pytest.mark.parametrize("num_tokens", [1, 4])
+def test_deep_loads_keep_each_lanes_order_so_the_output_is_the_defaults(emulated_lib, num_tokens):
+    """More chunks in flight per lane, the same chunks in the same order per lane: bitwise equal.
+    (640 float32 columns: 5 chunks per lane, two rounds of 4 by default, one of 8 here.)"""
+    layer = DeaMoELayer.random(GATED.replace(hidden_size=640), seed=6)
+    x = hidden(layer.config, num_tokens, seed=7, dtype=torch.float32)
+    default = _ops.forward_with(emulated_lib, layer, x, variant="default")
+    assert torch.equal(_ops.forward_with(emulated_lib, layer, x, variant="deep-loads"), default)
+    staged = _ops.forward_with(emulated_lib, layer, x, variant="staged-down")
+    assert torch.equal(_ops.forward_with(emulated_lib, layer, x, variant="staged-deep"), staged)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_on_quantized_weights_deep_loads_run_the_default_gate_up(emulated_lib, bits):
+    layer = DeaMoELayer.random(GATED, seed=bits, dtype=torch.bfloat16).quantized(QuantConfig(bits, 32))
+    x = hidden(GATED, 1, seed=8, dtype=torch.bfloat16)
+    runs = {name: _ops.forward_with(emulated_lib, layer, x, variant=name) for name in variants(emulated_lib)}
+    assert torch.equal(runs["deep-loads"], runs["default"])
+    assert torch.equal(runs["staged-deep"], runs["staged-down"])
+
+
+def test_a_variant_whose_shared_memory_would_not_fit_runs_the_default(emulated_lib):
+    """16 tokens of 784-wide float32 h are 49 KiB, over the 48 KiB budget: the staged variant
+    runs the default down kernel (had it launched its own, the emulator would abort on the
+    request for more than 48 KiB, as a GPU would refuse it without the opt-in)."""
+    c = WIDE_ROWS.replace(hidden_size=16, private_intermediate_size=784, experts_per_department=1)
+    layer = DeaMoELayer.random(c, seed=5)
+    x = hidden(c, 16, seed=6, dtype=torch.float32)
+    y = _ops.forward_with(emulated_lib, layer, x, variant="staged-down")
+    assert relative_error(y, reference_fp32(layer, x)) < TOLERANCE[torch.float32]
+
+
+def test_an_unknown_variant_is_refused(emulated_lib):
+    layer = DeaMoELayer.random(PRESETS["tiny"], seed=0)
+    x = hidden(PRESETS["tiny"], 1, seed=0, dtype=torch.float32)
+    with pytest.raises(UsageError, match="unknown kernel variant 'fastest'"):
+        _ops.forward_with(emulated_lib, layer, x, variant="fastest")
+    last = len(variants(emulated_lib)) - 1
+    with pytest.raises(UsageError, match=rf"kernel variant must be 0\.\.{last}, got {last + 1}"):
+        _ops.forward_with(emulated_lib, layer, x, variant=last + 1)
+
+
+def test_host_tensors_take_the_default_variant(emulated_lib):
+    """No GPU, no table: the binding's choice on the emulated library is variant 0."""
+    layer = DeaMoELayer.random(GATED, seed=1, dtype=torch.bfloat16)
+    x = hidden(GATED, 1, seed=1, dtype=torch.bfloat16)
+    assert _ops.variant_id(emulated_lib, layer, 1, x.device, None) == 0
+    assert torch.equal(_ops.forward_with(emulated_lib, layer, x), _ops.forward_with(emulated_lib, layer, x, variant=0))
