@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # On a CUDA machine with PyTorch, from a source checkout (nothing installed): the kernels'
-# check (`deamoe-trt check-gpu`) and the tests marked gpu, logs and gpu_check.{json,txt} in OUT.
+# check (`deamoe-trt check-gpu`, with --tune: this GPU's kernel variant table, OUT/<GPU name>.json) and the
+# tests marked gpu, logs and gpu_check.{json,txt} in OUT.
 #
-#   scripts/device_check.sh OUT [check-gpu arguments, default --bits 0,4,8]
+#   scripts/device_check.sh OUT [check-gpu arguments, default --bits 0,4,8 --tune --sm-limit 16]
 #
 # A kernel library named by DEAMOE_TRT_KERNELS_LIB is used when it loads (build it elsewhere with
 # native/cuda/build_kernels.sh for the GPU's architecture); otherwise check-gpu builds one.
 set -uo pipefail
 out=${1:?usage: scripts/device_check.sh OUT [check-gpu arguments]}
 shift
-[ $# -gt 0 ] || set -- --bits 0,4,8
+[ $# -gt 0 ] || set -- --bits 0,4,8 --tune --sm-limit 16
 python=${PYTHON:-python3}
 cd "$(dirname "$0")/.."
 mkdir -p "$out"

@@ -81,3 +81,26 @@ def test_dry_run_checks_the_gpt_oss_rows(emulated_lib, tmp_path):
     assert [r["dtype"] for r in rows] == ["bf16", "fp16", "bf16-int4"] and all(r["pass"] for r in rows)
     assert {r["preset"] for r in rows} == {"gpt-oss-20b-style"}
     assert all(r["routing"]["max_logit_abs_error_vs_torch"] < 1e-3 for r in rows), "the logit bias in both"
+
+
+@pytest.mark.slow
+def test_dry_run_tune_times_every_variant_and_writes_the_table(emulated_lib, tmp_path):
+    """--tune: every kernel variant timed on each layer made, the table written from the medians
+    (readable by deamoe_trt.cuda.tuning); --sm-limit needs SMs, so the emulator records why not."""
+    from deamoe_trt.cuda import tuning
+    from deamoe_trt.cuda._abi import variant_names
+
+    argv = ["--dry-run", "--library", emulated_lib._name, "--presets", "qwen3-30b-a3b-layer", "--tokens", "1",
+            "--bits", "4", "--skip-bench", "--sm-limit", "16", "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    results = json.loads((tmp_path / "gpu_check.json").read_text())
+    (row,) = results["tuning"]
+    assert set(row["median_us"]) == set(variant_names(emulated_lib))
+    assert row["variant"] == tuning.fastest(row["median_us"]) and row["median_us_16_sms"] is None
+    assert any("on 16 SMs" in s for s in results["skipped"])
+    table = tuning.load_table("emulated", str(tmp_path))
+    c = shrink(PRESETS["qwen3-30b-a3b-layer"], 32)
+    assert table is not None and table.variant(c, "bf16", 4, 1) == row["variant"]
+    assert table.measured["command"].startswith("deamoe-trt check-gpu ")
+    assert "kernel variants" in (tmp_path / "gpu_check.txt").read_text()
+    tuning.load_table.cache_clear()

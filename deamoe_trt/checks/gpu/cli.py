@@ -22,7 +22,11 @@ On any CUDA machine with PyTorch. It
    and the speedups; per kernel (torch.profiler, 1 token), its time, its bytes
    (deamoe_trt.perf_model's per-kernel account of the same routing), its bandwidth and the
    model's predicted time for this GPU;
-5. writes DIR/gpu_check.json (everything) and DIR/gpu_check.txt (the tables), prints them.
+5. with --tune, times every kernel variant on each layer it makes at each token tile and
+   writes the variant table of this GPU, DIR/<GPU name>.json (deamoe_trt.cuda.tuning: commit
+   it to deamoe_trt/cuda/tuned/ and the library uses it on this GPU model); --sm-limit N
+   times the variants again on N SMs (a green context), beside the full-GPU figures;
+6. writes DIR/gpu_check.json (everything) and DIR/gpu_check.txt (the tables), prints them.
 Exit status 0 when every correctness check passed (performance targets are reported, not
 enforced), 1 otherwise. Designed to finish in under 5 minutes on an H200 (--budget-s).
 
@@ -52,6 +56,8 @@ from pathlib import Path
 import torch
 
 from ...cli import args as common
+from ...cuda import tuning
+from ...cuda.tuning import device_file_name
 from ...dtypes import BY_TORCH
 from ...runtimes.cuda import CudaRuntime
 from ...traffic import layer_bytes
@@ -59,6 +65,7 @@ from .cases import CASES, CHECK_TOKENS, PLAN, case_config, free, quantized_layer
 from .correctness import check_correctness
 from .report import Clock, table, targets
 from .timing import Bench, bench_preset, measure_bandwidth
+from .tune import table_entries, tune_layer, tuning_text
 
 PROG = "deamoe-trt check-gpu"
 DEFAULT_PRESETS = "tiny,deepseek-v3-layer,qwen3-30b-a3b-layer,gpt-oss-20b-style"
@@ -96,6 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="token counts also timed with programmatic launch (default 1,4,16)",
     )
     parser.add_argument("--skip-bench", action="store_true", help="correctness only")
+    parser.add_argument(
+        "--tune", action="store_true", help="time every kernel variant and write this GPU's variant table to --out"
+    )
+    parser.add_argument(
+        "--sm-limit",
+        type=common.positive_int,
+        metavar="N",
+        help="--tune, and time the variants again with the kernels on N SMs (16: an Orin's bytes per SM)",
+    )
     parser.add_argument("--budget-s", type=float, default=270.0, help="stop starting benchmarks after this many s")
     parser.add_argument("--dry-run", action="store_true", help="CPU + SIMT-emulated kernels, shrunken presets")
     parser.add_argument(
@@ -134,6 +150,33 @@ def environment(dry_run: bool) -> dict:
     return env
 
 
+def write_table(path: Path, results: dict) -> None:
+    """This GPU's variant table (deamoe_trt.cuda.tuning) from the tuning rows so far, stamped."""
+    env = results["environment"]
+    measured = {
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": source_commit(),
+        "command": "deamoe-trt check-gpu " + " ".join(sys.argv[1:]),
+        "capability": env.get("capability"),
+        "sms": env.get("sms"),
+        "torch": env.get("torch"),
+        "copy_GBps": round((results.get("bandwidth") or {}).get("copy_GBps", 0.0)),
+    }
+    tuning.write_table(path, env.get("gpu", "emulated"), table_entries(results), measured)
+
+
+def source_commit() -> str | None:
+    """The commit of the source checkout this runs from (None outside one)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parent, check=False)  # fmt: skip
+    except OSError:
+        return None
+    return done.stdout.strip() or None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if isinstance(args, int):
@@ -170,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         results["targets"] = targets(results)
         for name, text in (
             ("gpu_check.json", json.dumps(results, indent=2, default=str)),
-            ("gpu_check.txt", table(results) + "\n"),
+            ("gpu_check.txt", table(results) + tuning_text(results, args.sm_limit) + "\n"),
         ):
             tmp = out / f".{name}.tmp"
             tmp.write_text(text)
@@ -197,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         results["bandwidth"] = {"copy_GBps": 0.0}
     copy_GBps = results["bandwidth"].get("copy_GBps", 0.0)
     bench = None if args.skip_bench else Bench(backend, iters, torch_iters, 2**30 if not dry else 2**16)
+    tune = args.tune or args.sm_limit is not None
+    tuner = Bench(backend, iters, torch_iters, 2**30 if not dry else 2**16) if tune else None
+    table_path = out / device_file_name(results["environment"].get("gpu", "emulated"))
 
     for preset, check_dtypes, bench_dtype, bits in [s for s in PLAN if s[0] in args.presets and s[3] in args.bits]:
         config = case_config(preset, bits, dry)
@@ -214,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
                 for i, T in enumerate(check_tokens[preset]):
                     results["correctness"].append(check_correctness(backend, layer, preset, T, 10 * i + T, clock))
                 write()
+                if tuner is not None and preset != "tiny":
+                    tune_layer(tuner, preset, layer, tokens, copy_GBps, args.sm_limit, results, clock)
+                    write_table(table_path, results)
                 if bench is not None and dtype == bench_dtype:
                     if clock.elapsed() > args.budget_s:
                         results["skipped"].append(f"{preset} {name} benchmarks: time budget")
@@ -232,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
                 write()
 
     write()
-    print("\n" + table(results), flush=True)
+    print("\n" + table(results) + tuning_text(results, args.sm_limit), flush=True)
+    if results.get("tuning"):
+        clock.log(f"wrote the variant table {table_path}: commit it to deamoe_trt/cuda/tuned/ to use it")
     clock.log(f"wrote {out / 'gpu_check.json'} and {out / 'gpu_check.txt'}")
     passed = all(r["pass"] for r in results["correctness"]) and results["correctness"] and not results["errors"]
     return 0 if passed else 1
