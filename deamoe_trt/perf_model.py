@@ -122,11 +122,22 @@ def tile_tokens(tokens: int) -> int:
     return min(MAX_TILE_TOKENS, 1 << max(0, math.ceil(math.log2(max(tokens, 1)))))
 
 
+def _variant_kernel(match: re.Match) -> bool:
+    """Whether a kernel's trailing template argument makes it a variant's: downKernel<...,
+    STAGED = true>, or routedKernel<..., GATE_UP_UNROLL> other than the default's chunks per row."""
+    kind, value = match.group(4), match.group(5)
+    if kind == "b":
+        return value == "1"
+    return kind == "i" and int(value) != LOADS_IN_FLIGHT[int(match.group(2))] // 2
+
+
 def parse_ptxas_registers(
     text: str, arch: int, dtype: str = "__nv_bfloat16", bits: int = 0
 ) -> dict[str, dict[int, int]]:
     """Registers per (kernel, token tile) for one arch, dtype and weight format (bits: 0 for
-    float FFN weights, 4 or 8 for the quantized kernels) from `nvcc -Xptxas -v` output."""
+    float FFN weights, 4 or 8 for the quantized kernels) from `nvcc -Xptxas -v` output: the
+    default variant's kernels (KERNELS.md, "Variants"): a staged down kernel (a trailing
+    `true` argument) and a routed kernel with more gate/up loads in flight are left out."""
     out: dict[str, dict[int, int]] = {}
     current = None
     for line in text.splitlines():
@@ -134,8 +145,10 @@ def parse_ptxas_registers(
         if entry:
             name, sm = entry.groups()
             current = None
-            match = re.search(r"detail\d+(\w+?Kernel)I\d*" + re.escape(dtype) + r"Li(\d+)E(?:Li(\d+)E)?", name)
-            if match and int(sm) == arch and int(match.group(3) or 0) == bits:
+            match = re.search(
+                r"detail\d+(\w+?Kernel)I\d*" + re.escape(dtype) + r"Li(\d+)E(?:Li(\d+)E)?(?:L([ib])(\d+)E)?", name
+            )
+            if match and not _variant_kernel(match) and int(sm) == arch and int(match.group(3) or 0) == bits:
                 kernel = re.sub(r"^\d+", "", match.group(1))
                 current = (kernel, int(match.group(2)))
             continue

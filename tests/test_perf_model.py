@@ -106,7 +106,13 @@ def test_registers_are_read_from_ptxas_output():
     log += entry("routeKernel", 1, 90, 7).replace("Li1E", "")  # not templated on tokens: ignored
     log += entry("downKernel", 1, 90, 80).replace("Li1E", "Li1ELi4E")  # quantized: BITS 4
     log += entry("downKernel", 2, 90, 66).replace("Li2E", "Li2ELi0E")  # float with the BITS argument
-    assert parse_ptxas_registers(log, 90) == {"downKernel": {16: 111, 2: 66}, "routedKernel": {1: 42}}
+    # The kernel variants beside the default's: a staged down kernel, a routed one with twice the
+    # gate/up loads in flight (the default's own trailing arguments: false, and 4 chunks at 1 token).
+    log += entry("downKernel", 16, 90, 120).replace("Li16E", "Li16ELi0ELb1E")
+    log += entry("routedKernel", 1, 90, 60).replace("Li1E", "Li1ELi0ELi8E")
+    log += entry("routedKernel", 2, 90, 44).replace("Li2E", "Li2ELi0ELi4E")
+    log += entry("downKernel", 8, 90, 70).replace("Li8E", "Li8ELi0ELb0E")
+    assert parse_ptxas_registers(log, 90) == {"downKernel": {16: 111, 2: 66, 8: 70}, "routedKernel": {1: 42, 2: 44}}
     assert parse_ptxas_registers(log, 90, bits=4) == {"downKernel": {1: 80}}
     assert parse_ptxas_registers(log, 86) == {"downKernel": {16: 99}}
     for arch in {d.arch for d in DEVICES.values()}:
