@@ -196,3 +196,56 @@ def test_bench_json_to_a_place_the_system_refuses_fails_before_benchmarking(monk
     monkeypatch.setattr(bench, "run_bench", lambda options: pytest.fail("benchmarked before checking --json"))
     assert _exit_code(["bench", "--quick", "--json", "/proc/x"]) == 2
     assert "cannot write /proc/x" in _one_error_line(capsys)
+
+
+@pytest.mark.slow  # a conversion
+def test_convert_reruns_into_its_own_output_directory(tmp_path, capsys):
+    from configs import QWEN2_STYLE_GATED_SHARED
+    from deamoe_trt import DeaMoEStack
+
+    src = DeaMoEStack.random(QWEN2_STYLE_GATED_SHARED, 1, seed=1).save_pretrained(tmp_path / "src")
+    out = tmp_path / "out"
+    argv = ["convert", str(src), "-o", str(out), "--departments", "4", "--shared-size", "8"]
+    argv += ["--top-departments", "2", "--calibration-tokens", "128", "--no-compare"]
+    assert _exit_code(argv) == 0
+    first = _snapshot(out)
+    capsys.readouterr()
+    assert _exit_code(argv) == 0  # the rerun replaces what the first run wrote
+    assert f"note: replaced what was in {out}" in capsys.readouterr().err
+    assert _snapshot(out) == first  # the same seed gives the same files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]
+
+
+@pytest.mark.slow  # a subprocess
+def test_sigterm_while_writing_removes_the_temporary_files(tmp_path):
+    import signal
+    import subprocess
+    import textwrap
+    import time
+
+    # A writer stopped inside its atomic write: SIGTERM unwinds it like Ctrl-C.
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from pathlib import Path
+        from deamoe_trt._io import atomic_path
+        from deamoe_trt.cli.main import main
+        import deamoe_trt.layer as layer
+
+        def slow(directory, tensors, header):
+            with atomic_path(Path(directory) / "model.safetensors") as tmp:
+                tmp.write_bytes(b"partial")
+                print("writing", flush=True)
+                time.sleep(60)
+
+        layer.write_files = slow
+        sys.exit(main(["init", "-o", {str(tmp_path / "ckpt")!r}]))
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "writing"
+    time.sleep(0.2)
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 130 and err.strip() == "deamoe-trt init: interrupted"
+    assert list(tmp_path.iterdir()) == []  # neither the staging folder nor its temporary stayed
