@@ -151,11 +151,17 @@ def step_bytes(decoder, sequences: int) -> int:
     return total
 
 
-def time_ours(runtime, model, twin: str, label: str, args, bandwidth: float, rows: list[dict]) -> None:
-    """Rows of model (a twin, its weights `label`) on the runtime's batch decoder, appended to rows."""
+def time_ours(
+    runtime, model, twin: str, label: str, args, bandwidth: float, rows: list[dict], projections: str = "torch"
+) -> None:
+    """Rows of model (a twin, its weights `label`) on the runtime's batch decoder, appended to
+    rows; projections "kernels": q/k/v/o and head on the kernel library's GEMV too."""
     # model is the twin already (an int4 twin is quantized from the bf16 one).
     context = PROMPT + args.warmup + args.steps + 8
-    decoder = runtime.batch_decoder(model, max_sequences=max(args.sequences), max_context=context)
+    decoder = runtime.batch_decoder(
+        model, max_sequences=max(args.sequences), max_context=context, projections=projections
+    )
+    name = f"deamoe-trt CUDA ({twin})" if projections == "torch" else f"deamoe-trt CUDA ({twin}, GEMV projections)"
     gen = torch.Generator().manual_seed(1)
     for n in args.sequences:
         prompts = [torch.randint(0, model.config.vocab_size, (PROMPT,), generator=gen).tolist() for _ in range(n)]
@@ -176,7 +182,7 @@ def time_ours(runtime, model, twin: str, label: str, args, bandwidth: float, row
         read = step_bytes(decoder, n)
         rows.append(
             {
-                "contender": f"deamoe-trt CUDA ({twin})",
+                "contender": name,
                 "twin": twin,
                 "weights": label,
                 "sequences": n,
@@ -188,7 +194,7 @@ def time_ours(runtime, model, twin: str, label: str, args, bandwidth: float, row
                 "graph_error": decoder.graph_error,
             }
         )
-        log(f"{label} {twin} x{n}: TPOT {1e3 * tpot:.3f} ms, {read / 1e6:.1f} MB/step")
+        log(f"{name} {label} x{n}: TPOT {1e3 * tpot:.3f} ms, {read / 1e6:.1f} MB/step")
         for seq in seqs:
             decoder.close(seq)
     del decoder
@@ -288,12 +294,13 @@ def targets(rows: list[dict]) -> list[str]:
         )
 
     out = []
-    for weights in ("bf16", "int4"):
-        ours, vanilla = find("deamoe-trt CUDA (deamoe)", weights, 1), find("deamoe-trt CUDA (vanilla)", weights, 1)
+    for weights, how in (("bf16", ""), ("int4", ""), ("bf16", ", GEMV projections")):
+        ours = find(f"deamoe-trt CUDA (deamoe{how})", weights, 1)
+        vanilla = find(f"deamoe-trt CUDA (vanilla{how})", weights, 1)
         if ours and vanilla:
             ratio = vanilla["tpot_ms"] / ours["tpot_ms"]
             out.append(
-                f"- {weights}, 1 sequence: DeaMoE {ratio:.2f}x its vanilla twin (target 1.33x): "
+                f"- {weights}{how}, 1 sequence: DeaMoE {ratio:.2f}x its vanilla twin (target 1.33x): "
                 + ("met" if ratio >= 1.33 else "not met")
             )
     for n in sorted({r["sequences"] for r in rows}):
@@ -325,6 +332,7 @@ def table(result: dict) -> str:
                 and o["weights"] == r["weights"]
                 and o["sequences"] == r["sequences"]
                 and not o["contender"].startswith("transformers")
+                and ("GEMV" in o["contender"]) == ("GEMV" in r["contender"])
             ),
             None,
         )
@@ -384,6 +392,12 @@ def main(argv: list[str] | None = None) -> int:
         "--peer", choices=("auto", "off"), default="auto", help="the transformers peer (auto: if importable)"
     )
     parser.add_argument("--no-compile", dest="compile", action="store_false", help="the peer without torch.compile")
+    parser.add_argument(
+        "--no-kernel-projections",
+        dest="kernel_projections",
+        action="store_false",
+        help="leave out the bf16 rows with q/k/v/o and head on the kernel library's GEMV",
+    )
     parser.add_argument("--budget-s", type=float, default=230, help="skip what is left after this many seconds")
     args = parser.parse_args(argv)
     args.blocks = args.blocks or (2 if args.tiny else 8)
@@ -437,6 +451,18 @@ def main(argv: list[str] | None = None) -> int:
                 result["errors"].append(f"{label} {twin}: {type(exc).__name__}: {exc}".splitlines()[0])
                 log(result["errors"][-1])
             del model
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    if args.kernel_projections and "bf16" in weights:
+        for twin in ("deamoe", "vanilla"):
+            if time.perf_counter() - started > args.budget_s:
+                result["errors"].append(f"bf16 {twin}, GEMV projections: skipped, past the {args.budget_s:.0f} s")
+                continue
+            try:
+                time_ours(runtime, base.twin(twin), twin, "bf16", args, bandwidth, result["rows"], "kernels")
+            except Exception as exc:
+                result["errors"].append(f"bf16 {twin}, GEMV projections: {type(exc).__name__}: {exc}".splitlines()[0])
+                log(result["errors"][-1])
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     vanilla_bytes = {
