@@ -43,6 +43,8 @@ def edgellm_python(explicit: str | None = None) -> Path:
         if candidate:
             if not Path(candidate).is_file():
                 raise UsageError(f"Edge-LLM Python {candidate} does not exist")
+            if not os.access(candidate, os.X_OK):
+                raise UsageError(f"Edge-LLM Python {candidate} is not executable; give the python of its environment")
             return Path(candidate)
     venv = venv_python()
     if venv is not None and venv.is_file():

@@ -26,3 +26,12 @@ def test_doctor_reports_edgellm_missing_from_the_python_it_is_pointed_at(monkeyp
     monkeypatch.setenv(PYTHON_ENV, sys.executable)
     check = check_edgellm()
     assert check.status == MISSING and "tensorrt_edgellm" in check.detail and not check.blocking
+
+
+def test_an_edgellm_python_that_cannot_run_is_refused_in_one_line(tmp_path):
+    from deamoe_trt.errors import UsageError
+
+    python = tmp_path / "python"
+    python.write_text("not a program\n")
+    with pytest.raises(UsageError, match=r"Edge-LLM Python .*python is not executable"):
+        edgellm_python(str(python))
