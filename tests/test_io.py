@@ -121,3 +121,12 @@ def test_a_failed_replacement_leaves_the_old_output_whole(tmp_path):
         (staging / "mark").write_text("half")
         raise KeyboardInterrupt
     assert (out / "mark").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_killed_runs_staging_folder_is_swept_by_the_next_run(tmp_path):
+    stale = tmp_path / f".out.deamoe-{_dead_pid()}-x.tmp"
+    (stale / "sub").mkdir(parents=True)
+    (stale / "sub" / "model.safetensors").write_bytes(b"175 MB once")
+    with _io.replaced_directory(tmp_path / "out", _ours, "thing") as staging:
+        (staging / "mark").write_text("")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
