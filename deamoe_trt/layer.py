@@ -479,6 +479,8 @@ class DeaMoEStack(nn.Module):
     The FFN part of a decoder, without attention: what a multi-layer checkpoint holds and
     what multi-layer exports and benchmarks run."""
 
+    source: dict  # where an imported stack came from (importers.hf sets it)
+
     def __init__(
         self,
         config: DeaMoEConfig,

@@ -211,12 +211,15 @@ class StreamingWriter:
         self._next += 1
 
     def append(self, piece: torch.Tensor) -> None:
-        shape, dtype = self.schema[self._current]
+        current = self._current
+        if current is None:
+            raise AssertionError("writer got data before begin(name)")
+        shape, dtype = self.schema[current]
         data = piece.detach().to("cpu", dtype).contiguous().reshape(-1)
         raw = data.view(torch.uint8).numpy()  # a view: written without another copy
         self._written += raw.nbytes
-        if self._written > self._sizes[self._current]:
-            raise AssertionError(f"{self._current}: more data than its shape {list(shape)}")
+        if self._written > self._sizes[current]:
+            raise AssertionError(f"{current}: more data than its shape {list(shape)}")
         self.f.write(memoryview(raw))
 
     def write(self, name: str, tensor: torch.Tensor) -> None:

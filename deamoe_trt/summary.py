@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -97,7 +98,7 @@ def traffic_table(stack: DeaMoEStack, tokens: list[int], *, samples: int = 16, s
     for all layers together."""
     gen = input_generator(seed)
     config, bytes_per = stack.config, BYTES_PER_WEIGHT[stack.dtype]
-    router_bytes = BYTES_PER_WEIGHT[stack.layers[0].router_dtype]
+    router_bytes = BYTES_PER_WEIGHT[cast(DeaMoELayer, stack.layers[0]).router_dtype]
     rows = []
     for count in tokens:
         sums = {"deamoe": 0.0, "expanded": 0.0, "vanilla": 0.0}

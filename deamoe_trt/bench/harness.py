@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import gc
 import statistics
+from typing import Any
 
 import torch
 
@@ -25,12 +26,12 @@ __all__ = ["SCHEMA", "BenchOptions", "run_bench", "step_seed"]
 
 
 def run_bench(options: BenchOptions) -> dict:
-    """Run the benchmark; returns the JSON-ready result (see docs/benchmarks.md for its fields)."""
+    """Run the benchmark; returns the JSON-ready result (docs/bench-method.md lists its fields)."""
     options.validate()
     threads = options.threads or machine.cores()
     torch.set_num_threads(threads)
     started = datetime.datetime.now(datetime.timezone.utc)
-    result = {
+    result: dict[str, Any] = {
         "schema": SCHEMA,
         "created": started.isoformat(timespec="seconds"),
         "machine": machine.machine_info(threads),

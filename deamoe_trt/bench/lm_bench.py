@@ -840,8 +840,8 @@ def run_lm_batch_bench(
         )
         mine = r["runtime"] != LLAMA_BATCHED
         r["vs_llama"] = peer["tpot_ms"] / r["tpot_ms"] if peer and mine else None
-        both = peer and mine and peer["bytes_per_step"] and r["bytes_per_step"]
-        r["llama_bytes_ratio"] = peer["bytes_per_step"] / r["bytes_per_step"] if both else None
+        both = peer is not None and mine and peer["bytes_per_step"] and r["bytes_per_step"]
+        r["llama_bytes_ratio"] = peer["bytes_per_step"] / r["bytes_per_step"] if peer is not None and both else None
     from ..resources import peak_rss_bytes
 
     return {

@@ -246,6 +246,7 @@ def delta_layer(
                 getattr(layer, a_name)[i].copy_(a)
                 getattr(layer, b_name)[i].copy_(b)
             if layer.gate_up_bias is not None:
+                assert layer.down_bias is not None and experts.down_bias is not None  # ffn_bias: both
                 layer.gate_up_bias[i].copy_(torch.cat((gate_bias, up_bias)))
                 layer.down_bias[i].copy_(experts.down_bias[e])
     return layer.eval()

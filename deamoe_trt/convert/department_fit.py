@@ -191,6 +191,7 @@ def fit_downs(
         r_e = hp.t() @ (w * y)
         b = None
         if k_s:
+            assert shared_features is not None  # k_s > 0: the shared part has features
             hs = shared_features[e].double()
             a += hs.t() @ (w * hs)
             r_s += hs.t() @ (w * y)

@@ -305,6 +305,7 @@ def _measure(source: Source, variant: Variant, reference: Source, *, settings: C
     }
     if reference.lm is not None and variant.lm is not None:
         windows = reference.heldout_windows
+        assert windows is not None  # a language-model source keeps its held-out windows
         source_logits = reference.lm(windows[:, :-1]).logits
         row.update({k: round(v, 4) for k, v in lm_quality(variant.lm, source_logits, windows).items()})
     if variant.heal_losses:

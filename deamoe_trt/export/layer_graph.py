@@ -53,15 +53,14 @@ def emit_layer(builder: GraphBuilder, x_name: str, layer: DeaMoELayer, form: str
             # uint4 two per byte, low nibble first, as the checkpoint does), or as the plugin
             # node's little-endian int32 words.
             elem_type = QUANTIZED_CODE_TYPES[form](quant.bits)
-            if shape is None:
-                shape = list(tensor.shape)
+            dims = list(tensor.shape) if shape is None else list(shape)
             array = tensor.detach().cpu().numpy()
             if elem_type == TensorProto.UINT4:
-                shape = [*shape[:-1], shape[-1] * 2]
+                dims = [*dims[:-1], dims[-1] * 2]
             elif elem_type == plugin_form.CODE_TYPE:
                 array = np.ascontiguousarray(array).view("<i4")
-                shape = [*shape[:-1], shape[-1] // plugin_form.CODE_WORD_BYTES]
-            weights[name] = builder.add_initializer(f"{prefix}{stored}", array, elem_type, shape)
+                dims = [*dims[:-1], dims[-1] // plugin_form.CODE_WORD_BYTES]
+            weights[name] = builder.add_initializer(f"{prefix}{stored}", array, elem_type, dims)
         else:
             weights[name] = builder.weight(f"{prefix}{stored}", tensor, _stored_dtype(name, tensor), shape=shape)
     with builder.scope(prefix):

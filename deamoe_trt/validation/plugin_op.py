@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -64,7 +65,7 @@ def register_reference_ops() -> str:
             "running plugin-form models on ONNX Runtime needs onnxruntime-extensions "
             "(pip install onnxruntime-extensions)"
         ) from None
-    attribute_kinds = {
+    attribute_kinds: dict[int, Any] = {
         AttributeProto.INT: PyCustomOpDef.dt_int64,
         AttributeProto.FLOAT: PyCustomOpDef.dt_float,
         AttributeProto.STRING: PyCustomOpDef.dt_string,

@@ -237,6 +237,8 @@ class DeaMoEForCausalLM(nn.Module):
 
     # The checkpoint's q/k/v projections are one vLLM layer: compressed-tensors' "ignore" names them.
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
