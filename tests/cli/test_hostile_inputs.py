@@ -56,6 +56,7 @@ ROWS = [
     ("build", "{file} -o {tmp}/e.engine --device-memory inf", 2, "expected a number of GB > 0"),
     ("doctor", "--plugin {tmp}/missing.so", 1, "missing pieces"),
     ("check-gpu", "--out /proc/x --dry-run", 2, "takes no new files"),
+    ("check-gpu", "--library {file} --dry-run --out {tmp}/o", 2, "is not a shared library"),
     ("check-trt", "/proc/x", 2, "takes no new files"),
     ("check-edgellm", "/proc/x --hf-dir {tmp}", 2, "takes no new files"),
     ("train", "-o /proc/x --preset micro", 2, "takes no new files"),

@@ -84,12 +84,28 @@ def output_folder(text: str) -> Path:
     return Path(common.writable_directory(text))
 
 
+def _library(text: str) -> str:
+    """A shared library file, as an absolute path: dlopen searches the library path for a bare
+    name and would report an existing file as missing."""
+    path = Path(text)
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {exc.strerror}") from None
+    if magic != b"\x7fELF":
+        raise argparse.ArgumentTypeError(f"{text} is not a shared library (no ELF header)")
+    return str(path.resolve())
+
+
 def build_parser() -> argparse.ArgumentParser:
     # --help shows what the check does; the module map after it is for readers of the code.
     doc = (__doc__ or "").split("\nModules:")[0]
     parser = common.Parser(prog=PROG, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=output_folder, help="folder for gpu_check.json and gpu_check.txt")
-    parser.add_argument("--library", help="a built libdeamoe_kernels.so (default: build for this GPU, cached)")
+    parser.add_argument(
+        "--library", type=_library, help="a built libdeamoe_kernels.so (default: build for this GPU, cached)"
+    )
     common.add_tokens(parser, default="1,2,4,8,16")
     parser.add_argument("--iters", type=common.positive_int, default=40, help="timed iterations per kernel measurement")
     parser.add_argument(
