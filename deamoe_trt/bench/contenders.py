@@ -166,7 +166,7 @@ def build_contender(name: str, module, threads: int, options: BenchOptions, ref:
         return contender
     except Exception as exc:  # one contender failing must not end the benchmark
         contender.status, contender.reason = "failed", f"{type(exc).__name__}: {one_line(exc, limit=300)}"
-        contender.run = None
+        contender.run = not_prepared
         return contender
     dtype = next(iter(checks.values())).dtype
     scale = max(float(r.abs().max()) for r in ref.values())
