@@ -11,6 +11,10 @@ vanilla twin is the one-stage top-8 MoE of the same experts. Each twin is writte
 model directory (deamoe_trt.runtimes.vllm.model_dir) and gets an engine; the three engines
 are resident at once.
 
+With --ffn the contenders are instead the DeaMoE model twice, its FFNs on vLLM's FusedMoE and
+on deamoe-trt's CPU kernel through the deamoe::cpu_ffn custom op (deamoe_trt.runtimes.vllm.
+ffn_op; float32 or float16, the kernel's dtypes): the measurement behind ffn_op.DEFAULT_FFN.
+
 Method: for each number of sequences c, `--rounds` rounds; in each round the twins take turns
 (the order rotates every round) on the same c random prompts of `--prompt` tokens, greedy,
 end-of-text ignored: once with max_tokens 1 (prefill and first token, T1) and once with
@@ -78,9 +82,12 @@ def run_vllm_bench(
     rounds: int = 3,
     memory_fraction: float = 0.12,
     seed: int = 0,
+    ffn: bool = False,
     progress=print,
 ) -> dict:
     import vllm
+
+    from ..runtimes.vllm.ffn_op import ENV, FFN_CHOICES
 
     if tokens < 2:
         raise UsageError(f"--tokens must be >= 2 (TPOT needs a decode step after the first token), got {tokens}")
@@ -98,10 +105,18 @@ def run_vllm_bench(
     with tempfile.TemporaryDirectory(prefix="deamoe-vllm-bench-") as tmp:
         progress(f"writing the three twins ({layers} blocks, {departments} departments, {dtype})")
         directories = write_twins(Path(tmp), layers=layers, departments=departments, dtype=DTYPES[dtype], seed=seed)
+        # name -> (directory, the FFN choice its engine's processes inherit)
+        contenders = (
+            {choice: (directories["deamoe"], choice) for choice in FFN_CHOICES}
+            if ffn
+            else {twin: (directory, "fusedmoe") for twin, directory in directories.items()}
+        )
+        names = tuple(contenders)
         engines = {}
-        for twin, directory in directories.items():
-            progress(f"starting the {twin} engine")
-            engines[twin] = vllm.LLM(
+        for name, (directory, choice) in contenders.items():
+            progress(f"starting the {name} engine")
+            os.environ[ENV] = choice
+            engines[name] = vllm.LLM(
                 str(directory),
                 dtype=dtype,
                 enforce_eager=True,
@@ -110,12 +125,13 @@ def run_vllm_bench(
                 gpu_memory_utilization=memory_fraction,
                 seed=seed,
             )
+        os.environ.pop(ENV, None)
         for llm in engines.values():  # untimed warm-up of every batch size
             for c in concurrency:
                 _timed(llm, prompts[c], 2)
         for c in concurrency:
             for r in range(rounds):
-                order = TWINS[r % len(TWINS) :] + TWINS[: r % len(TWINS)]
+                order = names[r % len(names) :] + names[: r % len(names)]
                 for twin in order:
                     first = _timed(engines[twin], prompts[c], 1)
                     total = _timed(engines[twin], prompts[c], tokens)
@@ -125,7 +141,7 @@ def run_vllm_bench(
             llm.llm_engine.engine_core.shutdown()
     rows = []
     for c in concurrency:
-        for twin in TWINS:
+        for twin in names:
             runs = times[(twin, c)]
             tpot = statistics.median((total - first) / (tokens - 1) for first, total in runs)
             throughput = statistics.median(c * tokens / total for _, total in runs)
@@ -139,6 +155,7 @@ def run_vllm_bench(
             "prompt": prompt,
             "rounds": rounds,
             "seed": seed,
+            "ffn": ffn,
         },
         "vllm": vllm.__version__,
         "machine": machine_info(int(os.environ.get("OMP_NUM_THREADS", "0")) or os.cpu_count() or 1),
@@ -162,7 +179,41 @@ def _commit() -> str:
         return "unknown"
 
 
+def vllm_ffn_table(result: dict) -> str:
+    """--ffn's table: each FFN choice's throughput and TPOT, and FusedMoE's TPOT over the kernel's."""
+    by = {(r["twin"], r["sequences"]): r for r in result["rows"]}
+    lines = []
+    for c in sorted({r["sequences"] for r in result["rows"]}):
+        fused, kernel = by[("fusedmoe", c)], by[("cpu-kernel", c)]
+        ratio = fused["tpot_s"] / kernel["tpot_s"]
+        lines.append(
+            (
+                c,
+                f"{fused['tokens_per_s']:.1f}",
+                f"{fused['tpot_s'] * 1e3:.1f}",
+                f"{kernel['tokens_per_s']:.1f}",
+                f"{kernel['tpot_s'] * 1e3:.1f}",
+                f"{ratio:.2f}x",
+                "cpu-kernel" if ratio > 1 else "fusedmoe",
+            )
+        )
+    c = result["config"]
+    title = (
+        f"vLLM {result['vllm']}, DeaMoE FFN on FusedMoE vs the deamoe::cpu_ffn op, {c['layers']} blocks, "
+        f"{c['departments']} departments of 8 experts, {c['dtype']}: {c['prompt']}-token prompts, {c['tokens']} new "
+        f"tokens, median of {c['rounds']} interleaved rounds"
+    )
+    return format_table(
+        ("sequences", "FusedMoE tok/s", "FusedMoE TPOT ms", "op tok/s", "op TPOT ms", "FusedMoE / op", "faster"),
+        lines,
+        title=title,
+        align="rrrrrrl",
+    )
+
+
 def vllm_bench_table(result: dict) -> str:
+    if result["config"].get("ffn"):
+        return vllm_ffn_table(result)
     by = {(r["twin"], r["sequences"]): r for r in result["rows"]}
     lines = []
     for r in result["rows"]:
@@ -206,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per batch size (default 3)")
     parser.add_argument("--memory-fraction", type=float, default=0.12, help="each engine's CPU memory share")
     parser.add_argument("--json", type=Path, default=None, help="write the raw result here")
+    parser.add_argument(
+        "--ffn",
+        action="store_true",
+        help="compare the DeaMoE model's FFNs on FusedMoE and on the CPU kernel's custom op (float32/float16)",
+    )
     args = parser.parse_args(argv)
     try:
         concurrency = tuple(int(part) for part in args.concurrency.split(","))
@@ -218,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             prompt=args.prompt,
             rounds=args.rounds,
             memory_fraction=args.memory_fraction,
+            ffn=args.ffn,
             progress=lambda text: print(text, file=sys.stderr, flush=True),
         )
     except (DeaMoEError, ValueError) as exc:

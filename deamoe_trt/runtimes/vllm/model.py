@@ -39,9 +39,10 @@ from vllm.model_executor.layers.fused_moe import FusedMoEFactory
 from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.platforms import current_platform
 
 from ...checkpoint import ROUTER_BIAS, check_tensors, dtype_name
-from ...layer import Router, SharedExperts
+from ...layer import DeaMoELayer, Router, SharedExperts
 from ...lm.attention import RMSNorm, apply_rope
 from ...lm.checkpoint import expected_tensors
 from ...lm.config import LMConfig
@@ -49,6 +50,7 @@ from ...lm.model import DeaMoELM, DenseMLP, rope_tables
 from ...lm.qlinear import QuantizedLinear
 from ...routing import route_logits, router_logits
 from .compressed import checkpoint_state
+from .ffn_op import ffn_choice, register_layer
 from .grouping import department_slots, department_slots_per_token, expert_slots
 
 
@@ -213,6 +215,32 @@ def dense_mlp(config: LMConfig) -> DenseMLP:
     return mlp
 
 
+class KernelFFN(DeaMoELayer):
+    """One DeaMoE FFN on deamoe-trt's CPU kernel through the deamoe::cpu_ffn custom op
+    (deamoe_trt.runtimes.vllm.ffn_op): the layer's own tensors under the checkpoint's names,
+    packed for the kernel at the first forward, after vLLM has loaded them."""
+
+    def __init__(self, config: LMConfig):
+        dtype = torch.get_default_dtype()
+        super().__init__(config.moe, dtype=dtype, router_dtype=torch.float32 if config.float32_router else dtype)
+        self._handle: int | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if self._handle is None:
+            from ...cpu import CpuDeaMoE
+
+            self._handle = register_layer(CpuDeaMoE(self))
+        return torch.ops.deamoe.cpu_ffn(x, self._handle)
+
+
+def moe_ffn(config: LMConfig, vllm_config: VllmConfig, prefix: str) -> nn.Module:
+    """The DeaMoE FFN the measured choice (ffn_op.ffn_choice) names for this platform and model."""
+    choice = ffn_choice(
+        cpu=current_platform.is_cpu(), dtype=torch.get_default_dtype(), quantized=config.quantization is not None
+    )
+    return KernelFFN(config) if choice == "cpu-kernel" else DeaMoEFFN(config, vllm_config, prefix)
+
+
 class DeaMoEBlock(nn.Module):
     def __init__(self, config: LMConfig, layer: int, vllm_config: VllmConfig, prefix: str):
         super().__init__()
@@ -220,7 +248,7 @@ class DeaMoEBlock(nn.Module):
         self.self_attn = DeaMoEAttention(config, layer, vllm_config, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp: nn.Module = (
-            dense_mlp(config) if config.is_dense(layer) else DeaMoEFFN(config, vllm_config, f"{prefix}.mlp")
+            dense_mlp(config) if config.is_dense(layer) else moe_ffn(config, vllm_config, f"{prefix}.mlp")
         )
         self.residual_multiplier = config.residual_multiplier
 
@@ -308,6 +336,8 @@ class DeaMoEForCausalLM(nn.Module):
                 loaded.add(target)
             elif name.split(".")[4:5] and name.split(".")[4].isdigit() and ".mlp." in name:
                 self._load_compressed_group(name, tensor, params, loaded)
+            elif name in params and ".mlp." in name:  # a KernelFFN's own tensors
+                put(name, tensor)
             elif ".mlp.departments." in name or ".mlp.experts." in name:
                 self._load_grouped(name, tensor, params, loaded)
             elif name.endswith(ROUTER_BIAS) or name.endswith("router.logit_bias"):

@@ -1,0 +1,66 @@
+"""The DeaMoE FFN as a registered torch.library custom op, deamoe::cpu_ffn, for the vLLM model.
+
+`cpu_ffn(x, handle)` runs one block's DeaMoE FFN (routing included) on deamoe-trt's CPU kernel
+(deamoe_trt.cpu.CpuDeaMoE): the layer is registered once under an integer handle, so the op's
+signature holds tensors and ints only, as torch.library requires; its fake implementation
+gives vLLM's tracing the output's shape. The vLLM model runs it in place of its two FusedMoE
+layers where `ffn_choice` says so:
+
+- DEAMOE_VLLM_FFN=cpu-kernel or fusedmoe chooses outright (every process of the engine
+  inherits it);
+- otherwise DEFAULT_FFN, the choice measured on vLLM's CPU engine at 1, 4 and 16 sequences
+  (docs/benchmarks.md, "The DeaMoE FFN on vLLM's CPU engine").
+
+The CPU kernel runs float32 and float16 weights, not bfloat16 and not the compressed-tensors
+directories of quantized checkpoints; for those, and off the CPU, vLLM's FusedMoE runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ...errors import UsageError
+
+ENV = "DEAMOE_VLLM_FFN"
+FFN_CHOICES = ("fusedmoe", "cpu-kernel")
+# Measured on vLLM's CPU engine (docs/benchmarks.md): the choice where no DEAMOE_VLLM_FFN is set.
+DEFAULT_FFN = "fusedmoe"
+KERNEL_DTYPES = (torch.float32, torch.float16)
+
+_LAYERS: dict[int, object] = {}
+
+
+def ffn_choice(*, cpu: bool, dtype: torch.dtype, quantized: bool) -> str:
+    """ "cpu-kernel" or "fusedmoe" for a model of dtype on this platform (see the module docstring)."""
+    wanted = os.environ.get(ENV, "").strip() or DEFAULT_FFN
+    if wanted not in FFN_CHOICES:
+        raise UsageError(f"{ENV}={wanted!r} is not one of {', '.join(FFN_CHOICES)}")
+    if wanted == "cpu-kernel" and (not cpu or dtype not in KERNEL_DTYPES or quantized):
+        return "fusedmoe"
+    return wanted
+
+
+def register_layer(layer) -> int:
+    """A handle for layer (a deamoe_trt.cpu.CpuDeaMoE) that cpu_ffn runs."""
+    handle = len(_LAYERS)
+    _LAYERS[handle] = layer
+    return handle
+
+
+@torch.library.custom_op("deamoe::cpu_ffn", mutates_args=())
+def cpu_ffn(x: torch.Tensor, handle: int) -> torch.Tensor:
+    """The FFN output [T, d] (x's dtype) of the layer registered under handle, for x [T, d]."""
+    return _LAYERS[handle](x).to(x.dtype)
+
+
+@cpu_ffn.register_fake
+def _cpu_ffn_shape(x: torch.Tensor, handle: int) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def ffn_kinds(model) -> list[str]:
+    """Which FFN each block of a vLLM DeaMoEForCausalLM runs ("KernelFFN": this op; "DeaMoEFFN":
+    FusedMoE; a dense block's MLP), for `vllm.LLM.apply_model`, which needs an importable function."""
+    return [type(block.mlp).__name__ for block in model.layers]
