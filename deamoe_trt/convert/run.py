@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -148,6 +149,12 @@ def _convert_all(source: Source, settings: ConvertSettings, orders, *, compare: 
     if settings.department_score is None:
         settings = dataclasses.replace(settings, department_score=_common_score(source, settings, orders))
     methods = ["naive", "aligned", "merged"] if compare else ["aligned"]
+    if "merged" in methods and source.layers[0].config.ffn_bias:
+        # A merged expert has no private part, the only place an expert's own down bias can live.
+        methods.remove("merged")
+        if progress:
+            note = "no merged-experts baseline for experts with biases (it cannot hold them)"
+            print(f"convert: note: {note}", file=sys.stderr)
     bar = Progress(n_layers * settings.departments * len(methods), f"convert f_s={fraction:.2f}", enabled=progress)
     done: dict[str, list[LayerConversion]] = {}
     for method in methods:

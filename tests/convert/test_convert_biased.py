@@ -77,3 +77,32 @@ def test_merged_alternative_of_a_biased_layer_is_a_one_line_refusal():
 
     with pytest.raises(ConfigError, match="ffn_bias needs private_intermediate_size >= 1"):
         convert(source, calibration(), ConvertSettings(4, 2, shared_size=F_S), method="merged", merged_width=24)
+
+
+@pytest.mark.slow  # the whole command: baselines and healing
+def test_convert_with_baselines_and_healing_completes_and_skips_only_the_merged_baseline(tmp_path, capsys):
+    import json
+
+    from deamoe_trt import DeaMoEStack
+    from deamoe_trt.cli.main import main
+
+    _, source = planted()
+    src = DeaMoEStack.from_layers([source]).save_pretrained(tmp_path / "src")
+    argv = ["convert", str(src), "-o", str(tmp_path / "out"), "--departments", "4", "--top-departments", "2"]
+    argv += [
+        "--shared-size",
+        str(F_S),
+        "--calibration-tokens",
+        "256",
+        "--heal-steps",
+        "2",
+        "--report",
+        str(tmp_path / "r.json"),
+    ]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "note: no merged-experts baseline for experts with biases" in err
+    methods = {row["method"] for row in json.loads((tmp_path / "r.json").read_text())["rows"]}
+    assert "merged" not in methods and {"source", "converted", "naive", "converted + healed"} <= methods
+    converted = DeaMoEStack.from_pretrained(tmp_path / "out")
+    assert converted.config.ffn_bias and converted.config.private_intermediate_size >= 1
