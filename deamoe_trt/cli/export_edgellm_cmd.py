@@ -30,8 +30,10 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from .._io import check_not_input
     from ..export.edgellm import export_edgellm
 
+    check_not_input(args.output, [args.checkpoint])
     out = export_edgellm(args.checkpoint, args.output, dtype=args.dtype, python=args.edgellm_python)
     print(f"wrote {out}/llm (Edge-LLM model directory, {args.dtype}, DeaMoE plugin nodes; see {out}/deamoe_trt.json)")
     return 0

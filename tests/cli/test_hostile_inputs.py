@@ -83,6 +83,7 @@ ROWS = [
     ("triton-repo", "-o {tmp}/r --lm {lm} --threads 5000", 2, "expected a thread count"),
     ("serve-bench", "{lm} --clients 0", 2, "expected an integer >= 1"),
     ("export-edgellm", "{lm} -o /proc/x", 2, "takes no new files"),
+    ("export-edgellm", "{lm} -o {lm}/e", 2, "lies inside the input"),
     ("export-vllm", "{lm} -o {lm}", 2, "is the input"),
     ("export-vllm", "{lm} -o {ckpt}", 2, "not a deamoe-trt vLLM model directory"),
     ("export-hf", "{tmp}/missing -o {tmp}/hf", 2, "no model checkpoint"),

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
+from ..._io import temporary_folder
 from ...checkout import import_root
 from ...errors import DeaMoEError, UsageError
 from .environment import edgellm_python
@@ -42,7 +42,7 @@ def export_edgellm(lm_dir: str | Path, output: str | Path, *, dtype: str = "fp16
         )
     interpreter = edgellm_python(python)
     output.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    work = temporary_folder(output)  # beside it, under the name a later run sweeps, with the umask's mode
     try:
         result = run_driver(interpreter, lm_dir, work)
         if result.returncode != 0:
