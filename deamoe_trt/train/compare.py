@@ -319,7 +319,7 @@ def report_table(report: dict, *, markdown: bool = False) -> str:
 
     rows = report["rows"]
     by_name = {r["model"]: r for r in rows}
-    headers = ["model", "parameters", "expert neurons", "active neurons", "held-out ppl"]
+    headers = ["model", "parameters", "expert neurons/block", "active neurons/token", "held-out ppl"]
     headers += [f"bytes/step at {t}" for t in report["step_tokens"]]
     out = []
     for r in rows:
