@@ -8,8 +8,11 @@ layers where `ffn_choice` says so:
 
 - DEAMOE_VLLM_FFN=cpu-kernel or fusedmoe chooses outright (every process of the engine
   inherits it);
-- otherwise DEFAULT_FFN, the choice measured on vLLM's CPU engine at 1, 4 and 16 sequences
-  (docs/benchmarks.md, "The DeaMoE FFN on vLLM's CPU engine").
+- otherwise DEFAULT_FFN. Measured on vLLM's CPU engine at 1, 4 and 16 sequences
+  (`python -m deamoe_trt.bench.vllm_bench --ffn`; docs/benchmarks.md, "The DeaMoE FFN on
+  vLLM's CPU engine") the op was faster at 1 and 4 sequences and FusedMoE at 16, on a heavily
+  loaded machine; the default stays FusedMoE until a quiet rerun confirms it and the model can
+  switch per step by batch size.
 
 The CPU kernel runs float32 and float16 weights, not bfloat16 and not the compressed-tensors
 directories of quantized checkpoints; for those, and off the CPU, vLLM's FusedMoE runs.
@@ -25,7 +28,7 @@ from ...errors import UsageError
 
 ENV = "DEAMOE_VLLM_FFN"
 FFN_CHOICES = ("fusedmoe", "cpu-kernel")
-# Measured on vLLM's CPU engine (docs/benchmarks.md): the choice where no DEAMOE_VLLM_FFN is set.
+# The choice where no DEAMOE_VLLM_FFN is set (see the module docstring for the measurement).
 DEFAULT_FFN = "fusedmoe"
 KERNEL_DTYPES = (torch.float32, torch.float16)
 
