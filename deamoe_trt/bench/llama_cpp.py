@@ -97,6 +97,9 @@ def bench(tools: LlamaTools, gguf: Path, *, tokens: int, depth: int, threads: in
     )
 
 
+BATCHED_TRIES = 3
+
+
 @dataclass(frozen=True)
 class BatchedSample:
     """One llama-batched-bench row: `sequences` sequences decoding together."""
@@ -110,25 +113,34 @@ def batched_bench(
     tools: LlamaTools, gguf: Path, *, sequences: tuple[int, ...], tokens: int, depth: int, threads: int
 ) -> list[BatchedSample]:
     """One llama-batched-bench run: for each count in sequences, that many sequences prefill
-    `depth` tokens each (untimed here) then decode `tokens` steps together."""
+    `depth` tokens each (untimed here) then decode `tokens` steps together. Its rows go
+    through llama.cpp's asynchronous logger, which can lose the last lines when the process
+    exits (seen here: one row of two): a one-sequence run goes last as a spare, and a run
+    that still misses a count is made again, up to BATCHED_TRIES times."""
     exe = tools.bench.with_name("llama-batched-bench")
     context = max(sequences) * (depth + tokens) + 16
+    counts = ",".join(map(str, (*sequences, 1)))
     argv = [str(exe), "-m", str(gguf), "-c", str(context), "-b", "2048", "-ub", "512", "-npp", str(depth)]
-    argv += ["-ntg", str(tokens), "-npl", ",".join(map(str, sequences)), "-t", str(threads), "-tb", str(threads)]
-    done = _run([*argv, "--output-format", "jsonl"])
-    samples = []
-    for line in (done.stdout + done.stderr).splitlines():
-        line = line.strip()
-        if not line.startswith("{") or '"speed_tg"' not in line:
-            continue
-        try:
-            row = json.loads(line)
-            samples.append(BatchedSample(int(row["pl"]), float(row["t_tg"]) / int(row["tg"]), float(row["speed_tg"])))
-        except (ValueError, KeyError) as exc:
-            raise UsageError(f"llama-batched-bench wrote a row this cannot read: {one_line(exc)}") from None
-    if sorted(s.sequences for s in samples) != sorted(sequences):
-        raise UsageError(f"llama-batched-bench wrote {len(samples)} rows for {len(sequences)} sequence counts")
-    return samples
+    argv += ["-ntg", str(tokens), "-npl", counts, "-t", str(threads), "-tb", str(threads), "--output-format", "jsonl"]
+    found: dict[int, BatchedSample] = {}
+    for _ in range(BATCHED_TRIES):
+        done = _run(argv)
+        found = {}
+        for line in (done.stdout + done.stderr).splitlines():
+            line = line.strip()
+            if not line.startswith("{") or '"speed_tg"' not in line:
+                continue
+            try:
+                row = json.loads(line)
+                sample = BatchedSample(int(row["pl"]), float(row["t_tg"]) / int(row["tg"]), float(row["speed_tg"]))
+            except (ValueError, KeyError) as exc:
+                raise UsageError(f"llama-batched-bench wrote a row this cannot read: {one_line(exc)}") from None
+            found.setdefault(sample.sequences, sample)  # the first one-sequence row, not the spare
+        if all(n in found for n in sequences):
+            return [found[n] for n in sequences]
+    raise UsageError(
+        f"llama-batched-bench wrote rows for {len(found)} of {len(sequences)} sequence counts in {BATCHED_TRIES} runs"
+    )
 
 
 def perplexity(

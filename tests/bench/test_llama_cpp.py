@@ -117,8 +117,8 @@ def test_batched_bench_reads_one_row_per_count_of_sequences(tmp_path):
     samples = batched_bench(tools, tmp_path / "m.gguf", sequences=(1, 4), tokens=8, depth=4, threads=2)
     assert [(s.sequences, s.seconds_per_step, s.tokens_per_s) for s in samples] == [(1, 0.05, 20.0), (4, 0.1, 40.0)]
     argv = (tmp_path / "argv").read_text().split()
-    assert argv[argv.index("-npl") + 1] == "1,4" and argv[argv.index("-ntg") + 1] == "8"
+    assert argv[argv.index("-npl") + 1] == "1,4,1" and argv[argv.index("-ntg") + 1] == "8"  # a spare run last
     assert argv[argv.index("-npp") + 1] == "4" and int(argv[argv.index("-c") + 1]) >= 4 * (4 + 8)
     missing = fake_llama_batched_bench(tmp_path, [row.format(pl=1, t=0.4, speed=20.0)])
-    with pytest.raises(UsageError, match="wrote 1 rows for 2 sequence counts"):
+    with pytest.raises(UsageError, match="wrote rows for 1 of 2 sequence counts in 3 runs"):
         batched_bench(missing, tmp_path / "m.gguf", sequences=(1, 4), tokens=8, depth=4, threads=2)
