@@ -1,7 +1,8 @@
-"""vLLM's OpenAI-compatible server on loopback, started by deamoe-trt's launcher: concurrent
-streaming clients each get exactly their own prompt's greedy continuation (the reference
-decoder's), with nothing lost or mixed up. Bounded: one server, a fixed number of requests,
-each with a deadline; the server is stopped at the end whatever happens."""
+"""vLLM's OpenAI-compatible server on loopback, started by deamoe-trt's launcher, for the tiny LM
+and a gpt-oss-style DeaMoE: concurrent streaming clients each get exactly their own prompt's
+greedy continuation (the reference decoder's), with nothing lost or mixed up. Bounded: one
+server per model, a fixed number of requests, each with a deadline; the server is stopped at
+the end whatever happens."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest
 from deamoe_trt.lm import load_lm
 from deamoe_trt.runtimes.decode import generate
 from deamoe_trt.runtimes.torch import TorchDecoder
-from deamoe_trt.runtimes.vllm.model_dir import write_model_dir
+from deamoe_trt.runtimes.vllm.model_dir import write_lm_dir
 
 from .conftest import CPU_MEMORY_FRACTION, ROOT, TINY_LM, vllm_or_skip
 
@@ -40,9 +41,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    directory = write_model_dir(TINY_LM, tmp_path_factory.mktemp("vllm") / "tiny-lm")
+def served_model(name: str):
+    """(model, tokenizer) of a served model: the shipped tiny LM, or a gpt-oss-style DeaMoE
+    (sinks, sliding windows, clamped SwiGLU, biased experts; tests/runtimes/vllm/test_families.py)."""
+    if name == "tiny-lm":
+        loaded = load_lm(TINY_LM)
+        return loaded.model, loaded.tokenizer
+    from deamoe_trt.lm.tokenizer import ByteTokenizer
+
+    from .test_families import gpt_oss_style_model
+
+    return gpt_oss_style_model(), ByteTokenizer()
+
+
+@pytest.fixture(scope="module", params=["tiny-lm", "gpt-oss-style"])
+def server(request, tmp_path_factory):
+    model, tokenizer = served_model(request.param)
+    directory = write_lm_dir(model, tokenizer, tmp_path_factory.mktemp("vllm") / request.param)
     port = free_port()
     log_path = tmp_path_factory.mktemp("log") / "server.log"
     log = log_path.open("w")
@@ -84,7 +99,7 @@ def server(tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail(f"the server did not answer /health within {STARTUP_S} s")
             time.sleep(1)
-        yield base
+        yield base, model, tokenizer, request.param
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -123,7 +138,7 @@ def stream_completion(base: str, prompt: str, max_tokens: int) -> tuple[str, lis
 
 
 def test_concurrent_streaming_clients_each_get_their_own_greedy_continuation(server):
-    loaded = load_lm(TINY_LM)
+    server, model, tokenizer, served_name = server
     jobs = [
         (f"{WORDS[(c * REQUESTS_PER_CLIENT + r) % len(WORDS)]} was ", 8 + 5 * c + 3 * r)
         for c in range(CLIENTS)
@@ -139,7 +154,10 @@ def test_concurrent_streaming_clients_each_get_their_own_greedy_continuation(ser
         results = [r for per_client in pool.map(client, range(CLIENTS)) for r in per_client]
     assert len(results) == len(jobs)
     for (prompt, n), (text, ids, finish) in zip(jobs, results, strict=True):
-        expected = generate(TorchDecoder(loaded.model), loaded.tokenizer.encode(prompt), n).new_ids
+        expected = generate(TorchDecoder(model), tokenizer.encode(prompt), n).new_ids
         assert ids == expected, prompt
-        assert text == loaded.tokenizer.decode(expected), prompt
+        # The random model's bytes are rarely whole UTF-8 characters, which vLLM's streaming
+        # detokenizer holds back or replaces: only the trained tiny LM's text is compared.
+        if served_name == "tiny-lm":
+            assert text == tokenizer.decode(expected), prompt
         assert finish == "length"
