@@ -105,3 +105,19 @@ def test_demo_bench_summary_says_why_when_the_layer_was_skipped(tmp_path):
     path = tmp_path / "bench.json"
     path.write_text(json.dumps({"layer": {"status": "skipped", "reason": "needs 5.2 GB, 3.1 GB available"}}))
     assert _bench_summary(path) == "(benchmark skipped: needs 5.2 GB, 3.1 GB available)"
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_demo_names_its_folder_only_when_the_folder_stays(tmp_path, capsys, monkeypatch, keep):
+    import deamoe_trt.cli.demo_cmd as demo
+
+    for step in ("_step", "_routing", "_converted"):
+        monkeypatch.setattr(demo, step, lambda *args: None)
+    monkeypatch.setattr(demo, "_bench_summary", lambda path: "")
+    argv = ["demo", *(["-o", str(tmp_path / "kept")] if keep else [])]
+    assert main(argv) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    if keep:
+        assert last == f"demo finished; files in {tmp_path / 'kept'}"
+    else:
+        assert "files in" not in last and "-o DIR" in last
