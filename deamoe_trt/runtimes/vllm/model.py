@@ -334,7 +334,7 @@ class DeaMoEForCausalLM(nn.Module):
                 target = ".".join([*parts[:3], "qkv_proj", parts[4]])
                 params[target].weight_loader(params[target], tensor.to(params[target].dtype), parts[3][0])
                 loaded.add(target)
-            elif name.split(".")[4:5] and name.split(".")[4].isdigit() and ".mlp." in name:
+            elif len(parts) > 4 and parts[2] == "mlp" and parts[4].isdigit():  # compressed-tensors group
                 self._load_compressed_group(name, tensor, params, loaded)
             elif name in params and ".mlp." in name:  # a KernelFFN's own tensors
                 put(name, tensor)
