@@ -56,8 +56,9 @@ def make_upcycled(dense_steps: int, moe_steps: int, *, seed: int = 0, progress: 
     return train(settings=settings_for(moe_steps, seed), model=moe, progress=progress, label="train upcycled MoE")
 
 
-def make_scratch(steps: int, *, seed: int = 0, progress: bool = True) -> TrainResult:
-    return train(MOE, settings_for(steps, seed), progress=progress, label="train MoE from scratch")
+def make_scratch(steps: int, *, seed: int = 0, progress: bool = True, corpus: str = "persuasion") -> TrainResult:
+    """MOE trained from a random init on the shipped text `corpus`."""
+    return train(MOE, settings_for(steps, seed), progress=progress, label="train MoE from scratch", corpus=corpus)
 
 
 def fine_grained(
