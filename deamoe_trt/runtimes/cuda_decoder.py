@@ -2,7 +2,8 @@
 runtime (runtimes.cuda), for 1 to max_sequences sequences per step.
 
 Where each part runs:
-- every DeaMoE FFN on the kernel library (`deamoe_forward`: one call per block and step for
+- every DeaMoE FFN on the kernel library (`deamoe_forward_variant`, the variant this GPU's
+  tuned table picks, deamoe_trt.cuda.tuning: one call per block and step for
   all the step's sequences, so each used weight row is read once for all of them; float
   and the int8/int4 weights of `quantize`), and every dense MLP block as the one-part layer
   (`dense_as_layer`; int8/int4 codes when `quantize --linears dense` stored them);
@@ -215,6 +216,7 @@ class KernelFFN:
         self.weights, self._keep = layer_weights(layer)
         self.size = workspace_bytes(lib, layer.config, max_tokens, self.dtype)
         self.workspace = torch.empty(self.size, dtype=torch.uint8, device=layer.router.weight.device)
+        self._variants: dict[int, int] = {}  # tokens a call -> the kernel variant this GPU's table picks
 
     def supported(self) -> bool:
         """Whether the kernels run this layer in its dtype (deamoe_check_supported)."""
@@ -223,16 +225,20 @@ class KernelFFN:
         return self.lib.deamoe_check_supported(ctypes.byref(self.params), self.code) == SUCCESS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        from ..cuda._ops import check, forward_with
+        from ..cuda._ops import check, forward_with, variant_id
 
         tokens = x.reshape(-1, x.shape[-1]).to(self.dtype).contiguous()
         if tokens.shape[0] > self.max_tokens:  # prefill: a workspace of its own
             return forward_with(self.lib, self.layer, tokens, self.stream()).to(x.dtype).view_as(x)
+        count = tokens.shape[0]
+        if count not in self._variants:  # looked up once, outside any captured step
+            self._variants[count] = variant_id(self.lib, self.layer, count, tokens.device, None)
         out = torch.empty_like(tokens)
-        status = self.lib.deamoe_forward(
+        status = self.lib.deamoe_forward_variant(
             ctypes.byref(self.params),
             ctypes.byref(self.weights),
             self.code,
+            self._variants[count],
             tokens.data_ptr(),
             out.data_ptr(),
             tokens.shape[0],
@@ -240,7 +246,7 @@ class KernelFFN:
             self.size,
             self.stream(),
         )
-        check(self.lib, status, "deamoe_forward")
+        check(self.lib, status, "deamoe_forward_variant")
         return out.to(x.dtype).view_as(x)
 
 
