@@ -3,6 +3,9 @@ model's bytes per one-token decoding step (one function per alternative).
 
 - pruned experts: every expert keeps its w most important neurons (importance as in department_fit.py),
   down projection refitted by least squares; the source's routing;
+- pruned, then converted: the pruned experts (width w) converted with the conversion's
+  settings, its f_s scaled by w / f (f_p the rest), in the converted model's departments (a smaller
+  model than the rest: it is not sized to the converted model's bytes);
 - lower top-k: the source's experts and router with k' < k, the kept weights renormalised;
 - low-rank delta (D2-MoE's structure): per department a base expert (usage-weighted mean of
   its aligned experts) and per expert a rank-r delta of gate, up and down, from an
@@ -23,6 +26,7 @@ report uses, do not exceed the converted model's: within one neuron per kept exp
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -41,7 +45,8 @@ from .experts import ExpertWeights
 from .metrics import layer_step_bytes, step_bytes, steps, subset
 
 PRUNED, TOP_K, DELTA, DELTA_ONE = "pruned experts", "lower top-k", "low-rank delta", "low-rank delta, 1 base"
-BASELINES = (PRUNED, TOP_K, DELTA, DELTA_ONE)
+PRUNED_CONVERTED = "pruned, then converted"
+BASELINES = (PRUNED, PRUNED_CONVERTED, TOP_K, DELTA, DELTA_ONE)
 # Relative ridge added to a whitening covariance (keeps unused directions finite).
 WHITEN_RIDGE = 1e-4
 
@@ -72,6 +77,29 @@ def pruned_layer(source: DeaMoELayer, hidden: torch.Tensor, width: int, *, ridge
         ridge=ridge,
     )
     return convert_layer(source, hidden, settings, order=torch.arange(c.num_experts)).layer
+
+
+def composed_settings(settings: ConvertSettings, source_width: int, width: int) -> ConvertSettings:
+    """settings for experts pruned from source_width to width neurons: f_s scaled by
+    width / source_width (kept below width), f_p the rest of the width, or scaled too when
+    settings ask for fewer private neurons than the rest."""
+    shared, private = settings.sizes(source_width)
+    shared = min(round(shared * width / source_width), width - 1)
+    if settings.private_size is None:
+        private = width - shared
+    else:
+        private = min(max(round(private * width / source_width), 0 if shared else 1), width - shared)
+    return dataclasses.replace(settings, shared_size=shared, shared_fraction=None, private_size=private)
+
+
+@torch.no_grad()
+def pruned_converted_layer(
+    pruned: DeaMoELayer, hidden: torch.Tensor, order: torch.Tensor, settings: ConvertSettings, source_width: int
+) -> DeaMoELayer:
+    """The pruned layer converted in the departments `order` forms (its experts keep the
+    source's indices, so the converted model's grouping applies)."""
+    composed = composed_settings(settings, source_width, pruned.config.expert_intermediate_size)
+    return convert_layer(pruned, hidden, composed, order=order).layer
 
 
 # Lower top-k ---------------------------------------------------------------------------
@@ -335,6 +363,12 @@ def build(
         pruned_layer(s, x, width, ridge=settings.ridge) for s, x in zip(sources, calibration, strict=True)
     ]
     out.append(Baseline(PRUNED, layers, identity, {"expert_width": width}))
+    source_width = sources[0].config.expert_intermediate_size
+    composed = [
+        pruned_converted_layer(p, x, order, settings, source_width)
+        for p, x, order in zip(layers, calibration, orders, strict=True)
+    ]
+    out.append(Baseline(PRUNED_CONVERTED, composed, orders, {"pruned_width": width}))
 
     k = lowered_k(sources, heldout, target)
     out.append(Baseline(TOP_K, [lowered_topk_layer(s, k) for s in sources], identity, {"top_k": k}))

@@ -7,7 +7,7 @@ from pathlib import Path
 from .._io import atomic_path
 from ..console import format_bytes, format_table
 from ..errors import MissingDependencyError, UsageError
-from .baselines import BASELINES, DELTA, DELTA_ONE, PRUNED, TOP_K
+from .baselines import BASELINES, DELTA, DELTA_ONE, PRUNED, PRUNED_CONVERTED, TOP_K
 from .metrics import STEP_TOKENS
 
 METHODS = ("source", "converted", "naive", "merged", *BASELINES)
@@ -18,6 +18,7 @@ STYLES = {
     "naive": ("tab:red", "x", ":"),
     "merged": ("tab:orange", "s", "-."),
     PRUNED: ("tab:green", "^", "-."),
+    PRUNED_CONVERTED: ("tab:olive", "P", "-."),
     TOP_K: ("tab:purple", "v", ":"),
     DELTA: ("tab:brown", "D", "--"),
     DELTA_ONE: ("tab:gray", "d", ":"),
@@ -31,7 +32,9 @@ def method_rank(method: str) -> tuple[int, int]:
 
 
 def _size(row: dict) -> str:
-    """A baseline's own size; the conversion's f_s / f_p."""
+    """A baseline's own size; the conversion's f_s / f_p (after pruning to f, for the composition)."""
+    if "pruned_width" in row:
+        return f"f={row['pruned_width']}: {row['f_s']}/{row['f_p']}"
     for key, label in (("expert_width", "f"), ("top_k", "k"), ("rank", "r")):
         if key in row:
             return f"{label}={row[key]}"

@@ -167,3 +167,54 @@ def test_biased_experts_keep_their_biases_in_the_delta():
             gate, up = (probe @ gate_up.t() + source.experts.gate_up_bias[e]).chunk(2, dim=-1)
             y = (F.silu(gate) * up) @ source.experts.down[e].t() + source.experts.down_bias[e]
             torch.testing.assert_close(layer.expert_forward(e, probe), y, rtol=1e-4, atol=1e-4)
+
+
+def test_pruned_then_converted_is_the_pruned_width_converted_at_the_spec_bytes():
+    source, x, held = source_layer(), hidden(2048, 1), hidden(256, 2)
+    conversion = converted(source, x)  # f_s = f_p = 12 of 24
+    built = {
+        b.name: b for b in baselines.build([source], [x], [held], [conversion.layer], [conversion.order], SETTINGS)
+    }
+    width = built[baselines.PRUNED].detail["expert_width"]
+    composed = built[baselines.PRUNED_CONVERTED]
+    assert composed.detail["pruned_width"] == width and width < F_W
+    layer = composed.layers[0]
+    shared = round(12 * width / F_W)
+    private = width - shared
+    assert (layer.config.shared_intermediate_size, layer.config.private_intermediate_size) == (shared, private)
+    # The converted model's departments and choices; bytes from the spec's formula (one shared part).
+    routing = layer.route(held)
+    assert torch.equal(routing.expert_ids, conversion.layer.route(held).expert_ids)
+    assert baselines.layer_step_bytes(layer, routing) == pytest.approx(spec_converted_bytes(shared, private, 1))
+    assert torch.equal(composed.orders[0], conversion.order)
+
+
+def test_pruned_then_converted_without_a_shared_part_is_the_pruned_layer():
+    source, x, held = source_layer(), hidden(2048, 1), hidden(256, 2)
+    settings = ConvertSettings(departments=1, top_departments=1, shared_size=0)
+    pruned = baselines.pruned_layer(source, x, 16)
+    layer = baselines.pruned_converted_layer(pruned, x, torch.arange(N), settings, F_W)
+    assert layer.config.private_intermediate_size == 16
+    torch.testing.assert_close(layer(held), pruned(held), rtol=1e-4, atol=1e-5)
+
+
+def test_the_composition_shows_its_pruned_width_and_sizes_in_the_table():
+    from deamoe_trt.convert.report import report_table
+
+    row = {
+        "method": baselines.PRUNED_CONVERTED,
+        "shared_fraction": 0.5,
+        "f_s": 10,
+        "f_p": 10,
+        "pruned_width": 20,
+        "bytes_per_step": 40,
+        "bytes_vs_source": 0.4,
+        "relative_error": [0.2],
+        "expert_agreement": [0.5],
+    }
+    source = {**row, "method": "source", "bytes_per_step": 100, "bytes_vs_source": 1.0, "relative_error": [0.0]}
+    del source["pruned_width"]
+    report = {"rows": [source, row], "source": {"layers": 1, "num_experts": 8, "expert_width": 24, "top_k": 4}}
+    report["source"]["heldout_tokens"] = 256
+    line = next(s for s in report_table(report).splitlines() if s.lstrip().startswith(baselines.PRUNED_CONVERTED))
+    assert "f=20: 10/10" in line and "40.0%" in line
