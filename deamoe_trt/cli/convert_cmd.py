@@ -9,6 +9,7 @@ and after healing, a naive conversion and a merged-experts alternative with the 
 from __future__ import annotations
 
 import json
+import shutil
 
 from . import args as common
 
@@ -120,7 +121,7 @@ def register(subparsers) -> None:
         "--no-compare",
         action="store_true",
         help="skip the baselines; a language model without --heal-steps or --plot is then converted one block at "
-        "a time in bounded memory, and a killed run rerun with the same arguments resumes (OUTPUT.work)",
+        "a time in bounded memory (every mode resumes a killed run rerun with the same arguments: OUTPUT.work)",
     )
     parser.add_argument("--threads", type=common.thread_count, default=1, help="torch CPU threads (default 1)")
     common.add_seed(parser)
@@ -139,6 +140,7 @@ def _run(args) -> int:
     import torch
 
     from .._io import atomic_write_text, replaced_directory
+    from ..convert.blockwise import work_dir
     from ..convert.core import ConvertSettings
     from ..convert.distill import init_distributed
     from ..convert.metrics import STEP_TOKENS
@@ -218,7 +220,16 @@ def _run(args) -> int:
         source = stack_source(stack, hidden, seed=args.seed, tokens=args.calibration_tokens)
 
     sweep = SWEEP if args.plot else ()
-    result, report = convert_model(source, settings, compare=not args.no_compare, sweep=sweep, progress=rank == 0)
+    work = work_dir(args.output)
+    result, report = convert_model(
+        source,
+        settings,
+        compare=not args.no_compare,
+        sweep=sweep,
+        progress=rank == 0,
+        work=str(work),
+        work_writer=rank == 0,
+    )
     if rank != 0:  # every process converted the same; the first one writes
         return 0
     report["source"]["path"] = str(args.source)
@@ -246,6 +257,7 @@ def _run(args) -> int:
     if args.report:
         atomic_write_text(args.report, json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.report}")
+    shutil.rmtree(work, ignore_errors=True)  # the finished pieces, once every output is written
     if args.plot:
         for tokens in STEP_TOKENS:
             print()

@@ -37,6 +37,7 @@ from .metrics import (
     relative_error,
     step_bytes,
 )
+from .resume import WorkCache, fingerprint, open_work, pack_module, unpack_module
 
 SWEEP = (0.25, 0.5, 0.75)
 
@@ -106,25 +107,43 @@ def convert_model(
     compare: bool = True,
     sweep: tuple[float, ...] = (),
     progress: bool = True,
+    work: str | None = None,
+    work_writer: bool = True,
 ) -> tuple[Variant, dict]:
     """The converted (and healed, if settings.heal_steps) model at the requested size, and the
-    report dict (rows of every variant at every size measured)."""
+    report dict (rows of every variant at every size measured). With work (a folder), finished
+    pieces are kept there and those of an earlier run with the same inputs reused (resume.py)."""
     for layer in source.layers:
         settings.check(layer.config)
+    cache = None
+    if work is not None:
+        key = fingerprint(_source_tensors(source), settings, compare=compare, sweep=list(sweep))
+        cache = open_work(work, key, writer=work_writer, log=sys.stderr if progress else _Quiet())
     width = source.layers[0].config.expert_intermediate_size
     requested = settings.sizes(width)[0] / width
     fractions = [None, *(f for f in sweep if abs(round(f * width) / width - requested) > 1e-9)]
     bar = Progress(len(source.layers), "convert: grouping experts", enabled=progress)
     bar.update("", step=0)
-    orders = []
-    for i, (layer, x) in enumerate(zip(source.layers, source.calibration, strict=True)):
-        orders.append(plan_order(layer, x, settings))
-        bar.update(f"layer {i + 1}")
+
+    def plan() -> list[torch.Tensor]:
+        orders = []
+        for i, (layer, x) in enumerate(zip(source.layers, source.calibration, strict=True)):
+            orders.append(plan_order(layer, x, settings))
+            bar.update(f"layer {i + 1}")
+        return orders
+
+    orders = _piece(
+        cache,
+        "orders",
+        plan,
+        lambda orders: ({str(i): o for i, o in enumerate(orders)}, len(orders)),
+        lambda tensors, n: [tensors[str(i)] for i in range(n)],
+    )
     rows = [_measure(source, _source_variant(source), source)]
     result = None
     for fraction in fractions:
         s = _with_fraction(settings, fraction, width)
-        variants = _convert_all(source, s, orders, compare=compare, progress=progress)
+        variants = _convert_all(source, s, orders, compare=compare, progress=progress, cache=cache)
         if fraction is None:  # the converted model, healed when asked
             result = max((v for v in variants if v.name.startswith("converted")), key=lambda v: len(v.name))
         rows += [_measure(source, v, source, settings=s) for v in variants]
@@ -142,7 +161,9 @@ def _source_variant(source: Source) -> Variant:
     return Variant("source", 0.0, source.layers, [torch.arange(n)] * len(source.layers), lm=source.lm)
 
 
-def _convert_all(source: Source, settings: ConvertSettings, orders, *, compare: bool, progress: bool) -> list[Variant]:
+def _convert_all(
+    source: Source, settings: ConvertSettings, orders, *, compare: bool, progress: bool, cache: WorkCache | None
+) -> list[Variant]:
     width = source.layers[0].config.expert_intermediate_size
     fraction = round(settings.sizes(width)[0] / width, 4)
     n_layers = len(source.layers)
@@ -160,16 +181,27 @@ def _convert_all(source: Source, settings: ConvertSettings, orders, *, compare: 
     for method in methods:
         merged_width = _merged_width(source, done["aligned"], settings, width) if method == "merged" else None
         done[method] = [
-            convert_layer(
-                layer,
-                x,
-                settings,
-                method=method,
-                order=None if method == "naive" else order,
-                merged_width=merged_width,
-                progress=bar,
+            _piece(
+                cache,
+                f"fs{fraction:.4f}-{method}-{i}",
+                lambda layer=layer, x=x, order=order, method=method, merged_width=merged_width: convert_layer(
+                    layer,
+                    x,
+                    settings,
+                    method=method,
+                    order=None if method == "naive" else order,
+                    merged_width=merged_width,
+                    progress=bar,
+                ),
+                _pack_conversion,
+                lambda tensors, meta, layer=layer: LayerConversion(
+                    unpack_module(meta["layer"], "layer.", tensors, layer),
+                    tensors["order"],
+                    meta["method"],
+                    meta["agreement"],
+                ),
             )
-            for layer, x, order in zip(source.layers, source.calibration, orders, strict=True)
+            for i, (layer, x, order) in enumerate(zip(source.layers, source.calibration, orders, strict=True))
         ]
     variants = [
         Variant(m, fraction, [c.layer for c in done[m]], [c.order for c in done[m]]) for m in methods if m != "aligned"
@@ -177,15 +209,21 @@ def _convert_all(source: Source, settings: ConvertSettings, orders, *, compare: 
     aligned = Variant("converted", fraction, [c.layer for c in done["aligned"]], [c.order for c in done["aligned"]])
     variants.append(aligned)
     if compare:
-        built = baselines.build(
-            source.layers, source.calibration, source.heldout, aligned.layers, aligned.orders, settings
+        built = _piece(
+            cache,
+            f"fs{fraction:.4f}-baselines",
+            lambda: baselines.build(
+                source.layers, source.calibration, source.heldout, aligned.layers, aligned.orders, settings
+            ),
+            _pack_baselines,
+            lambda tensors, meta: _unpack_baselines(tensors, meta, source.layers),
         )
         variants += [Variant(b.name, fraction, b.layers, b.orders, detail=b.detail) for b in built]
     for v in variants:
         v.lm = _lm_with(source.lm, v.layers) if source.lm is not None else None
     if settings.heal_steps:
         others = baselines.strongest([v for v in variants if v is not aligned], source, 2) if compare else []
-        variants += [_heal(source, v, settings, progress) for v in (aligned, *others)]
+        variants += [_heal(source, v, settings, progress, cache) for v in (aligned, *others)]
     return variants
 
 
@@ -214,14 +252,29 @@ def _merged_width(source: Source, aligned: list[LayerConversion], settings, widt
     return max(1, int(f_s + k * f_p / u_d))
 
 
-def _heal(source: Source, aligned: Variant, settings: ConvertSettings, progress: bool) -> Variant:
+def _heal(
+    source: Source, aligned: Variant, settings: ConvertSettings, progress: bool, cache: WorkCache | None
+) -> Variant:
     layers = [copy.deepcopy(layer) for layer in aligned.layers]
     healed = Variant(f"{aligned.name} + healed", aligned.fraction, layers, aligned.orders, detail=aligned.detail)
     bar = Progress(settings.heal_steps * len(layers), "heal layer-wise", enabled=progress)
     healed.heal_losses["layer"] = []
-    for i, (layer, src, x) in enumerate(zip(layers, source.layers, source.calibration, strict=True)):
-        losses = heal_layer(
-            layer, src, x, settings.heal_steps, lr=settings.heal_lr, seed=settings.seed + i, progress=bar
+    for i, (src, x) in enumerate(zip(source.layers, source.calibration, strict=True)):
+
+        def compute(layer=layers[i], src=src, x=x, i=i):
+            steps, lr, seed = settings.heal_steps, settings.heal_lr, settings.seed + i
+            return layer, heal_layer(layer, src, x, steps, lr=lr, seed=seed, progress=bar)
+
+        def pack(value):
+            tensors: dict[str, torch.Tensor] = {}
+            return tensors, {"layer": pack_module(value[0], "layer.", tensors), "losses": value[1]}
+
+        layers[i], losses = _piece(
+            cache,
+            f"fs{aligned.fraction:.4f}-{healed.name}-{i}",
+            compute,
+            pack,
+            lambda tensors, meta, src=src: (unpack_module(meta["layer"], "layer.", tensors, src), meta["losses"]),
         )
         healed.heal_losses["layer"].append(losses)
     if source.lm is not None:
@@ -237,20 +290,85 @@ def _heal(source: Source, aligned: Variant, settings: ConvertSettings, progress:
             progress=bar,
             blocks=source.lm.moe_layers(),
             batch_size=settings.heal_batch,
-            checkpoint=_checkpoint_path(settings, healed),
-            checkpoint_every=settings.heal_checkpoint_every,
+            checkpoint=_checkpoint_path(settings, healed, cache),
+            checkpoint_every=settings.heal_checkpoint_every or _work_checkpoint_every(settings, cache),
             device=settings.heal_device,
         )
         healed.layers = [healed.lm.layers[i].mlp for i in source.lm.moe_layers()]
     return healed
 
 
-def _checkpoint_path(settings: ConvertSettings, variant: Variant) -> str | None:
-    """One checkpoint file per healed variant and shared fraction in the folder asked for."""
-    if settings.heal_checkpoint is None:
+def _checkpoint_path(settings: ConvertSettings, variant: Variant, cache: WorkCache | None = None) -> str | None:
+    """One checkpoint file per healed variant and shared fraction in the folder asked for (else
+    in the work folder, if any)."""
+    folder = settings.heal_checkpoint if settings.heal_checkpoint is not None else cache and cache.folder
+    if not folder:
         return None
     name = "".join(c if c.isalnum() else "-" for c in variant.name)
-    return f"{settings.heal_checkpoint}/{name}-fs{variant.fraction:.4f}.safetensors"
+    return f"{folder}/{name}-fs{variant.fraction:.4f}.safetensors"
+
+
+# End-to-end healing checkpoints per run in the work folder when no --checkpoint-every is given.
+WORK_CHECKPOINTS = 10
+
+
+def _work_checkpoint_every(settings: ConvertSettings, cache: WorkCache | None) -> int:
+    if cache is None or settings.heal_checkpoint is not None:
+        return 0
+    return max(1, settings.heal_steps // WORK_CHECKPOINTS)
+
+
+def _piece(cache: WorkCache | None, key: str, compute, pack, unpack):
+    return compute() if cache is None else cache.piece(key, compute, pack, unpack)
+
+
+def _pack_conversion(c: LayerConversion):
+    tensors = {"order": c.order}
+    layer = pack_module(c.layer, "layer.", tensors)
+    return tensors, {"layer": layer, "method": c.method, "agreement": c.agreement_by_score}
+
+
+def _pack_baselines(built: list[baselines.Baseline]):
+    tensors: dict[str, torch.Tensor] = {}
+    meta = []
+    for b, base in enumerate(built):
+        layers = [pack_module(layer, f"{b}.{i}.", tensors) for i, layer in enumerate(base.layers)]
+        tensors.update({f"{b}.order.{i}": o for i, o in enumerate(base.orders)})
+        meta.append({"name": base.name, "detail": base.detail, "layers": layers})
+    return tensors, meta
+
+
+def _unpack_baselines(tensors, meta, sources: list[DeaMoELayer]) -> list[baselines.Baseline]:
+    return [
+        baselines.Baseline(
+            m["name"],
+            [
+                unpack_module(d, f"{b}.{i}.", tensors, src)
+                for i, (d, src) in enumerate(zip(m["layers"], sources, strict=True))
+            ],
+            [tensors[f"{b}.order.{i}"] for i in range(len(sources))],
+            m["detail"],
+        )
+        for b, m in enumerate(meta)
+    ]
+
+
+def _source_tensors(source: Source) -> list[torch.Tensor]:
+    """What the source's conversion depends on: its weights and its data."""
+    model = source.lm if source.lm is not None else torch.nn.ModuleList(source.layers)
+    assert isinstance(model, torch.nn.Module)
+    windows = (source.calibration_windows, source.heldout_windows, source.heal_windows)
+    return [
+        *model.state_dict().values(),
+        *source.calibration,
+        *source.heldout,
+        *(w if w is not None else torch.zeros(0) for w in windows),
+    ]
+
+
+class _Quiet:
+    def write(self, _text: str) -> int:
+        return 0
 
 
 def _lm_with(lm, layers: list[DeaMoELayer]):
