@@ -23,6 +23,32 @@ def kernel_bandwidth(nbytes: int, passes: int, threads: int) -> dict:
     }
 
 
+def device_copy_bandwidth(nbytes: int, passes: int) -> dict:
+    """Bytes/s of a device-to-device copy of nbytes on the current CUDA device, counting the
+    read and the write (2 * nbytes per copy), between CUDA events: the roof of a GPU decode
+    step, which streams its weights through the same memory."""
+    import torch
+
+    src = torch.ones(nbytes, dtype=torch.uint8, device="cuda")  # written: real pages
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # the first copy pays for nothing the others do not
+    rates = []
+    for _ in range(passes):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        rates.append(2 * nbytes / (start.elapsed_time(end) / 1e3))
+    del src, dst
+    return {
+        "method": "device-to-device copy (torch), read + write",
+        "buffer_bytes": nbytes,
+        "passes_bytes_per_s": rates,
+        "bytes_per_s": statistics.median(rates),
+    }
+
+
 def numpy_bandwidth(nbytes: int, passes: int) -> dict:
     """numpy's sum over a float32 buffer: one thread, for reference."""
     buf = np.ones(max(nbytes // 4, 1), dtype=np.float32)

@@ -45,12 +45,17 @@ model's quality is printed beside: perplexity on the held-out part of the shippe
 llama-perplexity's protocol (chunks of PPL_CONTEXT tokens, the second half of each counted),
 llama-perplexity itself for the GGUF files, the PyTorch reference for ours.
 
-`run_lm_batch_bench` (`--sequences 1,4,16`): batched decoding. Every twin on the native
-step's batch decoder at each count of sequences is a contender (its own prompts, the same
-for every twin), stepped in the same interleaved bursts; TPOT is a batched step, tokens/s the
-sequences over it, bytes per step the union the batch's routing reads (replayed as above).
-With `--llama-bench`, llama.cpp's llama-batched-bench decodes the vanilla twin's GGUF (f16
-and the type matching --quantized) at the same counts, called between the bursts.
+`run_lm_batch_bench` (`--sequences 1,4,16`): batched decoding on one runtime's batch
+decoder (BATCH_RUNTIMES: cpu-native, the native step; cuda, the whole model on a GPU,
+runtimes.cuda_decoder; cuda-emulated, the same under the SIMT emulator). Every twin at each
+count of sequences is a contender (its own prompts, the same for every twin), stepped in the
+same interleaved bursts; TPOT is a batched step, tokens/s the sequences over it, bytes per
+step the union the batch's routing reads (replayed as above). The roof is measured in the
+same run, as the device's memory is read: the CPU kernel's streaming read on cpu-native, a
+device-to-device copy (read + write) on cuda; on cuda-emulated it is not measured (the
+kernels run on the CPU, one host thread per CUDA thread). With `--llama-bench` (cpu-native),
+llama.cpp's llama-batched-bench decodes the vanilla twin's GGUF (f16 and the type matching
+--quantized) at the same counts, called between the bursts.
 """
 
 from __future__ import annotations
@@ -639,11 +644,11 @@ LLAMA_BATCHED = "llama-batched-bench"
 
 @dataclass
 class BatchContender:
-    """One twin decoding `sequences` sequences together on the native step's batch decoder."""
+    """One twin decoding `sequences` sequences together on a runtime's batch decoder."""
 
     twin: str
     sequences: int
-    batch: object  # the twin's BatchDecoder (runtimes.cpu_kernel.NativeBatchDecoder)
+    batch: object  # the twin's BatchDecoder (NativeBatchDecoder, CudaBatchDecoder)
     prompts: list[list[int]]
     seqs: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # the next token of each sequence
@@ -651,6 +656,47 @@ class BatchContender:
     fed: list[list[int]] = field(default_factory=list)  # per timed step, every sequence's token
     step_s: list[float] = field(default_factory=list)
     switch_s: list[float] = field(default_factory=list)
+
+
+# The runtimes whose batch decoder reads each weight once for all a step's sequences.
+BATCH_RUNTIMES = ("cpu-native", "cuda", "cuda-emulated")
+BATCH_LABELS = {
+    "cpu-native": "CPU kernel, native step",
+    "cuda": "CUDA decoder",
+    "cuda-emulated": "CUDA decoder, SIMT-emulated",
+}
+
+
+class _Roof:
+    """The bandwidth a runtime's steps are held to, measured as they run: the CPU kernel's
+    streaming read (cpu-native), a device-to-device copy with torch (cuda); none under the
+    emulator, whose kernels run on the CPU."""
+
+    def __init__(self, runtime: str, threads: int):
+        self.runtime, self.threads = runtime, threads
+        self.method = {
+            "cpu-native": "C++ streaming read with the kernel's threads",
+            "cuda": "device-to-device copy (torch), read + write bytes",
+        }.get(runtime)
+
+    def __call__(self, nbytes: int, passes: int) -> list[float]:
+        from .bandwidth import device_copy_bandwidth, kernel_bandwidth
+
+        if self.runtime == "cpu-native":
+            return [kernel_bandwidth(nbytes, passes, self.threads)["bytes_per_s"]]
+        if self.runtime == "cuda":
+            return [device_copy_bandwidth(nbytes, passes)["bytes_per_s"]]
+        return []
+
+
+def _batch_decoder(runtime: str, model, twin: str, max_sequences: int, threads: int, context: int):
+    from .. import runtimes as registry
+
+    if runtime == "cpu-native":
+        return registry.get("cpu").batch_decoder(
+            model, max_sequences=max_sequences, threads=threads, twin=twin, step="native"
+        )
+    return registry.get(runtime).batch_decoder(model, max_sequences=max_sequences, twin=twin, max_context=context)
 
 
 def _batch_prompts(sequences: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -676,28 +722,43 @@ def run_lm_batch_bench(
     llama_bench: Path | None = None,
     llama_tokens: int = 32,
     gguf_dir: Path | None = None,
+    runtime: str = "cpu-native",
+    attention: str = "gqa",
+    model_config: LMConfig | None = None,
 ) -> dict:
-    """Aggregate tokens/s of the native step's batch decoder at each count of sequences, every
-    twin and count a contender, their steps interleaved in bursts; llama.cpp's
+    """Aggregate tokens/s of runtime's batch decoder (BATCH_RUNTIMES) at each count of
+    sequences, every twin and count a contender, their steps interleaved in bursts; llama.cpp's
     llama-batched-bench on the vanilla twin (GGUF f16 and the type matching --quantized) at
     the same counts, called between the bursts. Bytes per step: the FFN weights the batch's
     routing reads (its union over the sequences, deamoe_trt.traffic; from each sequence's
     tokens fed again after the timing on the recording decoder, which computes the same
-    function), plus every other weight once and one embedding row per sequence."""
+    function), plus every other weight once and one embedding row per sequence (on cuda, the
+    projections in the model's dtype: its decoder dequantizes them). model_config: this model
+    instead of bench_config's (float16 weights; small ones check the flow)."""
     progress = progress or (lambda *_: None)
     from .. import runtimes as registry
     from ..cpu.model_step import unsupported
     from ..lm.model import DeaMoELM
     from ..runtimes.base import check_max_sequences
 
+    if runtime not in BATCH_RUNTIMES:
+        raise UsageError(f"batched decoding runs on {', '.join(BATCH_RUNTIMES)}, got {runtime!r}")
+    if runtime != "cpu-native":
+        reason = registry.get(runtime).available()
+        if reason is not None:  # before anything is built: nothing to run it on
+            raise UsageError(f"--runtimes {runtime} {reason}")
+        if llama_bench is not None:
+            raise UsageError("--llama-bench times llama.cpp on the CPU; with --sequences give --runtimes cpu-native")
     if not sequences or any(n < 1 for n in sequences):
         raise UsageError(f"--sequences takes counts of 1 or more, got {sequences}")
     sequences = tuple(dict.fromkeys(sequences))
     check_max_sequences(sum(sequences))
     if linears and quant is None:
         raise UsageError("--linears needs --quantized (the projections take its bits and group size)")
-    config = bench_config(layers, departments).replace(quantization=quant, quantized_linears=tuple(linears))
-    reason = unsupported(config)
+    config = (model_config or bench_config(layers, departments, attention=attention)).replace(
+        quantization=quant, quantized_linears=tuple(linears)
+    )
+    reason = unsupported(config) if runtime == "cpu-native" else None
     if reason:
         raise UsageError(reason)
     tools = None
@@ -716,8 +777,8 @@ def run_lm_batch_bench(
             "use fewer --layers or --departments"
         )
     progress(
-        f"model: {layers} blocks, d={config.hidden_size}, {config.moe.num_experts} experts, {_weights(config)}, "
-        f"seed {seed}; sequences {','.join(map(str, sequences))}"
+        f"model: {config.num_layers} blocks, d={config.hidden_size}, {config.moe.num_experts} experts, "
+        f"{_weights(config)}, seed {seed}; sequences {','.join(map(str, sequences))} on {runtime}"
     )
     base = DeaMoELM.random(config.replace(quantization=None, quantized_linears=()), seed=seed, dtype=torch.float16)
     matching = llama_cpp.MATCHING_TYPE[_bits(config)]
@@ -728,16 +789,14 @@ def run_lm_batch_bench(
             llama = _LlamaContenders(tools, base, folder, threads, progress, kinds=("f16", matching), score=False)
         if quant is not None:
             base = base.quantized(quant, linears=config.quantized_linears)
-        from .bandwidth import kernel_bandwidth
-
-        roofs = [kernel_bandwidth(1 << 29, 5, threads)["bytes_per_s"]]
-        cpu = registry.get("cpu")
+        probe = _Roof(runtime, threads)
+        roofs = probe(1 << 29, 5)
+        # The cache a CUDA decoder allocates (and every step attends over): what the run fills.
+        context = min(config.max_position_embeddings, prompt + steps + 2)
         decoders = {}
         for twin in twins:
-            progress(f"  building {twin} on the native step, {sum(sequences)} sequence slots ...")
-            decoders[twin] = cpu.batch_decoder(
-                base, max_sequences=sum(sequences), threads=threads, twin=twin, step="native"
-            )
+            progress(f"  building {twin} on {runtime}, {sum(sequences)} sequence slots ...")
+            decoders[twin] = _batch_decoder(runtime, base, twin, sum(sequences), threads, context)
             gc.collect()
         contenders = []
         for n in sequences:
@@ -763,7 +822,7 @@ def run_lm_batch_bench(
                     llama_samples[kind] += llama_cpp.batched_bench(
                         tools, path, sequences=sequences, tokens=llama_tokens, depth=prompt, threads=threads
                     )
-            roofs.append(kernel_bandwidth(ROOF_PROBE_BYTES, 3, threads)["bytes_per_s"])
+            roofs += probe(ROOF_PROBE_BYTES, 3)
             for c in contenders:
                 for k in range(min(BURST, steps - burst * BURST)):
                     c.fed.append(list(c.tokens))
@@ -776,8 +835,10 @@ def run_lm_batch_bench(
         ]
         del contenders, decoders, c
         gc.collect()
-        roofs.append(kernel_bandwidth(1 << 29, 5, threads)["bytes_per_s"])
+        roofs += probe(1 << 29, 5)
         b = BYTES_PER_WEIGHT[torch.float16]
+        # The CUDA decoder runs int8/int4 projections dequantized (runtimes.cuda_decoder).
+        outside = _other_bytes(config if runtime == "cpu-native" else config.replace(quantized_linears=()), b)
         rows: list[dict] = []
         progress("  counting each batch's bytes per step (its tokens fed again on the recording decoder) ...")
         for twin in twins:
@@ -789,12 +850,12 @@ def run_lm_batch_bench(
                 rows.append(
                     {
                         "twin": twin,
-                        "runtime": "cpu-native",
+                        "runtime": runtime,
                         "sequences": n,
                         "tpot_ms": statistics.median(steady) * 1e3,
                         "step_ms": [x * 1e3 for x in steady],
                         "switch_ms": [x * 1e3 for x in switch],
-                        "bytes_per_step": ffn + _other_bytes(config, b) + (n - 1) * config.hidden_size * b,
+                        "bytes_per_step": ffn + outside + (n - 1) * config.hidden_size * b,
                         "experts_read": experts_read,
                     }
                 )
@@ -819,10 +880,10 @@ def run_lm_batch_bench(
                             else None,
                         }
                     )
-    roof = statistics.median(roofs)
+    roof = statistics.median(roofs) if roofs else None
     for r in rows:
         r["tokens_per_s"] = r["sequences"] / r["tpot_ms"] * 1e3
-        if r["bytes_per_step"]:
+        if r["bytes_per_step"] and roof:
             r["of_roof"] = r["bytes_per_step"] / roof * 1e3 / r["tpot_ms"]
         same = [o for o in rows if o["runtime"] == r["runtime"] and o.get("gguf_type") == r.get("gguf_type")]
         one = next((o for o in same if o["twin"] == r["twin"] and o["sequences"] == 1), None)
@@ -853,6 +914,9 @@ def run_lm_batch_bench(
         "burst": min(BURST, steps),
         "prompt_tokens": prompt,
         "sequences": list(sequences),
+        "runtime": runtime,
+        "device": torch.cuda.get_device_name() if runtime == "cuda" else None,
+        "roof_method": probe.method,
         "roof_bytes_per_s": roofs,
         "rows": rows,
         "llama_cpp": None
@@ -896,7 +960,7 @@ def lm_batch_table(result: dict) -> str:
     llama = result.get("llama_cpp")
     rows = []
     for r in sorted(result["rows"], key=lambda r: r["sequences"]):
-        who = f"llama.cpp {r['gguf_type']}" if r["runtime"] == LLAMA_BATCHED else "CPU kernel, native step"
+        who = f"llama.cpp {r['gguf_type']}" if r["runtime"] == LLAMA_BATCHED else BATCH_LABELS[r["runtime"]]
         row = [
             f"{names[r['twin']]}, {who}",
             r["sequences"],
@@ -922,15 +986,22 @@ def lm_batch_table(result: dict) -> str:
     title = (
         f"Batched decoding: {c['num_layers']} blocks, d={c['hidden_size']}, {c['moe']['num_departments']} x "
         f"{c['moe']['experts_per_department']} experts, {_weights(LMConfig.from_dict(c))}, "
-        f"{result['threads']} threads, "
-        f"{result['steps']} batched steps per contender in interleaved bursts of {result['burst']} (median), "
+        + (f"{result['threads']} threads, " if result.get("runtime", "cpu-native") == "cpu-native" else "")
+        + (f"{result['device']}, " if result.get("device") else "")
+        + f"{result['steps']} batched steps per contender in interleaved bursts of {result['burst']} (median), "
         f"prompts of {result['prompt_tokens']} tokens, peak RSS {format_bytes(result['peak_rss_bytes'])}"
     )
     table = format_table(headers, rows, title=title)
     roofs = [r / 1e9 for r in result["roof_bytes_per_s"]]
+    kind = "device-to-device copy, read + write" if result.get("runtime") == "cuda" else "read"
+    roof = (
+        f"roof: {statistics.median(roofs):.1f} GB/s {kind} (median of {len(roofs)} measurements; "
+        f"{min(roofs):.1f} to {max(roofs):.1f})"
+        if roofs
+        else "roof: not measured (the emulated kernels run on the CPU: these times check the flow, not a GPU)"
+    )
     table += (
-        f"\nroof: {statistics.median(roofs):.1f} GB/s read (median of {len(roofs)} measurements; "
-        f"{min(roofs):.1f} to {max(roofs):.1f}); TPOT: a batched step (one token for every sequence); "
+        f"\n{roof}; TPOT: a batched step (one token for every sequence); "
         "tokens/s: sequences / TPOT; weights/step: the union the batch's routing reads"
     )
     if llama:

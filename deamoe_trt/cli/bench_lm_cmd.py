@@ -8,10 +8,13 @@ runtime are resident at once; runtimes run in turn. Configurations estimated abo
 beside it; scripts/build_llama_cpp.sh builds them) on the vanilla twin as GGUF f16, Q8_0
 and Q4_0, and every contender's held-out perplexity.
 
---sequences 1,4,16 times batched decoding instead: each twin on the native step's batch
-decoder at each count of sequences (aggregate tokens/s, the time of a batched step, bytes
-per step, % of the roof), and with --llama-bench, llama.cpp's llama-batched-bench on the
-vanilla twin as GGUF f16 and the type matching --quantized, at the same counts.
+--sequences 1,4,16 times batched decoding instead: each twin on one runtime's batch decoder
+(--runtimes cpu-native, the default: the native step; cuda: the whole model on a CUDA GPU;
+cuda-emulated: the same under the SIMT emulator, slow, for checks) at each count of sequences
+(aggregate tokens/s, the time of a batched step, bytes per step, % of the roof measured in
+the same run: the CPU read bandwidth, or on cuda a device-to-device copy's; none emulated),
+and with --llama-bench (cpu-native), llama.cpp's llama-batched-bench on the vanilla twin as
+GGUF f16 and the type matching --quantized, at the same counts.
 """
 
 from __future__ import annotations
@@ -48,13 +51,14 @@ def register(subparsers) -> None:
         type=common.int_list(1, "sequence counts", "1,4,16"),
         default=None,
         metavar="N[,N]",
-        help="time batched decoding at these counts of sequences (native step; e.g. 1,4,16)",
+        help="time batched decoding at these counts of sequences (e.g. 1,4,16; --runtimes cpu-native, cuda or "
+        "cuda-emulated)",
     )
     parser.add_argument(
         "--runtimes",
         default=None,
         help="comma-separated: cpu (the CPU kernel's FFNs, PyTorch attention), cpu-native (the whole step in "
-        "native code), ort (default all three)",
+        "native code), ort (default all three); with --sequences one of cpu-native (default), cuda, cuda-emulated",
     )
     parser.add_argument(
         "--max-memory-gb",
@@ -132,13 +136,17 @@ def run(args) -> int:
 
 
 def _run_batched(args) -> int:
-    from ..bench.lm_bench import lm_batch_table, run_lm_batch_bench
+    from ..bench.lm_bench import BATCH_RUNTIMES, lm_batch_table, run_lm_batch_bench
     from ..errors import UsageError
     from ..quant import QuantConfig
 
-    if args.runtimes not in (None, "cpu-native"):
-        raise UsageError("--sequences times the native step's batch decoder; drop --runtimes or give cpu-native")
-    if args.attention != "gqa":
+    runtime = (args.runtimes or "cpu-native").strip()
+    if runtime not in BATCH_RUNTIMES:
+        raise UsageError(
+            "--sequences times the native step's batch decoder (cpu-native) or the CUDA decoder (cuda, "
+            f"cuda-emulated): give one of them to --runtimes, got {args.runtimes!r}"
+        )
+    if args.attention != "gqa" and runtime == "cpu-native":
         raise UsageError("--sequences runs the native step, which does not run MLA; drop --attention mla")
     if args.plot:
         raise UsageError("--plot draws the one-sequence table; drop it with --sequences")
@@ -154,6 +162,8 @@ def _run_batched(args) -> int:
         llama_bench=args.llama_bench,
         llama_tokens=args.llama_tokens,
         gguf_dir=args.gguf_dir,
+        runtime=runtime,
+        attention=args.attention,
     )
     print(lm_batch_table(result))
     if args.json:

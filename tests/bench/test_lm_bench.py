@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 
 import pytest
+import torch
 
 from deamoe_trt.bench.lm_bench import bench_config, lm_bench_table, run_lm_bench, write_plot
 from deamoe_trt.cli.main import main
@@ -168,3 +169,69 @@ def test_bench_lm_sequences_refuses_other_runtimes_and_bad_counts(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--sequences times the native step's batch decoder" in err and "sequence counts" in err
+
+
+# One block of 2 departments x 2 experts, top-3 (so both departments every token): a step's
+# FFN bytes depend on the routing only through the union of experts it reads.
+TINY_BATCH_LM = dict(
+    vocab_size=256,
+    hidden_size=32,
+    num_layers=1,
+    num_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=16,
+)
+TINY_BATCH_MOE = dict(
+    hidden_size=32,
+    num_departments=2,
+    experts_per_department=2,
+    shared_intermediate_size=16,
+    private_intermediate_size=16,
+    top_k=3,
+    top_departments=2,
+)
+
+
+@pytest.mark.slow
+def test_batched_bench_runs_the_cuda_decoder_emulated_with_the_bytes_traffic_counts(monkeypatch, emulated_lib):
+    from deamoe_trt import runtimes
+    from deamoe_trt.bench.lm_bench import _other_bytes, lm_batch_table, run_lm_batch_bench
+    from deamoe_trt.config import DeaMoEConfig
+    from deamoe_trt.lm.config import LMConfig
+    from deamoe_trt.routing import route_logits
+    from deamoe_trt.traffic import weights_loaded
+
+    emulated = runtimes.get("cuda-emulated")
+    monkeypatch.setattr(emulated, "library", emulated_lib._name)
+    monkeypatch.setattr(emulated, "_lib", None)
+    moe = DeaMoEConfig(**TINY_BATCH_MOE)
+    config = LMConfig(**TINY_BATCH_LM, moe=moe)
+    result = run_lm_batch_bench(
+        sequences=(1, 2), steps=1, prompt=3, threads=1, runtime="cuda-emulated", model_config=config, progress=None
+    )
+    rows = {(r["twin"], r["sequences"]): r for r in result["rows"]}
+    assert set(rows) == {(t, n) for t in ("deamoe", "expanded", "vanilla") for n in (1, 2)}
+    assert all(r["runtime"] == "cuda-emulated" and r["tpot_ms"] > 0 for r in rows.values())
+    assert result["roof_bytes_per_s"] == [] and all(r.get("of_roof") is None for r in rows.values())
+    twins = {"deamoe": moe, "expanded": moe.expanded(), "vanilla": moe.vanilla()}
+    d, b = 32, 2
+    for (twin, n), r in rows.items():
+        other = _other_bytes(config, b) + (n - 1) * d * b
+        # Any one token's routing reads the same bytes: top-3 experts, so both departments.
+        one = weights_loaded(twins[twin], route_logits(torch.randn(1, moe.num_experts), None, twins[twin]), b)
+        per_expert = one.expert_bytes // one.experts_used
+        used = r["experts_read"] * twins[twin].num_experts
+        assert r["bytes_per_step"] == pytest.approx(one.total - one.expert_bytes + used * per_expert + other)
+        if n == 1:
+            assert r["bytes_per_step"] == pytest.approx(one.total + other)
+        assert one.experts_used <= used <= min(n * one.experts_used, twins[twin].num_experts)
+    table = lm_batch_table(result)
+    assert "CUDA decoder, SIMT-emulated" in table and "roof: not measured" in table
+
+
+def test_bench_lm_sequences_on_cuda_without_a_gpu_exits_2_in_one_line(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    assert main(["bench-lm", "--sequences", "1,4,16", "--runtimes", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--runtimes cuda needs a CUDA GPU" in err
