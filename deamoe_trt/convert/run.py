@@ -139,14 +139,14 @@ def convert_model(
         lambda orders: ({str(i): o for i, o in enumerate(orders)}, len(orders)),
         lambda tensors, n: [tensors[str(i)] for i in range(n)],
     )
-    rows = [_measure(source, _source_variant(source), source)]
+    rows = [_row(cache, "source", lambda: _measure(source, _source_variant(source), source))]
     result = None
     for fraction in fractions:
         s = _with_fraction(settings, fraction, width)
         variants = _convert_all(source, s, orders, compare=compare, progress=progress, cache=cache)
         if fraction is None:  # the converted model, healed when asked
             result = max((v for v in variants if v.name.startswith("converted")), key=lambda v: len(v.name))
-        rows += [_measure(source, v, source, settings=s) for v in variants]
+        rows += [_measured(cache, source, v, s) for v in variants]
     assert result is not None  # fractions starts with None, the requested size
     report: dict = {
         "source": _describe(source),
@@ -223,6 +223,8 @@ def _convert_all(
         v.lm = _lm_with(source.lm, v.layers) if source.lm is not None else None
     if settings.heal_steps:
         others = baselines.strongest([v for v in variants if v is not aligned], source, 2) if compare else []
+        for v in variants if cache is not None else ():  # kept now: a run killed while healing need not again
+            _measured(cache, source, v, settings)
         variants += [_heal(source, v, settings, progress, cache) for v in (aligned, *others)]
     return variants
 
@@ -320,6 +322,16 @@ def _work_checkpoint_every(settings: ConvertSettings, cache: WorkCache | None) -
 
 def _piece(cache: WorkCache | None, key: str, compute, pack, unpack):
     return compute() if cache is None else cache.piece(key, compute, pack, unpack)
+
+
+def _row(cache: WorkCache | None, key: str, measure) -> dict:
+    """A report row, kept like a piece: measuring every variant again is a rerun's largest fixed cost."""
+    return _piece(cache, key, measure, lambda row: ({}, row), lambda _tensors, row: row)
+
+
+def _measured(cache: WorkCache | None, source: Source, variant: Variant, settings: ConvertSettings) -> dict:
+    key = f"fs{variant.fraction:.4f}-row-{variant.name}"
+    return _row(cache, key, lambda: _measure(source, variant, source, settings=settings))
 
 
 def _pack_conversion(c: LayerConversion):
