@@ -15,6 +15,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from ...errors import UsageError
+from ...hf.fields import MODEL_TYPE
 from ...lm.config import LMConfig
 from .checks import (
     check_head_dim,
@@ -24,7 +25,6 @@ from .checks import (
     platform_head_sizes,
     platform_name_and_amx,
 )
-from .model_dir import MODEL_TYPE
 
 
 class DeaMoEHFConfig(PretrainedConfig):

@@ -40,29 +40,15 @@ from .compressed import compressed_state, quantization_config
 BYTE_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
-MODEL_TYPE = "deamoe"
-ARCHITECTURE = "DeaMoEForCausalLM"
-
-
 def hf_fields(config: LMConfig) -> dict[str, Any]:
-    """The Hugging Face keys vLLM reads for scheduling and KV-cache sizing, and the LMConfig.
+    """The Hugging Face keys vLLM reads for scheduling and KV-cache sizing, and the LMConfig:
+    those `export-hf` writes (deamoe_trt.hf.fields).
 
     No top-level sliding_window: vLLM would apply it to every block; the model class gives
     each block its own window from the LMConfig."""
-    return {
-        "architectures": [ARCHITECTURE],
-        "model_type": MODEL_TYPE,
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.hidden_size,
-        "num_hidden_layers": config.num_layers,
-        "num_attention_heads": config.num_heads,
-        "num_key_value_heads": config.num_key_value_heads,
-        "head_dim": config.head_dim,
-        "max_position_embeddings": config.max_position_embeddings,
-        "rms_norm_eps": config.rms_norm_eps,
-        "tie_word_embeddings": config.tie_word_embeddings,
-        "deamoe_lm": config.to_dict(),
-    }
+    from ...hf.fields import hf_fields as fields
+
+    return fields(config)
 
 
 def write_model_dir(checkpoint: str | Path, directory: str | Path, *, twin: str = "deamoe") -> Path:

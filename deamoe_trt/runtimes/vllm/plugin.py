@@ -17,8 +17,8 @@ def register() -> None:
     from transformers import AutoConfig
     from vllm import ModelRegistry
 
+    from ...hf.fields import ARCHITECTURE, MODEL_TYPE
     from .hf_config import DeaMoEHFConfig
-    from .model_dir import ARCHITECTURE, MODEL_TYPE
 
     with contextlib.suppress(ValueError):  # already registered in this process
         AutoConfig.register(MODEL_TYPE, DeaMoEHFConfig)

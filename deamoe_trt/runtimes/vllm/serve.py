@@ -20,8 +20,8 @@ PROG = "deamoe_trt.runtimes.vllm.serve"
 
 def check_model_dir(directory: str | Path) -> None:
     """Everything vLLM would refuse (or fail on mid-engine) about directory, as one UsageError."""
+    from ...hf.fields import MODEL_TYPE
     from .hf_config import DeaMoEHFConfig, check_engine
-    from .model_dir import MODEL_TYPE
 
     path = Path(directory) / "config.json"
     if not path.is_file():
