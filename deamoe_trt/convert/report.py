@@ -145,12 +145,7 @@ def write_plot(report: dict, path: str | Path) -> Path:
         ax.set_xlabel("shared fraction f_s / f")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def write_frontier_plot(report: dict, path: str | Path, tokens: tuple[int, ...] = STEP_TOKENS) -> Path:
@@ -177,6 +172,10 @@ def write_frontier_plot(report: dict, path: str | Path, tokens: tuple[int, ...] 
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
+    return _save(plt, fig, path)
+
+
+def _save(plt, fig, path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     with atomic_path(path) as tmp:
