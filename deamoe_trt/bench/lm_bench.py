@@ -225,6 +225,28 @@ def _other_bytes(config, bytes_per_weight: int) -> float:
     return config.num_layers * attention + (d + d) * b + head
 
 
+def _quantized(config: LMConfig, quant: QuantConfig | None, linears: tuple[str, ...]) -> LMConfig:
+    """config with --quantized's FFNs and --linears' projections."""
+    if linears and quant is None:
+        raise UsageError("--linears needs --quantized (the projections take its bits and group size)")
+    return config.replace(quantization=quant, quantized_linears=tuple(linears))
+
+
+def _llama_tools(llama_bench: Path | None, config: LMConfig, *needed: str) -> llama_cpp.LlamaTools | None:
+    """llama.cpp's tools beside the llama-bench binary (None without one), the binaries needed
+    present there, and config's vanilla twin one a GGUF file can hold."""
+    if llama_bench is None:
+        return None
+    from ..export.gguf import check_writable_as_gguf
+
+    tools = llama_cpp.LlamaTools.beside(llama_bench)
+    for name in needed:
+        if not llama_bench.with_name(name).is_file():
+            raise UsageError(f"{llama_bench.with_name(name)} is missing (scripts/build_llama_cpp.sh builds it)")
+    check_writable_as_gguf(config.replace(quantization=None, quantized_linears=()).vanilla())
+    return tools
+
+
 def run_lm_bench(
     *,
     layers: int = 2,
@@ -247,17 +269,8 @@ def run_lm_bench(
     progress = progress or (lambda *_: None)
     from ..lm.model import DeaMoELM
 
-    if linears and quant is None:
-        raise UsageError("--linears needs --quantized (the projections take its bits and group size)")
-    config = bench_config(layers, departments, attention=attention).replace(
-        quantization=quant, quantized_linears=tuple(linears)
-    )
-    tools = None
-    if llama_bench is not None:
-        from ..export.gguf import check_writable_as_gguf
-
-        tools = llama_cpp.LlamaTools.beside(llama_bench)
-        check_writable_as_gguf(config.replace(quantization=None, quantized_linears=()).vanilla())
+    config = _quantized(bench_config(layers, departments, attention=attention), quant, linears)
+    tools = _llama_tools(llama_bench, config)
     if "cpu-native" in runtimes:
         from ..cpu.model_step import unsupported
 
@@ -753,23 +766,11 @@ def run_lm_batch_bench(
         raise UsageError(f"--sequences takes counts of 1 or more, got {sequences}")
     sequences = tuple(dict.fromkeys(sequences))
     check_max_sequences(sum(sequences))
-    if linears and quant is None:
-        raise UsageError("--linears needs --quantized (the projections take its bits and group size)")
-    config = (model_config or bench_config(layers, departments, attention=attention)).replace(
-        quantization=quant, quantized_linears=tuple(linears)
-    )
+    config = _quantized(model_config or bench_config(layers, departments, attention=attention), quant, linears)
     reason = unsupported(config) if runtime == "cpu-native" else None
     if reason:
         raise UsageError(reason)
-    tools = None
-    if llama_bench is not None:
-        from ..export.gguf import check_writable_as_gguf
-
-        tools = llama_cpp.LlamaTools.beside(llama_bench)
-        batched = llama_bench.with_name("llama-batched-bench")
-        if not batched.is_file():
-            raise UsageError(f"{batched} is missing (scripts/build_llama_cpp.sh builds it)")
-        check_writable_as_gguf(config.replace(quantization=None, quantized_linears=()).vanilla())
+    tools = _llama_tools(llama_bench, config, "llama-batched-bench")
     need = memory_estimate(config, "cpu-native")
     if need > max_memory:
         raise UsageError(
