@@ -40,6 +40,7 @@ import torch
 from torch.nn import functional as F
 
 from ..errors import UsageError
+from ..lm.attention import apply_rope
 from ..lm.model import DeaMoELM, check_twin
 from .base import Slots
 
@@ -251,10 +252,8 @@ class KernelFFN:
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, hd] rotated at each row's own position (cos, sin [B, hd/2]), as lm.attention.apply_rope."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    cos, sin = cos[:, None], sin[:, None]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    """x [B, H, hd] rotated at each row's own position (cos, sin [B, hd/2])."""
+    return apply_rope(x, cos[:, None], sin[:, None])
 
 
 def _scale(scores: torch.Tensor, config) -> torch.Tensor:
