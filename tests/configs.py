@@ -81,6 +81,21 @@ QWEN2_STYLE_GROUPED = QWEN2_STYLE_GATED_SHARED.replace(hidden_size=48, shared_ex
 
 
 # A micro language model: small enough that every test builds, runs and exports it in well under a second.
+# Every part kind (department shared parts, expert private parts, a gated shared expert), all
+# widths whole 16-byte rows of int4 codes and of every group size up to 32: the emulated
+# quantized kernels' layer.
+GATED_QUANTIZABLE = DeaMoEConfig(
+    hidden_size=64,
+    num_departments=2,
+    experts_per_department=4,
+    shared_intermediate_size=32,
+    private_intermediate_size=32,
+    top_k=3,
+    top_departments=2,
+    shared_expert_intermediate_size=32,
+    shared_expert_gate=True,
+)
+
 MICRO_LM = LMConfig(
     vocab_size=256,
     hidden_size=32,

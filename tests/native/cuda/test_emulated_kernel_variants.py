@@ -18,7 +18,7 @@ import copy
 import pytest
 import torch
 
-from configs import DEEPSEEK_STYLE_GROUPED, QWEN2_STYLE_GATED_SHARED, deepseek_style
+from configs import DEEPSEEK_STYLE_GROUPED, GATED_QUANTIZABLE, QWEN2_STYLE_GATED_SHARED, deepseek_style
 from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.cuda import _abi, _ops
 from deamoe_trt.errors import UsageError
@@ -37,17 +37,7 @@ FLOAT_CONFIGS = {
     "qwen2-moe-like": QWEN2_STYLE_GATED_SHARED,
 }
 # Every part kind at int4 and int8 (rows of 1-2 chunks: the narrow path of whole warps).
-GATED = DeaMoEConfig(
-    hidden_size=64,
-    num_departments=2,
-    experts_per_department=4,
-    shared_intermediate_size=32,
-    private_intermediate_size=32,
-    top_k=3,
-    top_departments=2,
-    shared_expert_intermediate_size=32,
-    shared_expert_gate=True,
-)
+GATED = GATED_QUANTIZABLE
 # Down rows of 17 int4 / 34 int8 chunks: wider than a half warp, the staged rows' other path.
 WIDE_ROWS = DeaMoEConfig(
     hidden_size=32,

@@ -16,7 +16,7 @@ import ctypes
 import pytest
 import torch
 
-from configs import DEEPSEEK_STYLE_GROUPED
+from configs import DEEPSEEK_STYLE_GROUPED, GATED_QUANTIZABLE
 from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.cuda import _abi, _ops
 from deamoe_trt.cuda._ops import KernelError
@@ -28,20 +28,9 @@ pytestmark = pytest.mark.slow  # the emulated kernel library takes a minute to c
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
-# Every part kind: department shared parts, expert private parts, a gated shared expert;
-# all widths whole 16-byte rows of int4 codes (multiples of 32) and of every group size
-# up to 32. (DEEPSEEK_STYLE_GROUPED: sigmoid, bias, sum_top2, an ungated shared expert.)
-GATED = DeaMoEConfig(
-    hidden_size=64,
-    num_departments=2,
-    experts_per_department=4,
-    shared_intermediate_size=32,
-    private_intermediate_size=32,
-    top_k=3,
-    top_departments=2,
-    shared_expert_intermediate_size=32,
-    shared_expert_gate=True,
-)
+# GATED (configs.GATED_QUANTIZABLE): every part kind, widths of whole int4 rows and groups up
+# to 32. (DEEPSEEK_STYLE_GROUPED: sigmoid, bias, sum_top2, an ungated shared expert.)
+GATED = GATED_QUANTIZABLE
 # Widths of whole groups of 64 and 128 (one scale for several chunks), kept small: the
 # emulator's cost grows with the blocks.
 WIDE_GROUPS = DeaMoEConfig(
