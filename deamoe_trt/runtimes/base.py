@@ -244,6 +244,16 @@ class Slots:
         if seq not in self.lengths:
             raise UsageError(f"sequence {seq} is not open")
 
+    def release(self, seq: int) -> None:
+        """Free open sequence seq's slot."""
+        self.check_close(seq)
+        del self.lengths[seq]
+
+    def length(self, seq: int) -> int:
+        """Tokens in open sequence seq's cache."""
+        self.check_close(seq)
+        return self.lengths[seq]
+
 
 class SerialBatchDecoder:
     """A BatchDecoder over a DecoderPool: each sequence its own decoder, a step runs them in
@@ -275,13 +285,11 @@ class SerialBatchDecoder:
         return np.stack(rows).astype(np.float32, copy=False)
 
     def close(self, seq: int) -> None:
-        self.slots.check_close(seq)
-        del self.slots.lengths[seq]
+        self.slots.release(seq)
         self._spare.append(self._decoders.pop(seq))
 
     def length(self, seq: int) -> int:
-        self.slots.check_close(seq)
-        return self.slots.lengths[seq]
+        return self.slots.length(seq)
 
 
 class OneSequence:

@@ -212,12 +212,10 @@ class NativeBatchDecoder:
         return self._logits[: len(seqs)].copy()
 
     def close(self, seq: int) -> None:
-        self.slots.check_close(seq)
-        del self.slots.lengths[seq]  # the session stays, its memory kept for the next open
+        self.slots.release(seq)  # the session stays, its memory kept for the next open
 
     def length(self, seq: int) -> int:
-        self.slots.check_close(seq)
-        return self.slots.lengths[seq]
+        return self.slots.length(seq)
 
     def __del__(self):
         sessions, self._sessions = getattr(self, "_sessions", {}), {}

@@ -353,12 +353,10 @@ class CudaBatchDecoder:
         return self._logits[:batch].cpu().numpy()
 
     def close(self, seq: int) -> None:
-        self.slots.check_close(seq)
-        del self.slots.lengths[seq]
+        self.slots.release(seq)
 
     def length(self, seq: int) -> int:
-        self.slots.check_close(seq)
-        return self.slots.lengths[seq]
+        return self.slots.length(seq)
 
     # -- the step ---------------------------------------------------------------------------------
 
