@@ -150,6 +150,16 @@ def add_output(
     parser.add_argument("-o", "--output", required=required, metavar="PATH", type=kind, help=help)
 
 
+def add_twin(parser: argparse.ArgumentParser) -> None:
+    """--twin of the export commands: which one model of a checkpoint's twins is written."""
+    parser.add_argument(
+        "--twin",
+        choices=("deamoe", "expanded", "vanilla"),
+        default="deamoe",
+        help="export the model (default), its expanded twin (same outputs, no sharing) or its vanilla twin",
+    )
+
+
 def add_force(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--force",

@@ -20,12 +20,7 @@ def register(subparsers) -> None:
     )
     common.add_checkpoint(parser, help="language-model checkpoint directory (trained, imported or converted)")
     common.add_output(parser, help="Hugging Face model directory to write", directory=True)
-    parser.add_argument(
-        "--twin",
-        choices=("deamoe", "expanded", "vanilla"),
-        default="deamoe",
-        help="export the model (default), its expanded twin (same outputs, no sharing) or its vanilla twin",
-    )
+    common.add_twin(parser)
     parser.add_argument(
         "--max-shard-size",
         type=int,

@@ -28,12 +28,7 @@ def register(subparsers) -> None:
     )
     common.add_dtype(parser)
     parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default 17)")
-    parser.add_argument(
-        "--twin",
-        choices=("deamoe", "expanded", "vanilla"),
-        default="deamoe",
-        help="export the model (default), its expanded twin (same outputs, no sharing) or its vanilla twin",
-    )
+    common.add_twin(parser)
     parser.add_argument(
         "--validate",
         action="store_true",

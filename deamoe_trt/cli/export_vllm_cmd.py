@@ -19,12 +19,7 @@ def register(subparsers) -> None:
     )
     common.add_checkpoint(parser, help="language-model checkpoint directory (trained, imported or converted)")
     common.add_output(parser, help="vLLM model directory to write", directory=True)
-    parser.add_argument(
-        "--twin",
-        choices=("deamoe", "expanded", "vanilla"),
-        default="deamoe",
-        help="export the model (default), its expanded twin (same outputs, no sharing) or its vanilla twin",
-    )
+    common.add_twin(parser)
     common.add_force(parser)
     parser.set_defaults(func=run)
 
