@@ -15,7 +15,8 @@ import dataclasses
 import torch
 
 from ..config import top_k_moe
-from ..lm import DeaMoELM, LMConfig
+from ..lm import LMConfig
+from ..train.compare import upcycle
 from ..train.lm import TrainResult, TrainSettings, train
 
 EXPERTS, TOP_K, WIDTH = 16, 4, 64
@@ -38,21 +39,9 @@ def settings_for(steps: int, seed: int = 0) -> TrainSettings:
 
 
 @torch.no_grad()
-def upcycle(dense: DeaMoELM, config: LMConfig = MOE, *, seed: int = 0) -> DeaMoELM:
-    """config's MoE with every expert a copy of dense's FFN and a random router."""
-    moe = DeaMoELM.random(config, seed=seed)
-    state = dense.state_dict()
-    for name, tensor in moe.state_dict().items():
-        if ".mlp.experts." in name:
-            tensor.copy_(state[name].expand_as(tensor))
-        elif ".mlp.router." not in name:
-            tensor.copy_(state[name])
-    return moe
-
-
 def make_upcycled(dense_steps: int, moe_steps: int, *, seed: int = 0, progress: bool = True) -> TrainResult:
     dense = train(DENSE, settings_for(dense_steps, seed), progress=progress, label="train dense")
-    moe = upcycle(dense.model, seed=seed)
+    moe = upcycle(dense.model, MOE, seed=seed)  # every expert a copy of the dense FFN
     return train(settings=settings_for(moe_steps, seed), model=moe, progress=progress, label="train upcycled MoE")
 
 
