@@ -80,7 +80,7 @@ def cosine_lr(optimizer, base: float, step: int, steps: int) -> None:
         group["lr"] = base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / max(1, steps))))
 
 
-def _all_reduce(params: list[torch.nn.Parameter], loss: torch.Tensor) -> None:
+def sum_across_ranks(params: list[torch.nn.Parameter], loss: torch.Tensor) -> None:
     """Sum every gradient and the loss over the processes, as one flat buffer."""
     import torch.distributed as dist
 
@@ -141,7 +141,7 @@ def distill_lm(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if size > 1:
-                _all_reduce(params, loss)
+                sum_across_ranks(params, loss)
             optimizer.step()
             losses.append(loss.item())
             done = step + 1

@@ -33,7 +33,7 @@ import torch
 from torch.nn import functional as F
 
 from ..console import Progress
-from ..convert.distill import _all_reduce, world
+from ..convert.distill import sum_across_ranks, world
 from ..errors import UsageError
 from ..lm.config import LMConfig
 from ..lm.model import DeaMoELM
@@ -250,7 +250,7 @@ def _train(model, tokenizer, train_ids, val_ids, settings: TrainSettings, progre
         optimizer.zero_grad(set_to_none=True)
         (ce + settings.aux_loss_coef * aux).backward()
         if size > 1:
-            _all_reduce(params, ce)
+            sum_across_ranks(params, ce)
         torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
         optimizer.step()
         losses.append(ce.item())
