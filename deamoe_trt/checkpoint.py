@@ -128,16 +128,12 @@ def read_header(directory: str | Path) -> dict[str, Any]:
     header = read_json(path, CheckpointError)
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise CheckpointError(f'{path} is not a deamoe-trt checkpoint config (no "format": "{FORMAT}")')
-    if header.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path} has format_version {header.get('format_version')!r}; this deamoe-trt reads {FORMAT_VERSION}"
-        )
+    check_version(header, path, FORMAT_VERSION)
     num_layers = header.get("num_layers")
     if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
         raise CheckpointError(f"{path}: num_layers must be an integer >= 1, got {num_layers!r}")
     check_layer_count(directory / WEIGHTS_FILE, num_layers, path)
-    if header.get("dtype") not in DTYPES:
-        raise CheckpointError(f"{path}: dtype must be one of {', '.join(DTYPES)}, got {header.get('dtype')!r}")
+    check_dtype(header, path)
     header.setdefault("router_dtype", header["dtype"])
     if header["router_dtype"] not in ("float32", header["dtype"]):
         raise CheckpointError(
@@ -155,6 +151,20 @@ def read_header(directory: str | Path) -> dict[str, Any]:
     else:
         header["quantization"] = None
     return header
+
+
+def check_version(header: dict[str, Any], path: Path, version: int) -> None:
+    """A CheckpointError unless config.json (path) has the format_version this release reads."""
+    if header.get("format_version") != version:
+        raise CheckpointError(
+            f"{path} has format_version {header.get('format_version')!r}; this deamoe-trt reads {version}"
+        )
+
+
+def check_dtype(header: dict[str, Any], path: Path) -> None:
+    """A CheckpointError unless config.json (path) names one of the weight dtypes."""
+    if header.get("dtype") not in DTYPES:
+        raise CheckpointError(f"{path}: dtype must be one of {', '.join(DTYPES)}, got {header.get('dtype')!r}")
 
 
 ROUTER_BIAS = "router.bias"

@@ -29,8 +29,10 @@ from ..checkpoint import (
     DTYPES,
     ROUTER_BIAS,
     WEIGHTS_FILE,
+    check_dtype,
     check_layer_count,
     check_tensors,
+    check_version,
     dtype_name,
     read_tensors,
     write_files,
@@ -139,12 +141,8 @@ def read_lm_header(directory: str | Path) -> dict[str, Any]:
         )
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise CheckpointError(f'{path} is not a deamoe-trt model checkpoint config (no "format": "{FORMAT}")')
-    if header.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path} has format_version {header.get('format_version')!r}; this deamoe-trt reads {FORMAT_VERSION}"
-        )
-    if header.get("dtype") not in DTYPES:
-        raise CheckpointError(f"{path}: dtype must be one of {', '.join(DTYPES)}, got {header.get('dtype')!r}")
+    check_version(header, path, FORMAT_VERSION)
+    check_dtype(header, path)
     try:
         header["config"] = LMConfig.from_dict(header.get("config"))
         header["tokenizer"] = tokenizer_from_dict(header.get("tokenizer"), directory)
