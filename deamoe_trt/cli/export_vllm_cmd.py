@@ -2,7 +2,7 @@
 
 DIR holds config.json (architecture DeaMoEForCausalLM, the LM config), model.safetensors, the
 tokenizer and a chat template. With deamoe-trt installed beside vLLM (its plugin registers the
-architecture): `vllm serve DIR`, `python -m deamoe_trt.runtimes.vllm.serve DIR`, or
+architecture): `vllm serve DIR`, `python -m deamoe_trt.integrations.vllm.serve DIR`, or
 `vllm.LLM(DIR)`. See docs/serving.md.
 """
 
@@ -26,7 +26,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from .._io import check_not_input, check_replaceable
-    from ..runtimes.vllm.model_dir import write_model_dir
+    from ..integrations.vllm.export import write_model_dir
 
     check_not_input(args.output, [args.checkpoint])
     check_replaceable(args.output, _is_vllm_dir, "vLLM model directory", force=args.force)

@@ -5,7 +5,7 @@ when transformers loads its auto classes (configuration_auto: the config; modeli
 model), or at once where they are loaded already. Then `AutoModelForCausalLM.from_pretrained(DIR)`
 of an export-hf directory builds deamoe_trt.hf.modeling's class without trust_remote_code.
 
-Not in a process that has vLLM loaded: there deamoe_trt.runtimes.vllm registers the config
+Not in a process that has vLLM loaded: there deamoe_trt.integrations.vllm registers the config
 class vLLM reads for the same model_type.
 """
 

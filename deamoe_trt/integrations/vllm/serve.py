@@ -1,4 +1,4 @@
-"""`python -m deamoe_trt.runtimes.vllm.serve DIR [vLLM server options]`: vLLM's OpenAI-compatible
+"""`python -m deamoe_trt.integrations.vllm.serve DIR [vLLM server options]`: vLLM's OpenAI-compatible
 server for a model directory written by `deamoe-trt export-vllm`, after deamoe-trt's checks.
 
 It is `vllm serve DIR ...` with two differences: the model directory, the installed vLLM's
@@ -15,7 +15,7 @@ from pathlib import Path
 from ..._io import read_json
 from ...errors import UsageError, one_line
 
-PROG = "deamoe_trt.runtimes.vllm.serve"
+PROG = "deamoe_trt.integrations.vllm.serve"
 
 
 def check_model_dir(directory: str | Path) -> None:

@@ -1,18 +1,18 @@
 """Batched decoding on vLLM: throughput and time per output token at 1, 2, 4, 8 and 16 concurrent
 sequences, a DeaMoE language model against its expanded and vanilla twins, interleaved.
 
-    .venv-vllm/bin/python -m deamoe_trt.bench.vllm_bench [--layers 2] [--departments 4] ...
+    .venv-vllm/bin/python -m deamoe_trt.integrations.vllm.bench [--layers 2] [--departments 4] ...
 
 The model is bench-lm's (deamoe_trt.bench.lm_bench.bench_config): Qwen3-30B-A3B's attention
 and DeaMoE FFNs of qwen3-30b-a3b-layer's shapes (experts 768 wide, 384 shared in the
 department + 384 private, top-8 experts from the top-2 departments), random seeded weights,
 bfloat16 by default. Its expanded twin computes the same function without sharing; its
 vanilla twin is the one-stage top-8 MoE of the same experts. Each twin is written as a vLLM
-model directory (deamoe_trt.runtimes.vllm.model_dir) and gets an engine; the three engines
+model directory (deamoe_trt.integrations.vllm.export) and gets an engine; the three engines
 are resident at once.
 
 With --ffn the contenders are instead the DeaMoE model twice, its FFNs on vLLM's FusedMoE and
-on deamoe-trt's CPU kernel through the deamoe::cpu_ffn custom op (deamoe_trt.runtimes.vllm.
+on deamoe-trt's CPU kernel through the deamoe::cpu_ffn custom op (deamoe_trt.integrations.vllm.
 ffn_op; float32 or float16, the kernel's dtypes): the measurement behind ffn_op.DEFAULT_FFN.
 
 Method: for each number of sequences c, `--rounds` rounds; in each round the twins take turns
@@ -38,10 +38,10 @@ from pathlib import Path
 
 import torch
 
-from ..console import format_table
-from ..errors import DeaMoEError, UsageError, one_line
-from .lm_bench import TWINS, bench_config
-from .machine import load_average, machine_info
+from ...bench.lm_bench import TWINS, bench_config
+from ...bench.machine import load_average, machine_info
+from ...console import format_table
+from ...errors import DeaMoEError, UsageError, one_line
 
 CONCURRENCY = (1, 2, 4, 8, 16)
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -49,9 +49,9 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 def write_twins(directory: Path, *, layers: int, departments: int, dtype: torch.dtype, seed: int) -> dict[str, Path]:
     """The DeaMoE model and its twins as vLLM model directories under directory."""
-    from ..lm.model import DeaMoELM
-    from ..lm.tokenizer import ByteTokenizer
-    from ..runtimes.vllm.model_dir import write_lm_dir
+    from ...lm.model import DeaMoELM
+    from ...lm.tokenizer import ByteTokenizer
+    from .export import write_lm_dir
 
     config = bench_config(layers, departments)
     model = DeaMoELM.random(config, seed=seed, dtype=dtype)
@@ -87,7 +87,7 @@ def run_vllm_bench(
 ) -> dict:
     import vllm
 
-    from ..runtimes.vllm.ffn_op import ENV, FFN_CHOICES
+    from .ffn_op import ENV, FFN_CHOICES
 
     if tokens < 2:
         raise UsageError(f"--tokens must be >= 2 (TPOT needs a decode step after the first token), got {tokens}")
@@ -245,7 +245,7 @@ def vllm_bench_table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deamoe_trt.bench.vllm_bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m deamoe_trt.integrations.vllm.bench", description=__doc__)
     parser.add_argument("--layers", type=int, default=2, help="decoder blocks (default 2)")
     parser.add_argument("--departments", type=int, default=4, help="departments of 8 experts per block (default 4)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16", help="default bfloat16")

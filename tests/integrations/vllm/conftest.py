@@ -2,7 +2,7 @@
 (built in code with transformers), and their vLLM model directories.
 
 Engine tests need vLLM (scripts/setup_vllm.sh makes .venv-vllm, and .ci/run runs
-`.venv-vllm/bin/python -m pytest tests/runtimes/vllm`); elsewhere they skip with the reason
+`.venv-vllm/bin/python -m pytest tests/integrations/vllm`); elsewhere they skip with the reason
 setup_vllm.sh recorded, or say how to run them. The writer, grouping and refusal tests need
 no vLLM and run in every environment.
 """
@@ -37,7 +37,7 @@ def vllm_or_skip():
         f"vLLM could not be installed: {recorded.read_text().strip()}"
         if recorded.is_file()
         else "vllm is not installed here; run scripts/setup_vllm.sh, then "
-        ".venv-vllm/bin/python -m pytest tests/runtimes/vllm"
+        ".venv-vllm/bin/python -m pytest tests/integrations/vllm"
     )
     return pytest.importorskip("vllm", reason=reason)
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deamoe_trt.integrations.vllm.export import write_model_dir
+from deamoe_trt.integrations.vllm.ffn_op import ENV, cpu_ffn, ffn_choice, ffn_kinds, register_layer
 from deamoe_trt.lm import load_lm
 from deamoe_trt.runtimes.decode import generate
 from deamoe_trt.runtimes.torch import TorchDecoder
-from deamoe_trt.runtimes.vllm.ffn_op import ENV, cpu_ffn, ffn_choice, ffn_kinds, register_layer
-from deamoe_trt.runtimes.vllm.model_dir import write_model_dir
 
 from .conftest import CPU_MEMORY_FRACTION, TINY_LM
 

@@ -18,10 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from deamoe_trt.integrations.vllm.export import write_lm_dir
 from deamoe_trt.lm import load_lm
 from deamoe_trt.runtimes.decode import generate
 from deamoe_trt.runtimes.torch import TorchDecoder
-from deamoe_trt.runtimes.vllm.model_dir import write_lm_dir
 
 from .conftest import CPU_MEMORY_FRACTION, ROOT, TINY_LM, vllm_or_skip
 
@@ -43,7 +43,7 @@ def free_port() -> int:
 
 def served_model(name: str):
     """(model, tokenizer) of a served model: the shipped tiny LM, or a gpt-oss-style DeaMoE
-    (sinks, sliding windows, clamped SwiGLU, biased experts; tests/runtimes/vllm/test_families.py)."""
+    (sinks, sliding windows, clamped SwiGLU, biased experts; tests/integrations/vllm/test_families.py)."""
     if name == "tiny-lm":
         loaded = load_lm(TINY_LM)
         return loaded.model, loaded.tokenizer
@@ -64,7 +64,7 @@ def server(request, tmp_path_factory):
     command = [
         sys.executable,
         "-m",
-        "deamoe_trt.runtimes.vllm.serve",
+        "deamoe_trt.integrations.vllm.serve",
         str(directory),
         "--host",
         "127.0.0.1",

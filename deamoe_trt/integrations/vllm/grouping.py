@@ -12,7 +12,7 @@ P_e weighted by w_e (deamoe_trt.routing). Each sum is a top-k grouped GEMM:
   (a grouped GEMM takes a fixed number of slots per token): no other department is touched.
 
 Both are pure functions of a `Routing`, so they are tested against the layer's own
-forward_routed here without vLLM (tests/runtimes/vllm/test_grouping.py).
+forward_routed here without vLLM (tests/integrations/vllm/test_grouping.py).
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from deamoe_trt.errors import UsageError
+from deamoe_trt.integrations.vllm.export import write_lm_dir
 from deamoe_trt.quant import QuantConfig
 from deamoe_trt.runtimes.decode import generate
 from deamoe_trt.runtimes.torch import TorchDecoder
-from deamoe_trt.runtimes.vllm.model_dir import write_lm_dir
 
 from .conftest import CPU_MEMORY_FRACTION, vllm_or_skip
 from .test_compressed import quantized_tiny

@@ -7,7 +7,7 @@ The directory holds:
   also the "quantization_config" that makes vLLM load it with its own quantized methods;
 - model.safetensors: the model's tensors under their deamoe-trt checkpoint names and dtype; a
   quantized checkpoint's FFN groups and quantized projections in compressed-tensors'
-  pack-quantized format instead (deamoe_trt.runtimes.vllm.compressed), its codes re-packed;
+  pack-quantized format instead (deamoe_trt.integrations.vllm.compressed), its codes re-packed;
 - the tokenizer: a Hugging Face tokenizer's own files, or for the byte tokenizer a byte-level
   tokenizer.json (deamoe_trt.lm.tokenizer.byte_level_tokenizer_json) that splits text into
   the same ids;

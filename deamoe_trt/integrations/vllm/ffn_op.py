@@ -9,7 +9,7 @@ layers where `ffn_choice` says so:
 - DEAMOE_VLLM_FFN=cpu-kernel or fusedmoe chooses outright (every process of the engine
   inherits it);
 - otherwise DEFAULT_FFN. Measured on vLLM's CPU engine at 1, 4 and 16 sequences
-  (`python -m deamoe_trt.bench.vllm_bench --ffn`; docs/benchmarks.md, "The DeaMoE FFN on
+  (`python -m deamoe_trt.integrations.vllm.bench --ffn`; docs/benchmarks.md, "The DeaMoE FFN on
   vLLM's CPU engine") the op was faster at 1 and 4 sequences and FusedMoE at 16, on a heavily
   loaded machine; the default stays FusedMoE until a quiet rerun confirms it and the model can
   switch per step by batch size.

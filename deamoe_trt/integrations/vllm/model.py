@@ -8,14 +8,14 @@ deamoe-trt's own code, so there is one source of truth for it: the routing (deam
 as FusedMoE's custom routing function), RMSNorm, rotary tables and rotation (deamoe_trt.lm),
 the router, shared experts and dense MLPs.
 
-Each DeaMoE FFN is two FusedMoE layers fed by one routing (deamoe_trt.runtimes.vllm.grouping):
+Each DeaMoE FFN is two FusedMoE layers fed by one routing (deamoe_trt.integrations.vllm.grouping):
 the departments' shared parts (D groups, min(g, k) slots per token) and the experts' private
 parts (N groups, k slots). Routing is a pure function of the router logits, so each layer's
 custom routing function recomputes it from the same logits and both agree exactly.
 
 Weights load from the model directory's model.safetensors under deamoe-trt's names; they are
 checked against the LMConfig with the checkpoint reader's own check first. A quantized
-directory (deamoe_trt.runtimes.vllm.compressed) carries compressed-tensors' quantization_config,
+directory (deamoe_trt.integrations.vllm.compressed) carries compressed-tensors' quantization_config,
 so vLLM hands both FusedMoE layers (and the quantized attention projections and head) its own
 quantized methods, which load the re-packed codes per expert through FusedMoE's weight loader;
 shared experts and dense MLPs stay deamoe-trt's modules, run from the checkpoint's codes.
@@ -217,7 +217,7 @@ def dense_mlp(config: LMConfig) -> DenseMLP:
 
 class KernelFFN(DeaMoELayer):
     """One DeaMoE FFN on deamoe-trt's CPU kernel through the deamoe::cpu_ffn custom op
-    (deamoe_trt.runtimes.vllm.ffn_op): the layer's own tensors under the checkpoint's names,
+    (deamoe_trt.integrations.vllm.ffn_op): the layer's own tensors under the checkpoint's names,
     packed for the kernel at the first forward, after vLLM has loaded them."""
 
     def __init__(self, config: LMConfig):

@@ -1,9 +1,9 @@
 """config.json of a vLLM model directory as a transformers config (model_type "deamoe").
 
 vLLM reads a model's sizes from the usual Hugging Face keys (hidden_size, num_attention_heads,
-head_dim, max_position_embeddings, ...), which model_dir.hf_fields writes; the whole LMConfig travels
+head_dim, max_position_embeddings, ...), which export.hf_fields writes; the whole LMConfig travels
 under "deamoe_lm" and is what the model class builds from. Constructing the config checks the
-model (deamoe_trt.runtimes.vllm.checks) and the vLLM version, so bad input is refused in one
+model (deamoe_trt.integrations.vllm.checks) and the vLLM version, so bad input is refused in one
 line when vLLM reads config.json, before an engine starts.
 """
 

@@ -12,7 +12,7 @@ from ...lm.config import LMConfig
 from ...versions import check_tested
 
 # vLLM releases (major, minor) whose model, attention and FusedMoE interfaces the plugin was
-# checked against (tests/runtimes/vllm); the plugin refuses others rather than fail mid-engine.
+# checked against (tests/integrations/vllm); the plugin refuses others rather than fail mid-engine.
 TESTED_VERSIONS = ((0, 32), (0, 32))
 # gpt-oss's clamped SwiGLU (alpha, limit): the values vLLM's CPU MoE kernel computes with.
 GPT_OSS_SWIGLU = (1.702, 7.0)
@@ -33,7 +33,7 @@ def check_servable(config: LMConfig) -> None:
     heads, Granite's scalings; DeaMoE FFNs with softmax or sigmoid scores, selection and logit
     router biases, gated or ungated shared experts; gpt-oss's attention sinks, clamped SwiGLU
     and biased experts), in float32, float16 or bfloat16; int4 and
-    int8 checkpoints as compressed-tensors W4A16/W8A16 (deamoe_trt.runtimes.vllm.compressed),
+    int8 checkpoints as compressed-tensors W4A16/W8A16 (deamoe_trt.integrations.vllm.compressed),
     where the platform has a quantized MoE method (check_quantized_platform)."""
     if config.is_mla:
         raise UsageError(

@@ -11,10 +11,10 @@ import sys
 import pytest
 
 from deamoe_trt.errors import UsageError
+from deamoe_trt.integrations.vllm.checks import check_vllm_version
+from deamoe_trt.integrations.vllm.export import write_lm_dir
 from deamoe_trt.lm import DeaMoELM, load_lm
 from deamoe_trt.lm.tokenizer import ByteTokenizer
-from deamoe_trt.runtimes.vllm.checks import check_vllm_version
-from deamoe_trt.runtimes.vllm.model_dir import write_lm_dir
 
 from .conftest import CPU_MEMORY_FRACTION, ROOT, TINY_LM, vllm_or_skip
 
@@ -60,7 +60,7 @@ def test_a_hand_edited_config_with_an_unserved_feature_is_refused(tmp_path):
 def test_the_launcher_refuses_in_one_line_with_exit_2(tmp_path):
     directory = model_dir(tmp_path, "hd16", head_dim=16)
     run = subprocess.run(
-        [sys.executable, "-m", "deamoe_trt.runtimes.vllm.serve", str(directory), "--port", "1"],
+        [sys.executable, "-m", "deamoe_trt.integrations.vllm.serve", str(directory), "--port", "1"],
         capture_output=True,
         text=True,
         timeout=180,
@@ -68,4 +68,6 @@ def test_the_launcher_refuses_in_one_line_with_exit_2(tmp_path):
     )
     last = run.stderr.strip().splitlines()[-1]
     assert run.returncode == 2
-    assert last.startswith("deamoe_trt.runtimes.vllm.serve: error: head_dim 16 is not supported"), run.stderr[-2000:]
+    assert last.startswith("deamoe_trt.integrations.vllm.serve: error: head_dim 16 is not supported"), run.stderr[
+        -2000:
+    ]

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from deamoe_trt.config import DeaMoEConfig
+from deamoe_trt.integrations.vllm.grouping import department_slots, department_slots_per_token, expert_slots
 from deamoe_trt.layer import DeaMoELayer
-from deamoe_trt.runtimes.vllm.grouping import department_slots, department_slots_per_token, expert_slots
 
 CONFIGS = {
     # g < k: a token's k experts spread over up to g departments.

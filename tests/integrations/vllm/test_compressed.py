@@ -13,11 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from deamoe_trt.integrations.vllm.compressed import checkpoint_state, compressed_state, scheme
+from deamoe_trt.integrations.vllm.export import write_lm_dir
 from deamoe_trt.lm import load_lm
 from deamoe_trt.lm.checkpoint import stored_state
 from deamoe_trt.quant import QuantConfig, dequantize
-from deamoe_trt.runtimes.vllm.compressed import checkpoint_state, compressed_state, scheme
-from deamoe_trt.runtimes.vllm.model_dir import write_lm_dir
 
 from .conftest import TINY_LM
 

@@ -8,7 +8,7 @@ value plus the same offset) packed 32 / bits to an int32, the first column in th
 Our bytes hold the same codes in the same order (int4: the even column in the low nibble), so
 re-packing is a change of word size only: four bytes to one int32, little-endian. No weight
 is re-quantized; the served weights are the checkpoint's bit for bit after dequantization
-(tests/runtimes/vllm/test_compressed.py checks this with compressed-tensors' own decompressor).
+(tests/integrations/vllm/test_compressed.py checks this with compressed-tensors' own decompressor).
 
 Names follow llm-compressor's per-module layout:
 - each FFN group (department shared part j, expert private part e) as three projections,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 
-ARCHITECTURE_PATH = "deamoe_trt.runtimes.vllm.model:DeaMoEForCausalLM"
+ARCHITECTURE_PATH = "deamoe_trt.integrations.vllm.model:DeaMoEForCausalLM"
 
 
 def register() -> None:

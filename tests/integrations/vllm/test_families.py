@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deamoe_trt.integrations.vllm.export import write_lm_dir
 from deamoe_trt.lm import DeaMoELM, load_lm
 from deamoe_trt.lm.tokenizer import ByteTokenizer
 from deamoe_trt.runtimes.decode import generate
 from deamoe_trt.runtimes.torch import TorchDecoder
-from deamoe_trt.runtimes.vllm.model_dir import write_lm_dir
 
 from .conftest import CPU_MEMORY_FRACTION, TINY_LM, vllm_or_skip
 

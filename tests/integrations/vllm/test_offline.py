@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from deamoe_trt.integrations.vllm.export import write_model_dir
 from deamoe_trt.lm import load_lm
 from deamoe_trt.runtimes.decode import generate
 from deamoe_trt.runtimes.torch import TorchDecoder
-from deamoe_trt.runtimes.vllm.model_dir import write_model_dir
 
 from .conftest import CONVERTED_LM, CPU_MEMORY_FRACTION, TINY_LM, vllm_or_skip
 
@@ -151,8 +151,8 @@ def every_feature_model():
 def test_every_served_option_at_once_equals_the_reference_decoder(tmp_path_factory):
     import torch
 
+    from deamoe_trt.integrations.vllm.export import write_lm_dir
     from deamoe_trt.lm.tokenizer import ByteTokenizer
-    from deamoe_trt.runtimes.vllm.model_dir import write_lm_dir
 
     model = every_feature_model()
     directory = write_lm_dir(model, ByteTokenizer(), tmp_path_factory.mktemp("vllm") / "every-feature")

@@ -1,0 +1,10 @@
+"""Outside engines, one subpackage each, holding everything deamoe-trt does with that engine:
+its export, runtime, validation, device check and benchmark.
+
+- `vllm/`: DeaMoE language models on vLLM (the model directory, the model class, the plugin,
+  `serve`, the batched benchmark).
+
+An integration builds on the core, lm/, the kernels (cpu/, cuda/) and the stages; no stage
+imports an integration (only cli/ and the entry points do), so what a stage and an
+integration share lives in the stage (tests/test_layering.py).
+"""
