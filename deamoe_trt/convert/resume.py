@@ -78,21 +78,29 @@ class WorkCache:
         return value
 
 
-def open_work(folder: str | Path, fingerprint: str, *, writer: bool = True, log=None) -> WorkCache:
-    """The work folder of this conversion: its pieces if state.json matches fingerprint, a
-    fresh one otherwise (a folder of another conversion removed, with a note)."""
+def open_work(
+    folder: str | Path,
+    fingerprint: str,
+    *,
+    writer: bool = True,
+    log=None,
+    command: str = "convert",
+    what: str = "conversion",
+) -> WorkCache:
+    """The work folder of this `what` (a run of `command`): its pieces if state.json matches
+    fingerprint, a fresh one otherwise (a folder of another run removed, with a note)."""
     folder, log = Path(folder), log or sys.stderr
     state_path = folder / STATE_FILE
     if state_path.is_file():
         state = read_json(state_path)
         if isinstance(state, dict) and state.get("fingerprint") == fingerprint:
-            print(f"convert: resuming from the finished work in {folder}", file=log)
+            print(f"{command}: resuming from the finished work in {folder}", file=log)
             return WorkCache(folder, writer)
         if writer:
-            print(f"convert: note: {folder} holds another conversion's work (other arguments); starting over", file=log)
+            print(f"{command}: note: {folder} holds another {what}'s work (other arguments); starting over", file=log)
             shutil.rmtree(folder)
     elif folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise UsageError(f"{folder} exists and is not a conversion's work folder; move it away")
+        raise UsageError(f"{folder} exists and is not a {what}'s work folder; move it away")
     if writer:
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(state_path, json.dumps({"fingerprint": fingerprint}, indent=1) + "\n")

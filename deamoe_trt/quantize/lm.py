@@ -10,8 +10,10 @@ perplexity is reported next to its source's, on the same data.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,6 +21,10 @@ from ..errors import UsageError
 from ..lm.model import DeaMoELM
 from ..lm.tokenizer import NoTokenizer, Tokenizer
 from ..quant import QuantConfig
+from .awq import AwqPlan
+
+if TYPE_CHECKING:
+    from ..convert.resume import WorkCache
 
 
 def quantize_lm(
@@ -115,6 +121,7 @@ def quantize_lm_awq(
     *,
     progress: bool = True,
     linears: tuple[str, ...] = (),
+    work: WorkCache | None = None,
 ) -> LMAwq:
     """AWQ for every DeaMoE FFN, from the FFN inputs the float model computes on calibration
     token ids [N] (up to CALIBRATION_WINDOWS windows of min(128, context) tokens).
@@ -123,7 +130,10 @@ def quantize_lm_awq(
     pre-FFN RMSNorm's output, so gate_up's input channels get AWQ scales too
     (awq.search_input_scales), folded as norm weight / s and router, gate_up and shared-expert
     gate columns * s (awq.fold_input_scales): powers of two, so the float model and every
-    expert choice stay exactly as they were. `linears`' projections: round to nearest."""
+    expert choice stay exactly as they were. `linears`' projections: round to nearest.
+
+    work: where each block's finished search is kept and, when a killed run left it, taken
+    from (convert/resume.py; the caller keys it by the model, the calibration and quant)."""
     from ..console import Progress
     from . import awq
 
@@ -138,14 +148,51 @@ def quantize_lm_awq(
     bar = Progress(sum(1 + 2 * awq.group_count(model.layers[i].mlp) for i in blocks), "awq search", enabled=progress)
     ffns, scales, plans = {}, {}, {}
     for i in blocks:
-        scales[i] = awq.search_input_scales(model.layers[i].mlp, quant, inputs[i])
+        scales[i] = _piece(
+            work,
+            f"block{i}-input-scales",
+            functools.partial(awq.search_input_scales, model.layers[i].mlp, quant, inputs[i]),
+            lambda s: ({"s": s}, None),
+            lambda tensors, _: tensors["s"],
+        )
         bar.update(f"block {i}: gate_up input scales")
     folded = fold_ffn_input_scales(model, scales)
     for i in blocks:
+        ffn = folded.layers[i].mlp
         x = inputs[i] / scales[i].to(inputs[i].dtype)  # what the folded block's FFN sees, exactly
-        ffns[i], plans[i] = awq.quantize_awq(folded.layers[i].mlp, quant, x, bar)
+        searched = bar.done
+        plans[i] = _piece(work, f"block{i}-plan", functools.partial(awq.search, ffn, quant, x, bar), *_PLAN_FORM)
+        if bar.done == searched:  # taken from the work folder: no search step was counted
+            bar.update(f"block {i}: from the work folder", step=2 * awq.group_count(ffn))
+        ffns[i] = awq.fold(ffn, plans[i]).quantized(quant, clip=plans[i].clip)  # awq.quantize_awq's last step
     model = folded.quantized(quant, ffns, linears=linears)
     return LMAwq(model, folded, scales, plans, sum(w.numel() for w in windows))
+
+
+def _piece(
+    work: WorkCache | None,
+    key: str,
+    compute: Callable[[], Any],
+    pack: Callable[[Any], tuple[dict[str, torch.Tensor], Any]],
+    unpack: Callable[[dict[str, torch.Tensor], Any], Any],
+) -> Any:
+    return compute() if work is None else work.piece(key, compute, pack, unpack)
+
+
+def _pack_plan(plan: AwqPlan) -> tuple[dict[str, torch.Tensor], dict]:
+    tensors = {f"scales.{n}": t for n, t in plan.channel_scales.items()}
+    tensors.update({f"clip.{n}": t for n, t in plan.clip.items()})
+    return tensors, {"uncalibrated": plan.uncalibrated, "groups": plan.groups}
+
+
+def _unpack_plan(tensors: dict[str, torch.Tensor], meta: dict) -> AwqPlan:
+    def part(prefix: str) -> dict[str, torch.Tensor]:
+        return {n.removeprefix(prefix): t for n, t in tensors.items() if n.startswith(prefix)}
+
+    return AwqPlan(part("scales."), part("clip."), meta["uncalibrated"], meta["groups"])
+
+
+_PLAN_FORM = (_pack_plan, _unpack_plan)
 
 
 def held_out_loss(model: DeaMoELM, tokenizer: Tokenizer) -> float | None:
