@@ -5,12 +5,12 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 # torch is pinned to the release this project is tested with; the package itself accepts a range.
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" -e '.[test]'
-# tritonserver for the serving tests (deamoe_trt/serving/server.py). Only the binary and Python
+# tritonserver for the serving tests (deamoe_trt/integrations/triton/server.py). Only the binary and Python
 # backend inside the nvidia-pytriton wheel are used, so it goes in without its dependencies (its
 # Python API pins numpy<2); the server's Python runs in .venv/triton-python with numpy 1.x.
 # Where either step fails, the serving tests skip and say why.
 if .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "nvidia-pytriton==0.7.0"; then
-    .venv/bin/python -m deamoe_trt.serving.server --setup-python-env ||
+    .venv/bin/python -m deamoe_trt.integrations.triton.server --setup-python-env ||
         echo "setup.sh: tritonserver's Python environment could not be made; the serving tests will skip" >&2
 else
     echo "setup.sh: the nvidia-pytriton wheel did not install; the serving tests will skip" >&2

@@ -9,12 +9,12 @@ deferred and type-only ones included). The areas:
 - lm/: the language model itself. It imports the core and nothing else.
 - cpu/, cuda/: the kernels' bindings. They import the core, lm/ and each other, no stage.
 - cli/: the commands. Nothing but cli/ imports it.
-- integrations/: one subpackage per outside engine (vllm, ...). They import the core, lm/,
+- integrations/: one subpackage per outside engine (vllm, triton, ...). They import the core, lm/,
   the kernels and the stages; no stage imports them (only cli/ and the entry points do), so a
   piece a stage and an integration share lives in the stage. A stage may still name an
   integration's object lazily by a "module:attr" string (not an import).
 - every other package is a stage (importers, train, convert, quantize, export, validation,
-  trt, runtimes, serving, bench, checks, and any new one).
+  trt, runtimes, bench, checks, and any new one).
 
 The package's own __init__ (the public names, re-exported from the core, with `from_hf`
 importing the importers when called) and __main__ (which runs cli/) are entry points, not

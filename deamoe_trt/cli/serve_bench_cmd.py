@@ -49,10 +49,10 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import sys
 
-    from ..bench.serve_load import fault_table, load_table, run_bench
     from ..errors import MissingDependencyError
+    from ..integrations.triton.bench import fault_table, load_table, run_bench
+    from ..integrations.triton.server import unavailable
     from ..lm.shipped import read_prompts
-    from ..serving.server import unavailable
 
     prompts = read_prompts(args.prompts)  # bad input is reported before anything starts
     reason = unavailable()

@@ -67,7 +67,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from ..errors import MissingDependencyError, UsageError
-    from ..serving import repo as triton
+    from ..integrations.triton import repo as triton
 
     if not (args.engine or args.ort or args.lm):
         raise UsageError("nothing to write: give --engine (with --engine-onnx), --ort and/or --lm")

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..console import format_table
-from ..errors import DeaMoEError, MissingDependencyError
-from ..lm.shipped import read_prompts
+from ...console import format_table
+from ...errors import DeaMoEError, MissingDependencyError
+from ...lm.shipped import read_prompts
 
 MODEL = "tiny_lm"
 
@@ -277,17 +277,17 @@ def expected_outputs(
     checkpoint: Path, prompts: list[str], max_tokens: int, runtime: str = "ort"
 ) -> dict[str, list[int]]:
     """Each prompt decoded alone, greedy, in this process on the service's runtime: what the server must return."""
-    from ..lm.checkpoint import load_lm
-    from ..runtimes.decode import generate
-    from ..runtimes.torch import TorchDecoder
+    from ...lm.checkpoint import load_lm
+    from ...runtimes.decode import generate
+    from ...runtimes.torch import TorchDecoder
 
     loaded = load_lm(checkpoint)
     if runtime == "ort":
-        from ..runtimes.onnxruntime import OrtDecoder
+        from ...runtimes.onnxruntime import OrtDecoder
 
         decoder = OrtDecoder.from_model(loaded.model, threads=1)
     elif runtime == "cpu":
-        from .. import runtimes
+        from ... import runtimes
 
         decoder = runtimes.get("cpu").decoder(loaded.model, threads=1)
     else:
@@ -547,9 +547,9 @@ def run_bench(
     to PROMPTS; they rotate over the requests."""
     import tempfile
 
-    from ..lm.checkpoint import load_lm
-    from ..serving.repo import write_lm_model
-    from ..serving.server import TritonServer
+    from ...lm.checkpoint import load_lm
+    from .repo import write_lm_model
+    from .server import TritonServer
 
     checkpoint = Path(checkpoint)
     max_context = load_lm(checkpoint).model.config.max_position_embeddings

@@ -3,17 +3,17 @@
 One server for the module's client tests; serve-bench starts its own. The load-and-fault
 test (serve-bench) is the issue's acceptance check and runs in CI (the default `pytest` run
 includes slow tests); it skips, saying why, only where the wheel or its Python environment
-is missing (see deamoe_trt/serving/server.py).
+is missing (see deamoe_trt/integrations/triton/server.py).
 """
 
 import pytest
 
-from deamoe_trt.bench import serve_load
 from deamoe_trt.cli.main import main
 from deamoe_trt.errors import DeaMoEError
+from deamoe_trt.integrations.triton import bench as serve_load
+from deamoe_trt.integrations.triton.repo import write_lm_model
+from deamoe_trt.integrations.triton.server import TritonServer, unavailable
 from deamoe_trt.lm.shipped import TINY_LM
-from deamoe_trt.serving.repo import write_lm_model
-from deamoe_trt.serving.server import TritonServer, unavailable
 
 REASON = unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=f"no tritonserver here: {REASON}")]

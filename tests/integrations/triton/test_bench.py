@@ -1,11 +1,11 @@
 """serve-bench's inputs: the shipped prompts by default, a prompts file otherwise, bad files refused
-before any server starts (the load and fault run itself is tests/serving/test_server.py)."""
+before any server starts (the load and fault run itself is tests/integrations/triton/test_server.py)."""
 
 import pytest
 
-from deamoe_trt.bench import serve_load
 from deamoe_trt.cli.main import main
 from deamoe_trt.errors import UsageError
+from deamoe_trt.integrations.triton import bench as serve_load
 from deamoe_trt.lm.checkpoint import read_lm_header
 from deamoe_trt.lm.shipped import PROMPTS_FILE, TINY_LM, read_prompts
 

@@ -7,13 +7,7 @@ import pytest
 
 from deamoe_trt import runtimes
 from deamoe_trt.errors import UsageError
-from deamoe_trt.lm import load_lm
-from deamoe_trt.lm.shipped import TINY_LM
-from deamoe_trt.runtimes.base import DecoderPool, SerialBatchDecoder
-from deamoe_trt.runtimes.decode import Sampling, generate, pick
-from deamoe_trt.runtimes.onnxruntime import OrtDecoder
-from deamoe_trt.runtimes.torch import TorchDecoder
-from deamoe_trt.serving.scheduler import (
+from deamoe_trt.integrations.triton.scheduler import (
     CANCELLED,
     CONTEXT,
     LENGTH,
@@ -24,6 +18,12 @@ from deamoe_trt.serving.scheduler import (
     next_token,
     nucleus,
 )
+from deamoe_trt.lm import load_lm
+from deamoe_trt.lm.shipped import TINY_LM
+from deamoe_trt.runtimes.base import DecoderPool, SerialBatchDecoder
+from deamoe_trt.runtimes.decode import Sampling, generate, pick
+from deamoe_trt.runtimes.onnxruntime import OrtDecoder
+from deamoe_trt.runtimes.torch import TorchDecoder
 
 PROMPTS = ["Anne was", "Captain Wentworth said", "Mary", "It was a fine morning, and"]
 

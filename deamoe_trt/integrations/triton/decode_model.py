@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from ..errors import UsageError
+from ...errors import UsageError
 from .scheduler import CANCELLED, ERROR, GenerationParams, Sequence, StepScheduler
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -103,7 +103,7 @@ class TritonPythonModel:
     def initialize(self, args) -> None:
         import torch
 
-        from ..lm.checkpoint import load_lm
+        from ...lm.checkpoint import load_lm
 
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
@@ -200,7 +200,7 @@ def _emitter(sender, stream: bool):
 
 def _batch_decoder(runtime: str, model, threads: int, max_active: int, version_dir: Path, params: dict):
     """The runtime's batch decoder for up to max_active sequences over one copy of the weights."""
-    from .. import runtimes
+    from ... import runtimes
     from .repo import LM_RUNTIMES
 
     if runtime not in LM_RUNTIMES:

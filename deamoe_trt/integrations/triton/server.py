@@ -39,8 +39,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..checkout import import_root
-from ..errors import DeaMoEError, MissingDependencyError
+from ...checkout import import_root
+from ...errors import DeaMoEError, MissingDependencyError
 
 INSTALL_HINT = "scripts/setup.sh installs it: pip install --no-deps nvidia-pytriton"
 PYTHON_ENV_VAR = "DEAMOE_TRITON_PYTHON_ENV"  # the server's venv, if not <this venv>/triton-python
@@ -91,7 +91,7 @@ def server_python_env() -> Path:
     if not (folder / "bin" / "python3").exists() or not numpy_dirs:
         raise MissingDependencyError(
             f"tritonserver's Python backend needs numpy 1.x and its own venv at {folder}, which is missing: "
-            f"make it with `python -m deamoe_trt.serving.server --setup-python-env` (scripts/setup.sh does)"
+            f"make it with `python -m deamoe_trt.integrations.triton.server --setup-python-env` (scripts/setup.sh does)"
         )
     return folder
 

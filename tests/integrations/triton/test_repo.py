@@ -8,10 +8,10 @@ import pytest
 from deamoe_trt.cli.main import main
 from deamoe_trt.errors import UsageError
 from deamoe_trt.export import build_model, save_model
+from deamoe_trt.integrations.triton import repo as triton
 from deamoe_trt.layer import DeaMoEStack
 from deamoe_trt.lm.shipped import TINY_LM
 from deamoe_trt.presets import get_preset
-from deamoe_trt.serving import repo as triton
 
 pytest.importorskip("tritonclient.grpc", reason="tritonclient (the test extra) holds Triton's model config schema")
 from google.protobuf import text_format
@@ -93,7 +93,7 @@ def test_cli_writes_all_three_models_and_they_parse_against_triton_schema(export
         TINY_LM / "model.safetensors"
     ).read_bytes()
     assert (
-        "from deamoe_trt.serving.decode_model import TritonPythonModel"
+        "from deamoe_trt.integrations.triton.decode_model import TritonPythonModel"
         in (out / "tiny_lm" / "1" / "model.py").read_text()
     )
     assert sorted(p.name for p in out.iterdir()) == [

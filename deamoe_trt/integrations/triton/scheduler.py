@@ -32,9 +32,9 @@ from typing import cast
 
 import numpy as np
 
-from ..errors import UsageError
-from ..runtimes.base import BatchDecoder
-from ..runtimes.decode import Sampling, check_prompt, pick
+from ...errors import UsageError
+from ...runtimes.base import BatchDecoder
+from ...runtimes.decode import Sampling, check_prompt, pick
 
 # Finish reasons, as OpenAI-style front ends name them.
 LENGTH, STOP, CONTEXT, CANCELLED, ERROR = "length", "stop", "context", "cancelled", "error"

@@ -28,11 +28,11 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
-from .._io import atomic_write_text, temporary_folder
-from ..errors import MissingDependencyError, UsageError
-from ..export.metadata import PREFIX, load_model
-from ..export.save import data_path
-from ..validation.plugin_op import has_plugin_nodes
+from ..._io import atomic_write_text, temporary_folder
+from ...errors import MissingDependencyError, UsageError
+from ...export.metadata import PREFIX, load_model
+from ...export.save import data_path
+from ...validation.plugin_op import has_plugin_nodes
 
 TRITON_TYPES: dict[int, str] = {
     TensorProto.FLOAT: "TYPE_FP32",
@@ -318,7 +318,7 @@ import sys
 # deamoe_trt comes from the server's Python environment; a launcher may put a checkout first.
 sys.path[:0] = [p for p in os.environ.get("DEAMOE_TRITON_SYS_PATH", "").split(os.pathsep) if p]
 
-from deamoe_trt.serving.decode_model import TritonPythonModel  # noqa: E402
+from deamoe_trt.integrations.triton.decode_model import TritonPythonModel  # noqa: E402
 
 __all__ = ["TritonPythonModel"]
 '''
@@ -336,7 +336,7 @@ def write_lm_model(
     engine: Path | None = None,
     plugin: str | None = None,
 ) -> Path:
-    from ..lm.checkpoint import load_lm
+    from ...lm.checkpoint import load_lm
 
     checkpoint = Path(checkpoint)
     load_lm(checkpoint)  # a checkpoint that would fail in the server fails here, with its own message
