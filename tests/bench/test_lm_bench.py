@@ -235,3 +235,40 @@ def test_bench_lm_sequences_on_cuda_without_a_gpu_exits_2_in_one_line(capsys):
     assert main(["bench-lm", "--sequences", "1,4,16", "--runtimes", "cuda"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--runtimes cuda needs a CUDA GPU" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "--lm", "--preset", "tiny"], "--preset does not apply to bench of a language model"),
+        (["bench-lm", "--quick"], "--quick does not apply to bench of a language model"),
+        (["bench", "--departments", "2"], "--departments does not apply to bench of a layer"),
+        (["bench", "--quick", "--sequences", "1,4"], "--sequences does not apply to bench of a layer"),
+        (["bench", "--lm", "--layers", "auto"], "--layers is a count of decoder blocks >= 1 with --lm"),
+    ],
+)
+def test_bench_refuses_a_flag_of_the_other_form_in_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_bench_lm_is_an_alias_of_bench_with_lm(capsys):
+    assert main(["bench", "--lm", "--runtimes", "cpu,trt"]) == 2
+    assert "--runtimes takes a comma-separated list of cpu, cpu-native, ort" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "alias of bench --lm, kept for one release" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.slow
+def test_bench_lm_flags_reach_the_benchmark(tmp_path):
+    import json
+
+    out = tmp_path / "r.json"
+    argv = ["--layers", "1", "--departments", "2", "--steps", "3", "--threads", "1", "--runtimes", "cpu"]
+    assert main(["bench", "--lm", *argv, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert (result["config"]["num_layers"], result["threads"], result["steps"]) == (1, 1, 3)
+    assert result["config"]["moe"]["num_departments"] == 2
+    assert {r["runtime"] for r in result["rows"]} == {"cpu"}

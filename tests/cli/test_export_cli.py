@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -283,3 +284,45 @@ def test_real_console_entry_prints_one_stderr_line(checkpoints, tmp_path):
     assert result.stderr.strip().splitlines() == [
         f"deamoe-trt validate: error: no model file at {tmp_path / 'none.onnx'}"
     ]
+
+
+def test_export_takes_a_language_model_and_export_lm_stays_its_alias(micro_checkpoint, tmp_path, capsys):
+    from deamoe_trt.export.lm import export_lm, lm_export_info
+    from deamoe_trt.lm import load_lm
+
+    loaded = load_lm(micro_checkpoint)
+    expected = load_model(export_lm(loaded.model, tmp_path / "lib.onnx", "onnx", tokenizer=loaded.tokenizer))
+    for command in ("export", "export-lm"):
+        code, out, err = cli(capsys, command, micro_checkpoint, "-o", tmp_path / f"{command}.onnx", "--form", "onnx")
+        assert (code, err) == (0, [])
+        assert "(deamoe, onnx form, fp32," in out
+        model = load_model(tmp_path / f"{command}.onnx")
+        assert lm_export_info(model).form == "onnx"
+        assert model.graph.SerializeToString() == expected.graph.SerializeToString()
+
+
+@pytest.mark.parametrize(
+    ("which", "flags", "message"),
+    [
+        ("lm", ("--layers", "0"), "--layers does not apply to .*, a language model"),
+        ("lm", ("--max-tokens", "8"), "--max-tokens does not apply to .*, a language model"),
+        ("lm", ("--recipe", RECIPES / "tiny-ort.toml"), "--recipe does not apply"),
+        ("layer", ("--form", "ort", "--twin", "expanded"), "--twin does not apply to .*, a stack of layers"),
+        ("layer", ("--form", "ort", "--target", "genai"), "--target does not apply to .*, a stack of layers"),
+    ],
+)
+def test_export_refuses_a_flag_the_checkpoint_does_not_take_in_one_line(
+    which, flags, message, micro_checkpoint, checkpoints, tmp_path, capsys
+):
+    source = micro_checkpoint if which == "lm" else checkpoints / "tiny2"
+    code, _out, err = cli(capsys, "export", source, "-o", tmp_path / "m.onnx", *flags)
+    assert code == 2 and len(err) == 1, err
+    assert re.search(message, err[0]), err[0]
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_export_lm_help_names_it_an_alias(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "alias of export, kept for one release" in " ".join(out.split())
