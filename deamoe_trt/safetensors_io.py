@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
+from io import FileIO
 from pathlib import Path
 from typing import BinaryIO
 
@@ -136,7 +137,7 @@ class ShardReader:
 
     def __init__(self, index: dict[str, TensorInfo]):
         self.index = index
-        self._open: dict[Path, BinaryIO] = {}
+        self._open: dict[Path, FileIO] = {}
 
     def get(self, name: str) -> torch.Tensor:
         info = self.index[name]

@@ -28,7 +28,7 @@ class Runner:
         self.options, self.threads, self.log = options, threads, log
         self.base_cooldown_s = options.gap_ms / 1e3
         self.warmer = Pool(threads, spin_us=0, wake_spin_us=0) if self.base_cooldown_s > 0 else None
-        self.probe = bw.RoofProbe(options.probe_bytes, threads)
+        self.probe: bw.RoofProbe | None = bw.RoofProbe(options.probe_bytes, threads)  # None once closed
 
     def cooldown(self, seconds: float) -> None:
         """Idle, so that spinning threads of the last runtime finish their spin undisturbed and
@@ -51,7 +51,9 @@ def time_all(contenders, inputs, warmup, steps, runner: Runner, label) -> tuple[
     """Timings per token count and contender, and the roof: the probe's median read rate
     over every timed step of this section, measured interleaved with the contenders."""
     results, rates = {}, []
-    options = runner.options
+    options, probe = runner.options, runner.probe
+    if probe is None:
+        raise RuntimeError("time_all on a closed Runner")
     for tokens, xs in inputs.items():
         prepared = {c.name: [c.prepare(x) for x in xs] for c in contenders}
         progress = Progress(warmup + steps, f"{label} T={tokens}", enabled=options.progress)
@@ -68,7 +70,7 @@ def time_all(contenders, inputs, warmup, steps, runner: Runner, label) -> tuple[
             warmup,
             steps,
             cooldown=runner.cooldown,
-            probe=runner.probe,
+            probe=probe,
             probe_cooldown_s=runner.base_cooldown_s,
             on_step=on_step,
         )
@@ -78,8 +80,8 @@ def time_all(contenders, inputs, warmup, steps, runner: Runner, label) -> tuple[
         "bytes_per_s": statistics.median(rates),
         "p10_bytes_per_s": percentile(rates, 10),
         "p90_bytes_per_s": percentile(rates, 90),
-        "method": runner.probe.method,
-        "probe_bytes": runner.probe.nbytes,
+        "method": probe.method,
+        "probe_bytes": probe.nbytes,
         "probes_bytes_per_s": rates,
     }
     return results, roof

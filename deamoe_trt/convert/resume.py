@@ -146,10 +146,9 @@ def unpack_module(description: dict, prefix: str, tensors: dict[str, torch.Tenso
 
     config = DeaMoEConfig.from_dict(description["config"])
     if description["kind"] == "low-rank delta":
-        module: torch.nn.Module = LowRankDeltaLayer(
-            config, description["rank"], dtype=source.dtype, router_dtype=source.router_dtype
-        )
-        module.shared_experts = copy.deepcopy(source.shared_experts)
+        delta = LowRankDeltaLayer(config, description["rank"], dtype=source.dtype, router_dtype=source.router_dtype)
+        delta.shared_experts = copy.deepcopy(source.shared_experts)
+        module: torch.nn.Module = delta
     else:
         module = DeaMoELayer(config, dtype=source.dtype, router_dtype=source.router_dtype)
     state = {n[len(prefix) :]: t for n, t in tensors.items() if n.startswith(prefix)}

@@ -144,8 +144,11 @@ class CpuDeaMoE:
                 self.shared_gate[: self.d] = shared.gate.detach().float().reshape(-1)
             logit_bias = layer.router.logit_bias
             self.logit_bias = logit_bias.detach().float().contiguous() if logit_bias is not None else None
-            parts = {"departments": (layer.departments, c.num_departments), "experts": (layer.experts, c.num_experts)}
-            parts["shared"] = (shared, 1)
+            parts: dict[str, tuple[torch.nn.Module | None, int]] = {
+                "departments": (layer.departments, c.num_departments),
+                "experts": (layer.experts, c.num_experts),
+                "shared": (shared, 1),
+            }
             self.biases = {
                 name: self._pack_biases(part, count)
                 for name, (part, count) in parts.items()

@@ -31,7 +31,12 @@ DEPARTMENT_SCORES = {name: code for code, name in enumerate(contract.ENUMS["depa
 ACTIVATIONS = {name: code for code, name in enumerate(contract.ENUMS["activation"])}
 
 # Every LayerParams member is 4 bytes: int32 (enums included), or a float for the float attributes.
-_CTYPES = {"int": ctypes.c_int32, "bool": ctypes.c_int32, "str": ctypes.c_int32, "float": ctypes.c_float}
+_CTYPES: dict[str, type[ctypes.c_int32 | ctypes.c_float]] = {
+    "int": ctypes.c_int32,
+    "bool": ctypes.c_int32,
+    "str": ctypes.c_int32,
+    "float": ctypes.c_float,
+}
 
 
 class LayerParams(ctypes.Structure):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import onnx
 
 from .. import __version__
-from ..config import DeaMoEConfig
 from ..errors import UsageError
 from ..layer import DeaMoELayer, DeaMoEStack
 from .dtypes import get_dtype
@@ -37,8 +37,9 @@ def build_model(
     """
     check_form(form)
     export_dtype = get_dtype(dtype, form)
+    layers: list[DeaMoELayer]
     if isinstance(module, DeaMoEStack):
-        kind, layers = "stack", list(module.layers)
+        kind, layers = "stack", [cast(DeaMoELayer, layer) for layer in module.layers]  # a ModuleList's items
     elif isinstance(module, DeaMoELayer):
         kind, layers = "layer", [module]
     else:
@@ -50,7 +51,7 @@ def build_model(
         raise UsageError(f"layer_indices must be {len(layers)} distinct indices >= 0, got {list(indices)}")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise UsageError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-    config: DeaMoEConfig = layers[0].config
+    config = layers[0].config
     hidden = config.hidden_size
 
     b = GraphBuilder(opset, export_dtype)

@@ -107,9 +107,10 @@ def model_facts(path: str | Path) -> ModelFacts:
     if not path.is_file():
         raise UsageError(f"no model file at {path}")
     meta = read_metadata(path)
-    max_tokens = meta.get(_PREFIX + "max_tokens")
+    text = meta.get(_PREFIX + "max_tokens")
+    max_tokens: int | None
     try:
-        max_tokens = int(max_tokens) if max_tokens else None
+        max_tokens = int(text) if text else None
     except ValueError:
         max_tokens = None
     return ModelFacts(

@@ -169,7 +169,7 @@ def layer_from_hf(module: torch.nn.Module, *, dtype: torch.dtype | None = None):
 
     router, experts = module.router, module.experts
     name = type(module).__name__
-    gate_up = experts.gate_up_proj
+    gate_up = cast(torch.Tensor, experts.gate_up_proj)  # a Parameter, typed Tensor | Module by nn.Module
     if not gate_up.is_floating_point():
         raise UsageError(f"{name} holds packed MXFP4 experts; import the whole model (import-hf without --layers-only)")
     n, d = cast(torch.Tensor, router.weight).shape

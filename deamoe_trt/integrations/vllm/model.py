@@ -35,8 +35,14 @@ from vllm.distributed import (
     tensor_model_parallel_all_gather,
 )
 from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.attention.mla_attention import MLAAttention
 from vllm.model_executor.layers.fused_moe import FusedMoEFactory
-from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.platforms import current_platform
@@ -46,10 +52,12 @@ from ...layer import DeaMoELayer, Router, SharedExperts
 from ...lm.attention import RMSNorm, apply_rope
 from ...lm.checkpoint import expected_tensors
 from ...lm.config import LMConfig
+from ...lm.mla import LATENT_NORM_EPS
 from ...lm.model import DeaMoELM, DenseMLP, rope_tables
 from ...lm.qlinear import QuantizedLinear
 from ...routing import route_logits, router_logits
-from .compressed import checkpoint_state
+from .checks import check_mla_backend, check_quantized_platform, platform_name_and_amx
+from .compressed import checkpoint_state, is_served_group
 from .ffn_op import ffn_choice, register_layer
 from .grouping import department_slots, department_slots_per_token, expert_slots
 
@@ -132,6 +140,78 @@ class DeaMoEAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = self.attn(q.reshape(tokens, -1), k.reshape(tokens, -1), v.contiguous())
+        return self.o_proj(out)[0]
+
+
+class DeaMoELatentAttention(nn.Module):
+    """deamoe_trt.lm.mla.LatentAttention's projections, latent norms and rotary (deamoe-trt's
+    own) around vLLM's MLA attention: its latent cache (c_kv and the rotated k_pe, one
+    576-value entry per token at DeepSeek's shapes) and the platform's MLA backend, which
+    absorbs kv_b_proj into the queries and outputs as deamoe_trt.lm.mla does."""
+
+    def __init__(self, config: LMConfig, vllm_config: VllmConfig, prefix: str):
+        super().__init__()
+        c = self.config = config
+        quant = vllm_config.quant_config
+        tp = get_tensor_model_parallel_world_size()
+        self.num_heads = config.num_heads // tp
+        qk = c.qk_nope_head_dim + c.qk_rope_head_dim
+        if c.q_lora_rank:
+            self.q_a_proj = ReplicatedLinear(
+                c.hidden_size, c.q_lora_rank, bias=False, quant_config=quant, prefix=f"{prefix}.q_a_proj"
+            )
+            self.q_a_layernorm = RMSNorm(c.q_lora_rank, LATENT_NORM_EPS)
+            self.q_b_proj = ColumnParallelLinear(
+                c.q_lora_rank, c.num_heads * qk, bias=False, quant_config=quant, prefix=f"{prefix}.q_b_proj"
+            )
+        else:
+            self.q_proj = ColumnParallelLinear(
+                c.hidden_size, c.num_heads * qk, bias=False, quant_config=quant, prefix=f"{prefix}.q_proj"
+            )
+        self.kv_a_proj_with_mqa = ReplicatedLinear(
+            c.hidden_size,
+            c.kv_lora_rank + c.qk_rope_head_dim,
+            bias=False,
+            quant_config=quant,
+            prefix=f"{prefix}.kv_a_proj_with_mqa",
+        )
+        self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, LATENT_NORM_EPS)
+        self.kv_b_proj = ColumnParallelLinear(
+            c.kv_lora_rank,
+            c.num_heads * (c.qk_nope_head_dim + c.v_head_dim),
+            bias=False,
+            quant_config=quant,
+            prefix=f"{prefix}.kv_b_proj",
+        )
+        self.o_proj = RowParallelLinear(
+            c.num_heads * c.v_head_dim, c.hidden_size, bias=False, quant_config=quant, prefix=f"{prefix}.o_proj"
+        )
+        self.mla_attn = MLAAttention(
+            num_heads=self.num_heads,
+            scale=c.attention_multiplier or qk**-0.5,
+            qk_nope_head_dim=c.qk_nope_head_dim,
+            qk_rope_head_dim=c.qk_rope_head_dim,
+            v_head_dim=c.v_head_dim,
+            q_lora_rank=c.q_lora_rank or None,
+            kv_lora_rank=c.kv_lora_rank,
+            kv_b_proj=self.kv_b_proj,
+            cache_config=vllm_config.cache_config,
+            quant_config=quant,
+            prefix=f"{prefix}.attn",
+        )
+        check_mla_backend(self.mla_attn.attn_backend, torch.get_default_dtype())
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        c, tokens = self.config, x.shape[0]
+        if c.q_lora_rank:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)[0]))[0]
+        else:
+            q = self.q_proj(x)[0]
+        q_nope, q_pe = q.view(tokens, self.num_heads, -1).split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
+        latent, k_pe = self.kv_a_proj_with_mqa(x)[0].split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
+        q = torch.cat((q_nope, apply_rope(q_pe, cos, sin)), dim=-1)
+        k_pe = apply_rope(k_pe.unsqueeze(1), cos, sin)
+        out = self.mla_attn(q, self.kv_a_layernorm(latent), k_pe, output_shape=(tokens, self.num_heads * c.v_head_dim))
         return self.o_proj(out)[0]
 
 
@@ -222,7 +302,12 @@ class KernelFFN(DeaMoELayer):
 
     def __init__(self, config: LMConfig):
         dtype = torch.get_default_dtype()
-        super().__init__(config.moe, dtype=dtype, router_dtype=torch.float32 if config.float32_router else dtype)
+        super().__init__(
+            config.moe,
+            dtype=dtype,
+            router_dtype=torch.float32 if config.float32_router else dtype,
+            quant=config.quantization,
+        )
         self._handle: int | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
@@ -235,9 +320,9 @@ class KernelFFN(DeaMoELayer):
 
 def moe_ffn(config: LMConfig, vllm_config: VllmConfig, prefix: str) -> nn.Module:
     """The DeaMoE FFN the measured choice (ffn_op.ffn_choice) names for this platform and model."""
-    choice = ffn_choice(
-        cpu=current_platform.is_cpu(), dtype=torch.get_default_dtype(), quantized=config.quantization is not None
-    )
+    dtype = torch.get_default_dtype()
+    choice = ffn_choice(cpu=current_platform.is_cpu(), dtype=dtype, quantized=config.quantization is not None)
+    check_quantized_platform(config, *platform_name_and_amx(), dtype=dtype)  # the engine's dtype, known here
     return KernelFFN(config) if choice == "cpu-kernel" else DeaMoEFFN(config, vllm_config, prefix)
 
 
@@ -245,7 +330,11 @@ class DeaMoEBlock(nn.Module):
     def __init__(self, config: LMConfig, layer: int, vllm_config: VllmConfig, prefix: str):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = DeaMoEAttention(config, layer, vllm_config, f"{prefix}.self_attn")
+        self.self_attn: nn.Module = (
+            DeaMoELatentAttention(config, vllm_config, f"{prefix}.self_attn")
+            if config.is_mla
+            else DeaMoEAttention(config, layer, vllm_config, f"{prefix}.self_attn")
+        )
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp: nn.Module = (
             dense_mlp(config) if config.is_dense(layer) else moe_ffn(config, vllm_config, f"{prefix}.mlp")
@@ -309,6 +398,11 @@ class DeaMoEForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         tensors = dict(weights)
+        if any(isinstance(block.mlp, KernelFFN) for block in self.layers):
+            # Kernel FFNs hold the checkpoint's own tensors: compressed-tensors' groups go back to them.
+            groups = {name: t for name, t in tensors.items() if is_served_group(name)}
+            tensors = {name: t for name, t in tensors.items() if name not in groups}
+            tensors.update(checkpoint_state(groups, self.lm))
         embedding = tensors.get("embed_tokens.weight")
         stored = embedding.dtype if embedding is not None else torch.float32
         skeleton = DeaMoELM(self.lm, dtype=stored, device="meta")
@@ -330,9 +424,10 @@ class DeaMoEForCausalLM(nn.Module):
 
         for name, tensor in tensors.items():
             parts = name.split(".")
-            if ".self_attn." in name and parts[3] in ("q_proj", "k_proj", "v_proj"):
+            if ".self_attn." in name and parts[3] in ("q_proj", "k_proj", "v_proj") and not self.lm.is_mla:
                 target = ".".join([*parts[:3], "qkv_proj", parts[4]])
-                params[target].weight_loader(params[target], tensor.to(params[target].dtype), parts[3][0])
+                qkv = params[target]
+                qkv.weight_loader(qkv, tensor.to(qkv.dtype), parts[3][0])  # type: ignore[attr-defined]  # vLLM sets it
                 loaded.add(target)
             elif len(parts) > 4 and parts[2] == "mlp" and parts[4].isdigit():  # compressed-tensors group
                 self._load_compressed_group(name, tensor, params, loaded)
