@@ -277,21 +277,12 @@ def expected_outputs(
     checkpoint: Path, prompts: list[str], max_tokens: int, runtime: str = "ort"
 ) -> dict[str, list[int]]:
     """Each prompt decoded alone, greedy, in this process on the service's runtime: what the server must return."""
+    from ... import runtimes
     from ...lm.checkpoint import load_lm
     from ...runtimes.decode import generate
-    from ...runtimes.torch import TorchDecoder
 
     loaded = load_lm(checkpoint)
-    if runtime == "ort":
-        from ...runtimes.onnxruntime import OrtDecoder
-
-        decoder = OrtDecoder.from_model(loaded.model, threads=1)
-    elif runtime == "cpu":
-        from ... import runtimes
-
-        decoder = runtimes.get("cpu").decoder(loaded.model, threads=1)
-    else:
-        decoder = TorchDecoder(loaded.model)
+    decoder = runtimes.get(runtime).decoder(loaded.model, threads=1)
     return {p: generate(decoder, loaded.tokenizer.encode(p), max_tokens).new_ids for p in dict.fromkeys(prompts)}
 
 
