@@ -148,9 +148,10 @@ def _run(args) -> int:
     from ..convert.run import SWEEP, convert_model
     from ..convert.sources import HELDOUT_WINDOWS, lm_source, read_calibration_tensor, read_text, stack_source
     from ..errors import UsageError
-    from ..lm.checkpoint import is_lm_checkpoint
+    from ..lm.checkpoint import read
 
-    is_lm = is_lm_checkpoint(args.source)
+    found = read(args.source)
+    is_lm = found.artifact == "lm"
     ours = _check_outputs(args, is_lm)
     torch.manual_seed(args.seed)
     settings = ConvertSettings(
@@ -174,10 +175,9 @@ def _run(args) -> int:
         raise UsageError("--heal-device cuda: no CUDA device is visible")
     data = None
     if is_lm:
-        from ..lm.checkpoint import load_lm, read_lm_header
         from ..train.lm import shipped_text
 
-        header = read_lm_header(args.source)
+        header = found.header
         if args.data:
             from ..convert.data import read_tokens
 
@@ -198,7 +198,7 @@ def _run(args) -> int:
             text = read_text(args.calibration)
         if args.no_compare and not args.heal_steps and not args.plot:
             return _run_blockwise(args, settings, text, data)
-        loaded = load_lm(args.source)
+        loaded = found.lm()
         for i in loaded.model.moe_layers():  # dense blocks stay as they are
             settings.check(loaded.model.layers[i].mlp.config)
         source = lm_source(
@@ -212,9 +212,7 @@ def _run(args) -> int:
     else:
         if args.data:
             raise UsageError("--data takes text for a language model; give a layer --calibration hidden_states")
-        from ..layer import DeaMoEStack
-
-        stack = DeaMoEStack.from_pretrained(args.source)
+        stack = found.stack()
         settings.check(stack.config)
         hidden = read_calibration_tensor(args.calibration, "hidden_states") if args.calibration else None
         source = stack_source(stack, hidden, seed=args.seed, tokens=args.calibration_tokens)

@@ -3,7 +3,12 @@ and bytes per step at fp32/fp16/int8/int4, and which models fit which Jetson/Tho
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import args as common
+
+if TYPE_CHECKING:
+    from ..lm.checkpoint import Checkpoint
 
 
 def register(subparsers) -> None:
@@ -30,19 +35,20 @@ def run(args) -> int:
 
     if args.checkpoint is None and not args.fit:
         raise UsageError("give a checkpoint directory, or --fit for the device memory-fit table")
-    from ..lm.checkpoint import is_lm_checkpoint
+    if args.checkpoint is not None:
+        from ..lm.checkpoint import read
 
-    if args.checkpoint is not None and is_lm_checkpoint(args.checkpoint):
-        _lm_info(args)
-    elif args.checkpoint is not None:
-        from ..layer import DeaMoEStack
-        from ..summary import bit_width_table, config_table, parameter_table, traffic_table
+        found = read(args.checkpoint)
+        if found.artifact == "lm":
+            _lm_info(found)
+        else:
+            from ..summary import bit_width_table, config_table, parameter_table, traffic_table
 
-        stack = DeaMoEStack.from_pretrained(args.checkpoint)
-        print(config_table(stack.config), end="\n\n")
-        print(parameter_table(stack), end="\n\n")
-        print(traffic_table(stack, args.tokens, samples=args.samples, seed=args.seed), end="\n\n")
-        print(bit_width_table(stack, args.tokens, samples=args.samples, seed=args.seed))
+            stack = found.stack()
+            print(config_table(stack.config), end="\n\n")
+            print(parameter_table(stack), end="\n\n")
+            print(traffic_table(stack, args.tokens, samples=args.samples, seed=args.seed), end="\n\n")
+            print(bit_width_table(stack, args.tokens, samples=args.samples, seed=args.seed))
     if args.fit:
         from ..fit import fit_table
 
@@ -52,16 +58,14 @@ def run(args) -> int:
     return 0
 
 
-def _lm_info(args) -> None:
+def _lm_info(found: Checkpoint) -> None:
     """A language model: its FFN config and what its attention caches and reads per token."""
     from ..checkpoint import DTYPES
     from ..lm.cache_report import cache_table
-    from ..lm.checkpoint import read_lm_header
     from ..summary import config_table
 
-    header = read_lm_header(args.checkpoint)
-    config = header["config"]
+    config = found.header["config"]  # an LMConfig
     attention = "multi-head latent attention" if config.is_mla else "grouped-query attention"
-    print(f"language model: {config.num_layers} blocks, d={config.hidden_size}, {attention}, {header['dtype']}")
+    print(f"language model: {config.num_layers} blocks, d={config.hidden_size}, {attention}, {found.dtype}")
     print(config_table(config.moe), end="\n\n")
-    print(cache_table(config, DTYPES[header["dtype"]].itemsize))
+    print(cache_table(config, DTYPES[found.dtype].itemsize))

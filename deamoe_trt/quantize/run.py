@@ -65,7 +65,7 @@ def quantize_checkpoint(
     from ..checkpoint import FORMAT
     from ..convert.blockwise import work_dir
     from ..lm.checkpoint import FORMAT as LM_FORMAT
-    from ..lm.checkpoint import is_lm_checkpoint
+    from ..lm.checkpoint import read
 
     check_not_input(output, [checkpoint])  # it is read while the output is written
     if quant.method == "rtn" and calibration:
@@ -73,7 +73,7 @@ def quantize_checkpoint(
     if not compare and quant.method != "rtn":
         raise UsageError(f"--no-compare is for --method rtn; --method {quant.method} prints its own error tables")
     parts = _linears(linears)
-    lm = is_lm_checkpoint(checkpoint)
+    lm = read(checkpoint).artifact == "lm"
     # The output is written whole beside its place and then takes it: an interrupted run leaves
     # nothing, and no file of an older output stays. Only a checkpoint of the same kind is replaced.
     ours = json_format_is(LM_FORMAT if lm else FORMAT)

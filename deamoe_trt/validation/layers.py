@@ -18,7 +18,6 @@ import onnx
 import torch
 from onnx import external_data_helper, numpy_helper
 
-from ..checkpoint import read_header
 from ..errors import UsageError
 from ..export.dtypes import DTYPES, ExportDtype, dtype_of_onnx, to_numpy
 from ..export.metadata import (
@@ -34,6 +33,7 @@ from ..export.metadata import (
 from ..export.plugin_node import as_float32
 from ..inputs import random_hidden
 from ..layer import DeaMoELayer, DeaMoEStack
+from ..lm.checkpoint import read
 from .compare import compare
 from .report import DEFAULT_TOKENS, DEFAULT_TOLERANCES, ValidationReport, ort_cpu_int8_tolerances, tolerances
 from .runners import ReferenceRunner, engine_runner, is_engine, onnx_runner
@@ -98,8 +98,14 @@ def validate(
 def reference_module(info: ExportInfo, checkpoint: str | Path) -> DeaMoELayer | DeaMoEStack:
     """The checkpoint's layers the model holds, as the model runs them, in the model's dtype.
 
-    Checks first that the checkpoint can be the model's: same config, and the layers exist."""
-    header = read_header(checkpoint)
+    Checks first that the checkpoint can be the model's: layers, same config, and the layers exist."""
+    found = read(checkpoint)
+    if found.artifact == "lm":
+        raise UsageError(
+            f"checkpoint {checkpoint} does not match the model: it holds a language model and the model is "
+            f"a {info.module} export (a language model's export validates against its checkpoint)"
+        )
+    header = found.header
     # As a node can say it: the plugin form carries routed_scaling_factor as float32.
     differences = as_float32(info.config).differences(as_float32(header["config"]))
     if differences:
@@ -120,7 +126,7 @@ def reference_module(info: ExportInfo, checkpoint: str | Path) -> DeaMoELayer | 
             f"checkpoint {checkpoint} does not match the model: the model holds layer(s) "
             f"{','.join(map(str, info.layers))} but the checkpoint has {header['num_layers']} layer(s)"
         )
-    stack = DeaMoEStack.from_pretrained(checkpoint)
+    stack = found.stack()
     dtype = DTYPES[info.dtype].torch
     layers = [stack.layers[i].to(dtype) for i in info.layers]
     return cast(DeaMoELayer, layers[0]) if info.module == "layer" else DeaMoEStack.from_layers(layers)

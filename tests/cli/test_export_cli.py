@@ -326,3 +326,9 @@ def test_export_lm_help_names_it_an_alias(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert "alias of export, kept for one release" in " ".join(out.split())
+
+
+def test_validate_of_a_layer_export_against_a_language_model_is_refused_in_one_line(exported, micro_checkpoint, capsys):
+    code, out, err = cli(capsys, "validate", exported, "--against", micro_checkpoint)
+    assert (code, out) == (2, "")
+    assert len(err) == 1 and "holds a language model and the model is a stack export" in err[0], err
