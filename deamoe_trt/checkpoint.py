@@ -1,4 +1,4 @@
-"""Checkpoints: a directory with config.json and model.safetensors. Never pickle.
+"""Layer and stack checkpoints: a directory with config.json and model.safetensors. Never pickle.
 
 config.json:  {"format": "deamoe-trt", "format_version": 1, "num_layers": L,
                "dtype": "float32", "router_dtype": "float32",
@@ -9,7 +9,9 @@ in a quantized checkpoint each FFN weight <name> is "<name>.qweight" (uint8 code
 "<name>.scales" (deamoe_trt.quant, docs/quantization.md).
 
 This module is the file format only (tensors, headers, checks): it never imports the layer.
-DeaMoELayer/DeaMoEStack.save_pretrained and from_pretrained (layer.py) build on it.
+DeaMoELayer/DeaMoEStack.save_pretrained and from_pretrained (layer.py) build on it; the
+language-model format (lm/checkpoint_format.py) reuses its writers and checks; a directory of
+either is read by deamoe_trt.lm.checkpoint.read, which says which artifact it holds.
 
 "dtype" is the FFN weights' dtype; "router_dtype" the router weight's, written only when it
 differs (absent: the same as "dtype"). router.bias is float32; checkpoints written before

@@ -1,7 +1,7 @@
 """`deamoe-trt import-hf`: a local Hugging Face MoE model as a deamoe-trt checkpoint.
 
 By default the whole model (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, gpt-oss) becomes a language-model
-checkpoint that `generate` and `export-lm` read: attention, norms, dense layers, embeddings
+checkpoint that `generate` and `export` read: attention, norms, dense layers, embeddings
 and head copied, each MoE block a DeaMoE layer with the same outputs, tokenizer.json kept.
 It is streamed from the safetensors shards tensor by tensor, so it needs about one tensor's
 memory, not the model's; the peak resident memory is printed.

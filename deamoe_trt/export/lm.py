@@ -115,7 +115,7 @@ def lm_export_info(model: onnx.ModelProto, where: str = "the model", directory: 
     meta = {p.key[len(PREFIX) :]: p.value for p in model.metadata_props if p.key.startswith(PREFIX)}
     if meta.get("format") != FORMAT:
         raise UsageError(
-            f"{where} is not a deamoe-trt language-model export (made with `deamoe-trt export-lm`)"
+            f"{where} is not a deamoe-trt language-model export (made with `deamoe-trt export` of a language model)"
             + (f"; its deamoe_trt.format is {meta['format']!r}" if "format" in meta else "")
         )
     if meta.get("format_version") != FORMAT_VERSION:
