@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     if reason := runtime.available():
         print(f"device_lm_check: {reason} (use --emulated for the flow on the CPU)", file=sys.stderr)
         return 2
-    runtime.load()
+    runtime.load_library()
     device = runtime.device
     config = model_config(args)
     bandwidth = copy_bandwidth(device)

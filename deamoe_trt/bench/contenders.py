@@ -26,7 +26,6 @@ from ..traffic import layer_bytes
 from .options import PRIORITY, BenchOptions
 
 MODELS = ("deamoe", "expanded", "vanilla")
-RUNTIMES = ("cpu", "ort", "torch")
 # Resident memory of an ONNX Runtime CPU session over its weights, measured with the qwen3
 # layer's twins (2.42 GB of weights: +4.85 GB; the same with pre-packing disabled).
 ORT_RESIDENT_FACTOR = 2

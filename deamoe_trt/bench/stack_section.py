@@ -77,7 +77,7 @@ def stack_section(options: BenchOptions, runner: Runner, num_layers: int) -> dic
     log.say(f"building a {num_layers}-layer stack of {options.preset} ({options.stack_dtype}) and its twin")
     cpu_layers: dict[str, list] = {"deamoe": [], "expanded": []}
     torch_layers: dict[str, list] = {"deamoe": [], "expanded": []}
-    from ..cpu import CpuDeaMoE, CpuDeaMoEStack, simd
+    cpu = runtimes.get("cpu")
 
     skipped = {}
     try:
@@ -86,7 +86,7 @@ def stack_section(options: BenchOptions, runner: Runner, num_layers: int) -> dic
             with torch.no_grad():
                 twin = layer.expanded()
             for kind, module in (("deamoe", layer), ("expanded", twin)):
-                cpu_layers[kind].append(CpuDeaMoE(module, threads=threads))
+                cpu_layers[kind].append(cpu.prepare(module, threads=threads))
                 if keep_torch:
                     torch_layers[kind].append(module)
             del layer, twin
@@ -94,25 +94,15 @@ def stack_section(options: BenchOptions, runner: Runner, num_layers: int) -> dic
     except (MissingDependencyError, DeaMoEError) as exc:
         return {"status": "skipped", "reason": " ".join(str(exc).split())}
 
-    stacks = {kind: CpuDeaMoEStack.from_layers(cpu_layers[kind]) for kind in ("deamoe", "expanded")}
+    stacks = {kind: cpu.stack(cpu_layers[kind]) for kind in ("deamoe", "expanded")}
 
     contenders = []
     for name in wanted:
         kind, runtime = name.split("/")
         if runtime == "cpu":
             # The CPU kernel's stack, packed above one layer at a time (so that the PyTorch
-            # copies never pile up), rather than runtimes.get("cpu").prepare(stack).
-            contenders.append(
-                Contender(
-                    name,
-                    kind,
-                    runtime,
-                    run=stacks[kind],
-                    memory_bytes=stacks[kind].nbytes,
-                    cooldown_s=options.gap_ms / 1e3,
-                    info={"simd": simd(), "threads": threads},
-                )
-            )
+            # copies never pile up), rather than prepared from a whole DeaMoEStack.
+            contenders.append(Contender(name, kind, runtime, cooldown_s=options.gap_ms / 1e3).take(stacks[kind]))
         elif keep_torch:
             stack = DeaMoEStack.from_layers(torch_layers[kind])
             cooldown = max(options.gap_ms / 1e3, TORCH_COOLDOWN_S) if options.gap_ms > 0 else 0.0

@@ -104,9 +104,9 @@ class EdgeLLMCheck(Check):
     def reference(self) -> list[dict]:
         import torch
 
+        from .. import runtimes
         from ..lm.checkpoint import load_lm
         from ..runtimes.decode import generate
-        from ..runtimes.torch import TorchDecoder
 
         loaded = load_lm(self.lm_dir, device="cuda" if torch.cuda.is_available() else None)
         tokenizer = loaded.tokenizer
@@ -114,7 +114,7 @@ class EdgeLLMCheck(Check):
         rows = []
         for prompt in self.args.prompt:
             ids = tokenizer.encode(tokenizer.chat(prompt))
-            new = generate(TorchDecoder(loaded.model), ids, self.args.tokens).new_ids
+            new = generate(runtimes.get("torch").decoder(loaded.model), ids, self.args.tokens).new_ids
             cut = next((i for i, t in enumerate(new) if t in stops), len(new))
             text = tokenizer.tokenizer.decode(new[:cut], skip_special_tokens=True)
             rows.append({"prompt": prompt, "prompt_tokens": len(ids), "new_ids": new[:cut], "text": text})

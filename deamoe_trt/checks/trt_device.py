@@ -333,7 +333,7 @@ def _time_engine(path: Path, plugin: str, args) -> dict[int, dict]:
     import torch
 
     from deamoe_trt.inputs import random_hidden
-    from deamoe_trt.trt.runner import load_engine
+    from deamoe_trt.runtimes.tensorrt import load_engine
 
     trt, engine = load_engine(path, plugin)
     context = engine.create_execution_context()

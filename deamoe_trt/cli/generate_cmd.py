@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 
+from .. import runtimes
 from ..lm.model import TWINS
 from . import args as common
-
-RUNTIMES = ("torch", "ort", "cpu", "cuda", "cuda-emulated")
 
 
 def twin_list(text: str) -> list[str]:
@@ -57,13 +56,13 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--max-new-tokens", type=common.positive_int, default=200, help="tokens to generate (default 200)"
     )
+    decoding = runtimes.names(can="decoding")
     parser.add_argument(
         "--runtime",
-        choices=RUNTIMES,
+        choices=decoding,
         default=None,
-        help="torch (reference, default), ort (ONNX Runtime CPU), cpu (FFNs on deamoe-trt's CPU kernel), cuda "
-        "(the whole model on a CUDA GPU, FFNs on deamoe-trt's CUDA kernels) or cuda-emulated (the same on the CPU "
-        "under the SIMT emulator: slow, for checks)",
+        help="the runtime that decodes (default torch): "
+        + ", ".join(f"{name} ({runtimes.get(name).label})" for name in decoding),
     )
     parser.add_argument(
         "--onnx",
@@ -120,9 +119,7 @@ def _run(args) -> int:
         if args.runtime not in (None, "ort"):
             raise UsageError(f"--onnx runs the file on ONNX Runtime; drop --runtime {args.runtime} or --onnx")
         return _run_onnx(args)
-    if args.runtime is not None and args.runtime.startswith("cuda"):
-        from .. import runtimes
-
+    if args.runtime is not None and "gpu" in runtimes.get(args.runtime).capabilities.needs:
         reason = runtimes.get(args.runtime).available()
         if reason is not None:  # before the checkpoint is read: nothing to run it on
             raise UsageError(f"--runtime {args.runtime} {reason}")
@@ -150,7 +147,6 @@ def _run_onnx(args) -> int:
     from ..export.lm import lm_export_info
     from ..export.metadata import load_model
     from ..lm.checkpoint import read_lm_header
-    from ..runtimes.onnxruntime import OrtDecoder, make_lm_session
 
     header = read_lm_header(args.checkpoint)
     path = Path(args.onnx)
@@ -168,17 +164,15 @@ def _run_onnx(args) -> int:
         raise UsageError(f"{path} holds the {info.twin} model; --twin {','.join(args.twin)} needs its own export")
     tokenizer = header["tokenizer"]
     args.prompts = _prompts(args)
+    ort = runtimes.get("ort")
     if len(args.prompts) > 1:
-        from ..runtimes.base import DecoderPool, SerialBatchDecoder
 
         def batch():
-            session = make_lm_session(path, threads=args.threads)
-            pool = DecoderPool(lambda: OrtDecoder(session, info), keep_alive=session)
-            return SerialBatchDecoder(pool, _max_sequences(args))
+            return ort.load_batch_decoder(path, max_sequences=_max_sequences(args), threads=args.threads)
 
         return _generate_batch(args, tokenizer, config, [(info.twin, batch)])
     prompt, prompt_ids = _prompt(args, tokenizer, config)
-    decoders = [(info.twin, lambda: OrtDecoder(make_lm_session(path, threads=args.threads), info))]
+    decoders = [(info.twin, lambda: ort.load_decoder(path, threads=args.threads))]
     return _generate(args, tokenizer, prompt, prompt_ids, decoders)
 
 
@@ -289,12 +283,8 @@ def _generate_batch(args, tokenizer, config, batches) -> int:
 
 
 def _batch_decoder(runtime: str, model, args):
-    from .. import runtimes
-
     return runtimes.get(runtime).batch_decoder(model, max_sequences=_max_sequences(args), threads=args.threads)
 
 
 def _decoder(runtime: str, model, threads: int):
-    from .. import runtimes
-
     return runtimes.get(runtime).decoder(model, threads=threads)

@@ -10,6 +10,7 @@ was lost or wrong or a fault check failed.
 
 from __future__ import annotations
 
+from ..integrations.triton.lm_runtimes import lm_runtimes
 from ..lm.shipped import PROMPTS_FILE, TINY_LM
 from . import args as common
 
@@ -33,9 +34,10 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--runtime",
-        choices=("ort", "torch", "cpu"),
+        choices=lm_runtimes(gpu=False),
         default="ort",
-        help="decoder in the server (default ort; cpu: the CPU kernel's native step, sequences batched)",
+        help="decoder in the server, one that runs on the CPU (default ort; cpu: the CPU kernel's native step, "
+        "sequences batched)",
     )
     parser.add_argument("--clients", type=common.positive_int, default=4, help="concurrent gRPC streams (default 4)")
     parser.add_argument(

@@ -36,11 +36,11 @@ def run(args) -> int:
     import dataclasses
     from pathlib import Path
 
+    from .. import runtimes
     from .._io import check_replaceable, json_format_is, replaced_directory
     from ..console import format_bytes, format_table
     from ..lm.checkpoint import FORMAT
     from ..runtimes.decode import generate
-    from ..runtimes.torch import TorchDecoder
     from ..train.lm import QUICK, TEXT_SOURCE, TrainSettings, save_trained, train
 
     base = QUICK if args.quick else TrainSettings(steps=DEFAULT_STEPS)
@@ -64,7 +64,7 @@ def run(args) -> int:
         )
     )
     prompt = "Anne"
-    sample = generate(TorchDecoder(result.model), result.tokenizer.encode(prompt), 80)
+    sample = generate(runtimes.get("torch").decoder(result.model), result.tokenizer.encode(prompt), 80)
     print(f"\ngreedy sample: {prompt + result.tokenizer.decode(sample.new_ids)!r}")
     print(f"\nwrote {out} ({format_bytes(size)})")
     return 0

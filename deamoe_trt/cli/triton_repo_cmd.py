@@ -9,6 +9,7 @@ schema when tritonclient is installed. See docs/serving.md.
 
 from __future__ import annotations
 
+from ..integrations.triton.lm_runtimes import lm_runtimes
 from . import args as common
 
 
@@ -37,11 +38,12 @@ def register(subparsers) -> None:
     lm.add_argument("--lm-name", default="tiny_lm", help="model name (default tiny_lm)")
     lm.add_argument(
         "--lm-runtime",
-        choices=("ort", "torch", "trt"),
+        choices=lm_runtimes(),
         default="ort",
-        help="decoder: ort (ONNX Runtime CPU, default), torch (reference), trt (needs --lm-engine, a GPU)",
+        help="decoder: ort (ONNX Runtime CPU, default), or another runtime that decodes; tensorrt (or trt, its older "
+        "name) needs --lm-engine, and it and cuda a GPU",
     )
-    lm.add_argument("--lm-engine", metavar="ENGINE", help="engine from build_lm_engine (--lm-runtime trt)")
+    lm.add_argument("--lm-engine", metavar="ENGINE", help="engine from build_lm_engine (--lm-runtime tensorrt)")
     lm.add_argument(
         "--max-active", type=common.positive_int, default=32, help="sequences in flight per instance (default 32)"
     )

@@ -1,14 +1,14 @@
-"""The DeaMoE CUDA kernels (native/cuda/) on PyTorch CUDA tensors, through ctypes.
+"""The DeaMoE CUDA kernels' binding (native/cuda/, through ctypes): the library's loading and
+build (load_library(): $DEAMOE_TRT_KERNELS_LIB, else a cached build, else a build with CMake +
+nvcc for the current GPU), its C ABI, and the calls on a loaded library (forward_with, ...).
 
-    from deamoe_trt import cuda
-    y = cuda.forward(layer, x)          # the whole layer, like layer(x)
-    r = cuda.route(layer, x)            # a deamoe_trt.routing.Routing
-    z = cuda.router_logits(layer, x)    # [T, N] float32
+The kernels run on tensors through the `cuda` runtime (deamoe_trt.runtimes.cuda), the one
+call layer over them:
 
-The first call loads libdeamoe_kernels.so (load_library(): $DEAMOE_TRT_KERNELS_LIB, else a
-cached build, else a build with CMake + nvcc for the current GPU). Calls run on PyTorch's
-current stream and do not synchronise. Importing this module needs no GPU; calling it does
-(CudaUnavailableError otherwise). The TensorRT plugin does not use this module.
+    from deamoe_trt import runtimes
+    y = runtimes.get("cuda").forward(layer, x)    # the whole layer, like layer(x)
+
+Importing this module needs no GPU. The TensorRT plugin does not use this module.
 """
 
 from ._abi import bind
@@ -21,7 +21,6 @@ from ._library import (
     source_tree_kernel_dir,
 )
 from ._ops import KernelError, forward_with, route_with, router_logits_with
-from .device_calls import forward, route, route_logits, router_logits, set_programmatic_launch, workspace_size
 
 __all__ = [
     "ENV_LIBRARY",
@@ -29,16 +28,10 @@ __all__ = [
     "KernelBuildError",
     "KernelError",
     "bind",
-    "forward",
     "forward_with",
     "kernel_source_dir",
     "load_library",
-    "route",
-    "route_logits",
     "route_with",
-    "router_logits",
     "router_logits_with",
-    "set_programmatic_launch",
     "source_tree_kernel_dir",
-    "workspace_size",
 ]

@@ -13,13 +13,19 @@ close between steps, and one `step` feeds one token to each of the sequences it 
 runtime with a batched step reads every weight once for all of them. A runtime without one
 gets `SerialBatchDecoder`, which steps its pooled single-sequence decoders in turn; a
 `Decoder` is the one-sequence case (`OneSequence` adapts a BatchDecoder to it).
+
+Each runtime declares what it can do in one `Capabilities`; commands and benchmarks derive
+their choices from those (deamoe_trt.runtimes.names(can=...)) rather than keep lists of
+names. `load(path)` and `load_decoder(path)` open a saved artifact (a checkpoint, an ONNX
+file, an engine: whatever the runtime runs) so that no caller opens one itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -96,10 +102,41 @@ class BatchDecoder(Protocol):
         ...
 
 
+Ability = Literal["layers", "decoding", "batched"]
+ABILITIES: tuple[Ability, ...] = ("layers", "decoding", "batched")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one runtime can do, declared once beside it; commands derive their choices from it."""
+
+    layers: bool = True  # prepare() runs a layer (and a stack, unless stacks is False)
+    decoding: bool = False  # decoder() decodes a language model
+    batched: bool = False  # batch_decoder() reads each weight once for all sequences of a step
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)  # weights it runs
+    bits: tuple[int, ...] = (0, 8, 4)  # weight formats it runs: 0 float, 8 and 4 the quantized ones
+    needs: frozenset[str] = frozenset()  # what a machine must have: "gpu", "tensorrt", "onnxruntime", "compiler"
+    files: tuple[str, ...] = ("checkpoint",)  # what load() and load_decoder() open: "checkpoint", "onnx", "engine"
+    stacks: bool = True  # prepare() takes a DeaMoEStack too
+    reference: bool = False  # the expectation the others meet (benchmarks time it beside, not as, a contender)
+    emulated: bool = False  # slow by design (a flow checked on the CPU): benchmarks leave it out
+    modes: tuple[str, ...] = ()  # decoder modes benchmarks time apart, named RUNTIME-MODE ("cpu-native")
+
+    def can(self, ability: Ability) -> bool:
+        if ability not in ABILITIES:
+            raise UsageError(f"unknown ability {ability!r}; choose one of: {', '.join(ABILITIES)}")
+        return bool(getattr(self, ability))
+
+
 class Runtime(Protocol):
     name: str  # registry key and the name in result files: "cpu", "ort"...
     label: str  # for tables: "deamoe-trt CPU kernel"
-    dtypes: tuple[torch.dtype, ...]  # weight dtypes it runs
+    capabilities: Capabilities
+
+    @property
+    def dtypes(self) -> tuple[torch.dtype, ...]:
+        """Weight dtypes it runs (capabilities.dtypes)."""
+        ...
 
     def available(self) -> str | None:
         """None when it can run here; otherwise one line saying what is missing."""
@@ -132,13 +169,33 @@ class Runtime(Protocol):
         """A BatchDecoder for up to max_sequences sequences of the language model at once."""
         ...
 
+    def load(self, path: str | Path, *, threads: int | None = None, **options: Any) -> Prepared:
+        """The layer (or stack) saved at path, ready on this runtime: a checkpoint, or the file
+        this runtime runs (capabilities.files: an ONNX export, an engine)."""
+        ...
+
+    def load_decoder(self, path: str | Path, *, threads: int | None = None, **options: Any) -> Decoder:
+        """A Decoder for the language model saved at path (capabilities.files say which kinds)."""
+        ...
+
+    def load_batch_decoder(
+        self, path: str | Path, *, max_sequences: int, threads: int | None = None, **options: Any
+    ) -> BatchDecoder:
+        """A BatchDecoder for the language model saved at path."""
+        ...
+
 
 class RuntimeBase:
-    """Defaults shared by the implementations: availability from `available()`, no decoder."""
+    """Defaults shared by the implementations: availability from `available()`, no decoder,
+    checkpoints opened with deamoe_trt.lm.checkpoint.read."""
 
     name = ""
     label = ""
-    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+    capabilities = Capabilities()
+
+    @property
+    def dtypes(self) -> tuple[torch.dtype, ...]:
+        return self.capabilities.dtypes
 
     def available(self) -> str | None:
         return None
@@ -176,8 +233,30 @@ class RuntimeBase:
         pool = self.decoder_pool(model, threads=threads, size=max_sequences, twin=twin, **options)
         return SerialBatchDecoder(pool, max_sequences)
 
+    def load(self, path: str | Path, *, threads: int | None = None, **options: Any) -> Prepared:
+        from ..lm.checkpoint import read
+
+        checkpoint = read(path).expect("layer", "stack")
+        stack = checkpoint.stack()
+        return self.prepare(stack.layers[0] if checkpoint.artifact == "layer" else stack, threads=threads, **options)
+
+    def load_decoder(self, path: str | Path, *, threads: int | None = None, **options: Any) -> Decoder:
+        return self.decoder(load_lm_model(path), threads=threads, **options)
+
+    def load_batch_decoder(
+        self, path: str | Path, *, max_sequences: int, threads: int | None = None, **options: Any
+    ) -> BatchDecoder:
+        return self.batch_decoder(load_lm_model(path), max_sequences=max_sequences, threads=threads, **options)
+
     def __repr__(self) -> str:
         return f"<runtime {self.name}>"
+
+
+def load_lm_model(path: str | Path):
+    """The language model (a DeaMoELM) of the checkpoint at path; a one-line error for another artifact."""
+    from ..lm.checkpoint import read
+
+    return read(path).expect("lm").lm().model
 
 
 def state_bytes(module) -> int:

@@ -28,13 +28,21 @@ from ..cpu.layer import CpuDeaMoE, _single_threaded_torch
 from ..cpu.model_step import NativeDecoder, NativeModel, unsupported
 from ..errors import DeaMoEError, UsageError, one_line
 from ..lm.model import DeaMoELM, KVCache, check_twin
-from .base import BatchDecoder, DecoderPool, Prepared, RuntimeBase, Slots
+from .base import BatchDecoder, Capabilities, DecoderPool, Prepared, RuntimeBase, Slots
 
 
 class CpuKernelRuntime(RuntimeBase):
     name = "cpu"
     label = "deamoe-trt CPU kernel"
-    dtypes = (torch.float32, torch.float16)
+    # Batched: the native step's (a model it does not run gets the serial fallback). Benchmarks
+    # time the native step ("cpu-native") apart from attention in PyTorch ("cpu").
+    capabilities = Capabilities(
+        decoding=True,
+        batched=True,
+        dtypes=(torch.float32, torch.float16),
+        needs=frozenset({"compiler"}),
+        modes=("native",),
+    )
 
     def available(self) -> str | None:
         from ..cpu import load
@@ -53,6 +61,22 @@ class CpuKernelRuntime(RuntimeBase):
         kind = CpuDeaMoEStack if isinstance(module, DeaMoEStack) else CpuDeaMoE
         fast = kind(module, threads=threads, routing=routing)
         return Prepared(self.name, fast, memory_bytes=fast.nbytes, info={"simd": simd(), "threads": threads})
+
+    def stack(self, layers: Sequence[Prepared]) -> Prepared:
+        """One Prepared that runs layers (each prepare() of one DeaMoELayer) as a stack,
+        x <- x + layer(x): for a caller that packs a large stack a layer at a time, so that the
+        PyTorch copies of its layers never pile up."""
+        from ..cpu import CpuDeaMoEStack
+
+        packed = []
+        for layer in layers:
+            if not isinstance(layer.run, CpuDeaMoE):
+                raise UsageError(f"{self.label} stacks the layers it prepared, not {layer.runtime}'s")
+            packed.append(layer.run)
+        if not packed:
+            raise UsageError("a stack needs at least one layer")
+        fast = CpuDeaMoEStack.from_layers(packed)
+        return Prepared(self.name, fast, memory_bytes=fast.nbytes, info=dict(layers[0].info))
 
     def decoder(self, model, *, threads=None, twin="deamoe", step="native", **options) -> CpuDecoder | NativeDecoder:
         """step "native": the whole model in native code where it can run (falls back to

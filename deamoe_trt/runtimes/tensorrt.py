@@ -1,6 +1,10 @@
 """TensorRT as a runtime: a layer's plugin-form export built into an engine on this GPU, run
 through polygraphy with the DeaMoE plugin loaded (deamoe_trt.trt); a language model's
-plugin-form export built into a two-profile engine and decoded by deamoe_trt.runtimes.tensorrt.TrtDecoder.
+plugin-form export built into a two-profile engine and decoded by TrtDecoder.
+
+The one place deamoe-trt deserialises an engine (`load_engine`, and `make_engine_runner`,
+polygraphy's runner over it): the plugin is registered first, since TensorRT looks its
+creator up then.
 
 TensorRT, polygraphy and a CUDA build of torch are imported when used: on a machine
 without them `available()` says which is missing.
@@ -8,25 +12,88 @@ without them `available()` says which is missing.
 
 from __future__ import annotations
 
+import mmap
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..dtypes import BY_TRT
 from ..errors import DeaMoEError, MissingDependencyError, UsageError, one_line
-from ..export.lm import INPUT_IDS, LOGITS, past_names, present_names
 from ..lm.config import LMConfig
-from ..trt.lm_engine import DECODE, PREFILL
-from .base import DecoderPool, Prepared, RuntimeBase
+from ..trt.plugin import BUILD_HINT, PLUGIN_NAME, load_plugin, resolve_plugin
+from .base import Capabilities, Decoder, DecoderPool, Prepared, RuntimeBase
+
+
+def load_engine(path: str | Path, plugin_path: str | None = None):
+    """(tensorrt module, the deserialised engine at path), the DeaMoE plugin registered first
+    (plugin_path as for make_engine_runner); a one-line UsageError for a file this TensorRT
+    cannot load. For code that drives the engine itself (execution contexts, device buffers)."""
+    trt = _tensorrt_for(Path(path), plugin_path)
+    return trt, _deserialize(trt, path)
+
+
+def make_engine_runner(path: str | Path, plugin_path: str | None = None):
+    """polygraphy's TrtRunner over the engine at path (deserialised when the runner activates).
+
+    plugin_path: a plugin library, "python" for the QDP route, or None to use the library
+    found in DEAMOE_TRT_PLUGIN / the build folders (an engine without DeaMoE layers needs
+    none).
+    """
+    path = Path(path)
+    trt = _tensorrt_for(path, plugin_path)
+    from polygraphy.backend.trt import TrtRunner
+
+    return TrtRunner(lambda: _deserialize(trt, path), name=f"tensorrt-{path.name}")
+
+
+def _tensorrt_for(path: Path, plugin_path: str | None):
+    """The tensorrt module, ready to deserialise the engine at path: the plugin it needs loaded."""
+    from ..trt._tensorrt import import_tensorrt
+
+    if path.is_dir() or not path.is_file():
+        raise UsageError(f"no engine file at {path} (build one with `deamoe-trt build`)")
+    trt = import_tensorrt()  # MissingDependencyError, one line, before polygraphy touches TensorRT
+    choice = resolve_plugin(plugin_path)
+    if choice.kind != "none":
+        load_plugin(choice, trt)
+    elif mentions_plugin(path):
+        # Deserialisation would fail later with a less direct message.
+        raise MissingDependencyError(f"{path} has DeaMoE layers but no plugin was found ({BUILD_HINT})")
+    return trt
+
+
+def _deserialize(trt: Any, path: str | Path):
+    from ..trt._tensorrt import make_logger
+
+    engine = trt.Runtime(make_logger(trt)).deserialize_cuda_engine(Path(path).read_bytes())
+    if engine is None:
+        raise UsageError(f"{path} is not a TensorRT engine this TensorRT ({trt.__version__}) can load")
+    return engine
+
+
+def mentions_plugin(path: Path) -> bool:
+    """Whether the engine file names the DeaMoE plugin (a serialised plugin layer stores its name)."""
+    with path.open("rb") as f:
+        try:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                return data.find(PLUGIN_NAME.encode()) >= 0
+        except ValueError:  # an empty file cannot be mapped
+            return False
 
 
 class TensorRTRuntime(RuntimeBase):
     name = "tensorrt"
     label = "TensorRT"
-    # The layer's engine is fed numpy arrays, which have no bfloat16.
-    dtypes = (torch.float32, torch.float16)
+    capabilities = Capabilities(
+        decoding=True,
+        stacks=False,  # a stack of one layer only: the engine is built from one layer's export
+        dtypes=(torch.float32, torch.float16),  # the layer's engine is fed numpy arrays, which have no bfloat16
+        needs=frozenset({"gpu", "tensorrt"}),
+        files=("checkpoint", "engine"),
+    )
 
     def available(self) -> str | None:
         from ..trt import import_tensorrt
@@ -54,10 +121,9 @@ class TensorRTRuntime(RuntimeBase):
         """Export (plugin form), build and load an engine for module; files go in work_dir
         (default: a temporary folder kept as long as the returned Prepared)."""
         from ..dtypes import of_torch
-        from ..export import INPUT_NAME, OUTPUT_NAME, export
+        from ..export import export
         from ..layer import DeaMoEStack
         from ..trt.builder import BuildOptions, build_engine
-        from ..trt.runner import make_engine_runner
 
         self.require()
         module = self.cast(module, dtype)
@@ -72,9 +138,25 @@ class TensorRTRuntime(RuntimeBase):
         result = build_engine(
             BuildOptions(model=onnx_path, output=work / f"layer-{name}.engine", max_tokens=max_tokens, plugin=plugin)
         )
-        runner = make_engine_runner(result.engine, plugin)
+        prepared = self.load(result.engine, plugin=plugin)
+        prepared.info.update(target=result.target, gpu=result.gpu)
+        prepared.keep_alive = (prepared.keep_alive, holder)
+        return prepared
+
+    def load(self, path, *, threads=None, plugin: str | None = None, **options) -> Prepared:
+        """A layer's engine (`deamoe-trt build`), activated; a checkpoint directory built into
+        one as prepare() does."""
+        if Path(path).is_dir():
+            return super().load(path, threads=threads, plugin=plugin, **options)
+        from ..export import INPUT_NAME, OUTPUT_NAME
+
+        self.require()
+        from polygraphy.backend.trt import TrtRunner
+
+        _, engine = load_engine(path, plugin)
+        np_dtype = BY_TRT[engine.get_tensor_dtype(INPUT_NAME).name].numpy
+        runner = TrtRunner(engine, name=f"tensorrt-{Path(path).name}")
         runner.activate()
-        np_dtype = of_torch(module.dtype).numpy
 
         def run(x: np.ndarray) -> np.ndarray:
             return runner.infer({INPUT_NAME: x})[OUTPUT_NAME]
@@ -84,8 +166,8 @@ class TensorRTRuntime(RuntimeBase):
             run,
             to_input=lambda x: np.ascontiguousarray(x.numpy().astype(np_dtype)),
             to_torch=lambda y: torch.from_numpy(np.asarray(y)),
-            info={"engine": str(result.engine), "target": result.target, "gpu": result.gpu},
-            keep_alive=(runner, holder),
+            info={"engine": str(path)},
+            keep_alive=runner,
         )
 
     def decoder(
@@ -120,6 +202,16 @@ class TensorRTRuntime(RuntimeBase):
         decoder.keep_alive = holder
         return decoder
 
+    def load_decoder(self, path, *, threads=None, config: LMConfig | None = None, **options) -> Decoder:
+        """A decoder on the engine at path (build_lm_engine's) for the language model of config;
+        a checkpoint directory built into such an engine as decoder() does."""
+        if Path(path).is_dir():
+            return super().load_decoder(path, threads=threads, **options)
+        if config is None:
+            raise UsageError(f"{path} is an engine: give the config of the language model it was built from")
+        self.require()
+        return TrtDecoder(path, config, plugin=options.get("plugin"))
+
     def decoder_pool(self, model, *, threads=None, size=1, plugin: str | None = None, **options) -> DecoderPool:
         """A fixed pool of size decoders on one engine: each holds device buffers for a whole context."""
         first = self.decoder(model, plugin=plugin, **options)
@@ -136,7 +228,7 @@ class TrtDecoder:
     def __init__(self, engine_path: str | Path, config: LMConfig, *, plugin: str | None = None):
         self.engine_path = Path(engine_path)
         from ..trt._tensorrt import import_tensorrt
-        from ..trt.runner import load_engine
+        from ..trt.lm_engine import DECODE, PREFILL
 
         import_tensorrt()  # first: without TensorRT, say so before anything else
         try:
@@ -158,6 +250,9 @@ class TrtDecoder:
             context = self.engine.create_execution_context()
             context.set_optimization_profile_async(profile, self.stream.cuda_stream)
             self.contexts.append(context)
+        from ..export.lm import past_names
+
+        self.profiles = (PREFILL, DECODE)
         dtype = BY_TRT[self.engine.get_tensor_dtype(past_names(0)[0]).name].torch
         c, dev = config, "cuda"
         self.cache_shapes = c.cache_shapes()  # (heads, width) of the two tensors of a block
@@ -170,6 +265,8 @@ class TrtDecoder:
         self.current, self.length = 0, 0
 
     def _run(self, ids: list[int], profile: int) -> np.ndarray:
+        from ..export.lm import INPUT_IDS, LOGITS, past_names, present_names
+
         c, torch = self.config, self.torch
         context = self.contexts[profile]
         tokens, past = len(ids), self.length
@@ -195,10 +292,10 @@ class TrtDecoder:
 
     def prefill(self, ids: list[int]) -> np.ndarray:
         self.current, self.length = 0, 0
-        return self._run(list(ids), PREFILL)
+        return self._run(list(ids), self.profiles[0])
 
     def step(self, token: int) -> np.ndarray:
-        return self._run([token], DECODE)
+        return self._run([token], self.profiles[1])
 
 
 RUNTIME = TensorRTRuntime()

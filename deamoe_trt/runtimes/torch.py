@@ -7,12 +7,13 @@ import numpy as np
 import torch
 
 from ..lm.model import DeaMoELM, KVCache
-from .base import DecoderPool, Prepared, RuntimeBase, state_bytes
+from .base import Capabilities, DecoderPool, Prepared, RuntimeBase, state_bytes
 
 
 class TorchRuntime(RuntimeBase):
     name = "torch"
     label = "PyTorch reference"
+    capabilities = Capabilities(decoding=True, reference=True)
 
     def prepare(self, module, *, dtype=None, device=None, threads=None, **options) -> Prepared:
         module = self.cast(module, dtype)

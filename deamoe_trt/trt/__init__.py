@@ -1,4 +1,4 @@
-"""TensorRT deployment of DeaMoE layers: build targets, engine builds, the plugin, runners, doctor.
+"""TensorRT deployment of DeaMoE layers: build targets, engine builds, the plugin, doctor.
 
 Nothing here imports TensorRT at import time: `_tensorrt.import_tensorrt()` does, when a
 command needs it, and turns its absence into one MissingDependencyError line. The target
@@ -6,7 +6,7 @@ profiles (targets.py) and the ONNX preparation for the Python plugin (qdp.prepar
 work without TensorRT or a GPU.
 
     build:     builder.build_engine(BuildOptions(...))  (CLI: deamoe-trt build)
-    validate:  runner.make_engine_runner(path, plugin_path)  (polygraphy TrtRunner)
+    run:       deamoe_trt.runtimes.tensorrt (load_engine, make_engine_runner: the engine loaders)
     doctor:    doctor.run_doctor(plugin)  (CLI: deamoe-trt doctor)
 """
 

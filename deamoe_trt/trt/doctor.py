@@ -192,18 +192,19 @@ _SELF_TEST_TOLERANCES = {"float32": (1e-4, 1e-3), "float16": (1e-2, 1e-2)}
 
 
 def kernel_self_test() -> str:
-    """deamoe_trt.cuda.forward against the PyTorch reference: tiny preset, fp32 and fp16, 1/4/16 tokens.
+    """The cuda runtime's forward against the PyTorch reference: tiny preset, fp32 and fp16, 1/4/16 tokens.
 
     The first call may build the kernel library for this GPU (a minute or two, once)."""
     import torch
 
-    from .. import cuda
+    from .. import cuda, runtimes
     from ..inputs import random_hidden
     from ..layer import DeaMoELayer
     from ..presets import get_preset
 
     if not torch.cuda.is_available():
         raise cuda.CudaUnavailableError(f"torch {torch.__version__} sees no CUDA GPU")
+    kernels = runtimes.get("cuda")
     config = get_preset("tiny")
     worst = 0.0
     for dtype_name, (atol, rtol) in _SELF_TEST_TOLERANCES.items():
@@ -213,7 +214,7 @@ def kernel_self_test() -> str:
             x = random_hidden(tokens, config.hidden_size, seed=tokens, dtype=dtype).to("cuda")
             with torch.no_grad():
                 want = layer(x).float()
-                got = cuda.forward(layer, x).float()
+                got = kernels.forward(layer, x).float()
             error = (got - want).abs()
             worst = max(worst, float(error.max()))
             if bool((error > atol + rtol * want.abs()).any()):

@@ -238,9 +238,9 @@ def _check_runtime() -> None:
             "(install a CUDA build of torch; on Jetson, NVIDIA's JetPack wheel)"
         )
     try:
-        from .. import cuda as _  # noqa: F401
+        from ..runtimes import cuda as _  # noqa: F401
     except ImportError as exc:
-        raise MissingDependencyError(f"--plugin python needs the kernel binding deamoe_trt.cuda: {exc}") from None
+        raise MissingDependencyError(f"--plugin python needs deamoe_trt.runtimes.cuda: {exc}") from None
 
 
 def _define(trtp) -> None:
@@ -379,7 +379,7 @@ def _define(trtp) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# The callback's work: TensorRT's buffers as torch tensors, then deamoe_trt.cuda.forward
+# The callback's work: TensorRT's buffers as torch tensors, then the cuda runtime's forward
 # ---------------------------------------------------------------------------------------
 
 # trt.DataType name -> (__cuda_array_interface__ typestr, torch dtype). bfloat16 has no
@@ -445,13 +445,13 @@ def _layer_for(config: DeaMoEConfig, quant: QuantConfig | None, tensors: list):
 def _run(config: DeaMoEConfig, quant: QuantConfig | None, tensors: list, output, stream: int) -> None:
     import torch
 
-    from .. import cuda
+    from ..runtimes.cuda import RUNTIME as kernels
 
     with torch.no_grad(), torch.cuda.stream(torch.cuda.ExternalStream(stream)):
         hidden = _as_torch(tensors[0])
         out = _as_torch(output)
         if hidden.shape[0] == 0:
             return
-        # deamoe_trt.cuda runs on torch's current stream, here TensorRT's; its workspace comes
+        # The cuda runtime runs on torch's current stream, here TensorRT's; its workspace comes
         # from torch's caching allocator on that stream.
-        out.copy_(cuda.forward(_layer_for(config, quant, tensors), hidden))
+        out.copy_(kernels.forward(_layer_for(config, quant, tensors), hidden))

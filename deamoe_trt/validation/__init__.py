@@ -5,9 +5,9 @@ validate() = a polygraphy runner for the model (runners.onnx_runner / runners.en
 random inputs per token count. Its report holds one row per output and token count.
 """
 
+from ..runtimes.onnxruntime import make_session
 from .layers import VALIDATORS, check_inputs, check_weights, reference_module, validate
 from .report import DEFAULT_TOKENS, DEFAULT_TOLERANCES, ValidationReport
-from .session import make_session
 
 __all__ = [
     "DEFAULT_TOKENS",

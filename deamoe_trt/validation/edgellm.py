@@ -207,7 +207,7 @@ def node_checks(ours: str | Path, lm_dir: str | Path, *, tokens: int = 16, seed:
     """Each DeaMoE node of the export at ours against the LM at lm_dir (see the module docstring)."""
     from ..export.edgellm.tensors import node_tensors
     from ..lm.checkpoint import load_lm
-    from .session import make_session
+    from ..runtimes.onnxruntime import make_session
 
     model = onnx.load(Path(ours) / LLM / MODEL)
     lm = load_lm(lm_dir).model

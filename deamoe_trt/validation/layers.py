@@ -34,10 +34,10 @@ from ..export.plugin_node import as_float32
 from ..inputs import random_hidden
 from ..layer import DeaMoELayer, DeaMoEStack
 from ..lm.checkpoint import read
+from ..runtimes.onnxruntime import make_session
 from .compare import compare
 from .report import DEFAULT_TOKENS, DEFAULT_TOLERANCES, ValidationReport, ort_cpu_int8_tolerances, tolerances
 from .runners import ReferenceRunner, engine_runner, is_engine, onnx_runner
-from .session import make_session
 
 # The validator of each kind of export other than layers and stacks, by the deamoe_trt.format
 # its metadata carries: (module, function), imported when used, so that validation does not

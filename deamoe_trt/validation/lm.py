@@ -32,7 +32,7 @@ from ..export.metadata import load_model
 from ..inputs import input_generator
 from ..lm.checkpoint import load_lm
 from ..lm.model import DeaMoELM
-from ..runtimes.onnxruntime import make_lm_session
+from ..runtimes.onnxruntime import make_session
 from ..validation.compare import compare
 from ..validation.report import ValidationReport, ort_cpu_int8_tolerances, tolerances
 
@@ -98,7 +98,7 @@ def validate_lm(
         )
     _check_head(proto, reference, dtype, checkpoint)
     np_dtype = dtype.numpy
-    runner = OnnxrtRunner(make_lm_session(model), name=f"onnxruntime-{provider}")
+    runner = OnnxrtRunner(make_session(model), name=f"onnxruntime-{provider}")
     ref_runner = LMReferenceRunner(reference, np_dtype)
     feeds, labels = _feeds(reference, np_dtype, tokens, seed)
     notes = ["note: plugin-form DeaMoE nodes ran through the PyTorch reference op"] if info.form == "plugin" else []

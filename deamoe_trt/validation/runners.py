@@ -14,7 +14,7 @@ from polygraphy.common import TensorMetadata
 
 from ..errors import MissingDependencyError
 from ..layer import DeaMoELayer, DeaMoEStack
-from .session import make_session
+from ..runtimes.onnxruntime import make_session
 
 ENGINE_SUFFIXES = (".engine", ".plan")
 
@@ -62,12 +62,12 @@ def onnx_runner(path: str | Path, provider: str = "cpu") -> OnnxrtRunner:
 
 
 def engine_runner(path: str | Path, plugin: str | Path | None = None) -> BaseRunner:
-    """A TensorRT engine's runner from the TensorRT backend (deamoe_trt.trt.runner), imported lazily."""
+    """A TensorRT engine's runner from the TensorRT runtime (deamoe_trt.runtimes.tensorrt), imported lazily."""
     try:
-        from ..trt.runner import make_engine_runner
+        from ..runtimes.tensorrt import make_engine_runner
     except ImportError as exc:
         raise MissingDependencyError(
-            f"TensorRT engine validation needs deamoe_trt.trt.runner and TensorRT (pip install tensorrt): {exc}"
+            f"TensorRT engine validation needs deamoe_trt.runtimes.tensorrt and TensorRT (pip install tensorrt): {exc}"
         ) from None
     return make_engine_runner(str(path), plugin_path=None if plugin is None else str(plugin))
 

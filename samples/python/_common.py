@@ -13,12 +13,12 @@ TWINS = ("deamoe", "expanded")
 
 def run_twins(make_decoder, loaded, prompt: str, max_new_tokens: int, runtime: str) -> int:
     """Decode prompt with each twin's decoder, print the texts and the TPOT table; check against PyTorch."""
+    from deamoe_trt import runtimes
     from deamoe_trt.runtimes.decode import generate, timing_table, warm_up
-    from deamoe_trt.runtimes.torch import TorchDecoder
 
     tokenizer = loaded.tokenizer
     prompt_ids = tokenizer.encode(prompt)
-    reference = generate(TorchDecoder(loaded.model), prompt_ids, max_new_tokens).new_ids
+    reference = generate(runtimes.get("torch").decoder(loaded.model), prompt_ids, max_new_tokens).new_ids
     results = []
     for twin in TWINS:
         decoder = make_decoder(twin)

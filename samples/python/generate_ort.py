@@ -40,9 +40,9 @@ def main(argv=None) -> int:
         args.max_new_tokens = min(args.max_new_tokens, 16)
 
     def body() -> int:
+        from deamoe_trt import runtimes
         from deamoe_trt.export.lm import export_lm
         from deamoe_trt.lm.checkpoint import load_lm
-        from deamoe_trt.runtimes.onnxruntime import OrtDecoder
 
         loaded = load_lm(args.model)
         with tempfile.TemporaryDirectory(prefix="deamoe-lm-") as tmp:
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
                     tokenizer=loaded.tokenizer,
                     twin=twin,
                 )
-                return OrtDecoder.from_file(path, threads=args.threads)
+                return runtimes.get("ort").load_decoder(path, threads=args.threads)
 
             return run_twins(
                 make_decoder, loaded, args.prompt, args.max_new_tokens, f"ONNX Runtime CPU ({args.form} form)"

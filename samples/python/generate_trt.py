@@ -47,9 +47,9 @@ def main(argv=None) -> int:
         from deamoe_trt.trt._tensorrt import import_tensorrt
 
         trt = import_tensorrt()
+        from deamoe_trt import runtimes
         from deamoe_trt.export.lm import export_lm
         from deamoe_trt.lm.checkpoint import load_lm
-        from deamoe_trt.runtimes.tensorrt import TrtDecoder
         from deamoe_trt.trt.lm_engine import build_lm_engine
 
         loaded = load_lm(args.model)
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
                 export_lm(loaded.model.twin(twin), onnx_path, "plugin", dtype, tokenizer=loaded.tokenizer, twin=twin)
                 print(f"building {engine} ...", file=sys.stderr)
                 build_lm_engine(onnx_path, engine, loaded.model.config, plugin=args.plugin)
-            return TrtDecoder(engine, loaded.model.config, plugin=args.plugin)
+            return runtimes.get("tensorrt").load_decoder(engine, config=loaded.model.config, plugin=args.plugin)
 
         return run_twins(
             make_decoder, loaded, args.prompt, args.max_new_tokens, f"TensorRT {trt.__version__} ({dtype})"

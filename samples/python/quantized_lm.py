@@ -61,12 +61,12 @@ def run(args) -> int:
 def measure(args, out: Path) -> int:
     import torch
 
+    from deamoe_trt import runtimes
     from deamoe_trt.console import format_table
     from deamoe_trt.lm.checkpoint import load_lm
     from deamoe_trt.quant import QuantConfig
     from deamoe_trt.quantize.lm import held_out_loss
     from deamoe_trt.runtimes.decode import generate, warm_up
-    from deamoe_trt.runtimes.onnxruntime import OrtDecoder
 
     torch.set_num_threads(1)
     loaded = load_lm(args.model)
@@ -83,7 +83,8 @@ def measure(args, out: Path) -> int:
         name: sum(t.numel() * t.element_size() for b in model.layers for t in b.mlp.state_dict().values())
         for name, model in models.items()
     }
-    decoders = {name: OrtDecoder.from_model(model, threads=1, tokenizer=tokenizer) for name, model in models.items()}
+    ort = runtimes.get("ort")
+    decoders = {name: ort.decoder(model, threads=1, tokenizer=tokenizer) for name, model in models.items()}
     reference = generate(decoders["fp32"], prompt_ids, args.new_tokens).new_ids
     steps: dict[str, list[float]] = {name: [] for name in decoders}
     texts = {}

@@ -1,4 +1,5 @@
-"""deamoe_trt.cuda: importable and clear without a GPU; on a GPU, the kernels against the reference.
+"""deamoe_trt.cuda and the cuda runtime's kernel calls: importable and clear without a GPU; on a
+GPU, the kernels against the reference.
 
 The kernels themselves are also exercised without a GPU, through the SIMT emulator
 (tests/native/cuda/test_emulated_kernels_match_reference.py).
@@ -13,12 +14,13 @@ import pytest
 import torch
 
 from configs import deepseek_style
-from deamoe_trt import cuda
+from deamoe_trt import cuda, runtimes
 from deamoe_trt.cuda import _library
 from deamoe_trt.errors import MissingDependencyError, UsageError
 from deamoe_trt.layer import DeaMoELayer
 from deamoe_trt.presets import PRESETS
 
+kernels = runtimes.get("cuda")
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"
 )
@@ -28,18 +30,20 @@ def test_without_a_gpu_every_call_says_so_in_one_line(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     layer = DeaMoELayer.random(PRESETS["tiny"], seed=0)
     x = torch.randn(2, 64)
-    for call in (lambda: cuda.forward(layer, x), lambda: cuda.route(layer, x), lambda: cuda.router_logits(layer, x)):
-        with pytest.raises(cuda.CudaUnavailableError) as info:
-            call()
-        assert str(info.value) == "deamoe_trt.cuda needs a CUDA GPU: torch.cuda.is_available() is False"
-        assert isinstance(info.value, MissingDependencyError)
+    calls = (kernels.forward, kernels.route, kernels.router_logits)
+    for call in calls:
+        with pytest.raises(MissingDependencyError) as info:
+            call(layer, x)
+        assert str(info.value) == (
+            "deamoe-trt CUDA kernels: needs a CUDA GPU and a CUDA build of torch (torch.cuda.is_available() is False)"
+        )
 
 
 def test_cpu_tensors_are_a_usage_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     layer = DeaMoELayer.random(PRESETS["tiny"], seed=0)
-    with pytest.raises(UsageError, match="works on CUDA tensors; got a tensor on cpu"):
-        cuda.forward(layer, torch.randn(1, 64))
+    with pytest.raises(UsageError, match="work on CUDA tensors; got a tensor on cpu"):
+        kernels.forward(layer, torch.randn(1, 64))
 
 
 def test_a_missing_library_path_is_reported(tmp_path):
@@ -109,8 +113,8 @@ def test_gpu_forward_matches_reference(config, dtype, tokens):
     layer = _layer(config, dtype)
     x = torch.randn(tokens, config.hidden_size, device="cuda").to(dtype)
     with torch.no_grad():
-        got = cuda.forward(layer, x)
-        routing = cuda.route(layer, x)
+        got = kernels.forward(layer, x)
+        routing = kernels.route(layer, x)
         ref_routing = layer.route(x)
         # float32 math on the same weights, from the kernels' own routing (no near-tie luck).
         want = layer.float().forward_routed(x.float(), routing)
@@ -129,18 +133,18 @@ def test_gpu_forward_is_deterministic_and_graph_capturable():
     layer = _layer(SMALL_DEEPSEEK, torch.bfloat16)
     x = torch.randn(4, SMALL_DEEPSEEK.hidden_size, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
-        eager = cuda.forward(layer, x)
-        assert torch.equal(eager, cuda.forward(layer, x))
+        eager = kernels.forward(layer, x)
+        assert torch.equal(eager, kernels.forward(layer, x))
         static_x = x.clone()
-        cuda.forward(layer, static_x)  # warm-up: library loaded, workspace cached
+        kernels.forward(layer, static_x)  # warm-up: library loaded, workspace cached
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            static_y = cuda.forward(layer, static_x)
+            static_y = kernels.forward(layer, static_x)
         fresh = torch.randn_like(x)
         static_x.copy_(fresh)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(static_y, cuda.forward(layer, fresh))
+        assert torch.equal(static_y, kernels.forward(layer, fresh))
 
 
 @pytest.mark.gpu
@@ -153,7 +157,7 @@ def test_gpu_routing_from_logits_breaks_ties_like_reference():
     logits[:8] = 0.0
     logits[8:, 32:64] = logits[8:, 0:32]
     bias = torch.zeros(c.num_experts, device="cuda")
-    got = cuda.route_logits(c, logits, bias)
+    got = kernels.route_logits(c, logits, bias)
     want = route_logits(logits.cpu(), bias.cpu(), c)
     assert torch.equal(got.expert_ids.cpu(), want.expert_ids)
     assert torch.equal(got.kept_departments.cpu(), want.kept_departments)
@@ -165,8 +169,8 @@ def test_quantized_layers_reach_the_kernels(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     layer = DeaMoELayer.random(PRESETS["tiny"]).quantized(QuantConfig(8, 16))
-    with pytest.raises(cuda.CudaUnavailableError):
-        cuda.forward(layer, torch.zeros(1, 64))
+    with pytest.raises(MissingDependencyError, match="needs a CUDA GPU"):
+        kernels.forward(layer, torch.zeros(1, 64))
 
 
 @pytest.mark.gpu
@@ -178,8 +182,8 @@ def test_gpu_quantized_forward_matches_the_dequantized_reference(bits):
     c = deepseek_style(hidden_size=128, private_intermediate_size=64, shared_expert_intermediate_size=64)
     layer = DeaMoELayer.random(c, seed=3, dtype=torch.bfloat16).quantized(QuantConfig(bits, 32)).cuda()
     x = torch.randn(5, c.hidden_size, device="cuda").to(torch.bfloat16)
-    y = cuda.forward(layer, x)
-    assert torch.equal(y, cuda.forward(layer, x))  # deterministic
+    y = kernels.forward(layer, x)
+    assert torch.equal(y, kernels.forward(layer, x))  # deterministic
     with torch.no_grad():
         ref = copy.deepcopy(layer).float()(x.float())  # the dequantized weights, float32 math
     assert float((y.float() - ref).norm() / ref.norm()) < 1e-2
@@ -205,12 +209,12 @@ def test_gpu_every_kernel_variant_matches_the_reference_and_is_graph_capturable(
     with torch.no_grad():
         ref = copy.deepcopy(layer).float()(x.float())
         for variant in variant_names(cuda.load_library()):
-            y = cuda.forward(layer, x, variant=variant)
+            y = kernels.forward(layer, x, variant=variant)
             assert float((y.float() - ref).norm() / ref.norm()) < 1e-2, variant
             graph = torch.cuda.CUDAGraph()
             static_x = x.clone()
             with torch.cuda.graph(graph):
-                static_y = cuda.forward(layer, static_x, variant=variant)
+                static_y = kernels.forward(layer, static_x, variant=variant)
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(static_y, y), variant

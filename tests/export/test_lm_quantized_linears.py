@@ -16,11 +16,10 @@ from deamoe_trt.errors import UsageError
 from deamoe_trt.export.lm import build_lm_model, export_lm
 from deamoe_trt.lm import DeaMoELM
 from deamoe_trt.quant import QuantConfig, unpack, zero_point
-from deamoe_trt.runtimes.onnxruntime import OrtDecoder
+from deamoe_trt.runtimes.onnxruntime import OrtDecoder, session_options
 from deamoe_trt.runtimes.torch import TorchDecoder
 from deamoe_trt.validation.lm import validate_lm
 from deamoe_trt.validation.report import ORT_CPU_INT8_TOLERANCE
-from deamoe_trt.validation.session import session_options
 from lm_reference import dequantized_model, logits_of
 
 PARTS = ("attention", "dense", "head")

@@ -66,3 +66,56 @@ def test_the_cuda_runtime_refuses_to_decode_without_a_gpu_in_one_line():
     with pytest.raises(MissingDependencyError, match="needs a CUDA GPU") as caught:
         runtimes.get("cuda").decoder(None)
     assert "\n" not in str(caught.value)
+
+
+# ---- capabilities: what each runtime declares, and the choices derived from them ------------
+
+
+def _overrides(runtime, method: str) -> bool:
+    from deamoe_trt.runtimes.base import RuntimeBase
+
+    return getattr(type(runtime), method) is not getattr(RuntimeBase, method)
+
+
+@pytest.mark.parametrize("name", runtimes.names())
+def test_each_runtime_declares_what_it_implements(name):
+    """decoding: it has its own decoder (RuntimeBase's refuses); batched: its own batch_decoder
+    (RuntimeBase's steps pooled decoders in turn); dtypes: the ones check_dtype accepts."""
+    runtime = runtimes.get(name)
+    c = runtime.capabilities
+    assert c.decoding == _overrides(runtime, "decoder")
+    assert c.batched == _overrides(runtime, "batch_decoder")
+    assert runtime.dtypes == c.dtypes and set(c.bits) <= {0, 4, 8} and 0 in c.bits
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        if dtype in c.dtypes:
+            runtime.check_dtype(dtype)
+        else:
+            with pytest.raises(UsageError):
+                runtime.check_dtype(dtype)
+
+
+def test_names_filter_by_capability_in_the_registry_order():
+    every = runtimes.names()
+    for ability in ("layers", "decoding", "batched"):
+        chosen = runtimes.names(can=ability)
+        assert chosen == tuple(n for n in every if getattr(runtimes.get(n).capabilities, ability))
+    assert runtimes.names(can="batched") == ("cpu", "cuda", "cuda-emulated")
+    assert runtimes.names(gpu=True) == ("cuda", "tensorrt")
+    assert runtimes.names(can="decoding", gpu=False, reference=False, emulated=False) == ("cpu", "ort")
+    with pytest.raises(UsageError, match="unknown ability 'flying'"):
+        runtimes.names(can="flying")
+
+
+def test_an_older_name_reaches_the_same_runtime():
+    assert runtimes.get("trt") is runtimes.get("tensorrt")
+
+
+def test_the_commands_offer_the_runtimes_the_registry_lists():
+    from deamoe_trt.bench import lm_bench
+    from deamoe_trt.cli.main import build_parser
+
+    parser = build_parser()
+    generate = next(a for a in parser._subparsers._group_actions[0].choices["generate"]._actions if a.dest == "runtime")
+    assert tuple(generate.choices) == runtimes.names(can="decoding")
+    assert lm_bench.RUNTIMES == ("cpu", "cpu-native", "ort")
+    assert lm_bench.BATCH_RUNTIMES == ("cpu-native", "cuda", "cuda-emulated")

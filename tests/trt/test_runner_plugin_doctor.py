@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from deamoe_trt.errors import MissingDependencyError, UsageError
-from deamoe_trt.trt import doctor, plugin, runner
+from deamoe_trt.runtimes import tensorrt as runner
+from deamoe_trt.trt import doctor, plugin
 from deamoe_trt.trt.plugin import PluginChoice, resolve_plugin
 
 from .conftest import AGX_ORIN, RTX_4090

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(_tensorrt.has_tensorrt(), reason="TensorRT is in
 @pytest.mark.slow
 def test_importing_the_package_does_not_import_tensorrt():
     code = (
-        "import sys; import deamoe_trt.trt.builder, deamoe_trt.trt.runner, deamoe_trt.trt.doctor, "
+        "import sys; import deamoe_trt.trt.builder, deamoe_trt.runtimes.tensorrt, deamoe_trt.trt.doctor, "
         "deamoe_trt.trt.qdp, deamoe_trt.trt.plugin, deamoe_trt.cli.build_cmd, deamoe_trt.cli.doctor_cmd; "
         "import deamoe_trt.cli.main as m; m.build_parser(); "
         "assert 'tensorrt' not in sys.modules, 'tensorrt imported'"
@@ -65,7 +65,7 @@ def test_doctor_reports_and_exits_1(capsys):
 
 def test_make_engine_runner_without_tensorrt(tmp_path):
     from deamoe_trt.errors import MissingDependencyError, UsageError
-    from deamoe_trt.trt.runner import make_engine_runner
+    from deamoe_trt.runtimes.tensorrt import make_engine_runner
 
     with pytest.raises(UsageError, match="no engine file"):
         make_engine_runner(tmp_path / "missing.engine")

@@ -55,8 +55,8 @@ def test_reference_runner_compares_to_itself_exactly():
 
 
 def test_engine_validation_without_the_tensorrt_backend_names_what_it_needs(monkeypatch):
-    monkeypatch.setitem(sys.modules, "deamoe_trt.trt.runner", None)  # as if the module did not exist
-    with pytest.raises(MissingDependencyError, match=r"TensorRT engine validation needs deamoe_trt\.trt\.runner"):
+    monkeypatch.setitem(sys.modules, "deamoe_trt.runtimes.tensorrt", None)  # as if the module did not exist
+    with pytest.raises(MissingDependencyError, match=r"validation needs deamoe_trt\.runtimes\.tensorrt"):
         engine_runner("model.engine")
 
 

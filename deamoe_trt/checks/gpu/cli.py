@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         clock.log("loading the kernel library (builds for this GPU on first use)")
-        backend.load()
+        backend.load_library()
         results["build"] = {"seconds": backend.build_seconds, "library": backend.library_path}
         clock.log(f"kernel library ready in {backend.build_seconds:.1f}s: {backend.library_path}")
     except Exception as exc:

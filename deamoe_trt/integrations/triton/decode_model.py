@@ -201,12 +201,11 @@ def _emitter(sender, stream: bool):
 def _batch_decoder(runtime: str, model, threads: int, max_active: int, version_dir: Path, params: dict):
     """The runtime's batch decoder for up to max_active sequences over one copy of the weights."""
     from ... import runtimes
-    from .repo import LM_RUNTIMES
+    from .lm_runtimes import check_lm_runtime, needs_engine
 
-    if runtime not in LM_RUNTIMES:
-        raise UsageError(f"unknown runtime {runtime!r}; choose one of: {', '.join(LM_RUNTIMES)}")
+    check_lm_runtime(runtime)
     options: dict = {}
-    if runtime == "trt":
+    if needs_engine(runtime):
         options["engine"] = version_dir / params.get("engine", "model.engine")
         options["plugin"] = params.get("plugin") or os.environ.get("DEAMOE_TRT_PLUGIN")
-    return runtimes.get(LM_RUNTIMES[runtime]).batch_decoder(model, max_sequences=max_active, threads=threads, **options)
+    return runtimes.get(runtime).batch_decoder(model, max_sequences=max_active, threads=threads, **options)

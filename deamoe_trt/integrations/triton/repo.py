@@ -28,11 +28,13 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
+from ... import runtimes
 from ..._io import atomic_write_text, temporary_folder
 from ...errors import MissingDependencyError, UsageError
 from ...export.metadata import PREFIX, load_model
 from ...export.save import data_path
 from ...validation.plugin_op import has_plugin_nodes
+from .lm_runtimes import check_lm_runtime, needs_engine
 
 TRITON_TYPES: dict[int, str] = {
     TensorProto.FLOAT: "TYPE_FP32",
@@ -62,8 +64,7 @@ LM_OUTPUTS = (
     ("token_ids", "TYPE_INT32", "[ -1 ]"),
     ("finish_reason", "TYPE_STRING", "[ 1 ]"),
 )
-# The decode service's runtimes, and each one's name in deamoe_trt.runtimes.
-LM_RUNTIMES = {"ort": "ort", "torch": "torch", "cpu": "cpu", "trt": "tensorrt"}
+
 KINDS = {"gpu": "KIND_GPU", "cpu": "KIND_CPU"}
 
 
@@ -210,8 +211,7 @@ def lm_config(
     extra: dict[str, str] | None = None,
 ) -> str:
     """config.pbtxt for the decoupled decode service (Python backend)."""
-    if runtime not in LM_RUNTIMES:
-        raise UsageError(f"unknown runtime {runtime!r}; choose one of: {', '.join(LM_RUNTIMES)}")
+    check_lm_runtime(runtime)
     if max_active < 1 or threads < 1:
         raise UsageError("max_active and threads must be >= 1")
     inputs = ",\n".join(
@@ -341,13 +341,14 @@ def write_lm_model(
     checkpoint = Path(checkpoint)
     load_lm(checkpoint)  # a checkpoint that would fail in the server fails here, with its own message
     files, extra = {}, {}
-    if runtime == "trt":
+    check_lm_runtime(runtime)
+    if needs_engine(runtime):
         if engine is None:
-            raise UsageError("the trt runtime needs --engine (an engine from build_lm_engine)")
+            raise UsageError(f"the {runtime} runtime needs --engine (an engine from build_lm_engine)")
         files["model.engine"], extra["engine"] = Path(engine), "model.engine"
         if plugin:
             extra["plugin"] = plugin
-    kind = "gpu" if runtime == "trt" else "cpu"
+    kind = "gpu" if "gpu" in runtimes.get(runtime).capabilities.needs else "cpu"
     config = lm_config(
         name, runtime=runtime, instances=instances, threads=threads, max_active=max_active, kind=kind, extra=extra
     )

@@ -145,3 +145,20 @@ def test_validate_config_names_the_schema_problem():
         triton.validate_config(good + "max_tokens_per_day: 3\n")
     with pytest.raises(UsageError, match="dynamic batching"):
         triton.validate_config(good + "dynamic_batching { }\n")
+
+
+def test_the_decode_service_runs_the_registrys_decoding_runtimes_and_the_older_trt_name(tmp_path):
+    from deamoe_trt import runtimes
+    from deamoe_trt.integrations.triton.lm_runtimes import lm_runtimes
+    from deamoe_trt.lm.shipped import TINY_LM
+
+    assert set(lm_runtimes()) == set(runtimes.names(can="decoding", emulated=False)) | {"trt"}
+    assert set(lm_runtimes(gpu=False)) == {"torch", "cpu", "ort"}
+    written = triton.write_lm_model(tmp_path / "gpu", TINY_LM, name="m", runtime="cuda")  # a runtime that needs a GPU
+    config = (tmp_path / "gpu" / "m" / "config.pbtxt").read_text()
+    assert written and "kind: KIND_GPU" in config and 'string_value: "cuda"' in config
+    for name in ("trt", "tensorrt"):  # the repository must carry the engine, whichever name is used
+        with pytest.raises(UsageError, match=f"the {name} runtime needs --engine"):
+            triton.write_lm_model(tmp_path / "repo", TINY_LM, name="m", runtime=name)
+    with pytest.raises(UsageError, match="unknown runtime 'cuda-emulated'"):
+        triton.lm_config("m", runtime="cuda-emulated")
