@@ -22,8 +22,8 @@ def llama_bench_path() -> Path | None:
 
 
 def llama_tools():
-    """deamoe_trt.bench.llama_cpp.LlamaTools, or a skip saying how to get them."""
-    from deamoe_trt.bench.llama_cpp import LlamaTools
+    """deamoe_trt.integrations.llamacpp.bench.LlamaTools, or a skip saying how to get them."""
+    from deamoe_trt.integrations.llamacpp.bench import LlamaTools
 
     path = llama_bench_path()
     if path is None:

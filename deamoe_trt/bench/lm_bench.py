@@ -34,8 +34,8 @@ round to nearest, fp16 scales (deamoe_trt.quantize.lm); the ort runtime runs
 com.microsoft.QMoE, the CPU kernel its quantized path, and the FFN bytes are the packed
 codes plus scales each step's routing reads.
 
-`--llama-bench PATH` (a llama-bench binary; deamoe_trt.bench.llama_cpp): llama.cpp joins as a
-contender on the vanilla twin, written as a GGUF qwen3moe file at F16 (deamoe_trt.export.gguf)
+`--llama-bench PATH` (a llama-bench binary; deamoe_trt.integrations.llamacpp.bench): llama.cpp joins as a
+contender on the vanilla twin, written as a GGUF qwen3moe file at F16 (deamoe_trt.integrations.llamacpp.export)
 and quantized by llama-quantize to Q8_0 and Q4_0 (from the floating-point twin, whatever
 --quantized says). Inside every runtime's step loop, at its start and half way, each file gets
 one llama-bench call of `llama_tokens` decode steps after a prompt-long context, so llama.cpp
@@ -71,29 +71,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import runtimes as registry
 from ..config import DeaMoEConfig
 from ..console import format_bytes, format_table
 from ..errors import UsageError
+from ..integrations.llamacpp import bench as llama_cpp
 from ..lm.config import LMConfig
 from ..lm.model import TWINS
 from ..presets import get_preset
 from ..quant import QuantConfig
 from ..traffic import BYTES_PER_WEIGHT, weights_loaded
-from . import llama_cpp
 
-
-def _one_sequence_runtimes() -> tuple[str, ...]:
-    """Every runtime that decodes on the CPU at speed (not the reference, not emulated), and
-    each of its modes apart: ("cpu", "cpu-native", "ort"). cpu: attention in PyTorch (float32),
-    FFNs on the kernel; cpu-native: the whole step in native code."""
-    names = []
-    for name in registry.names(can="decoding", gpu=False, reference=False, emulated=False):
-        names += [name] + [f"{name}-{mode}" for mode in registry.get(name).capabilities.modes]
-    return tuple(names)
-
-
-RUNTIMES = _one_sequence_runtimes()
+# cpu: attention in PyTorch (float32), FFNs on the kernel; cpu-native: the whole step in native code.
+RUNTIMES = ("cpu", "cpu-native", "ort")
 LLAMA = "llama.cpp"
 PPL_CONTEXT = 128  # tokens per llama-perplexity chunk (the evaluation length of train-tiny)
 PPL_CHUNKS = 4
@@ -248,7 +237,7 @@ def _llama_tools(llama_bench: Path | None, config: LMConfig, *needed: str) -> ll
     present there, and config's vanilla twin one a GGUF file can hold."""
     if llama_bench is None:
         return None
-    from ..export.gguf import check_writable_as_gguf
+    from ..integrations.llamacpp.export import check_writable_as_gguf
 
     tools = llama_cpp.LlamaTools.beside(llama_bench)
     for name in needed:
@@ -442,7 +431,7 @@ class _LlamaContenders:
 
     def __init__(self, tools, base, folder: Path, threads: int, progress, kinds=llama_cpp.GGUF_TYPES, score=True):
         """kinds: the GGUF types written (f16 always); score: their perplexities too."""
-        from ..export.gguf import write_gguf
+        from ..integrations.llamacpp.export import write_gguf
         from ..lm.tokenizer import ByteTokenizer
 
         self.tools, self.threads = tools, threads
@@ -682,12 +671,8 @@ class BatchContender:
     switch_s: list[float] = field(default_factory=list)
 
 
-# The runtimes whose batch decoder reads each weight once for all a step's sequences (the
-# CPU kernel's batches in its native mode, named so here).
-BATCH_RUNTIMES = tuple(
-    f"{name}-native" if "native" in registry.get(name).capabilities.modes else name
-    for name in registry.names(can="batched")
-)
+# The runtimes whose batch decoder reads each weight once for all a step's sequences.
+BATCH_RUNTIMES = ("cpu-native", "cuda", "cuda-emulated")
 BATCH_LABELS = {
     "cpu-native": "CPU kernel, native step",
     "cuda": "CUDA decoder",
@@ -718,6 +703,7 @@ class _Roof:
 
 
 def _batch_decoder(runtime: str, model, twin: str, max_sequences: int, threads: int, context: int):
+    from .. import runtimes as registry
 
     if runtime == "cpu-native":
         return registry.get("cpu").batch_decoder(
@@ -763,6 +749,7 @@ def run_lm_batch_bench(
     projections in the model's dtype: its decoder dequantizes them). model_config: this model
     instead of bench_config's (float16 weights; small ones check the flow)."""
     progress = progress or (lambda *_: None)
+    from .. import runtimes as registry
     from ..cpu.model_step import unsupported
     from ..lm.model import DeaMoELM
     from ..runtimes.base import check_max_sequences

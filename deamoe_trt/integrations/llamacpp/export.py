@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .._io import atomic_path
-from ..errors import UsageError
-from ..lm.config import LMConfig
-from ..lm.model import DeaMoELM
+from ..._io import atomic_path
+from ...errors import UsageError
+from ...lm.config import LMConfig
+from ...lm.model import DeaMoELM
 
 ARCHITECTURE = "qwen3moe"
 BYTE_TOKENS = 256

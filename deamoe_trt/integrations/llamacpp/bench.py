@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .._io import atomic_path
-from ..errors import UsageError, one_line
+from ..._io import atomic_path
+from ...errors import UsageError, one_line
 
 GGUF_TYPES = ("f16", "Q8_0", "Q4_0")
 # The llama.cpp file that stands beside a DeaMoE model of each weight precision.

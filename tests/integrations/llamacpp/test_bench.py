@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from deamoe_trt.bench.llama_cpp import LlamaTools, chunked_perplexity
 from deamoe_trt.cli.main import main
 from deamoe_trt.errors import UsageError
+from deamoe_trt.integrations.llamacpp.bench import LlamaTools, chunked_perplexity
 
 
 def test_bench_lm_refuses_a_missing_llama_bench_in_one_line(capsys, tmp_path):
@@ -108,7 +108,7 @@ def fake_llama_batched_bench(tmp_path, rows: list[str]) -> LlamaTools:
 
 
 def test_batched_bench_reads_one_row_per_count_of_sequences(tmp_path):
-    from deamoe_trt.bench.llama_cpp import batched_bench
+    from deamoe_trt.integrations.llamacpp.bench import batched_bench
 
     row = '{{"pp": 4, "tg": 8, "pl": {pl}, "n_kv": 48, "t_tg": {t}, "speed_tg": {speed}}}'
     tools = fake_llama_batched_bench(

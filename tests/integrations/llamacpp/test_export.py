@@ -11,7 +11,7 @@ import torch
 
 from deamoe_trt.config import DeaMoEConfig
 from deamoe_trt.errors import UsageError
-from deamoe_trt.export.gguf import byte_token_texts, write_gguf
+from deamoe_trt.integrations.llamacpp.export import byte_token_texts, write_gguf
 from deamoe_trt.lm import DeaMoELM, LMConfig
 
 gguf = pytest.importorskip("gguf")
@@ -124,7 +124,7 @@ def test_llama_cpp_computes_the_pytorch_reference_from_the_f16_file(vanilla, f16
     greedy next token is ours wherever ours is not a near tie; its perplexity is ours."""
     from llama_cpp_tools import llama_tools
 
-    from deamoe_trt.bench.llama_cpp import chunk_log_probs, chunked_perplexity, perplexity, read_logits
+    from deamoe_trt.integrations.llamacpp.bench import chunk_log_probs, chunked_perplexity, perplexity, read_logits
 
     tools = llama_tools()
     ids, text = held_out
@@ -152,7 +152,7 @@ def test_llama_quantize_files_count_their_own_block_sizes(f16_file, tmp_path):
     at top_k / N, one embedding row (the gguf package's block table as the expectation)."""
     from llama_cpp_tools import llama_tools
 
-    from deamoe_trt.bench.llama_cpp import bytes_per_token, quantize
+    from deamoe_trt.integrations.llamacpp.bench import bytes_per_token, quantize
 
     tools = llama_tools()
     d, vocab, f, n, k = 64, 320, 32, 8, 2
@@ -184,7 +184,7 @@ def test_llama_quantize_files_run_with_errors_in_the_order_of_their_bits(f16_fil
     log-probabilities, Q4_0's error is several times Q8_0's, and both stay small."""
     from llama_cpp_tools import llama_tools
 
-    from deamoe_trt.bench.llama_cpp import perplexity, quantize, read_logits
+    from deamoe_trt.integrations.llamacpp.bench import perplexity, quantize, read_logits
 
     tools = llama_tools()
     _, text = held_out
