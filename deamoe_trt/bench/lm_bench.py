@@ -71,6 +71,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import runtimes as registry
 from ..config import DeaMoEConfig
 from ..console import format_bytes, format_table
 from ..errors import UsageError
@@ -81,8 +82,18 @@ from ..presets import get_preset
 from ..quant import QuantConfig
 from ..traffic import BYTES_PER_WEIGHT, weights_loaded
 
-# cpu: attention in PyTorch (float32), FFNs on the kernel; cpu-native: the whole step in native code.
-RUNTIMES = ("cpu", "cpu-native", "ort")
+
+def _one_sequence_runtimes() -> tuple[str, ...]:
+    """Every runtime that decodes on the CPU at speed (not the reference, not emulated), and
+    each of its modes apart: ("cpu", "cpu-native", "ort"). cpu: attention in PyTorch (float32),
+    FFNs on the kernel; cpu-native: the whole step in native code."""
+    names = []
+    for name in registry.names(can="decoding", gpu=False, reference=False, emulated=False):
+        names += [name] + [f"{name}-{mode}" for mode in registry.get(name).capabilities.modes]
+    return tuple(names)
+
+
+RUNTIMES = _one_sequence_runtimes()
 LLAMA = "llama.cpp"
 PPL_CONTEXT = 128  # tokens per llama-perplexity chunk (the evaluation length of train-tiny)
 PPL_CHUNKS = 4
@@ -671,8 +682,12 @@ class BatchContender:
     switch_s: list[float] = field(default_factory=list)
 
 
-# The runtimes whose batch decoder reads each weight once for all a step's sequences.
-BATCH_RUNTIMES = ("cpu-native", "cuda", "cuda-emulated")
+# The runtimes whose batch decoder reads each weight once for all a step's sequences (the
+# CPU kernel's batches in its native mode, named so here).
+BATCH_RUNTIMES = tuple(
+    f"{name}-native" if "native" in registry.get(name).capabilities.modes else name
+    for name in registry.names(can="batched")
+)
 BATCH_LABELS = {
     "cpu-native": "CPU kernel, native step",
     "cuda": "CUDA decoder",
@@ -703,7 +718,6 @@ class _Roof:
 
 
 def _batch_decoder(runtime: str, model, twin: str, max_sequences: int, threads: int, context: int):
-    from .. import runtimes as registry
 
     if runtime == "cpu-native":
         return registry.get("cpu").batch_decoder(
@@ -749,7 +763,6 @@ def run_lm_batch_bench(
     projections in the model's dtype: its decoder dequantizes them). model_config: this model
     instead of bench_config's (float16 weights; small ones check the flow)."""
     progress = progress or (lambda *_: None)
-    from .. import runtimes as registry
     from ..cpu.model_step import unsupported
     from ..lm.model import DeaMoELM
     from ..runtimes.base import check_max_sequences
