@@ -60,6 +60,8 @@ def stack_skip_reason(options: BenchOptions) -> str:
 def stack_section(options: BenchOptions, runner: Runner, num_layers: int) -> dict:
     """The FFN part of a decoder: num_layers DeaMoE layers (x <- x + layer(x)) against the
     same stack of expanded twins, on the CPU kernel, and on PyTorch when its copies fit."""
+    from ..runtimes.cpu_kernel import CpuKernelRuntime
+
     threads, log = runner.threads, runner.log
     config = get_preset(options.preset)
     dtype = DTYPES[options.stack_dtype]
@@ -78,6 +80,7 @@ def stack_section(options: BenchOptions, runner: Runner, num_layers: int) -> dic
     cpu_layers: dict[str, list] = {"deamoe": [], "expanded": []}
     torch_layers: dict[str, list] = {"deamoe": [], "expanded": []}
     cpu = runtimes.get("cpu")
+    assert isinstance(cpu, CpuKernelRuntime)  # the one runtime that chains layers into a stack
 
     skipped = {}
     try:

@@ -22,6 +22,7 @@ file, an engine: whatever the runtime runs) so that no caller opens one itself.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -238,7 +239,8 @@ class RuntimeBase:
 
         checkpoint = read(path).expect("layer", "stack")
         stack = checkpoint.stack()
-        return self.prepare(stack.layers[0] if checkpoint.artifact == "layer" else stack, threads=threads, **options)
+        runtime = typing.cast(Runtime, self)  # every implementation defines prepare
+        return runtime.prepare(stack.layers[0] if checkpoint.artifact == "layer" else stack, threads=threads, **options)
 
     def load_decoder(self, path: str | Path, *, threads: int | None = None, **options: Any) -> Decoder:
         return self.decoder(load_lm_model(path), threads=threads, **options)
