@@ -104,8 +104,14 @@ def register(subparsers) -> None:
         "--heal-device",
         choices=("cpu", "cuda"),
         default="cpu",
-        help="end-to-end healing device; under torchrun each process heals on its share of every batch "
-        "(gloo on cpu, NCCL on cuda)",
+        help="end-to-end healing device; under `accelerate launch` or torchrun each process heals on its share "
+        "of every batch (gloo on cpu, NCCL on cuda)",
+    )
+    parser.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="with several processes, shard the healed blocks' weights, gradients and Adam state over them "
+        "(FSDP; also on under `accelerate launch --use_fsdp`)",
     )
     parser.add_argument(
         "--report", metavar="R.json", type=common.writable_path, help="write the comparison report as JSON"
@@ -146,6 +152,7 @@ def _run(args) -> int:
     from ..convert.metrics import STEP_TOKENS
     from ..convert.report import frontier_plot_path, report_table, write_frontier_plot, write_plot
     from ..convert.run import SWEEP, convert_model
+    from ..convert.sharding import fsdp_requested
     from ..convert.sources import HELDOUT_WINDOWS, lm_source, read_calibration_tensor, read_text, stack_source
     from ..errors import UsageError
     from ..lm.checkpoint import read
@@ -168,6 +175,7 @@ def _run(args) -> int:
         heal_checkpoint=args.heal_checkpoint,
         heal_checkpoint_every=args.checkpoint_every,
         heal_device=args.heal_device,
+        heal_fsdp=fsdp_requested(args.fsdp),
         seed=args.seed,
     )
     rank, _ = init_distributed(args.heal_device)

@@ -1,6 +1,7 @@
 """`deamoe-trt train`: a DeaMoE language model and a vanilla MoE of equal expert parameters and
 active neurons per token, trained from the same data, seed and steps, compared on held-out
-perplexity and bytes per decoding step; one process or every process of a torchrun job."""
+perplexity and bytes per decoding step; one process or every process of an `accelerate launch`
+or torchrun job (data parallel, or sharded with --fsdp)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,12 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--threads", type=common.thread_count, default=1, help="torch CPU threads per process (default 1)"
     )
+    parser.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="with several processes, shard every model's weights, gradients and optimizer state over them "
+        "(FSDP; also on under `accelerate launch --use_fsdp`)",
+    )
     common.add_force(parser)
     parser.set_defaults(func=run)
 
@@ -55,6 +62,7 @@ def run(args) -> int:
 
     from .._io import check_replaceable, json_format_is, replaced_directory
     from ..convert.distill import init_distributed
+    from ..convert.sharding import fsdp_requested
     from ..train.compare import REPORT_FORMAT, compare, get_preset, report_table
 
     out = Path(args.output)
@@ -75,6 +83,7 @@ def run(args) -> int:
         seed=args.seed,
         threads=args.threads,
         progress=rank == 0,
+        fsdp=fsdp_requested(args.fsdp),
     )
     report["settings"]["processes"] = size
     if rank == 0:

@@ -43,6 +43,7 @@ class ConvertSettings:
     heal_checkpoint: str | None = None  # a folder for end-to-end healing checkpoints
     heal_checkpoint_every: int = 0
     heal_device: str = "cpu"
+    heal_fsdp: bool = False  # shard the healed blocks over the processes (convert/sharding.py)
     ridge: float = 1e-3
     seed: int = 0
 

@@ -6,13 +6,16 @@ process); process r of R takes windows r, r + R, ... of it. Its loss is the KL s
 its tokens divided by the global batch's token count, so summing the gradients over the
 processes (one all-reduce of one flat buffer) gives exactly the one-process gradient, and
 every process then takes the same Adam step: R processes give one process's result within
-float rounding (the order of the sums differs). Launch with torchrun; gloo on CPUs, NCCL
-on GPUs (deamoe_trt.convert.distill.init_distributed picks it).
+float rounding (the order of the sums differs). Launch with `accelerate launch` or torchrun;
+accelerate's process group (plain torch.distributed without accelerate) is gloo on CPUs and
+NCCL on GPUs (init_distributed). With fsdp the healed blocks are sharded over the
+processes instead (sharding.py), their gradients summed by FSDP's reduce-scatter.
 
 Checkpoints (every N steps, written by process 0 to a temporary name, then renamed) hold the
 trained parameters, Adam's state, the batch generator's state and the losses so far, in
-safetensors; a run given the same checkpoint path resumes from it and ends bit for bit where
-an uninterrupted run ends. A checkpoint of a different run (settings or shapes) is refused.
+safetensors (sharded values gathered whole); a run given the same checkpoint path resumes
+from it and ends bit for bit where an uninterrupted run ends. A checkpoint of a different
+run (settings or shapes) is refused.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import json
 import math
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,6 +34,7 @@ from torch.nn import functional as F
 from .._io import atomic_path
 from ..console import Progress
 from ..errors import UsageError
+from .sharding import full, like, sharded
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,7 @@ class DistillSettings:
     checkpoint: str | None = None  # a .safetensors file to write and resume from
     checkpoint_every: int = 0  # steps between checkpoints (0: only with checkpoint, at the end)
     device: str = "cpu"
+    fsdp: bool = False  # shard the healed blocks over the processes (sharding.py)
 
     def fingerprint(self) -> dict:
         """What must match for a checkpoint to be resumed (not where it is or how often)."""
@@ -57,15 +63,22 @@ def world() -> tuple[int, int]:
 
 
 def init_distributed(device: str) -> tuple[int, int]:
-    """Join the torchrun job this process was launched in (WORLD_SIZE > 1), NCCL for a CUDA
-    device (each process on cuda:LOCAL_RANK), gloo otherwise; (rank, world size)."""
+    """Join the job this process was launched in by `accelerate launch` or torchrun
+    (WORLD_SIZE > 1) through accelerate's PartialState (torch.distributed where accelerate is
+    not installed): NCCL for a CUDA device (each process on cuda:LOCAL_RANK), gloo otherwise;
+    (rank, world size)."""
     import torch.distributed as dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         cuda = device.startswith("cuda")
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend="nccl" if cuda else "gloo")
+        try:
+            from accelerate import PartialState
+        except ImportError:
+            dist.init_process_group(backend="nccl" if cuda else "gloo")
+        else:
+            PartialState(cpu=not cuda)
     return world()
 
 
@@ -108,17 +121,33 @@ def distill_lm(
     global loss per step."""
     if settings.steps <= 0:
         return []
-    rank, size = world()
+    _, size = world()
     if settings.batch_size < size:
         raise UsageError(f"the healing batch ({settings.batch_size} windows) must be at least the {size} processes")
     device = local_device(settings.device)
     blocks = model.moe_layers() if blocks is None else blocks
     model.to(device)
     source.to(device)
-    params = [p for i in blocks for p in model.layers[i].mlp.parameters()]
-    frozen = [p for p in model.parameters() if all(p is not q for q in params)]
+    healed = [p for i in blocks for p in model.layers[i].mlp.parameters()]
+    frozen = [p for p in model.parameters() if all(p is not q for q in healed)]
     for p in frozen:
         p.requires_grad_(False)
+    fsdp = settings.fsdp and size > 1
+    try:
+        with sharded(model, [f"layers.{i}" for i in blocks]) if fsdp else nullcontext():
+            params = [p for i in blocks for p in model.layers[i].mlp.parameters()]
+            return _distill(model, source, windows, settings, params, fsdp, progress)
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+        model.eval()
+        model.to("cpu")
+        source.to("cpu")
+
+
+def _distill(model, source, windows: torch.Tensor, settings: DistillSettings, params, fsdp: bool, progress):
+    rank, size = world()
+    device = local_device(settings.device)
     optimizer = torch.optim.Adam(params, lr=settings.lr)
     gen = torch.Generator().manual_seed(settings.seed)
     losses: list[float] = []
@@ -128,36 +157,29 @@ def distill_lm(
     tokens_per_step = min(settings.batch_size, windows.shape[0]) * windows.shape[1]
     began = time.perf_counter()
     model.train()
-    try:
-        for step in range(start, settings.steps):
-            cosine_lr(optimizer, settings.lr, step, settings.steps)
-            batch = torch.randperm(windows.shape[0], generator=gen)[: settings.batch_size]
-            ids = windows[batch[rank::size]].to(device)
-            rows = len(batch) * windows.shape[1]  # the global batch's tokens
-            with torch.no_grad():
-                teacher = F.log_softmax(source(ids).logits, dim=-1)
-            student = F.log_softmax(model(ids).logits, dim=-1)
-            loss = F.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="sum") / rows
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if size > 1:
-                sum_across_ranks(params, loss)
-            optimizer.step()
-            losses.append(loss.item())
-            done = step + 1
-            if settings.checkpoint and rank == 0 and _due(settings, done):
-                save_checkpoint(settings, params, optimizer, gen, losses, done)
-            if progress is not None:
-                elapsed = time.perf_counter() - began
-                rate = (done - start) * tokens_per_step / max(elapsed, 1e-9)
-                eta = (settings.steps - done) * elapsed / (done - start)
-                progress.update(f"logit KL {losses[-1]:.4f}  {rate:,.0f} tok/s  ETA {eta:.0f}s")
-    finally:
-        for p in frozen:
-            p.requires_grad_(True)
-        model.eval()
-        model.to("cpu")
-        source.to("cpu")
+    for step in range(start, settings.steps):
+        cosine_lr(optimizer, settings.lr, step, settings.steps)
+        batch = torch.randperm(windows.shape[0], generator=gen)[: settings.batch_size]
+        ids = windows[batch[rank::size]].to(device)
+        rows = len(batch) * windows.shape[1]  # the global batch's tokens
+        with torch.no_grad():
+            teacher = F.log_softmax(source(ids).logits, dim=-1)
+        student = F.log_softmax(model(ids).logits, dim=-1)
+        loss = F.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="sum") / rows
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if size > 1:
+            sum_across_ranks([] if fsdp else params, loss)  # FSDP summed the gradients itself
+        optimizer.step()
+        losses.append(loss.item())
+        done = step + 1
+        if settings.checkpoint and (rank == 0 or fsdp) and _due(settings, done):
+            save_checkpoint(settings, params, optimizer, gen, losses, done, write=rank == 0)
+        if progress is not None:
+            elapsed = time.perf_counter() - began
+            rate = (done - start) * tokens_per_step / max(elapsed, 1e-9)
+            eta = (settings.steps - done) * elapsed / (done - start)
+            progress.update(f"logit KL {losses[-1]:.4f}  {rate:,.0f} tok/s  ETA {eta:.0f}s")
     return losses
 
 
@@ -166,24 +188,30 @@ def _due(settings: DistillSettings, done: int) -> bool:
     return done == settings.steps or (every > 0 and done % every == 0)
 
 
-def save_checkpoint(settings: DistillSettings, params, optimizer, gen: torch.Generator, losses, step: int) -> Path:
+def save_checkpoint(
+    settings: DistillSettings, params, optimizer, gen: torch.Generator, losses, step: int, *, write: bool = True
+) -> Path:
+    """Write the checkpoint (if write). Sharded parameters are gathered whole first, a
+    collective: then every process calls this, and one writes."""
     from safetensors.torch import save_file
 
     tensors = {"generator": gen.get_state()}
     for i, p in enumerate(params):
-        tensors[f"param.{i}"] = p.detach().cpu().contiguous()
+        tensors[f"param.{i}"] = full(p.detach()).cpu().contiguous()
         state = optimizer.state.get(p, {})
         if state:
             tensors[f"step.{i}"] = torch.as_tensor(state["step"]).detach().cpu().reshape(1)
-            tensors[f"exp_avg.{i}"] = state["exp_avg"].detach().cpu().contiguous()
-            tensors[f"exp_avg_sq.{i}"] = state["exp_avg_sq"].detach().cpu().contiguous()
+            tensors[f"exp_avg.{i}"] = full(state["exp_avg"].detach()).cpu().contiguous()
+            tensors[f"exp_avg_sq.{i}"] = full(state["exp_avg_sq"].detach()).cpu().contiguous()
+    path = Path(settings.checkpoint)
+    if not write:
+        return path
     meta = {
         "step": step,
         "losses": losses,
         "settings": settings.fingerprint(),
         "shapes": [list(p.shape) for p in params],
     }
-    path = Path(settings.checkpoint)
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={"healing": json.dumps(meta)})
     return path
@@ -212,12 +240,12 @@ def _resume(settings: DistillSettings, params, optimizer, gen: torch.Generator, 
         )
     with torch.no_grad():
         for i, p in enumerate(params):
-            p.copy_(tensors[f"param.{i}"])
+            p.copy_(like(p, tensors[f"param.{i}"]))
             if f"exp_avg.{i}" in tensors:
                 optimizer.state[p] = {
                     "step": tensors[f"step.{i}"].reshape(()).clone(),
-                    "exp_avg": tensors[f"exp_avg.{i}"].to(p.device).clone(),
-                    "exp_avg_sq": tensors[f"exp_avg_sq.{i}"].to(p.device).clone(),
+                    "exp_avg": like(p, tensors[f"exp_avg.{i}"]),
+                    "exp_avg_sq": like(p, tensors[f"exp_avg_sq.{i}"]),
                 }
     gen.set_state(tensors["generator"])
     losses[:] = meta["losses"]

@@ -80,10 +80,11 @@ def heal_lm(
     checkpoint: str | None = None,
     checkpoint_every: int = 0,
     device: str = "cpu",
+    fsdp: bool = False,
 ) -> list[float]:
     """End-to-end logit distillation of model (a DeaMoELM, in place) to source on token
     windows [W, L]; the FFNs' parts and routers train (those of `blocks`, default its DeaMoE
-    blocks), everything else stays. Checkpointed, resumable and data-parallel: distill.py."""
+    blocks), everything else stays. Checkpointed, resumable, data-parallel or sharded: distill.py."""
     settings = DistillSettings(
         steps=steps,
         lr=lr,
@@ -92,5 +93,6 @@ def heal_lm(
         checkpoint=checkpoint,
         checkpoint_every=checkpoint_every,
         device=device,
+        fsdp=fsdp,
     )
     return distill_lm(model, source, windows, settings, blocks=blocks, progress=progress)

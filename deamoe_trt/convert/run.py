@@ -27,6 +27,7 @@ from ..layer import DeaMoELayer, DeaMoEStack
 from ..traffic import BYTES_PER_WEIGHT
 from . import baselines
 from .core import ConvertSettings, LayerConversion, convert_layer, expert_agreement, plan_order, score_agreement
+from .distill import world
 from .heal import heal_layer, heal_lm
 from .metrics import (
     STEP_TOKENS,
@@ -118,7 +119,12 @@ def convert_model(
     cache = None
     if work is not None:
         key = fingerprint(_source_tensors(source), settings, compare=compare, sweep=list(sweep))
+        distributed = world()[1] > 1
+        if distributed and not work_writer:
+            torch.distributed.barrier()  # the writer makes or clears the folder first: no half-made folder seen
         cache = open_work(work, key, writer=work_writer, log=sys.stderr if progress else _Quiet())
+        if distributed and work_writer:
+            torch.distributed.barrier()
     width = source.layers[0].config.expert_intermediate_size
     requested = settings.sizes(width)[0] / width
     fractions = [None, *(f for f in sweep if abs(round(f * width) / width - requested) > 1e-9)]
@@ -295,6 +301,7 @@ def _heal(
             checkpoint=_checkpoint_path(settings, healed, cache),
             checkpoint_every=settings.heal_checkpoint_every or _work_checkpoint_every(settings, cache),
             device=settings.heal_device,
+            fsdp=settings.heal_fsdp,
         )
         healed.layers = [healed.lm.layers[i].mlp for i in source.lm.moe_layers()]
     return healed

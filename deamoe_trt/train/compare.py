@@ -253,13 +253,17 @@ def compare(
     seed: int = 0,
     threads: int = 1,
     progress: bool = True,
+    fsdp: bool = False,
 ) -> tuple[dict, dict[str, DeaMoELM]]:
     """Train the DeaMoE and its matched vanilla MoE from scratch (and, with upcycled, both
     from one dense model; without scratch, only those), the same steps in all; (report,
     models by name). Runs as one
     process or as every process of a torchrun job (deamoe_trt.train.lm's data parallelism):
-    every process returns the same report and weights, within float rounding."""
-    settings = dataclasses.replace(preset.settings, steps=steps or preset.settings.steps, seed=seed, threads=threads)
+    every process returns the same report and weights, within float rounding; fsdp: sharded
+    over the processes."""
+    settings = dataclasses.replace(
+        preset.settings, steps=steps or preset.settings.steps, seed=seed, threads=threads, fsdp=fsdp
+    )
     dense_steps = preset.dense_steps if dense_steps is None else dense_steps
     if not (scratch or upcycled):
         raise UsageError("nothing to train: ask for the models from scratch, upcycled ones, or both")

@@ -17,7 +17,8 @@ its cross-entropy is summed over its tokens and divided by the global batch's, t
 load-balancing term uses the global expert shares (one all-reduce of the counts), and one
 all-reduce of the gradients gives every process the one-process gradient and the same step.
 R processes give one process's result within float rounding; one process computes exactly
-as before.
+as before. With fsdp the blocks and the rest of the model are sharded over the processes
+instead (deamoe_trt.convert.sharding), their gradients summed by FSDP's reduce-scatter.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from torch.nn import functional as F
 
 from ..console import Progress
 from ..convert.distill import sum_across_ranks, world
+from ..convert.sharding import sharded
 from ..errors import UsageError
 from ..lm.config import LMConfig
 from ..lm.model import DeaMoELM
@@ -90,6 +92,7 @@ class TrainSettings:
     log_every: int = 50
     seed: int = 0
     threads: int = 1
+    fsdp: bool = False  # with several processes, shard the model over them (convert/sharding.py)
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "eval_batches", "log_every", "threads"):
@@ -214,8 +217,20 @@ def train(
 
 
 def _train(model, tokenizer, train_ids, val_ids, settings: TrainSettings, progress: bool, label: str) -> TrainResult:
+    if settings.fsdp and world()[1] > 1:
+        with sharded(model, [f"layers.{i}" for i in range(len(model.layers))], root=True) as work:
+            result = _train_loop(work, tokenizer, train_ids, val_ids, settings, progress, label)
+        result.model = model.eval()  # the trained values, gathered back whole
+        return result
+    return _train_loop(model, tokenizer, train_ids, val_ids, settings, progress, label)
+
+
+def _train_loop(model, tokenizer, train_ids, val_ids, settings: TrainSettings, progress: bool, label: str):
     start = time.perf_counter()
     initial_val = evaluate(model, val_ids, settings)
+    fsdp = settings.fsdp and world()[1] > 1
+    if fsdp:
+        model.reshard()  # a root keeps its gathered weights after a forward: the optimizer takes the shards
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -250,7 +265,7 @@ def _train(model, tokenizer, train_ids, val_ids, settings: TrainSettings, progre
         optimizer.zero_grad(set_to_none=True)
         (ce + settings.aux_loss_coef * aux).backward()
         if size > 1:
-            sum_across_ranks(params, ce)
+            sum_across_ranks([] if fsdp else params, ce)  # FSDP summed the gradients itself
         torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
         optimizer.step()
         losses.append(ce.item())
