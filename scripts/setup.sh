@@ -15,7 +15,7 @@ if .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "nvi
 else
     echo "setup.sh: the nvidia-pytriton wheel did not install; the serving tests will skip" >&2
 fi
-# TensorRT Edge-LLM's exporter for export-edgellm and its tests (tests/export/edgellm). It pins
+# TensorRT Edge-LLM's exporter for export-edgellm and its tests (tests/integrations/edgellm). It pins
 # transformers 5.14, onnx 1.19 and numpy 2.2, which clash with .venv's, so it gets .venv-edgellm;
 # deamoe-trt runs its exporter there as a subprocess with this tree on PYTHONPATH.
 if python3 -m venv .venv-edgellm &&

@@ -46,7 +46,7 @@ SKIPS: list[tuple[str, str, str]] = [
     ("docs/edge-llm.md", r"^deamoe-trt doctor", DOCTOR),
     ("docs/edge-llm.md", r"^scripts/setup\.sh", DOWNLOAD + " (setup.sh installs from PyPI)"),
     ("docs/edge-llm.md", r"Qwen3-30B-A3B|lm/", DOWNLOAD + ": Qwen3-30B-A3B's weights"),
-    ("docs/edge-llm.md", r"tests/export/edgellm", LONG + ": 50-250 s, TensorRT Edge-LLM's exporter"),
+    ("docs/edge-llm.md", r"tests/integrations/edgellm", LONG + ": 50-250 s, TensorRT Edge-LLM's exporter"),
     ("docs/edge-llm.md", r"DEAMOE_TRT_HEADERS|cmake|llm_build|llm_inference", TRT),
     ("docs/hf-models.md", r"qwen3-30b-a3b|Qwen3-30B-A3B|hf/qwen3-deamoe", DOWNLOAD + ": Qwen3-30B-A3B's weights"),
     ("docs/hf-models.md", r"^HF_DATASETS_OFFLINE=1 lm_eval", DOWNLOAD + ": lm-eval is not a dependency"),

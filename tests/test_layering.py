@@ -9,7 +9,7 @@ deferred and type-only ones included). The areas:
 - lm/: the language model itself. It imports the core and nothing else.
 - cpu/, cuda/: the kernels' bindings. They import the core, lm/ and each other, no stage.
 - cli/: the commands. Nothing but cli/ imports it.
-- integrations/: one subpackage per outside engine (vllm, triton, llamacpp, ...). They import the core, lm/,
+- integrations/: one subpackage per outside engine (vllm, triton, edgellm, llamacpp, ...). They import the core, lm/,
   the kernels and the stages; no stage imports them (only cli/ and the entry points do), so a
   piece a stage and an integration share lives in the stage. A stage may still name an
   integration's object lazily by a "module:attr" string (not an import).
@@ -36,13 +36,16 @@ INTEGRATIONS = "integrations"
 KNOWN = {
     # The device checks share the CLI's argument types; they move down when the check-*
     # commands stop parsing their arguments a second time in checks/.
-    ("deamoe_trt.checks.edgellm_device", "deamoe_trt.cli.args"),
+    ("deamoe_trt.integrations.edgellm.device_check", "deamoe_trt.cli.args"),
     ("deamoe_trt.checks.gpu.cli", "deamoe_trt.cli.args"),
     ("deamoe_trt.checks.trt_device", "deamoe_trt.cli.args"),
     # bench-lm runs llama.cpp as one of its contenders; they move out when bench-lm takes its
     # contenders through an interface the integration fills.
     ("deamoe_trt.bench.lm_bench", "deamoe_trt.integrations.llamacpp.bench"),
     ("deamoe_trt.bench.lm_bench", "deamoe_trt.integrations.llamacpp.export"),
+    # doctor reports the Edge-LLM environment beside the other tools; it moves when doctor takes
+    # its checks from the integrations.
+    ("deamoe_trt.trt.doctor", "deamoe_trt.integrations.edgellm"),
 }
 
 

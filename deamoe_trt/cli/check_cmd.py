@@ -1,4 +1,5 @@
-"""`deamoe-trt check-gpu`, `check-trt` and `check-edgellm`: the device checks (deamoe_trt.checks).
+"""`deamoe-trt check-gpu`, `check-trt` and `check-edgellm`: the device checks (deamoe_trt.checks,
+deamoe_trt.integrations.edgellm.device_check).
 
 Each passes its arguments to the check's own parser: `deamoe-trt check-gpu --help` lists them.
 """
@@ -10,11 +11,19 @@ import argparse
 
 def register(subparsers) -> None:
     for name, module, summary in (
-        ("check-gpu", "gpu", "on a CUDA GPU: the kernels' correctness and speed vs the expanded twin (--dry-run: CPU)"),
-        ("check-trt", "trt_device", "on a GPU with TensorRT: plugin build, engines, validation and timing"),
+        (
+            "check-gpu",
+            "checks.gpu",
+            "on a CUDA GPU: the kernels' correctness and speed vs the expanded twin (--dry-run: CPU)",
+        ),
+        (
+            "check-trt",
+            "checks.trt_device",
+            "on a GPU with TensorRT: plugin build, engines, validation and timing",
+        ),
         (
             "check-edgellm",
-            "edgellm_device",
+            "integrations.edgellm.device_check",
             "on a GPU with TensorRT Edge-LLM: our export and the vanilla model's, engines, tokens and TPOT",
         ),
     ):
@@ -27,5 +36,5 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import importlib
 
-    check = importlib.import_module(f"deamoe_trt.checks.{args.check_module}")
+    check = importlib.import_module(f"deamoe_trt.{args.check_module}")
     return check.main(args.check_args)

@@ -31,7 +31,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from .._io import check_not_input
-    from ..export.edgellm import export_edgellm
+    from ..integrations.edgellm import export_edgellm
 
     check_not_input(args.output, [args.checkpoint])
     out = export_edgellm(args.checkpoint, args.output, dtype=args.dtype, python=args.edgellm_python)

@@ -227,7 +227,7 @@ def kernel_self_test() -> str:
 
 def check_edgellm() -> Check:
     """Edge-LLM's exporter (export-edgellm) and its version, from the Python that would run it."""
-    from ..export.edgellm import TESTED_VERSIONS, check_version, edgellm_python, installed_version
+    from ..integrations.edgellm import TESTED_VERSIONS, check_version, edgellm_python, installed_version
 
     name = "TensorRT Edge-LLM"
     fix = f"only for export-edgellm: scripts/setup.sh makes .venv-edgellm (tensorrt-edgellm=={TESTED_VERSIONS[-1]})"

@@ -24,9 +24,9 @@ from importers.hf_lm_models import CHAT_TEMPLATE, make_tokenizer
 
 from deamoe_trt.cli.main import main as cli
 from deamoe_trt.errors import DeaMoEError, MissingDependencyError, UsageError
-from deamoe_trt.export.edgellm import SIDECAR, check_version, edgellm_python, export_edgellm
+from deamoe_trt.integrations.edgellm import SIDECAR, check_version, edgellm_python, export_edgellm
+from deamoe_trt.integrations.edgellm.validate import LLM, MODEL, deamoe_nodes, graph_differences, node_checks, signature
 from deamoe_trt.lm.shipped import TINY_LM
-from deamoe_trt.validation.edgellm import LLM, MODEL, deamoe_nodes, graph_differences, node_checks, signature
 
 try:
     EDGELLM_PYTHON, WHY = edgellm_python(), ""
@@ -342,7 +342,7 @@ def test_failed_export_leaves_no_partial_directory(tmp_path):
 EAGER_SCRIPT = """
 import torch
 from deamoe_trt import DeaMoELayer, get_preset
-from deamoe_trt.export.edgellm.family import DeaMoEBlock
+from deamoe_trt.integrations.edgellm.family import DeaMoEBlock
 from deamoe_trt.quant import QuantConfig
 
 for quant in (None, QuantConfig(4, 16)):

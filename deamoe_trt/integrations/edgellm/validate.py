@@ -29,8 +29,8 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
-from .. import contract
-from ..export import plugin_node
+from ... import contract
+from ...export import plugin_node
 
 LLM = "llm"
 MODEL = "model.onnx"
@@ -205,9 +205,9 @@ class NodeCheck:
 
 def node_checks(ours: str | Path, lm_dir: str | Path, *, tokens: int = 16, seed: int = 0) -> list[NodeCheck]:
     """Each DeaMoE node of the export at ours against the LM at lm_dir (see the module docstring)."""
-    from ..export.edgellm.tensors import node_tensors
-    from ..lm.checkpoint import load_lm
-    from ..runtimes.onnxruntime import make_session
+    from ...lm.checkpoint import load_lm
+    from ...runtimes.onnxruntime import make_session
+    from .tensors import node_tensors
 
     model = onnx.load(Path(ours) / LLM / MODEL)
     lm = load_lm(lm_dir).model

@@ -1,6 +1,6 @@
 """The DeaMoE family inside TensorRT Edge-LLM's exporter: a Qwen3-MoE model whose MoE blocks are our node.
 
-Runs in the Python that has Edge-LLM (its own venv; see deamoe_trt.export.edgellm), never
+Runs in the Python that has Edge-LLM (its own venv; see deamoe_trt.integrations.edgellm), never
 in deamoe-trt's: it imports tensorrt_edgellm, onnx and onnxscript at the versions Edge-LLM pins.
 
 What it adds to Edge-LLM, through its extension points only:
@@ -30,8 +30,8 @@ from onnx.defs import OpSchema
 from torch import nn
 
 from ... import contract
+from ...export import plugin_node
 from ...layer import DeaMoELayer
-from .. import plugin_node
 from .tensors import layer_from_node, node_tensors
 
 OP_NAMESPACE = "deamoe_trt"

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from export.edgellm.test_export_edgellm import EDGELLM_PYTHON, WHY, build_qwen3_moe
 
-from deamoe_trt.checks import edgellm_device
+from deamoe_trt.integrations.edgellm import device_check as edgellm_device
 from deamoe_trt.lm.checkpoint import load_lm
+from integrations.edgellm.test_export import EDGELLM_PYTHON, WHY, build_qwen3_moe
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(EDGELLM_PYTHON is None, reason=WHY)]
 PROMPTS = ["the sea", "a department"]

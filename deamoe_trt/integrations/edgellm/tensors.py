@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ...export import plugin_node
 from ...layer import DeaMoELayer
-from .. import plugin_node
 
 
 def layer_from_node(weights: Sequence[torch.Tensor], attrs: dict, dtype: torch.dtype) -> DeaMoELayer:

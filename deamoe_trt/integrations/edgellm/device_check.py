@@ -3,7 +3,7 @@
     deamoe-trt check-edgellm OUT_DIR --hf-dir HF_DIR --edgellm-build DIR [--lm LM_DIR]
         [--plugin PATH] [--tensorrt-root DIR] [--tensorrt-include DIR] [--prompt TEXT ...]
         [--tokens 64] [--dry-run]
-    (or: python -m deamoe_trt.checks.edgellm_device OUT_DIR ...)
+    (or: python -m deamoe_trt.integrations.edgellm.device_check OUT_DIR ...)
 
 HF_DIR is the Hugging Face model Edge-LLM supports (a Qwen3-MoE); LM_DIR its DeaMoE LM
 (imported or converted from it; default: `import-hf HF_DIR`). DIR is the build folder of a
@@ -39,8 +39,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..cli import args as common
-from .trt_device import Check, Skip
+from ...checks.trt_device import Check, Skip
+from ...cli import args as common
 
 PROMPTS = ("Tell me about the sea.", "What is a department of experts?")
 GREEDY = {"temperature": 1.0, "top_p": 1.0, "top_k": 1}
@@ -50,7 +50,7 @@ VARIANTS = ("deamoe", "vanilla")
 class EdgeLLMCheck(Check):
     def __init__(self, out: Path, args: argparse.Namespace):
         super().__init__(out, args)
-        self.results["script"] = "deamoe-trt check-edgellm (deamoe_trt/checks/edgellm_device.py)"
+        self.results["script"] = "deamoe-trt check-edgellm (deamoe_trt/integrations/edgellm/device_check.py)"
         self.results.update({"reference": [], "commands": [], "inference": [], "tpot": {}})
         self.lm_dir = Path(args.lm) if args.lm else self.work / "lm"
         self.exports = {v: self.work / f"edgellm-{v}" for v in VARIANTS}
@@ -71,7 +71,7 @@ class EdgeLLMCheck(Check):
             return f"given: {self.lm_dir}"
         if (self.lm_dir / "config.json").is_file():
             return f"reused: {self.lm_dir}"
-        from ..importers.hf_lm import import_hf_lm
+        from ...importers.hf_lm import import_hf_lm
 
         import_hf_lm(self.args.hf_dir, self.lm_dir)
         return f"imported {self.args.hf_dir} into {self.lm_dir}"
@@ -81,7 +81,7 @@ class EdgeLLMCheck(Check):
         if (out / "llm" / "config.json").is_file():
             return f"reused: {out}"
         if variant == "deamoe":
-            from ..export.edgellm import export_edgellm
+            from . import export_edgellm
 
             export_edgellm(self.lm_dir, out, python=self.args.edgellm_python)
         else:
@@ -90,7 +90,7 @@ class EdgeLLMCheck(Check):
 
     def _edgellm_export(self, out: Path) -> None:
         """Edge-LLM's own `tensorrt-edgellm-export HF_DIR out`, into a temporary name first."""
-        from ..export.edgellm import edgellm_python
+        from . import edgellm_python
 
         script = "import sys; from tensorrt_edgellm.scripts.export import main; sys.exit(main())"
         partial = out.with_name(f".{out.name}.partial")
@@ -104,9 +104,9 @@ class EdgeLLMCheck(Check):
     def reference(self) -> list[dict]:
         import torch
 
-        from .. import runtimes
-        from ..lm.checkpoint import load_lm
-        from ..runtimes.decode import generate
+        from ... import runtimes
+        from ...lm.checkpoint import load_lm
+        from ...runtimes.decode import generate
 
         loaded = load_lm(self.lm_dir, device="cuda" if torch.cuda.is_available() else None)
         tokenizer = loaded.tokenizer
@@ -177,7 +177,7 @@ class EdgeLLMCheck(Check):
         return str(self.engines[variant])
 
     def infer(self, variant: str, inputs: dict[int, Path]) -> dict:
-        from ..lm.checkpoint import load_lm
+        from ...lm.checkpoint import load_lm
 
         tokenizer = load_lm(self.lm_dir).tokenizer if not self.args.dry_run else None
         timings = {}

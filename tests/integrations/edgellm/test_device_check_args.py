@@ -1,5 +1,5 @@
 """`deamoe-trt check-edgellm`: a bad argument is one line naming the flag, exit 2, and nothing
-is written (no Edge-LLM needed, unlike test_edgellm_device.py)."""
+is written (no Edge-LLM needed, unlike test_device_check.py)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The export itself, run by the Python that has Edge-LLM (`python -m deamoe_trt.export.edgellm.driver LM OUT`).
+"""The export itself, run by the Python that has Edge-LLM (`python -m deamoe_trt.integrations.edgellm.driver LM OUT`).
 
 Loads the DeaMoE LM, writes its Hugging Face view (source.py) to a scratch folder, and runs
 Edge-LLM's own exporter (`tensorrt-edgellm-export`'s main) on it with the DeaMoE family
@@ -8,7 +8,7 @@ deamoe_trt.json, which says which plugin library the engine build must load.
 
 Errors: a DeaMoEError prints one line on stderr and exits with its code (2: bad input,
 such as an Edge-LLM version outside the tested range); anything Edge-LLM raises exits 1
-with its last line. The caller (deamoe_trt.export.edgellm.export_edgellm) writes OUT as
+with its last line. The caller (deamoe_trt.integrations.edgellm.export_edgellm) writes OUT as
 a temporary folder and renames it only on success.
 """
 
@@ -71,7 +71,7 @@ def run(lm_dir: Path, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m deamoe_trt.export.edgellm.driver", description=__doc__.split("\n")[0]
+        prog="python -m deamoe_trt.integrations.edgellm.driver", description=__doc__.split("\n")[0]
     )
     parser.add_argument("lm", type=Path)
     parser.add_argument("out", type=Path)

@@ -21,7 +21,7 @@ def run_driver(python: Path, lm_dir: Path, out: Path) -> subprocess.CompletedPro
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(import_root()), env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "2")
-    command = [str(python), "-m", "deamoe_trt.export.edgellm.driver", str(lm_dir), str(out)]
+    command = [str(python), "-m", "deamoe_trt.integrations.edgellm.driver", str(lm_dir), str(out)]
     return subprocess.run(command, env=env, capture_output=True, text=True, check=False)
 
 

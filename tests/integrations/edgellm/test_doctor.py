@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from deamoe_trt.errors import MissingDependencyError
-from deamoe_trt.export.edgellm import PYTHON_ENV, edgellm_python
+from deamoe_trt.integrations.edgellm import PYTHON_ENV, edgellm_python
 from deamoe_trt.trt.doctor import MISSING, OK, check_edgellm
 
 
