@@ -121,7 +121,7 @@ def stack_section(options: BenchOptions, runner: Runner, num_layers: int) -> dic
         ]
         for t in options.tokens
     }
-    traffic = _stack_traffic(stacks, config, dtype, inputs, warmup)
+    traffic = _stack_traffic({kind: s.run for kind, s in stacks.items()}, config, dtype, inputs, warmup)
     # Outputs of the two CPU stacks agree (same routing, same math) up to rounding.
     check = {}
     for t, xs in inputs.items():
@@ -153,7 +153,7 @@ def stack_section(options: BenchOptions, runner: Runner, num_layers: int) -> dic
 
 
 def _stack_traffic(stacks: dict, config: DeaMoEConfig, dtype: torch.dtype, inputs: dict, warmup: int) -> dict:
-    """Bytes per step of each stack: the sum over layers of each layer's routing of the
+    """Bytes per step of each stack (the CPU kernel's): the sum over layers of each layer's routing of the
     input it actually gets (the previous layers' outputs), per deamoe_trt.traffic."""
     b = BYTES_PER_WEIGHT[dtype]
     cfgs = {"deamoe": config, "expanded": config.expanded()}
