@@ -119,3 +119,10 @@ def test_the_commands_offer_the_runtimes_the_registry_lists():
     assert tuple(generate.choices) == runtimes.names(can="decoding")
     assert lm_bench.RUNTIMES == ("cpu", "cpu-native", "ort")
     assert lm_bench.BATCH_RUNTIMES == ("cpu-native", "cuda", "cuda-emulated")
+
+
+def test_the_layer_benchmarks_contenders_run_layers_on_the_cpu_at_speed():
+    from deamoe_trt.bench.options import PRIORITY
+
+    used = {name.split("/")[1] for name in PRIORITY}
+    assert used == set(runtimes.names(can="layers", gpu=False, emulated=False))
