@@ -117,6 +117,15 @@ DEQUANT_OPS_PER_WEIGHT = {4: 2.9, 8: 2.0}
 SCALE_FMAS_PER_WEIGHT = 1 / 8
 
 
+# What every row rests on, printed under the plain table.
+RESTS_ON = (
+    "Rests on: datasheet bandwidth and fp32 rates; the assumed streaming efficiency, load latency, launch gaps, "
+    "routing time and dequantization instructions per weight of deamoe_trt/perf_model.py; the registers of "
+    "{registers}; the default kernel variant. Not calibrated on a GPU: the H200 run's measured over predicted "
+    'times are in native/cuda/KERNELS.md, "What the A40 and Orin rows rest on".'
+)
+
+
 def tile_tokens(tokens: int) -> int:
     """The kernels' token capacity for a tile of `tokens` (the next power of two, <= 16)."""
     return min(MAX_TILE_TOKENS, 1 << max(0, math.ceil(math.log2(max(tokens, 1)))))
@@ -410,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"perf_model: {exc}", file=sys.stderr)
         return 2
     print(render(predicted_rows(presets, devices, tokens, registers, quant), args.markdown))
+    if not args.markdown:
+        source = str(args.ptxas_log) if args.ptxas_log else "this source's ptxas report (DEFAULT_REGISTERS)"
+        print(RESTS_ON.format(registers=source))
     return 0
 
 

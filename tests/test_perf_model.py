@@ -135,3 +135,9 @@ def test_cli_prints_a_markdown_table_and_rejects_unknown_devices(capsys):
     assert lines[0].startswith("| preset |") and len(lines) == 2 + 2  # header, rule, two presets
     assert main(["--devices", "h300"]) == 2
     assert "h300" in capsys.readouterr().err
+
+
+def test_the_plain_table_says_what_it_rests_on(capsys):
+    assert main(["--devices", "orin", "--tokens", "1", "--presets", "deepseek-v3-layer"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("Rests on: datasheet") and "Not calibrated on a GPU" in last and "DEFAULT_REGISTERS" in last
