@@ -9,10 +9,10 @@ deferred and type-only ones included). The areas:
 - lm/: the language model itself. It imports the core and nothing else.
 - cpu/, cuda/: the kernels' bindings. They import the core, lm/ and each other, no stage.
 - cli/: the commands. Nothing but cli/ imports it.
-- integrations/: one subpackage per outside engine (vllm, triton, edgellm, llamacpp, ...). They import the core, lm/,
-  the kernels and the stages; no stage imports them (only cli/ and the entry points do), so a
-  piece a stage and an integration share lives in the stage. A stage may still name an
-  integration's object lazily by a "module:attr" string (not an import).
+- integrations/: one subpackage per outside engine (vllm, triton, edgellm, genai, llamacpp).
+  They import the core, lm/, the kernels and the stages; no stage imports them (only cli/ and
+  the entry points do), so a piece a stage and an integration share lives in the stage. A
+  stage may still name an integration's object lazily by a "module:attr" string (not an import).
 - every other package is a stage (importers, train, convert, quantize, export, validation,
   trt, runtimes, bench, checks, and any new one).
 
@@ -46,6 +46,9 @@ KNOWN = {
     # doctor reports the Edge-LLM environment beside the other tools; it moves when doctor takes
     # its checks from the integrations.
     ("deamoe_trt.trt.doctor", "deamoe_trt.integrations.edgellm"),
+    # export's --target genai; it moves when export takes its targets through an interface the
+    # integration fills.
+    ("deamoe_trt.export.run", "deamoe_trt.integrations.genai.export"),
 }
 
 

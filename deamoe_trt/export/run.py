@@ -131,7 +131,7 @@ def _settings(options: ExportOptions):
 def _export_lm(found: Checkpoint, output: Path, options: ExportOptions) -> Exported:
     form, dtype, twin = options.form or "ort", options.dtype or "fp32", options.twin or "deamoe"
     if options.target == "genai":
-        from .genai import MODEL_FILE, export_genai
+        from ..integrations.genai.export import MODEL_FILE, export_genai
 
         if options.external_data_threshold is not None:
             raise UsageError("--external-data-threshold places a single ONNX file's weights; not with --target genai")

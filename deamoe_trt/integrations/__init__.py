@@ -6,6 +6,7 @@ its export, runtime, validation, device check and benchmark.
 - `triton/`: Triton Inference Server (model repositories, the LM decode service and its
   scheduler, a real tritonserver, the load and fault harness of `serve-bench`);
 - `edgellm/`: TensorRT Edge-LLM (its model directories, their validation, `check-edgellm`);
+- `genai/`: ONNX Runtime GenAI model folders (`export --target genai`);
 - `llamacpp/`: the vanilla twin as a GGUF file, and llama.cpp's own tools (llama-bench,
   llama-quantize, llama-perplexity) run on it as `bench-lm --llama-bench`'s contender.
 

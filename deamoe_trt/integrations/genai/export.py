@@ -28,19 +28,19 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .._io import staged_folder
-from ..errors import MissingDependencyError, UsageError, one_line
-from ..export.lm import INPUT_IDS, LOGITS, build_lm_model
-from ..lm.model import DeaMoELM
-from ..lm.tokenizer import (
+from ..._io import staged_folder
+from ...errors import MissingDependencyError, UsageError, one_line
+from ...export.lm import INPUT_IDS, LOGITS, build_lm_model
+from ...export.save import save_model
+from ...lm.model import DeaMoELM
+from ...lm.tokenizer import (
     HFTokenizer,
     NoTokenizer,
     Tokenizer,
     byte_level_tokenizer_json,
     default_tokenizer,
 )
-from ..versions import check_tested
-from .save import save_model
+from ...versions import check_tested
 
 MODEL_FILE = "model.onnx"
 CONFIG_FILE = "genai_config.json"

@@ -13,8 +13,8 @@ import pytest
 
 from deamoe_trt.cli.main import main
 from deamoe_trt.errors import UsageError
-from deamoe_trt.export import genai
 from deamoe_trt.export.lm import build_lm_model
+from deamoe_trt.integrations.genai import export as genai
 from deamoe_trt.lm.checkpoint import load_lm
 from deamoe_trt.lm.shipped import TINY_LM
 from deamoe_trt.lm.tokenizer import PRINTABLE_ASCII
