@@ -185,6 +185,7 @@ def _run(args) -> int:
     if is_lm:
         from ..train.lm import shipped_text
 
+        text: str | torch.Tensor
         header = found.header
         if args.data:
             from ..convert.data import read_tokens

@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -26,6 +27,9 @@ from ..console import Progress
 from ..layer import DeaMoELayer, DeaMoEStack
 from ..traffic import BYTES_PER_WEIGHT
 from . import baselines
+
+if TYPE_CHECKING:
+    from ..lm.model import DeaMoELM
 from .core import ConvertSettings, LayerConversion, convert_layer, expert_agreement, plan_order, score_agreement
 from .distill import world
 from .heal import heal_layer, heal_lm
@@ -50,7 +54,7 @@ class Source:
     layers: list[DeaMoELayer]
     calibration: list[torch.Tensor]  # [T, d] per layer
     heldout: list[torch.Tensor]
-    lm: object | None = None  # DeaMoELM
+    lm: DeaMoELM | None = None
     calibration_windows: torch.Tensor | None = None  # [W, L] token ids
     heldout_windows: torch.Tensor | None = None
     heal_windows: torch.Tensor | None = None  # end-to-end healing's windows (default calibration_windows)
@@ -62,7 +66,7 @@ class Variant:
     fraction: float
     layers: list[DeaMoELayer]
     orders: list[torch.Tensor]
-    lm: object | None = None
+    lm: DeaMoELM | None = None
     heal_losses: dict[str, list[float]] = field(default_factory=dict)
     detail: dict = field(default_factory=dict)  # a baseline's size (expert width, top-k, rank)
 
@@ -303,7 +307,7 @@ def _heal(
             device=settings.heal_device,
             fsdp=settings.heal_fsdp,
         )
-        healed.layers = [healed.lm.layers[i].mlp for i in source.lm.moe_layers()]
+        healed.layers = [cast(DeaMoELayer, healed.lm.layers[i].mlp) for i in source.lm.moe_layers()]
     return healed
 
 
@@ -465,7 +469,7 @@ def _first_last(losses):
 
 def _describe(source: Source) -> dict:
     c = source.layers[0].config
-    out = {
+    out: dict[str, Any] = {
         "layers": len(source.layers),
         "num_experts": c.num_experts,
         "expert_width": c.expert_intermediate_size,

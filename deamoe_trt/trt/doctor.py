@@ -204,7 +204,10 @@ def kernel_self_test() -> str:
 
     if not torch.cuda.is_available():
         raise cuda.CudaUnavailableError(f"torch {torch.__version__} sees no CUDA GPU")
+    from ..runtimes.cuda import CudaRuntime
+
     kernels = runtimes.get("cuda")
+    assert isinstance(kernels, CudaRuntime)  # forward: the kernels on one layer, this runtime's own call
     config = get_preset("tiny")
     worst = 0.0
     for dtype_name, (atol, rtol) in _SELF_TEST_TOLERANCES.items():
