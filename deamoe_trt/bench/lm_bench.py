@@ -718,7 +718,6 @@ class _Roof:
 
 
 def _batch_decoder(runtime: str, model, twin: str, max_sequences: int, threads: int, context: int):
-
     if runtime == "cpu-native":
         return registry.get("cpu").batch_decoder(
             model, max_sequences=max_sequences, threads=threads, twin=twin, step="native"
