@@ -286,6 +286,7 @@ def test_real_console_entry_prints_one_stderr_line(checkpoints, tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_export_takes_a_language_model_and_export_lm_stays_its_alias(micro_checkpoint, tmp_path, capsys):
     from deamoe_trt.export.lm import export_lm, lm_export_info
     from deamoe_trt.lm import load_lm
@@ -332,3 +333,12 @@ def test_validate_of_a_layer_export_against_a_language_model_is_refused_in_one_l
     code, out, err = cli(capsys, "validate", exported, "--against", micro_checkpoint)
     assert (code, out) == (2, "")
     assert len(err) == 1 and "holds a language model and the model is a stack export" in err[0], err
+
+
+@pytest.mark.slow
+def test_export_validate_compares_a_layer_export_with_its_checkpoint(checkpoints, tmp_path, capsys):
+    model = tmp_path / "m.onnx"
+    code, out, err = cli(capsys, "export", checkpoints / "tiny2", "-o", model, "--form", "ort", "--validate")
+    assert (code, err) == (0, [])
+    rows = table_rows(out)
+    assert [int(r[1]) for r in rows] == [1, 4, 16] and all(r[-1] == "ok" for r in rows), out
