@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import cast
+from typing import TypeVar, cast
 
 import torch
 from torch import nn
@@ -25,9 +25,17 @@ from .config import DeaMoEConfig
 from .dtypes import TORCH_DTYPES
 from .errors import CheckpointError, UsageError
 from .quant import QuantConfig, QuantizedWeight, dense
-from .routing import Routing, route
+from .routing import Routing, route_logits, router_logits
 
 SUPPORTED_DTYPES = TORCH_DTYPES
+M = TypeVar("M", bound=nn.Module)
+
+
+def unwrapped(module: M) -> M:
+    """module, or the module a wrapper holds (PEFT's adapters wrap the router and the experts
+    and do not pass their attributes through)."""
+    base = getattr(module, "get_base_layer", None)
+    return module if base is None else cast(M, base())
 
 
 class Router(nn.Module):
@@ -64,6 +72,10 @@ class Router(nn.Module):
             if param.dtype != before.dtype:  # a dtype conversion: keep the original values, moved
                 param.data = before.to(device=param.device, dtype=torch.float32)
         return self
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The router logits of hidden [..., d] (what DeaMoELayer.route routes)."""
+        return router_logits(hidden, self.weight, self.logit_bias)
 
     def cast_weight(self, dtype: torch.dtype) -> None:
         """Store the weight in dtype (the one way to narrow a float32 router)."""
@@ -107,10 +119,20 @@ class GroupedSwiGLU(nn.Module):
         self.down_bias = _bias((groups, hidden), config.ffn_bias and down_bias, **factory)
 
     def forward_group(self, index: int, x: torch.Tensor, *, with_down_bias: bool = True) -> torch.Tensor:
+        return self._group(self.gate_up, self.down, index, x, with_down_bias)
+
+    def forward(self, x: torch.Tensor, groups: list[tuple[int, torch.Tensor]]) -> list[torch.Tensor]:
+        """forward_group of each (group, token rows of x) pair, in one call: a wrapper that adapts
+        the weights for the duration of a call (PEFT's target_parameters) then adapts them once
+        per layer, not once per group."""
+        gate_up, down = self.gate_up, self.down  # read once: an adapted weight is computed at each read
+        return [self._group(gate_up, down, index, x[rows], True) for index, rows in groups]
+
+    def _group(self, gate_up, down, index: int, x: torch.Tensor, with_down_bias: bool) -> torch.Tensor:
         return swiglu(
             x,
-            self.gate_up[index],
-            self.down[index],
+            gate_up[index],
+            down[index],
             self.config,
             gate_up_bias=None if self.gate_up_bias is None else self.gate_up_bias[index],
             down_bias=None if self.down_bias is None or not with_down_bias else self.down_bias[index],
@@ -287,18 +309,18 @@ class DeaMoELayer(nn.Module):
     def dtype(self) -> torch.dtype:
         """The FFN weights' dtype (the router keeps its own: router_dtype)."""
         part = self.departments if self.departments is not None else self.experts
-        return part.gate_up.dtype
+        return unwrapped(cast(GroupedSwiGLU, part)).gate_up.dtype
 
     @property
     def router_dtype(self) -> torch.dtype:
-        return self.router.weight.dtype
+        return unwrapped(self.router).weight.dtype
 
     # Forward --------------------------------------------------------------------------
 
     def route(self, hidden_states: torch.Tensor) -> Routing:
-        return route(
-            hidden_states, self.router.weight, self.router.bias, self.config, logit_bias=self.router.logit_bias
-        )
+        # route() is route_logits(router_logits(...)); the logits come from the router's forward
+        # so that a wrapper of the router (PEFT's target_parameters) adapts them.
+        return route_logits(self.router(hidden_states), unwrapped(self.router).bias, self.config)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         shape = self._check_input(hidden_states)
@@ -317,15 +339,15 @@ class DeaMoELayer(nn.Module):
         out = torch.zeros(x.shape[0], c.hidden_size, dtype=torch.float32, device=x.device)
         if self.departments is not None:
             department_weights = routing.department_weights(c.num_departments)
-            for department in routing.used_departments().tolist():
-                tokens, weights = routing.department_tokens(department, department_weights)
-                y = self.departments.forward_group(department, xw[tokens]).float()
-                out.index_add_(0, tokens, y * weights[:, None])
+            used = [(j, *routing.department_tokens(j, department_weights)) for j in routing.used_departments().tolist()]
+            ys = self.departments(xw, [(j, tokens) for j, tokens, _ in used])
+            for (_, tokens, weights), y in zip(used, ys, strict=True):
+                out.index_add_(0, tokens, y.float() * weights[:, None])
         if self.experts is not None:
-            for expert in routing.used_experts().tolist():
-                tokens, weights = routing.expert_tokens(expert)
-                y = self.experts.forward_group(expert, xw[tokens]).float()
-                out.index_add_(0, tokens, y * weights[:, None])
+            used = [(e, *routing.expert_tokens(e)) for e in routing.used_experts().tolist()]
+            ys = self.experts(xw, [(e, tokens) for e, tokens, _ in used])
+            for (_, tokens, weights), y in zip(used, ys, strict=True):
+                out.index_add_(0, tokens, y.float() * weights[:, None])
         if self.shared_experts is not None:
             out += self.shared_experts(xw)
         return out
