@@ -2,6 +2,7 @@
 
 import copy
 import ctypes
+import dataclasses
 import subprocess
 
 import pytest
@@ -11,6 +12,7 @@ from configs import DEEPSEEK_STYLE_GROUPED, QWEN2_STYLE_GROUPED
 from deamoe_trt import PRESETS, DeaMoEError, DeaMoELayer, DeaMoEStack, MissingDependencyError, UsageError
 from deamoe_trt.inputs import random_hidden
 from deamoe_trt.quant import QuantConfig
+from deamoe_trt.routing import Routing
 
 try:
     from deamoe_trt import cpu
@@ -93,6 +95,22 @@ def test_group_sizes_and_passes(wide, mode, int4_mode):
     int4_mode(mode)  # int8 ignores it: both runs must match
     for x, want in references:
         torch.testing.assert_close(fast(x), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", cpu.INT4_MODES)
+@torch.no_grad()
+def test_each_token_of_many_gets_the_bits_it_gets_alone(wide, mode, int4_mode):
+    """17 tokens on one routing, in passes of several tokens: each token's sums are taken in the
+    order of its own step."""
+    layer, _ = wide
+    fast = cpu.CpuDeaMoE(layer)
+    int4_mode(mode)
+    x = random_hidden(17, WIDE.hidden_size, seed=17)
+    routing = layer.route(x)
+    together = fast.forward_routed(x, routing)
+    for t in (0, 5, 15, 16):
+        alone = Routing(*(getattr(routing, f.name)[t : t + 1] for f in dataclasses.fields(Routing)))
+        assert torch.equal(together[t : t + 1], fast.forward_routed(x[t : t + 1], alone))
 
 
 @pytest.mark.parametrize("mode", cpu.INT4_MODES)
