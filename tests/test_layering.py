@@ -34,11 +34,9 @@ INTEGRATIONS = "integrations"
 
 # (importer, imported) module pairs that break a rule and are still to be moved.
 KNOWN = {
-    # The device checks share the CLI's argument types; they move down when the check-*
-    # commands stop parsing their arguments a second time in checks/.
-    ("deamoe_trt.integrations.edgellm.device_check", "deamoe_trt.cli.args"),
+    # check-gpu's arguments are still parsed by the check (check-trt and check-edgellm: by their
+    # commands); it goes when check-gpu's command parses them.
     ("deamoe_trt.checks.gpu.cli", "deamoe_trt.cli.args"),
-    ("deamoe_trt.checks.trt_device", "deamoe_trt.cli.args"),
     # bench-lm runs llama.cpp as one of its contenders; they move out when bench-lm takes its
     # contenders through an interface the integration fills.
     ("deamoe_trt.bench.lm_bench", "deamoe_trt.integrations.llamacpp.bench"),

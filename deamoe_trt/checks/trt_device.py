@@ -26,7 +26,6 @@ libnvinfer in OUT_DIR/work/tensorrt-root to build the C++ plugin.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as dt
 import json
@@ -39,11 +38,11 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from ..bench.timing import percentile
 from ..checkout import ENV_VAR as CHECKOUT_VAR
 from ..checkout import checkout_root
-from ..cli import args as common
 from ..dtypes import BY_NAME, BY_TRT
 
 PRESETS = ("tiny", "qwen3-30b-a3b-layer")
@@ -56,7 +55,7 @@ class Skip(Exception):
 
 
 class Check:
-    def __init__(self, out: Path, args: argparse.Namespace):
+    def __init__(self, out: Path, args: Any):  # TrtCheckOptions, or check-edgellm's: the fields each step reads
         self.out, self.args = out, args
         self.work = out / "work"
         self.work.mkdir(parents=True, exist_ok=True)
@@ -95,7 +94,7 @@ class Check:
         """Run fn(*args) as one recorded step; returns its result, or None if it failed/skipped."""
         self.say(f"{name} ...")
         began = time.perf_counter()
-        record = {"name": name, "status": "ok", "seconds": None, "details": None, "error": None}
+        record: dict[str, Any] = {"name": name, "status": "ok", "seconds": None, "details": None, "error": None}
         result = None
         try:
             result = fn(*args)
@@ -123,7 +122,7 @@ class Check:
         from deamoe_trt.trt import has_tensorrt, import_tensorrt
         from deamoe_trt.trt.doctor import run_doctor
 
-        env = {
+        env: dict[str, Any] = {
             "python": platform.python_version(),
             "platform": platform.platform(),
             "torch": torch.__version__,
@@ -396,56 +395,27 @@ def _traffic(checkpoint: Path, args) -> dict[int, dict]:
     return out
 
 
-def route_list(text: str) -> str | list[str]:
-    """'auto' or a comma-separated subset of ROUTES."""
-    if text.strip() == "auto":
-        return "auto"
-    return common.name_list(ROUTES, "route")(text)
+@dataclasses.dataclass
+class TrtCheckOptions:
+    """What to check, as the command's flags say (deamoe-trt check-trt --help)."""
+
+    out: Path
+    presets: list[str] = dataclasses.field(default_factory=lambda: list(PRESETS))
+    dtype: str = "fp16"
+    tokens: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 4, 8, 16])  # ascending, each once
+    iterations: int = 200
+    warmup: int = 20
+    plugin: str | None = None  # a built plugin library (skips the CMake build)
+    tensorrt_root: str | None = None
+    tensorrt_include: str | None = None
+    routes: str | list[str] = "auto"  # "auto" or a subset of ROUTES
+    target: str = "auto"
+    seed: int = 0
+    keep: bool = False
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from ..presets import PRESETS as KNOWN
-
-    parser = common.Parser(
-        prog="deamoe-trt check-trt", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("out", type=common.writable_directory, help="folder for results.json (and work/ while running)")
-    parser.add_argument(
-        "--presets",
-        type=common.name_list(tuple(KNOWN), "preset"),
-        default=list(PRESETS),
-        help=f"comma-separated (default {','.join(PRESETS)})",
-    )
-    common.add_dtype(parser, default="fp16")
-    common.add_tokens(parser, default="1,2,4,8,16")
-    parser.add_argument("--iterations", type=common.positive_int, default=200, help="timed runs per token count (200)")
-    parser.add_argument("--warmup", type=common.non_negative_int, default=20, help="untimed runs first (20)")
-    parser.add_argument("--plugin", help="a built libdeamoe_plugin.so (skips the CMake build)")
-    parser.add_argument("--tensorrt-root", help="TensorRT prefix for the plugin build (default: TENSORRT_ROOT, /usr)")
-    parser.add_argument("--tensorrt-include", help="TensorRT headers for a pip TensorRT (see above)")
-    parser.add_argument(
-        "--routes", type=route_list, default="auto", help="cpp, python or both (default: cpp, and python on 10.6+)"
-    )
-    parser.add_argument("--target", default="auto", help="build target (default auto)")
-    common.add_seed(parser)
-    parser.add_argument("--keep", action="store_true", help="keep work/ (checkpoints, models, engines)")
-    return parser
-
-
-def parse_args(argv=None) -> argparse.Namespace | int:
-    """The arguments (token counts sorted, each once), or the exit status when they are bad
-    (after one line on stderr) or --help was asked for."""
-    args = common.parse(build_parser(), argv)
-    if isinstance(args, argparse.Namespace):
-        args.out = Path(args.out)
-        args.tokens = sorted(set(args.tokens))
-    return args
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if isinstance(args, int):
-        return args
+def run_check(args: TrtCheckOptions) -> int:
+    """Run the check; 0 when every step that ran passed and an engine was validated."""
     args.out.mkdir(parents=True, exist_ok=True)
     check = Check(args.out, args)
     check.step("environment", check.environment)
@@ -484,7 +454,3 @@ def main(argv=None) -> int:
         check.say("no engine was built and validated: this is not a pass (see the skipped steps' reasons)")
         return 1
     return 0 if summary["failed"] == 0 else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,7 +4,15 @@ without TensorRT, a run that records why each device step cannot run and does no
 import pytest
 
 from deamoe_trt.checks import trt_device
-from deamoe_trt.cli.main import main as cli_main
+from deamoe_trt.cli.main import main
+
+
+def cli_main(argv: list[str]) -> int:
+    """The CLI's exit status, argparse's refusals (SystemExit 2) included."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
 
 
 @pytest.mark.parametrize(
@@ -27,6 +35,9 @@ def test_bad_values_are_one_line_naming_the_flag_and_exit_2(tmp_path, capsys, ar
     assert not out.exists(), "nothing written before the arguments are checked"
 
 
-def test_token_counts_are_sorted_and_deduplicated(tmp_path):
-    args = trt_device.parse_args([str(tmp_path), "--tokens", "8,1,8,2"])
+def test_token_counts_are_sorted_and_deduplicated(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(trt_device, "run_check", lambda options: seen.append(options) or 0)
+    assert cli_main(["check-trt", str(tmp_path), "--tokens", "8,1,8,2"]) == 0
+    (args,) = seen
     assert args.tokens == [1, 2, 8] and args.presets == ["tiny", "qwen3-30b-a3b-layer"]

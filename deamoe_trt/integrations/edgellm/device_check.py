@@ -29,26 +29,43 @@ written to results.json and printed instead of run.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
 import shlex
 import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ...checks.trt_device import Check, Skip
-from ...cli import args as common
 
 PROMPTS = ("Tell me about the sea.", "What is a department of experts?")
 GREEDY = {"temperature": 1.0, "top_p": 1.0, "top_k": 1}
 VARIANTS = ("deamoe", "vanilla")
 
 
+@dataclasses.dataclass
+class EdgeLLMCheckOptions:
+    """What to check, as the command's flags say (deamoe-trt check-edgellm --help)."""
+
+    out: Path
+    hf_dir: Path  # the vanilla Hugging Face model's folder (config.json)
+    lm: str | None = None  # its DeaMoE LM checkpoint (default: import-hf of hf_dir)
+    edgellm_build: str = ""
+    edgellm_python: str | None = None
+    plugin: str | None = None
+    tensorrt_root: str | None = None
+    tensorrt_include: str | None = None
+    prompt: list[str] = dataclasses.field(default_factory=lambda: list(PROMPTS))
+    tokens: int = 64  # at least 4: TPOT needs two lengths
+    max_kv_cache: int = 4096
+    dry_run: bool = False
+
+
 class EdgeLLMCheck(Check):
-    def __init__(self, out: Path, args: argparse.Namespace):
+    def __init__(self, out: Path, args: EdgeLLMCheckOptions):
         super().__init__(out, args)
         self.results["script"] = "deamoe-trt check-edgellm (deamoe_trt/integrations/edgellm/device_check.py)"
         self.results.update({"reference": [], "commands": [], "inference": [], "tpot": {}})
@@ -125,7 +142,7 @@ class EdgeLLMCheck(Check):
         """llm_inference's request files (examples/llm/INPUT_FORMAT.md), one per length."""
         files = {}
         for length in self.lengths():
-            request = {"batch_size": 1, **GREEDY, "max_generate_length": length}
+            request: dict[str, Any] = {"batch_size": 1, **GREEDY, "max_generate_length": length}
             request["requests"] = [{"messages": [{"role": "user", "content": p}]} for p in self.args.prompt]
             path = self.work / f"input-{length}.json"
             path.write_text(json.dumps(request, indent=2) + "\n")
@@ -219,43 +236,9 @@ def _responses(path: Path) -> list[dict]:
         raise RuntimeError(f"{path} is not llm_inference's output (responses[].output_text): {exc}") from None
 
 
-def parse_args(argv=None) -> argparse.Namespace | int:
-    """The arguments, or the exit status when they are bad (after one line on stderr) or --help."""
-    parser = common.Parser(
-        prog="deamoe-trt check-edgellm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("out", type=common.writable_directory, help="folder for results.json and work/")
-    parser.add_argument("--hf-dir", required=True, type=Path, help="the vanilla Hugging Face model (Qwen3-MoE)")
-    parser.add_argument("--lm", help="its DeaMoE LM checkpoint (default: import-hf of --hf-dir)")
-    parser.add_argument("--edgellm-build", default="", help="TensorRT Edge-LLM's build folder (its examples/llm/)")
-    parser.add_argument("--edgellm-python", help="the Python that has tensorrt-edgellm (default: .venv-edgellm)")
-    parser.add_argument("--plugin", help="a built libdeamoe_plugin.so (skips the CMake build)")
-    parser.add_argument("--tensorrt-root", help="TensorRT prefix for the plugin build (default: TENSORRT_ROOT, /usr)")
-    parser.add_argument("--tensorrt-include", help="TensorRT headers for a pip TensorRT (see check-trt)")
-    parser.add_argument("--prompt", action="append", help="a user message (repeatable; default: two built in)")
-    parser.add_argument("--tokens", type=common.positive_int, default=64, help="tokens to generate per prompt (64)")
-    parser.add_argument(
-        "--max-kv-cache", type=common.positive_int, default=4096, help="llm_build's --maxKVCacheCapacity (4096)"
-    )
-    parser.add_argument("--dry-run", action="store_true", help="run steps 1-3, print the device steps' commands")
-    args = common.parse(parser, argv)
-    if isinstance(args, int):
-        return args
-    args.out = Path(args.out)
-    args.prompt = args.prompt or list(PROMPTS)
-    if args.tokens < 4:
-        return common.parse_error(parser, f"--tokens must be at least 4 (TPOT needs two lengths), got {args.tokens}")
-    if not (args.hf_dir / "config.json").is_file():
-        return common.parse_error(
-            parser, f"--hf-dir {args.hf_dir} has no config.json: give the Hugging Face model's folder"
-        )
-    return args
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if isinstance(args, int):
-        return args
+def run_check(args: EdgeLLMCheckOptions) -> int:
+    """Run the check; 0 when every step passed and both TPOTs were measured (--dry-run: the
+    steps that ran passed)."""
     args.out.mkdir(parents=True, exist_ok=True)
     check = EdgeLLMCheck(args.out, args)
     check.step("LM", check.lm)
@@ -283,7 +266,3 @@ def main(argv=None) -> int:
         return 0 if summary["failed"] == 0 else 1
     passed = summary["failed"] == 0 and summary["skipped"] == 0 and "speedup" in check.results
     return 0 if passed else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

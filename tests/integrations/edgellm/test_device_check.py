@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from deamoe_trt.cli.main import main as cli_main
 from deamoe_trt.integrations.edgellm import device_check as edgellm_device
 from deamoe_trt.lm.checkpoint import load_lm
 from integrations.edgellm.test_export import EDGELLM_PYTHON, WHY, build_qwen3_moe
@@ -33,7 +34,7 @@ TOKENS = 12
 def check(out: Path, hf: Path, *extra: str) -> int:
     prompts = [arg for p in PROMPTS for arg in ("--prompt", p)]
     argv = [str(out), "--hf-dir", str(hf), "--tokens", str(TOKENS), *prompts]
-    return edgellm_device.main([*argv, *extra])
+    return cli_main(["check-edgellm", *argv, *extra])
 
 
 @pytest.fixture(scope="module")
