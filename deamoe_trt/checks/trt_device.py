@@ -3,7 +3,6 @@
     deamoe-trt check-trt OUT_DIR [--presets tiny,qwen3-30b-a3b-layer] [--dtype fp16]
         [--tokens 1,2,4,8,16] [--plugin PATH] [--tensorrt-root DIR] [--tensorrt-include DIR]
         [--routes auto|cpp|python|cpp,python] [--target auto] [--keep]
-    (or: python -m deamoe_trt.checks.trt_device OUT_DIR ...)
 
 Steps (each one's failure is recorded and the script goes on with what does not depend on it):
  1. environment: GPU, driver, TensorRT, torch; `deamoe-trt doctor`'s table
