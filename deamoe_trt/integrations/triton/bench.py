@@ -58,6 +58,7 @@ class Outcome:
     error: str | None = None
     sent_s: float = 0.0
     arrivals_s: list[float] = field(default_factory=list)  # one per token-carrying response
+    arrival_tokens: list[int] = field(default_factory=list)  # the tokens each of them carried
     done_s: float | None = None
     foreign: int = 0  # responses carrying another request's id (mixed-up streams)
 
@@ -75,7 +76,9 @@ class Outcome:
 
     @property
     def gaps_s(self) -> list[float]:
-        return [b - a for a, b in zip(self.arrivals_s, self.arrivals_s[1:], strict=False)]
+        """Time per output token after the first: a response's gap spread over its tokens."""
+        pairs = zip(self.arrivals_s, self.arrivals_s[1:], self.arrival_tokens[1:], strict=False)
+        return [(b - a) / n for a, b, n in pairs for _ in range(n)]
 
 
 def _inputs(grpcclient, prompt: str, max_tokens: int, params: dict) -> list:
@@ -142,6 +145,7 @@ class StreamClient:
                 outcome.ids.extend(int(i) for i in ids)
                 outcome.text += result.as_numpy("text_output")[0].decode()
                 outcome.arrivals_s.append(now)
+                outcome.arrival_tokens.append(int(ids.size))
             final = response.parameters.get("triton_final_response")
             if final is not None and final.bool_param:
                 finish = result.as_numpy("finish_reason")
@@ -200,6 +204,7 @@ def generate_over_http(
                 outcome.ids.extend([ids] if isinstance(ids, int) else ids)
                 outcome.text += event.get("text_output", "")
                 outcome.arrivals_s.append(time.perf_counter())
+                outcome.arrival_tokens.append(1 if isinstance(ids, int) else len(ids))
                 outcome.finish = event.get("finish_reason", "")
     except urllib.error.HTTPError as exc:
         outcome.error = exc.read().decode(errors="replace")

@@ -15,7 +15,8 @@ HTTP endpoints take them as plain JSON fields):
     top_k         INT32   sample among the k most likely (default 0: all)
     random_seed   INT64   sampling seed (default 0)
     stop_words    BYTES   [n] strings; generation stops after producing any of them (kept in the output)
-    stream        BOOL    true (default): one response per token; false: one response at the end
+    stream        BOOL    true (default): responses as tokens come (one per token; with n > 4
+                          sequences in flight up to ceil(n / 4) each); false: one response at the end
 
 Responses: text_output BYTES [1] (the new text), token_ids INT32 [n] (the new ids),
 finish_reason BYTES [1] ("" until the last response, then length / stop / context /
@@ -176,7 +177,7 @@ class TritonPythonModel:
 
 
 def _emitter(sender, stream: bool):
-    """The scheduler's emit for one request: a response per token, or one at the end."""
+    """The scheduler's emit for one request: a response per emit, or one at the end."""
     held_ids: list[int] = []
     held_text: list[str] = []
 

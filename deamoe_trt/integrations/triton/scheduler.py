@@ -1,8 +1,8 @@
 """Continuous batching at step granularity for the LM decode service (no Triton in here).
 
 One scheduler thread owns the model. Each loop turn it admits waiting requests (prefill,
-first token), then advances every active sequence by one decode step, streaming each new
-token as it comes; a sequence leaves as soon as it finishes, is cancelled or fails, and a
+first token), then advances every active sequence by one decode step, streaming the new
+tokens as they come; a sequence leaves as soon as it finishes, is cancelled or fails, and a
 new one joins at the next turn without waiting for the others (iteration-level scheduling,
 as in Orca and TensorRT-LLM's in-flight batching).
 
@@ -13,6 +13,12 @@ is read once for all the sequences in flight; the others step their sequences on
 another (SerialBatchDecoder: the exported LM graph takes a single past length for the whole
 batch, so rows with different cache lengths cannot share its forward). Either way every
 sequence gets a step per turn and its output is what its prompt decodes to alone.
+
+Streaming: a response per token costs the Python backend, gRPC and the client far more than a
+batched step of a small model spends on that token, so with n sequences in flight each
+response carries up to ceil(n / responses_per_turn) tokens (a sequence's first token and its
+last response go out at once): about responses_per_turn responses a turn whatever the load,
+and one per token with few sequences.
 
 Sampling reuses deamoe_trt.runtimes.decode.pick (greedy, temperature, top-k, seeded PCG64) and
 adds nucleus (top-p) filtering in front of it.
@@ -102,6 +108,8 @@ class Sequence:
     is_cancelled: Callable[[], bool] = lambda: False
     new_ids: list[int] = field(default_factory=list)
     text: str = ""
+    held_ids: list[int] = field(default_factory=list)  # generated, not yet emitted
+    held_text: str = ""
     seq: int | None = None  # its handle in the batch decoder while it holds a slot
     rng: np.random.Generator | None = None
     budget: int = 0
@@ -120,8 +128,12 @@ class StepScheduler:
         decode_text: Callable[[list[int]], str],
         *,
         on_finish: Callable[[Sequence, str], None] | None = None,
+        responses_per_turn: int = 4,
     ):
+        if responses_per_turn < 1:
+            raise UsageError(f"responses_per_turn must be >= 1, got {responses_per_turn}")
         self.batch, self.decode_text = batch, decode_text
+        self.responses_per_turn = responses_per_turn
         self.max_context, self.max_active = batch.max_context, batch.max_sequences
         self.on_finish = on_finish
         self.waiting: queue.Queue[Sequence] = queue.Queue()
@@ -203,8 +215,15 @@ class StepScheduler:
             finish = STOP
         elif len(sequence.new_ids) >= sequence.budget:
             finish = LENGTH if sequence.budget == sequence.params.max_tokens else CONTEXT
+        sequence.held_ids.append(token)
+        sequence.held_text += piece
+        per_response = -(-len(self.active) // self.responses_per_turn)
+        if finish is None and len(sequence.new_ids) > 1 and len(sequence.held_ids) < per_response:
+            return
+        ids, text = sequence.held_ids, sequence.held_text
+        sequence.held_ids, sequence.held_text = [], ""
         try:
-            sequence.emit([token], piece, finish, None)
+            sequence.emit(ids, text, finish, None)
         except Exception:
             # The client is gone (or its stream broke): stop spending steps on it.
             self._finish(sequence, CANCELLED, notify=False)

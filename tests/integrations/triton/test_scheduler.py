@@ -50,11 +50,14 @@ class Collector:
     def __init__(self):
         self.ids, self.text, self.finish, self.error = [], "", None, None
         self.calls_after_finish = 0
+        self.sizes = []  # the ids of each call that carried some
         self.done = threading.Event()
 
     def __call__(self, ids, text, finish, error):
         if self.done.is_set():
             self.calls_after_finish += 1
+        if ids:
+            self.sizes.append(len(ids))
         self.ids += ids
         self.text += text
         if finish is not None:
@@ -105,6 +108,28 @@ def test_batched_sequences_equal_each_prompt_alone(tiny, runtime, one_thread):
         alone = generate(new_decoder(), prompt_ids, params.max_tokens).new_ids
         assert c.ids == alone and c.finish == LENGTH and c.error is None and c.calls_after_finish == 0
         assert c.text == tiny.tokenizer.decode(alone)
+
+
+def test_responses_carry_more_tokens_as_more_sequences_are_in_flight(tiny, one_thread):
+    """8 sequences, 2 responses a turn: up to 4 tokens a response, the first alone; one sequence
+    alone gets a response per token. The tokens are the same either way."""
+    params = GenerationParams(max_tokens=12)
+    jobs = [(tiny.tokenizer.encode(PROMPTS[i % len(PROMPTS)] + " " * i), params) for i in range(8)]
+    batch = runtimes.get("torch").batch_decoder(tiny.model, max_sequences=8)
+    scheduler = StepScheduler(batch, tiny.tokenizer.decode, responses_per_turn=2).start()
+    try:
+        many = run_all(scheduler, jobs)
+        (one,) = run_all(scheduler, jobs[:1])
+    finally:
+        scheduler.stop()
+    for (prompt_ids, _), c in zip(jobs, many, strict=True):
+        assert c.ids == generate(TorchDecoder(tiny.model), prompt_ids, params.max_tokens).new_ids
+        assert c.sizes[0] == 1 and max(c.sizes) <= 4 and sum(c.sizes) == params.max_tokens
+        assert c.finish == LENGTH and c.text == tiny.tokenizer.decode(c.ids)
+    assert sum(len(c.sizes) for c in many) < 8 * params.max_tokens  # fewer responses than tokens
+    assert one.sizes == [1] * params.max_tokens and one.ids == many[0].ids
+    with pytest.raises(UsageError, match="responses_per_turn"):
+        StepScheduler(batch, tiny.tokenizer.decode, responses_per_turn=0)
 
 
 def test_context_stop_cancel_and_a_failing_decoder(tiny):
