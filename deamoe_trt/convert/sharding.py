@@ -18,9 +18,13 @@ import copy
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, TypeGuard
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 
 def fsdp_requested(flag: bool) -> bool:
@@ -28,7 +32,7 @@ def fsdp_requested(flag: bool) -> bool:
     return flag or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
 
 
-def is_sharded(tensor: torch.Tensor) -> bool:
+def is_sharded(tensor: torch.Tensor) -> TypeGuard[DTensor]:
     from torch.distributed.tensor import DTensor
 
     return isinstance(tensor, DTensor)
