@@ -43,16 +43,10 @@ from ..lm.checkpoint_format import checked_index
 from ..lm.model import Block, DeaMoELM, rope_tables
 from ..lm.tokenizer import HFTokenizer
 from ..safetensors_io import ShardReader, StreamingWriter
+from ..work_folder import STATE_FILE, work_dir
 from .core import ConvertSettings, convert_layer, plan_order
 from .metrics import relative_error
 from .sources import HELDOUT_FRACTION, lm_windows
-
-STATE_FILE = "state.json"
-
-
-def work_dir(output: str | Path) -> Path:
-    output = Path(output)
-    return output.with_name(output.name + ".work")
 
 
 def convert_lm_blockwise(

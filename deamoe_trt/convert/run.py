@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from ..console import Progress
-from ..layer import DeaMoELayer, DeaMoEStack
+from ..layer import DeaMoELayer
 from ..traffic import BYTES_PER_WEIGHT
 from . import baselines
 
 if TYPE_CHECKING:
     from ..lm.model import DeaMoELM
+from ..work_folder import WorkCache, fingerprint, open_work
 from .core import ConvertSettings, LayerConversion, convert_layer, expert_agreement, plan_order, score_agreement
 from .distill import world
 from .heal import heal_layer, heal_lm
@@ -42,7 +43,7 @@ from .metrics import (
     relative_error,
     step_bytes,
 )
-from .resume import WorkCache, fingerprint, open_work, pack_module, unpack_module
+from .resume import pack_module, unpack_module
 
 SWEEP = (0.25, 0.5, 0.75)
 
@@ -87,16 +88,6 @@ def source_lm_hidden(lm, windows: torch.Tensor) -> list[torch.Tensor]:
         for h in hooks:
             h.remove()
     return captured
-
-
-def stack_hidden(stack: DeaMoEStack, x: torch.Tensor) -> list[torch.Tensor]:
-    """Each layer's input in a stack (x <- x + layer(x)) starting from x."""
-    out = []
-    with torch.no_grad():
-        for layer in stack.layers:
-            out.append(x)
-            x = x + layer(x)
-    return out
 
 
 def _with_fraction(settings: ConvertSettings, fraction: float | None, width: int) -> ConvertSettings:

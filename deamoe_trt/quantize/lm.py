@@ -24,7 +24,7 @@ from ..quant import QuantConfig
 from .awq import AwqPlan
 
 if TYPE_CHECKING:
-    from ..convert.resume import WorkCache
+    from ..work_folder import WorkCache
 
 
 def quantize_lm(
@@ -133,7 +133,7 @@ def quantize_lm_awq(
     expert choice stay exactly as they were. `linears`' projections: round to nearest.
 
     work: where each block's finished search is kept and, when a killed run left it, taken
-    from (convert/resume.py; the caller keys it by the model, the calibration and quant)."""
+    from (deamoe_trt/work_folder.py; the caller keys it by the model, the calibration and quant)."""
     from ..console import Progress
     from . import awq
 

@@ -3,7 +3,7 @@ one, with the error tables and held-out perplexities the command prints.
 
 `quantize_checkpoint` is the one entry point (the command parses its flags and calls it). The
 output is written whole beside its place and then takes it (_io.replaced_directory). A
-language model's AWQ keeps each block's finished search in OUTPUT.work (convert/resume.py's
+language model's AWQ keeps each block's finished search in OUTPUT.work (work_folder.py's
 work folder, keyed by the source weights, the calibration tokens and the settings), so a
 killed run rerun with the same arguments redoes only the blocks it had not finished; the
 folder goes once the output is in place.
@@ -63,9 +63,9 @@ def quantize_checkpoint(
     to quantize too, comma-separated; note(text) hears of a replaced output."""
     from .._io import check_not_input, json_format_is, replaced_directory
     from ..checkpoint import FORMAT
-    from ..convert.blockwise import work_dir
     from ..lm.checkpoint import FORMAT as LM_FORMAT
     from ..lm.checkpoint import read
+    from ..work_folder import work_dir
 
     check_not_input(output, [checkpoint])  # it is read while the output is written
     if quant.method == "rtn" and calibration:
@@ -223,7 +223,7 @@ def _calibration_ids(req: _Request, tokenizer) -> tuple[torch.Tensor, str]:
 def _awq_work(work: Path, model, quant: QuantConfig, ids: torch.Tensor):
     """The work folder of this AWQ run: resumed when the source weights, the calibration
     tokens and the settings are those of the run that left it, else started afresh."""
-    from ..convert.resume import fingerprint, open_work
+    from ..work_folder import fingerprint, open_work
 
     tensors = [*model.state_dict().values(), ids]
     key = fingerprint(tensors, quant, command="quantize")
