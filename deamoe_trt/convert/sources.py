@@ -18,8 +18,8 @@ import torch
 
 from ..checkpoint import read_tensors
 from ..errors import UsageError
-from ..inputs import random_hidden
-from .run import Source, source_lm_hidden, stack_hidden
+from ..inputs import random_hidden, stack_hidden
+from .run import Source, source_lm_hidden
 
 CALIBRATION_WINDOWS = 64
 HELDOUT_WINDOWS = 16

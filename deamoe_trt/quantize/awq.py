@@ -349,8 +349,7 @@ def read_calibration(source: str, stack, *, seed: int = 0, what: str = "--calibr
     from pathlib import Path
 
     from ..checkpoint import read_tensors
-    from ..convert.run import stack_hidden
-    from ..inputs import random_hidden
+    from ..inputs import random_hidden, stack_hidden
 
     d, layers = stack.config.hidden_size, len(stack.layers)
     if source.startswith("random:"):
