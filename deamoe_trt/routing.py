@@ -143,3 +143,17 @@ def top_indices(values: torch.Tensor, k: int) -> torch.Tensor:
     torch.topk does not promise which of equal values wins; a stable descending sort does.
     """
     return torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]
+
+
+# The load-balancing term's weight in training loss (train-tiny, `train`, the transformers
+# model's router_aux_loss_coef): small, so cross-entropy leads.
+LOAD_BALANCE_COEF = 0.01
+
+
+def load_balance_loss(routing: Routing, num_experts: int) -> torch.Tensor:
+    """The Switch-Transformer load-balancing term of one layer's routing: num_experts *
+    sum_e f_e * P_e, f_e the share of routing slots expert e got, P_e its mean score."""
+    counts = torch.zeros(num_experts, device=routing.scores.device)
+    counts.scatter_add_(0, routing.expert_ids.reshape(-1), torch.ones(routing.expert_ids.numel(), device=counts.device))
+    share = counts / counts.sum()
+    return num_experts * (share * routing.scores.mean(0)).sum()

@@ -9,6 +9,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from ..lm.config import LMConfig
+from ..routing import LOAD_BALANCE_COEF
 from .fields import MODEL_TYPE, check_derived, derived_fields, read_lm_config
 
 
@@ -17,9 +18,20 @@ class DeaMoEPretrainedConfig(PretrainedConfig):
 
     model_type = MODEL_TYPE
 
-    def __init__(self, deamoe_lm: dict[str, Any] | None = None, use_cache: bool = True, **kwargs: Any):
+    def __init__(
+        self,
+        deamoe_lm: dict[str, Any] | None = None,
+        use_cache: bool = True,
+        output_router_logits: bool = False,
+        router_aux_loss_coef: float = LOAD_BALANCE_COEF,
+        **kwargs: Any,
+    ):
         self.deamoe_lm = deamoe_lm
         self.use_cache = use_cache
+        # As Mixtral's: with output_router_logits, the loss adds router_aux_loss_coef times the
+        # load-balancing term (deamoe_trt.routing.load_balance_loss, the mean over DeaMoE blocks).
+        self.output_router_logits = output_router_logits
+        self.router_aux_loss_coef = router_aux_loss_coef
         if deamoe_lm is not None:
             config = self.lm_config()
             check_derived(config, kwargs)

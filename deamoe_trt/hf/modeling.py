@@ -27,14 +27,15 @@ import torch
 import transformers
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import DynamicCache
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import MoeCausalLMOutputWithPast
 
 from ..errors import UsageError
 from ..lm.model import DeaMoELM, rope_tables
+from ..routing import load_balance_loss
 from .configuration import DeaMoEPretrainedConfig
 
 # transformers 5 names the cache argument and output field `cache`, 4.x `past_key_values`.
-_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+_CACHE_FIELD = "cache" if "cache" in MoeCausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 _TIED = {"lm_head.weight": "model.embed_tokens.weight"}
 
 
@@ -125,8 +126,9 @@ class DeaMoEForCausalLM(DeaMoEPreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        output_router_logits: bool | None = None,
         **kwargs: Any,
-    ) -> CausalLMOutputWithPast:
+    ) -> MoeCausalLMOutputWithPast:
         if input_ids is None or inputs_embeds is not None:
             raise UsageError("DeaMoEForCausalLM takes input_ids (inputs_embeds are not supported)")
         if attention_mask is not None and not bool(attention_mask.bool().all()):
@@ -154,7 +156,22 @@ class DeaMoEForCausalLM(DeaMoEPreTrainedModel, GenerationMixin):
             shift_logits = out.logits[:, :-1].reshape(-1, out.logits.shape[-1])
             shift_labels = labels[:, 1:].reshape(-1).to(shift_logits.device)
             loss = torch.nn.functional.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE_FIELD: cache if use_cache else None})
+        if output_router_logits is None:
+            output_router_logits = self.config.output_router_logits
+        aux_loss, router_scores = None, None
+        if output_router_logits and out.routings:
+            experts = self.model.config.moe.num_experts
+            aux_loss = sum(load_balance_loss(r, experts) for r in out.routings) / len(out.routings)
+            router_scores = tuple(r.scores for r in out.routings)
+            if loss is not None:
+                loss = loss + self.config.router_aux_loss_coef * aux_loss
+        return MoeCausalLMOutputWithPast(
+            loss=loss,
+            aux_loss=aux_loss,
+            logits=logits,
+            router_logits=router_scores,
+            **{_CACHE_FIELD: cache if use_cache else None},
+        )
 
 
 def check_tensors(directory: Path, config: DeaMoEPretrainedConfig) -> None:

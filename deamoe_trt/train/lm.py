@@ -41,7 +41,7 @@ from ..lm.config import LMConfig
 from ..lm.model import DeaMoELM
 from ..lm.presets import get_lm_preset
 from ..lm.tokenizer import ByteTokenizer
-from ..routing import Routing
+from ..routing import LOAD_BALANCE_COEF, Routing, load_balance_loss
 from .determinism import deterministic_threads
 
 TEXT_NAME = "persuasion.txt"
@@ -86,7 +86,7 @@ class TrainSettings:
     warmup: int = 50
     weight_decay: float = 0.01
     grad_clip: float = 1.0
-    aux_loss_coef: float = 0.01
+    aux_loss_coef: float = LOAD_BALANCE_COEF
     val_fraction: float = 0.1
     eval_batches: int = 8
     log_every: int = 50
@@ -145,13 +145,6 @@ def windows(data: torch.Tensor, batch: int, seq_len: int, gen: torch.Generator) 
     starts = torch.randint(0, len(data) - seq_len - 1, (batch,), generator=gen)
     chunk = torch.stack([data[s : s + seq_len + 1] for s in starts.tolist()])
     return chunk[:, :-1], chunk[:, 1:]
-
-
-def load_balance_loss(routing: Routing, num_experts: int) -> torch.Tensor:
-    counts = torch.zeros(num_experts, device=routing.scores.device)
-    counts.scatter_add_(0, routing.expert_ids.reshape(-1), torch.ones(routing.expert_ids.numel()))
-    share = counts / counts.sum()
-    return num_experts * (share * routing.scores.mean(0)).sum()
 
 
 def global_load_balance_loss(routing: Routing, num_experts: int, tokens: int) -> torch.Tensor:
