@@ -11,9 +11,12 @@ vanilla twin is the one-stage top-8 MoE of the same experts. Each twin is writte
 model directory (deamoe_trt.integrations.vllm.export) and gets an engine; the three engines
 are resident at once.
 
-With --ffn the contenders are instead the DeaMoE model twice, its FFNs on vLLM's FusedMoE and
-on deamoe-trt's CPU kernel through the deamoe::cpu_ffn custom op (deamoe_trt.integrations.vllm.
-ffn_op; float32 or float16, the kernel's dtypes): the measurement behind ffn_op.DEFAULT_FFN.
+With --ffn each twin runs twice, its FFNs on vLLM's FusedMoE and on deamoe-trt's CPU kernel
+through the deamoe::cpu_ffn custom op (deamoe_trt.integrations.vllm.ffn_op; float32 or float16,
+the kernel's dtypes; --twins deamoe for the DeaMoE model alone): the measurement behind
+ffn_op.DEFAULT_FFN. --quantized 4 or 8 quantizes every twin's FFNs round to nearest, group size
+128 (vLLM's FusedMoE then runs its own CPU int4 kernel, float16 or bfloat16 only): the
+measurement behind ffn_op.QUANTIZED_DEFAULT_FFN.
 
 Method: for each number of sequences c, `--rounds` rounds; in each round the twins take turns
 (the order rotates every round) on the same c random prompts of `--prompt` tokens, greedy,
@@ -44,19 +47,37 @@ from ...console import format_table
 from ...errors import DeaMoEError, UsageError, one_line
 
 CONCURRENCY = (1, 2, 4, 8, 16)
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+QUANT_GROUP_SIZE = 128
 
 
-def write_twins(directory: Path, *, layers: int, departments: int, dtype: torch.dtype, seed: int) -> dict[str, Path]:
-    """The DeaMoE model and its twins as vLLM model directories under directory."""
+def write_twins(
+    directory: Path,
+    *,
+    layers: int,
+    departments: int,
+    dtype: torch.dtype,
+    seed: int,
+    twins: tuple[str, ...] = TWINS,
+    quantized: int = 0,
+) -> dict[str, Path]:
+    """The DeaMoE model and its twins (quantized: their FFNs int4/int8, group size
+    QUANT_GROUP_SIZE) as vLLM model directories under directory."""
     from ...lm.model import DeaMoELM
     from ...lm.tokenizer import ByteTokenizer
+    from ...quant import QuantConfig
     from .export import write_lm_dir
 
     config = bench_config(layers, departments)
     model = DeaMoELM.random(config, seed=seed, dtype=dtype)
     tokenizer = ByteTokenizer(vocab_size=config.vocab_size)
-    return {twin: write_lm_dir(model.twin(twin), tokenizer, directory / twin) for twin in TWINS}
+    directories = {}
+    for twin in twins:
+        served = model.twin(twin)
+        if quantized:
+            served = served.quantized(QuantConfig(quantized, QUANT_GROUP_SIZE))
+        directories[twin] = write_lm_dir(served, tokenizer, directory / twin)
+    return directories
 
 
 def _timed(llm, prompts, max_tokens: int) -> float:
@@ -83,6 +104,8 @@ def run_vllm_bench(
     memory_fraction: float = 0.12,
     seed: int = 0,
     ffn: bool = False,
+    twins: tuple[str, ...] = TWINS,
+    quantized: int = 0,
     progress=print,
 ) -> dict:
     import vllm
@@ -91,6 +114,12 @@ def run_vllm_bench(
 
     if tokens < 2:
         raise UsageError(f"--tokens must be >= 2 (TPOT needs a decode step after the first token), got {tokens}")
+    unknown = [twin for twin in twins if twin not in TWINS]
+    if unknown or "deamoe" not in twins or (not ffn and set(twins) != set(TWINS)):
+        raise UsageError(
+            f"--twins {','.join(twins)}: name deamoe and, with --ffn, any of {', '.join(TWINS[1:])} "
+            "(without --ffn all three)"
+        )
     gen = torch.Generator().manual_seed(seed + 1)
     vocab = bench_config(layers, departments).vocab_size
     prompts = {
@@ -103,11 +132,20 @@ def run_vllm_bench(
     times: dict[tuple[str, int], list[tuple[float, float]]] = {}
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="deamoe-vllm-bench-") as tmp:
-        progress(f"writing the three twins ({layers} blocks, {departments} departments, {dtype})")
-        directories = write_twins(Path(tmp), layers=layers, departments=departments, dtype=DTYPES[dtype], seed=seed)
+        kind = f"int{quantized} " if quantized else ""
+        progress(f"writing the {kind}twins {', '.join(twins)} ({layers} blocks, {departments} departments, {dtype})")
+        directories = write_twins(
+            Path(tmp),
+            layers=layers,
+            departments=departments,
+            dtype=DTYPES[dtype],
+            seed=seed,
+            twins=twins,
+            quantized=quantized,
+        )
         # name -> (directory, the FFN choice its engine's processes inherit)
         contenders = (
-            {choice: (directories["deamoe"], choice) for choice in FFN_CHOICES}
+            {f"{twin}/{choice}": (path, choice) for twin, path in directories.items() for choice in FFN_CHOICES}
             if ffn
             else {twin: (directory, "fusedmoe") for twin, directory in directories.items()}
         )
@@ -156,6 +194,7 @@ def run_vllm_bench(
             "rounds": rounds,
             "seed": seed,
             "ffn": ffn,
+            "quantized": quantized,
         },
         "vllm": vllm.__version__,
         "machine": machine_info(int(os.environ.get("OMP_NUM_THREADS", "0")) or os.cpu_count() or 1),
@@ -180,34 +219,37 @@ def _commit() -> str:
 
 
 def vllm_ffn_table(result: dict) -> str:
-    """--ffn's table: each FFN choice's throughput and TPOT, and FusedMoE's TPOT over the kernel's."""
+    """--ffn's table: each twin's TPOT on FusedMoE and on the op, FusedMoE's TPOT over the op's,
+    and each twin's TPOT over the DeaMoE model's on the faster path of each."""
     by = {(r["twin"], r["sequences"]): r for r in result["rows"]}
+    twins = list(dict.fromkeys(r["twin"].split("/")[0] for r in result["rows"]))
     lines = []
     for c in sorted({r["sequences"] for r in result["rows"]}):
-        fused, kernel = by[("fusedmoe", c)], by[("cpu-kernel", c)]
-        ratio = fused["tpot_s"] / kernel["tpot_s"]
-        lines.append(
-            (
-                c,
-                f"{fused['tokens_per_s']:.1f}",
-                f"{fused['tpot_s'] * 1e3:.1f}",
-                f"{kernel['tokens_per_s']:.1f}",
-                f"{kernel['tpot_s'] * 1e3:.1f}",
-                f"{ratio:.2f}x",
-                "cpu-kernel" if ratio > 1 else "fusedmoe",
+        for twin in twins:
+            fused, kernel = by[(f"{twin}/fusedmoe", c)]["tpot_s"], by[(f"{twin}/cpu-kernel", c)]["tpot_s"]
+            base = by[("deamoe/fusedmoe", c)]["tpot_s"], by[("deamoe/cpu-kernel", c)]["tpot_s"]
+            lines.append(
+                (
+                    c,
+                    twin,
+                    f"{fused * 1e3:.1f}",
+                    f"{kernel * 1e3:.1f}",
+                    f"{fused / kernel:.2f}x",
+                    f"{fused / base[0]:.2f}x / {kernel / base[1]:.2f}x",
+                )
             )
-        )
     c = result["config"]
+    weights = f"int{c['quantized']} FFNs, " if c.get("quantized") else ""
     title = (
-        f"vLLM {result['vllm']}, DeaMoE FFN on FusedMoE vs the deamoe::cpu_ffn op, {c['layers']} blocks, "
-        f"{c['departments']} departments of 8 experts, {c['dtype']}: {c['prompt']}-token prompts, {c['tokens']} new "
-        f"tokens, median of {c['rounds']} interleaved rounds"
+        f"vLLM {result['vllm']}, FFNs on FusedMoE vs the deamoe::cpu_ffn op, {c['layers']} blocks, "
+        f"{c['departments']} departments of 8 experts, {weights}{c['dtype']}: {c['prompt']}-token prompts, "
+        f"{c['tokens']} new tokens, median of {c['rounds']} interleaved rounds"
     )
     return format_table(
-        ("sequences", "FusedMoE tok/s", "FusedMoE TPOT ms", "op tok/s", "op TPOT ms", "FusedMoE / op", "faster"),
+        ("sequences", "model", "FusedMoE TPOT ms", "op TPOT ms", "FusedMoE / op", "TPOT / DeaMoE's (FusedMoE / op)"),
         lines,
         title=title,
-        align="rrrrrrl",
+        align="rlrrrr",
     )
 
 
@@ -262,6 +304,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="compare the DeaMoE model's FFNs on FusedMoE and on the CPU kernel's custom op (float32/float16)",
     )
+    parser.add_argument(
+        "--twins", default=",".join(TWINS), help=f"which twins, comma-separated (default {','.join(TWINS)})"
+    )
+    parser.add_argument(
+        "--quantized", type=int, choices=(0, 4, 8), default=0, help="int4/int8 FFNs, group size 128 (default 0: off)"
+    )
     args = parser.parse_args(argv)
     try:
         concurrency = tuple(int(part) for part in args.concurrency.split(","))
@@ -275,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
             rounds=args.rounds,
             memory_fraction=args.memory_fraction,
             ffn=args.ffn,
+            twins=tuple(part for part in args.twins.split(",") if part),
+            quantized=args.quantized,
             progress=lambda text: print(text, file=sys.stderr, flush=True),
         )
     except (DeaMoEError, ValueError) as exc:

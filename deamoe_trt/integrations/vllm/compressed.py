@@ -62,10 +62,15 @@ def float_linears(config: LMConfig) -> list[str]:
     """vLLM's Linear modules left in floating point: attention and head unless quantized_linears
     names them (dense MLPs are deamoe-trt's modules, which the config does not reach)."""
     parts = config.quantized_linears
+    if config.is_mla:
+        queries = ("q_a_proj", "q_b_proj") if config.q_lora_rank else ("q_proj",)
+        projections = (*queries, "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+    else:
+        projections = ("q_proj", "k_proj", "v_proj", "o_proj")
     names = []
     for i in range(config.num_layers):
         if "attention" not in parts:
-            names += [f"layers.{i}.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+            names += [f"layers.{i}.self_attn.{p}" for p in projections]
     if "head" not in parts:
         names.append("lm_head")
     return names
@@ -146,6 +151,11 @@ def compressed_state(state: dict[str, torch.Tensor], config: LMConfig) -> dict[s
         else:
             out[name] = tensor
     return out
+
+
+def is_served_group(name: str) -> bool:
+    """Whether name is one FFN group's projection tensor in compressed-tensors' layout."""
+    return _SERVED_GROUP.match(name) is not None
 
 
 def checkpoint_state(tensors: dict[str, torch.Tensor], config: LMConfig) -> dict[str, torch.Tensor]:

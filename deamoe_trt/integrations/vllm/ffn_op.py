@@ -8,14 +8,13 @@ layers where `ffn_choice` says so:
 
 - DEAMOE_VLLM_FFN=cpu-kernel or fusedmoe chooses outright (every process of the engine
   inherits it);
-- otherwise DEFAULT_FFN. Measured on vLLM's CPU engine at 1, 4 and 16 sequences
-  (`python -m deamoe_trt.integrations.vllm.bench --ffn`; docs/benchmarks.md, "The DeaMoE FFN on
-  vLLM's CPU engine") the op was faster at 1 and 4 sequences and FusedMoE at 16, on a heavily
-  loaded machine; the default stays FusedMoE until a quiet rerun confirms it and the model can
-  switch per step by batch size.
+- otherwise DEFAULT_FFN for floating-point models and QUANTIZED_DEFAULT_FFN for int4/int8
+  ones, each the measured choice (`python -m deamoe_trt.integrations.vllm.bench --ffn
+  [--quantized 4]`; docs/benchmarks.md, "The DeaMoE FFN on vLLM's CPU engine").
 
-The CPU kernel runs float32 and float16 weights, not bfloat16 and not the compressed-tensors
-directories of quantized checkpoints; for those, and off the CPU, vLLM's FusedMoE runs.
+The CPU kernel runs float32 and float16 models (their int4/int8 FFNs too, from the checkpoint's
+codes and scales: the checkpoint's own math, where vLLM's CPU int4 MoE kernel rounds the
+activations to int8), not bfloat16 ones; for those, and off the CPU, vLLM's FusedMoE runs.
 """
 
 from __future__ import annotations
@@ -28,8 +27,9 @@ from ...errors import UsageError
 
 ENV = "DEAMOE_VLLM_FFN"
 FFN_CHOICES = ("fusedmoe", "cpu-kernel")
-# The choice where no DEAMOE_VLLM_FFN is set (see the module docstring for the measurement).
+# The choices where no DEAMOE_VLLM_FFN is set (see the module docstring for the measurements).
 DEFAULT_FFN = "fusedmoe"
+QUANTIZED_DEFAULT_FFN = "cpu-kernel"
 KERNEL_DTYPES = (torch.float32, torch.float16)
 
 _LAYERS: dict[int, object] = {}
@@ -37,10 +37,10 @@ _LAYERS: dict[int, object] = {}
 
 def ffn_choice(*, cpu: bool, dtype: torch.dtype, quantized: bool) -> str:
     """ "cpu-kernel" or "fusedmoe" for a model of dtype on this platform (see the module docstring)."""
-    wanted = os.environ.get(ENV, "").strip() or DEFAULT_FFN
+    wanted = os.environ.get(ENV, "").strip() or (QUANTIZED_DEFAULT_FFN if quantized else DEFAULT_FFN)
     if wanted not in FFN_CHOICES:
         raise UsageError(f"{ENV}={wanted!r} is not one of {', '.join(FFN_CHOICES)}")
-    if wanted == "cpu-kernel" and (not cpu or dtype not in KERNEL_DTYPES or quantized):
+    if wanted == "cpu-kernel" and (not cpu or dtype not in KERNEL_DTYPES):
         return "fusedmoe"
     return wanted
 

@@ -6,7 +6,8 @@ and FusedMoE for the experts, so each platform runs its own kernels (the CPU's g
 AMX in bfloat16; vLLM's GPU MoE kernels on CUDA, not run here). Everything else is
 deamoe-trt's own code, so there is one source of truth for it: the routing (deamoe_trt.routing,
 as FusedMoE's custom routing function), RMSNorm, rotary tables and rotation (deamoe_trt.lm),
-the router, shared experts and dense MLPs.
+the router, shared experts and dense MLPs. A model with multi-head latent attention
+(DeepSeek-V2/V3) runs vLLM's MLA layer and latent cache (DeaMoELatentAttention).
 
 Each DeaMoE FFN is two FusedMoE layers fed by one routing (deamoe_trt.integrations.vllm.grouping):
 the departments' shared parts (D groups, min(g, k) slots per token) and the experts' private
@@ -18,7 +19,9 @@ checked against the LMConfig with the checkpoint reader's own check first. A qua
 directory (deamoe_trt.integrations.vllm.compressed) carries compressed-tensors' quantization_config,
 so vLLM hands both FusedMoE layers (and the quantized attention projections and head) its own
 quantized methods, which load the re-packed codes per expert through FusedMoE's weight loader;
-shared experts and dense MLPs stay deamoe-trt's modules, run from the checkpoint's codes.
+shared experts and dense MLPs stay deamoe-trt's modules, run from the checkpoint's codes. Where
+the FFN choice (ffn_op.ffn_choice) is deamoe-trt's CPU kernel, each FFN's groups are read back
+into the checkpoint's own codes and scales (compressed.checkpoint_state) and run there.
 """
 
 from __future__ import annotations
@@ -203,10 +206,7 @@ class DeaMoELatentAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         c, tokens = self.config, x.shape[0]
-        if c.q_lora_rank:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)[0]))[0]
-        else:
-            q = self.q_proj(x)[0]
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)[0]))[0] if c.q_lora_rank else self.q_proj(x)[0]
         q_nope, q_pe = q.view(tokens, self.num_heads, -1).split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
         latent, k_pe = self.kv_a_proj_with_mqa(x)[0].split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
         q = torch.cat((q_nope, apply_rope(q_pe, cos, sin)), dim=-1)

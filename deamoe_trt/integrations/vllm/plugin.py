@@ -24,3 +24,18 @@ def register() -> None:
         AutoConfig.register(MODEL_TYPE, DeaMoEHFConfig)
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, ARCHITECTURE_PATH)
+    register_attention_kind()
+
+
+def register_attention_kind() -> None:
+    """vLLM picks MLA (its latent cache and MLA backends) by a list of model types; a DeaMoE
+    directory's config says it itself: MLA exactly when its LMConfig's attention is latent."""
+    from vllm.transformers_utils import model_arch_config_convertor as convertors
+
+    from ...hf.fields import MODEL_TYPE
+
+    class DeaMoEArchConvertor(convertors.ModelArchConfigConvertorBase):
+        def is_deepseek_mla(self) -> bool:
+            return self.hf_text_config.lm_config().is_mla
+
+    convertors.MODEL_ARCH_CONFIG_CONVERTORS.setdefault(MODEL_TYPE, DeaMoEArchConvertor)

@@ -30,7 +30,7 @@ def check_model_dir(directory: str | Path) -> None:
     if not isinstance(data, dict) or data.get("model_type") != MODEL_TYPE:
         raise UsageError(f'{path} is not a DeaMoE vLLM model directory (no "model_type": "{MODEL_TYPE}")')
     config = DeaMoEHFConfig(**data).lm_config()
-    check_engine(config)
+    check_engine(config, data.get("dtype"))
 
 
 def main(argv: list[str] | None = None) -> int:

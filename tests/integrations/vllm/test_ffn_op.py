@@ -8,7 +8,15 @@ import pytest
 import torch
 
 from deamoe_trt.integrations.vllm.export import write_model_dir
-from deamoe_trt.integrations.vllm.ffn_op import ENV, cpu_ffn, ffn_choice, ffn_kinds, register_layer
+from deamoe_trt.integrations.vllm.ffn_op import (
+    DEFAULT_FFN,
+    ENV,
+    QUANTIZED_DEFAULT_FFN,
+    cpu_ffn,
+    ffn_choice,
+    ffn_kinds,
+    register_layer,
+)
 from deamoe_trt.lm import load_lm
 from deamoe_trt.runtimes.decode import generate
 from deamoe_trt.runtimes.torch import TorchDecoder
@@ -32,10 +40,14 @@ def test_the_kernel_is_chosen_only_where_it_runs(monkeypatch):
     monkeypatch.setenv(ENV, "cpu-kernel")
     assert ffn_choice(cpu=True, dtype=torch.float32, quantized=False) == "cpu-kernel"
     assert ffn_choice(cpu=True, dtype=torch.bfloat16, quantized=False) == "fusedmoe"
-    assert ffn_choice(cpu=True, dtype=torch.float32, quantized=True) == "fusedmoe"
+    assert ffn_choice(cpu=True, dtype=torch.float16, quantized=True) == "cpu-kernel"
+    assert ffn_choice(cpu=True, dtype=torch.bfloat16, quantized=True) == "fusedmoe"
     assert ffn_choice(cpu=False, dtype=torch.float16, quantized=False) == "fusedmoe"
     monkeypatch.setenv(ENV, "fusedmoe")
-    assert ffn_choice(cpu=True, dtype=torch.float32, quantized=False) == "fusedmoe"
+    assert ffn_choice(cpu=True, dtype=torch.float32, quantized=True) == "fusedmoe"
+    monkeypatch.delenv(ENV)
+    assert ffn_choice(cpu=True, dtype=torch.float32, quantized=False) == DEFAULT_FFN
+    assert ffn_choice(cpu=True, dtype=torch.float32, quantized=True) == QUANTIZED_DEFAULT_FFN
 
 
 @pytest.mark.slow

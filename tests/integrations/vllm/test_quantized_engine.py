@@ -1,12 +1,17 @@
 """int4 and int8 DeaMoE models on vLLM's CPU engine.
 
-int4: vLLM's own quantized MoE method (compressed-tensors WNA16, its AMX int4 kernel) serves the
-exported directory in bfloat16, and its greedy tokens follow the project's own decoder on the
-same checkpoint for 32 steps. That kernel quantizes the activations to int8 per token (W4A8
-compute), so at a near-tie of the two best logits (reference margin under NEAR_TIE) the
-choice may go either way: the tokens must agree up to the first such step, and every prompt
-but a near-tie one must agree over all 32. int8: vLLM's CPU engine has no W8A16 MoE method, and
-the directory is refused in one line naming the platform and what it lacks."""
+float32 (the default FFN choice for quantized models, deamoe_trt.integrations.vllm.ffn_op):
+each FFN runs on deamoe-trt's CPU kernel through the deamoe::cpu_ffn op from the checkpoint's
+codes and scales, and greedy tokens equal the project's own decoder's on the same checkpoint
+over 32 steps, int4 and int8 alike.
+
+bfloat16 (the kernel's dtypes exclude it): int4 runs on vLLM's own quantized MoE method
+(compressed-tensors WNA16, its AMX int4 kernel), whose greedy tokens follow the project's
+decoder for 32 steps. That kernel quantizes the activations to int8 per token (W4A8 compute),
+so at a near-tie of the two best logits (reference margin under NEAR_TIE) the choice may go
+either way: the tokens must agree up to the first such step, and every prompt but a near-tie
+one must agree over all 32. int8: vLLM's CPU engine has no W8A16 MoE method, and the directory
+is refused in one line naming the platform and what it lacks."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import torch
 
 from deamoe_trt.errors import UsageError
 from deamoe_trt.integrations.vllm.export import write_lm_dir
+from deamoe_trt.integrations.vllm.ffn_op import ENV, ffn_kinds
 from deamoe_trt.quant import QuantConfig
 from deamoe_trt.runtimes.decode import generate
 from deamoe_trt.runtimes.torch import TorchDecoder
@@ -46,10 +52,10 @@ def amx_or_skip():
         pytest.skip("vLLM's CPU int4 MoE kernel needs an x86 CPU with AMX tiles")
 
 
-def engine(directory):
+def engine(directory, dtype: str = "bfloat16"):
     return vllm.LLM(
         str(directory),
-        dtype="bfloat16",
+        dtype=dtype,
         enforce_eager=True,
         max_model_len=128,
         max_num_seqs=len(PROMPTS),
@@ -96,3 +102,21 @@ def test_int8_is_refused_on_the_cpu_engine_in_one_line(tmp_path):
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith("vLLM's CPU engine has no int8 (W8A16) MoE method")
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_float32_int_weights_on_the_cpu_kernel_equal_the_reference_decoder_for_32_steps(tmp_path, monkeypatch, bits):
+    monkeypatch.delenv(ENV, raising=False)  # the default choice
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model's function, on loopback
+    model, tokenizer = quantized_tiny(QuantConfig(bits, 16), (), dtype=torch.float32)
+    directory = write_lm_dir(model, tokenizer, tmp_path / f"int{bits}")
+    llm = engine(directory, "float32")
+    try:
+        outputs = llm.generate(list(PROMPTS), vllm.SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True))
+        ffns = llm.apply_model(ffn_kinds)[0]
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    assert ffns == ["KernelFFN"] * model.config.num_layers
+    got = [list(o.outputs[0].token_ids) for o in outputs]
+    expected = [generate(TorchDecoder(model), tokenizer.encode(p), STEPS).new_ids for p in PROMPTS]
+    assert got == expected

@@ -1,8 +1,9 @@
-"""vLLM's OpenAI-compatible server on loopback, started by deamoe-trt's launcher, for the tiny LM
-and a gpt-oss-style DeaMoE: concurrent streaming clients each get exactly their own prompt's
-greedy continuation (the reference decoder's), with nothing lost or mixed up. Bounded: one
-server per model, a fixed number of requests, each with a deadline; the server is stopped at
-the end whatever happens."""
+"""vLLM's OpenAI-compatible server on loopback, started by deamoe-trt's launcher, for each family
+it serves: the tiny LM, its int4 and int8 forms (FFNs on deamoe-trt's CPU kernel), a
+DeepSeek-V2-style DeaMoE (multi-head latent attention) and a gpt-oss-style one: concurrent
+streaming clients each get exactly their own prompt's greedy continuation (the reference
+decoder's), with nothing lost or mixed up. Bounded: one server per model, a fixed number of
+requests, each with a deadline; the server is stopped at the end whatever happens."""
 
 from __future__ import annotations
 
@@ -41,20 +42,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Extra server options per model: vLLM's reference CPU MLA backend runs float32 (its AMX one
+# bfloat16 only).
+SERVER_OPTIONS = {"deepseek-v2-style": ["--attention-backend", "CPU_MLA"]}
+
+
 def served_model(name: str):
-    """(model, tokenizer) of a served model: the shipped tiny LM, or a gpt-oss-style DeaMoE
-    (sinks, sliding windows, clamped SwiGLU, biased experts; tests/integrations/vllm/test_families.py)."""
+    """(model, tokenizer) of a served model: the shipped tiny LM; its int4 or int8 form in
+    float32 (tests/integrations/vllm/test_compressed.py); a DeepSeek-V2-style DeaMoE
+    (tests/integrations/vllm/test_mla.py); or a gpt-oss-style DeaMoE (sinks, sliding windows,
+    clamped SwiGLU, biased experts; tests/integrations/vllm/test_families.py)."""
+    import torch
+
+    from deamoe_trt.lm.tokenizer import ByteTokenizer
+    from deamoe_trt.quant import QuantConfig
+
     if name == "tiny-lm":
         loaded = load_lm(TINY_LM)
         return loaded.model, loaded.tokenizer
-    from deamoe_trt.lm.tokenizer import ByteTokenizer
+    if name in ("int4", "int8"):
+        from .test_compressed import quantized_tiny
 
+        return quantized_tiny(QuantConfig(int(name[3:]), 16), (), dtype=torch.float32)
+    if name == "deepseek-v2-style":
+        from .test_mla import deepseek_v2_style_model
+
+        return deepseek_v2_style_model(), ByteTokenizer()
     from .test_families import gpt_oss_style_model
 
     return gpt_oss_style_model(), ByteTokenizer()
 
 
-@pytest.fixture(scope="module", params=["tiny-lm", "gpt-oss-style"])
+@pytest.fixture(scope="module", params=["tiny-lm", "int4", "int8", "deepseek-v2-style", "gpt-oss-style"])
 def server(request, tmp_path_factory):
     model, tokenizer = served_model(request.param)
     directory = write_lm_dir(model, tokenizer, tmp_path_factory.mktemp("vllm") / request.param)
@@ -81,6 +100,7 @@ def server(request, tmp_path_factory):
         str(CPU_MEMORY_FRACTION),
         "--served-model-name",
         "tiny-lm",
+        *SERVER_OPTIONS.get(request.param, []),
     ]
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
