@@ -1,0 +1,7 @@
+"""The old import path of the Triton LM decode service, kept for one release.
+
+Model repositories that `deamoe-trt triton-repo lm` wrote before the service moved to
+deamoe_trt.integrations.triton hold a model.py importing `deamoe_trt.serving.decode_model`;
+this alias keeps them loading (the rest of such a repository reads as a new one does).
+Rerunning `deamoe-trt triton-repo` writes the new path; the next release removes this package.
+"""

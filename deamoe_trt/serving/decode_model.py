@@ -1,0 +1,6 @@
+"""Alias of deamoe_trt.integrations.triton.decode_model for repositories written before the move
+(see this package's docstring)."""
+
+from ..integrations.triton.decode_model import TritonPythonModel
+
+__all__ = ["TritonPythonModel"]
