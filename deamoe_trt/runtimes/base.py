@@ -38,6 +38,11 @@ def identity(x: Any) -> Any:
     return x
 
 
+def as_numpy(x: torch.Tensor) -> np.ndarray:
+    """x as an array a file's input takes: bf16 as float32 holding its values (numpy has no bf16)."""
+    return x.float().numpy() if x.dtype == torch.bfloat16 else x.numpy()
+
+
 @dataclass
 class Prepared:
     """A module made ready on one runtime."""

@@ -21,7 +21,16 @@ import torch
 
 from ..dtypes import BY_NAME, DTYPES
 from ..errors import MissingDependencyError, UsageError, one_line
-from .base import Capabilities, DecoderPool, Prepared, RuntimeBase, SerialBatchDecoder, load_lm_model, state_bytes
+from .base import (
+    Capabilities,
+    DecoderPool,
+    Prepared,
+    RuntimeBase,
+    SerialBatchDecoder,
+    as_numpy,
+    load_lm_model,
+    state_bytes,
+)
 
 if TYPE_CHECKING:
     import onnx
@@ -283,13 +292,13 @@ class OnnxRuntime(RuntimeBase):
         shared = self.decoder(model, threads=threads, **options)
         return DecoderPool(lambda: OrtDecoder(shared.session, shared.info), keep_alive=shared)
 
-    def load(self, path, *, threads=None, spinning: bool | None = None, **options) -> Prepared:
-        """A layer's export (an .onnx file of any form) in one session; a checkpoint directory
-        as prepare() runs it."""
+    def load(self, path, *, threads=None, spinning: bool | None = None, provider: str = "cpu", **options) -> Prepared:
+        """A layer's export (an .onnx file of any form) in one session on provider (PROVIDERS);
+        a checkpoint directory as prepare() runs it."""
         if Path(path).is_dir():
             return super().load(path, threads=threads, spinning=spinning, **options)
         self.require()
-        session = make_session(path, options=session_options(threads, spinning=spinning))
+        session = make_session(path, provider, options=session_options(threads, spinning=spinning))
         first, output = session.get_inputs()[0], session.get_outputs()[0].name
         dtype = np.float16 if first.type == "tensor(float16)" else np.float32
 
@@ -299,9 +308,9 @@ class OnnxRuntime(RuntimeBase):
         return Prepared(
             self.name,
             run,
-            to_input=lambda x: np.ascontiguousarray(x.numpy().astype(dtype)),
+            to_input=lambda x: np.ascontiguousarray(as_numpy(x).astype(dtype)),
             to_torch=torch.from_numpy,
-            info={"model": str(path), "threads": threads},
+            info={"model": str(path), "threads": threads, "provider": provider},
             keep_alive=session,
         )
 

@@ -24,7 +24,7 @@ from ..dtypes import BY_TRT
 from ..errors import DeaMoEError, MissingDependencyError, UsageError, one_line
 from ..lm.config import LMConfig
 from ..trt.plugin import BUILD_HINT, PLUGIN_NAME, load_plugin, resolve_plugin
-from .base import Capabilities, Decoder, DecoderPool, Prepared, RuntimeBase
+from .base import Capabilities, Decoder, DecoderPool, Prepared, RuntimeBase, as_numpy
 
 
 def load_engine(path: str | Path, plugin_path: str | None = None):
@@ -164,7 +164,7 @@ class TensorRTRuntime(RuntimeBase):
         return Prepared(
             self.name,
             run,
-            to_input=lambda x: np.ascontiguousarray(x.numpy().astype(np_dtype)),
+            to_input=lambda x: np.ascontiguousarray(as_numpy(x).astype(np_dtype)),
             to_torch=lambda y: torch.from_numpy(np.asarray(y)),
             info={"engine": str(path)},
             keep_alive=runner,

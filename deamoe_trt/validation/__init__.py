@@ -1,8 +1,9 @@
 """Validate an exported model (or a TensorRT engine) against the PyTorch reference of its checkpoint.
 
-validate() = a polygraphy runner for the model (runners.onnx_runner / runners.engine_runner)
-+ the reference runner (runners.ReferenceRunner) + one comparison (compare.compare) on
-random inputs per token count. Its report holds one row per output and token count.
+validate() = the model loaded on its runtime and the reference prepared on "torch"
+(deamoe_trt.runtimes), compared on random inputs per token count through the one adapter
+between two runtimes (pair.compare_layers; a language model's decoders: pair.compare_decoders).
+Its report holds one row per output and token count.
 """
 
 from ..runtimes.onnxruntime import make_session

@@ -1,9 +1,9 @@
 """validate(): an exported layer or stack (ONNX, or a TensorRT engine) against the PyTorch
 reference of its checkpoint; other exports go to their own validator (VALIDATORS).
 
-validate() = a polygraphy runner for the model (runners.onnx_runner / runners.engine_runner)
-+ the reference runner (runners.ReferenceRunner) + one comparison (compare.compare) on
-random inputs per token count. Its report holds one row per output and token count.
+validate() = the model loaded on its runtime (runtimes "ort" or "tensorrt": load) and the
+reference prepared on "torch", compared on random inputs per token count through the one
+adapter (pair.compare_layers). Its report holds one row per output and token count.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ import onnx
 import torch
 from onnx import external_data_helper, numpy_helper
 
-from ..errors import UsageError
+from .. import runtimes
+from ..errors import MissingDependencyError, UsageError
 from ..export.dtypes import DTYPES, ExportDtype, dtype_of_onnx, to_numpy
 from ..export.metadata import (
-    INPUT_NAME,
-    OUTPUT_NAME,
     ExportInfo,
     engine_info,
     export_format,
@@ -34,10 +33,10 @@ from ..export.plugin_node import as_float32
 from ..inputs import random_hidden
 from ..layer import DeaMoELayer, DeaMoEStack
 from ..lm.checkpoint import read
+from ..runtimes.base import Prepared
 from ..runtimes.onnxruntime import make_session
-from .compare import compare
+from .pair import compare_layers, is_engine
 from .report import DEFAULT_TOKENS, DEFAULT_TOLERANCES, ValidationReport, ort_cpu_int8_tolerances, tolerances
-from .runners import ReferenceRunner, engine_runner, is_engine, onnx_runner
 
 # The validator of each kind of export other than layers and stacks, by the deamoe_trt.format
 # its metadata carries: (module, function), imported when used, so that validation does not
@@ -74,7 +73,8 @@ def validate(
         info = export_info(proto, str(model))
         reference = reference_module(info, checkpoint)
         check_weights(proto, Path(model), info, reference, checkpoint)
-        runner, dtype = onnx_runner(model, provider), DTYPES[info.dtype]
+        # The session is made now, so a model ONNX Runtime cannot load fails here in one line.
+        runner, dtype = runtimes.get("ort").load(model, provider=provider), DTYPES[info.dtype]
         description = _describe(info)
         if info.form == "ort" and info.quantization and info.quantization.startswith("int8") and provider == "cpu":
             atol, rtol, note = ort_cpu_int8_tolerances(atol, rtol)
@@ -86,12 +86,10 @@ def validate(
             )
         if info.max_tokens is not None and max(tokens) > info.max_tokens:
             notes.append(f"note: token counts above the model's max_tokens ({info.max_tokens}) were checked too")
-    feeds = _feeds(reference.config.hidden_size, dtype, tokens, seed, inputs)
+    batches = _inputs(reference.config.hidden_size, dtype, tokens, seed, inputs)
     atol, rtol = tolerances(dtype.name, atol, rtol)
-    reference_runner = ReferenceRunner(
-        reference, input_name=INPUT_NAME, output_name=OUTPUT_NAME, input_dtype=next(iter(feeds[0].values())).dtype
-    )
-    rows = compare(runner, reference_runner, feeds, atol=atol, rtol=rtol)
+    expected = runtimes.get("torch").prepare(reference)
+    rows = compare_layers(runner, expected, batches, atol=atol, rtol=rtol, names=(runner.runtime, "pytorch-reference"))
     return ValidationReport(str(model), str(checkpoint), description, provider, atol, rtol, rows, notes)
 
 
@@ -171,8 +169,19 @@ def _describe(info: ExportInfo) -> str:
     return f"{info.form} form, {info.dtype}, {layers}"
 
 
+def engine_runner(model: str | Path, plugin: str | Path | None = None) -> Prepared:
+    """The engine at model on the tensorrt runtime, loaded now (the plugin registered first)."""
+    try:
+        runtime = runtimes.get("tensorrt")
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"TensorRT engine validation needs deamoe_trt.runtimes.tensorrt and TensorRT (pip install tensorrt): {exc}"
+        ) from None
+    return runtime.load(model, plugin=None if plugin is None else str(plugin))
+
+
 def _engine_side(model, checkpoint, plugin):
-    """Runner, reference, dtype and description for a TensorRT engine.
+    """The engine loaded, reference, dtype and description for a TensorRT engine.
 
     `deamoe-trt build` writes the export's metadata beside the engine: the reference is then
     the layers the engine holds, in its dtype. An engine built elsewhere has none: the whole
@@ -184,12 +193,8 @@ def _engine_side(model, checkpoint, plugin):
         description = f"TensorRT engine of the {_describe(info)}"
         return runner, reference, DTYPES[info.dtype], description
     stack = DeaMoEStack.from_pretrained(checkpoint)
-    with runner:
-        meta = runner.get_input_metadata()
-    try:
-        fed_as = np.dtype(meta[INPUT_NAME].dtype) if INPUT_NAME in meta else np.dtype(np.float32)
-    except TypeError:  # a dtype numpy lacks (bf16): feed float32 holding bf16 values, as for ONNX
-        fed_as = np.dtype(np.float32)
+    # What the engine's input takes, as the loaded engine casts a float32 input to it.
+    fed_as = runner.to_input(torch.zeros(1, stack.config.hidden_size)).dtype
     if fed_as == np.float16:
         dtype = DTYPES["fp16"]
     else:  # float32 feeds: an fp32 engine, or a bf16 one fed float32 like the bf16 ONNX models
@@ -199,19 +204,15 @@ def _engine_side(model, checkpoint, plugin):
     return runner, reference, dtype, f"TensorRT engine, {dtype.name}"
 
 
-def _feeds(hidden: int, dtype: ExportDtype, tokens: Sequence[int], seed: int, inputs: np.ndarray | None):
-    """One feed per token count (random, unit variance) or the given inputs, in the model's input dtype."""
+def _inputs(
+    hidden: int, dtype: ExportDtype, tokens: Sequence[int], seed: int, inputs: np.ndarray | None
+) -> list[torch.Tensor]:
+    """One input per token count (random, unit variance) or the given inputs, in the model's dtype."""
     if inputs is not None:
         batches = [check_inputs(inputs, hidden)]
     else:
         batches = [random_hidden(t, hidden, seed=seed + i, dtype=dtype.torch) for i, t in enumerate(tokens)]
-    feeds = []
-    for x in batches:
-        x = x.to(dtype.torch)
-        # bf16 models are fed float32 holding bf16 values (numpy has no bf16), as the session expects.
-        array = x.numpy() if dtype.torch != torch.bfloat16 else x.float().numpy()
-        feeds.append({INPUT_NAME: array})
-    return feeds
+    return [x.to(dtype.torch) for x in batches]
 
 
 def check_inputs(inputs: np.ndarray, hidden: int) -> torch.Tensor:

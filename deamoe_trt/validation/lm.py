@@ -1,30 +1,31 @@
 """Validate an exported language model (logits and KV cache) against its checkpoint's PyTorch model.
 
-Reuses deamoe_trt.validation's machinery: the ONNX Runtime runner (plugin-form nodes run
-through the reference op), polygraphy's comparison (validation.compare), its tolerances
-and its report. What is particular to a language model is here: the feeds (token ids and a
-KV cache) and a PyTorch runner that returns logits and present.* like the graph.
+Reuses deamoe_trt.validation's machinery: the one adapter between two runtimes
+(validation.pair: the ONNX Runtime session, plugin-form nodes run through the reference op,
+and the PyTorch model as its two sides), its tolerances and its report. What is particular
+to a language model is here: the feeds (token ids and a KV cache) and the PyTorch forward
+that returns logits and present.* like the graph.
 
 For each token count t: a prefill of t random tokens on an empty cache, then one decode
 step of 1 token on the t-token cache the reference computed (so both sides see the same
-inputs). Rows are named "<output> @past=<P>", with tokens = the new-token count T.
+inputs). Rows are named "<output> @past=<P>", with tokens = the new-token count T. Then the
+model decodes on its runtime ("ort": load_decoder) beside the reference's decoder over one
+random sequence, each keeping its own cache (pair.compare_decoders): a note says whether
+their greedy tokens agree at every position and the worst logits error there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 import torch
-from polygraphy.backend.base import BaseRunner
-from polygraphy.backend.onnxrt import OnnxrtRunner
 from polygraphy.common import TensorMetadata
 
+from .. import runtimes
 from ..errors import UsageError
 from ..export.dtypes import DTYPES, to_numpy
 from ..export.lm import INPUT_IDS, LOGITS, lm_export_info, past_names, present_names, stored_scales
@@ -33,43 +34,39 @@ from ..inputs import input_generator
 from ..lm.checkpoint import load_lm
 from ..lm.model import DeaMoELM
 from ..runtimes.onnxruntime import make_session
-from ..validation.compare import compare
-from ..validation.report import ValidationReport, ort_cpu_int8_tolerances, tolerances
+from .compare import compare
+from .pair import Side, compare_decoders
+from .report import ValidationReport, ort_cpu_int8_tolerances, tolerances
 
 DEFAULT_TOKENS = (1, 5, 16)
+DECODED_TOKENS = 8  # greedy positions the decoders are compared over after the prompt
 
 
-class LMReferenceRunner(BaseRunner):
-    """The PyTorch model as a polygraphy runner with the exported graph's inputs and outputs."""
+def graph_inputs(model: DeaMoELM, np_dtype: np.dtype) -> TensorMetadata:
+    """The exported graph's inputs: token ids and each block's past key and value."""
+    c = model.config
+    meta = TensorMetadata().add(INPUT_IDS, dtype=np.dtype(np.int64), shape=["batch", "tokens"])
+    for i in range(c.num_layers):
+        for name, (heads, width) in zip(past_names(i), c.cache_shapes(), strict=True):
+            meta.add(name, dtype=np.dtype(np_dtype), shape=["batch", heads, "past", width])
+    return meta
 
-    def __init__(self, model: DeaMoELM, np_dtype: np.dtype, name: str = "pytorch-reference"):
-        super().__init__(name=name, prefix="pytorch-reference")
-        self.model, self.np_dtype = model.eval(), np.dtype(np_dtype)
 
-    def get_input_metadata_impl(self):
-        c = self.model.config
-        meta = TensorMetadata().add(INPUT_IDS, dtype=np.dtype(np.int64), shape=["batch", "tokens"])
-        for i in range(c.num_layers):
-            for name, (heads, width) in zip(past_names(i), c.cache_shapes(), strict=True):
-                meta.add(name, dtype=self.np_dtype, shape=["batch", heads, "past", width])
-        return meta
-
-    def infer_impl(self, feed_dict):
-        c = self.model.config
-        ids = torch.from_numpy(np.ascontiguousarray(feed_dict[INPUT_IDS]))
-        cache = [
-            tuple(torch.from_numpy(np.ascontiguousarray(feed_dict[n])).to(self.model.dtype) for n in past_names(i))
-            for i in range(c.num_layers)
-        ]
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = self.model(ids, cache)
-        self.inference_time = time.perf_counter() - start
-        result = OrderedDict([(LOGITS, out.logits.float().numpy())])
-        for i, kv in enumerate(out.past_key_values):
-            for name, tensor in zip(present_names(i), kv, strict=True):
-                result[name] = tensor.numpy().astype(self.np_dtype, copy=False)
-        return result
+def reference_outputs(model: DeaMoELM, np_dtype: np.dtype, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The PyTorch model on one of the graph's feeds: logits and present.*, as the graph returns them."""
+    c = model.config
+    ids = torch.from_numpy(np.ascontiguousarray(feed[INPUT_IDS]))
+    cache = [
+        tuple(torch.from_numpy(np.ascontiguousarray(feed[n])).to(model.dtype) for n in past_names(i))
+        for i in range(c.num_layers)
+    ]
+    with torch.no_grad():
+        out = model(ids, cache)
+    result = {LOGITS: out.logits.float().numpy()}
+    for i, kv in enumerate(out.past_key_values):
+        for name, tensor in zip(present_names(i), kv, strict=True):
+            result[name] = tensor.numpy().astype(np_dtype, copy=False)
+    return result
 
 
 def validate_lm(
@@ -98,8 +95,14 @@ def validate_lm(
         )
     _check_head(proto, reference, dtype, checkpoint)
     np_dtype = dtype.numpy
-    runner = OnnxrtRunner(make_session(model), name=f"onnxruntime-{provider}")
-    ref_runner = LMReferenceRunner(reference, np_dtype)
+    reference.eval()
+    inputs = graph_inputs(reference, np_dtype)
+    session = make_session(model)
+    outputs = [o.name for o in session.get_outputs()]
+    runner = Side(
+        f"onnxruntime-{provider}", lambda feed: dict(zip(outputs, session.run(outputs, feed), strict=True)), inputs
+    )
+    ref_runner = Side("pytorch-reference", lambda feed: reference_outputs(reference, np_dtype, feed), inputs)
     feeds, labels = _feeds(reference, np_dtype, tokens, seed)
     notes = ["note: plugin-form DeaMoE nodes ran through the PyTorch reference op"] if info.form == "plugin" else []
     quant = info.config.quantization
@@ -116,12 +119,28 @@ def validate_lm(
         )
         for i, row in enumerate(rows)
     ]
+    notes.append(_decoded(model, reference, min(tokens), seed, atol=atol, rtol=rtol))
     c = info.config
     description = (
         f"language model, {c.num_layers} blocks, FFNs in the {info.form} form, {info.dtype}, {info.twin}; "
         "prefill then one decode step per token count"
     )
     return ValidationReport(str(model), str(checkpoint), description, provider, atol, rtol, rows, notes)
+
+
+def _decoded(model: str | Path, reference: DeaMoELM, prompt: int, seed: int, *, atol: float, rtol: float) -> str:
+    """The note on the model's decoder (runtime "ort") beside the reference's over one random sequence."""
+    c = reference.config
+    length = min(prompt + DECODED_TOKENS, c.max_position_embeddings - 1)
+    ids = torch.randint(0, c.vocab_size, (length,), generator=input_generator(seed + 1)).tolist()
+    model_decoder, reference_decoder = runtimes.get("ort").load_decoder(model), runtimes.get("torch").decoder(reference)
+    decoded = compare_decoders(model_decoder, reference_decoder, ids, prompt, atol=atol, rtol=rtol)
+    worst = max(decoded.rows, key=lambda r: r.max_abs)
+    return (
+        f"note: decoded on ONNX Runtime beside the reference, each with its own cache, {length - prompt} token(s) "
+        f"after a {prompt}-token prompt: {decoded.summary()}; worst logits error {worst.max_abs:.3e} "
+        f"({worst.output})"
+    )
 
 
 def _check_head(proto: onnx.ModelProto, reference: DeaMoELM, dtype, checkpoint) -> None:

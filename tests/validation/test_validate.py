@@ -1,19 +1,20 @@
-"""validate(): the model's runner + the reference runner + one comparison, and its pieces."""
+"""validate(): the model on its runtime + the reference + one comparison through the adapter, and its pieces."""
 
 from __future__ import annotations
 
+import copy
 import sys
 
 import numpy as np
 import pytest
 import torch
 
-from deamoe_trt import DeaMoEStack, MissingDependencyError, UsageError, get_preset
+from deamoe_trt import DeaMoEStack, MissingDependencyError, UsageError, get_preset, runtimes
 from deamoe_trt.export import build_model, export
 from deamoe_trt.validation import DEFAULT_TOLERANCES, make_session, validate
-from deamoe_trt.validation.compare import compare
+from deamoe_trt.validation.layers import engine_runner
+from deamoe_trt.validation.pair import compare_decoders, compare_layers
 from deamoe_trt.validation.plugin_op import for_reference
-from deamoe_trt.validation.runners import ReferenceRunner, engine_runner
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +44,53 @@ def test_report_fails_when_errors_exceed_tolerance(checkpoint, tmp_path):
     assert "1 of 1 comparison(s) exceed tolerance" in report.failure()
 
 
-def test_reference_runner_compares_to_itself_exactly():
+def test_a_prepared_layer_compares_to_itself_exactly():
     stack = DeaMoEStack.random(get_preset("tiny"), 1, seed=1)
-    runners = [
-        ReferenceRunner(stack, input_name="x", output_name="y", input_dtype=np.float32, name=name)
-        for name in ("first", "second")
-    ]
-    feeds = [{"x": np.random.default_rng(0).standard_normal((t, 64)).astype(np.float32)} for t in (1, 4)]
-    rows = compare(*runners, feeds, atol=0.0, rtol=0.0)
+    torch_rt = runtimes.get("torch")
+    inputs = [torch.randn(t, 64, generator=torch.Generator().manual_seed(t)) for t in (1, 4)]
+    rows = compare_layers(torch_rt.prepare(stack), torch_rt.prepare(stack), inputs, atol=0.0, rtol=0.0)
     assert [(r.tokens, r.max_abs, r.passed) for r in rows] == [(1, 0.0, True), (4, 0.0, True)]
+
+
+def test_compare_layers_reports_the_difference_between_two_runtimes():
+    """The ort runtime against torch on another layer: the errors are numpy's own, and fail at tolerance 0."""
+    layer = DeaMoEStack.random(get_preset("tiny"), 1, seed=2).layers[0]
+    other = DeaMoEStack.random(get_preset("tiny"), 1, seed=3).layers[0]
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
+    (row,) = compare_layers(
+        runtimes.get("ort").prepare(layer), runtimes.get("torch").prepare(other), [x], atol=0.0, rtol=0.0
+    )
+    with torch.no_grad():
+        diff = (layer(x) - other(x)).abs()
+    assert not row.passed and row.tokens == 5
+    assert row.max_abs == pytest.approx(float(diff.max()), rel=1e-4)
+    assert row.mean_abs == pytest.approx(float(diff.mean()), rel=1e-4)
+
+
+def test_compare_decoders_compares_logits_and_greedy_tokens_on_one_sequence(micro_model):
+    """Two torch decoders of one model agree exactly; the ort runtime's within fp32 tolerance and
+    token for token; a model with its head negated picks the tokens its own forward picks."""
+    torch_rt, ids = runtimes.get("torch"), [3, 1, 4, 1, 5, 9, 2, 6]
+    same = compare_decoders(torch_rt.decoder(micro_model), torch_rt.decoder(micro_model), ids, 3, atol=0.0, rtol=0.0)
+    assert [r.output for r in same.rows] == [f"logits @pos={p}" for p in range(2, 8)]
+    assert [r.tokens for r in same.rows] == [3, 1, 1, 1, 1, 1]
+    assert all(r.max_abs == 0.0 and r.passed for r in same.rows) and same.first_difference is None
+    with torch.no_grad():
+        expected = micro_model(torch.tensor([ids])).logits[0, 2:].argmax(-1).tolist()
+    assert same.tokens == same.reference_tokens == expected
+    ort = compare_decoders(
+        runtimes.get("ort").decoder(micro_model), torch_rt.decoder(micro_model), ids, 3, atol=1e-4, rtol=1e-3
+    )
+    assert all(r.passed for r in ort.rows) and ort.tokens == expected
+    other = copy.deepcopy(micro_model)
+    with torch.no_grad():
+        other.lm_head.weight.neg_()
+        wanted = other(torch.tensor([ids])).logits[0, 2:].argmax(-1).tolist()
+    flipped = compare_decoders(torch_rt.decoder(other), torch_rt.decoder(micro_model), ids, 3, atol=0.0, rtol=0.0)
+    differ = [i for i, (a, b) in enumerate(zip(wanted, expected, strict=True)) if a != b]
+    assert flipped.tokens == wanted and flipped.reference_tokens == expected and differ
+    assert flipped.first_difference == differ[0]
+    assert not any(r.passed for r in flipped.rows)
 
 
 def test_engine_validation_without_the_tensorrt_backend_names_what_it_needs(monkeypatch):
