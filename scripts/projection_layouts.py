@@ -16,8 +16,9 @@ import argparse
 import time
 
 import numpy as np
-import onnxruntime as ort
-from onnx import TensorProto, helper
+from onnx import ModelProto, TensorProto, helper
+
+from deamoe_trt.runtimes.onnxruntime import MATMULNBITS_ACCURACY, make_session, session_options
 
 SIZE, GROUP = 4096, 32
 
@@ -28,7 +29,7 @@ def initializer(name: str, array: np.ndarray, elem_type: int, dims: list[int]) -
     return tensor
 
 
-def model(layout: str, rng: np.random.Generator) -> bytes:
+def model(layout: str, rng: np.random.Generator) -> ModelProto:
     n = SIZE * SIZE
     codes = rng.integers(0, 16, size=n, dtype=np.uint8)
     packed = codes[0::2] | (codes[1::2] << 4)  # low nibble first, as ONNX packs uint4
@@ -60,7 +61,7 @@ def model(layout: str, rng: np.random.Generator) -> bytes:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", SIZE])],
         initializer=inits,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10).SerializeToString()
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
 
 
 def main() -> None:
@@ -70,17 +71,16 @@ def main() -> None:
     rng = np.random.default_rng(0)
     contenders = {
         "float32 Gemm": ("float", None),
-        "int4 [out, in] + DequantizeLinear + Gemm": ("out_in", "1"),
-        "int4 [in, out] + DequantizeLinear + MatMul, level 1": ("in_out", "1"),
+        "int4 [out, in] + DequantizeLinear + Gemm": ("out_in", None),
+        "int4 [in, out] + DequantizeLinear + MatMul, level 1": ("in_out", None),
         "int4 [in, out] + DequantizeLinear + MatMul, level 4": ("in_out", "4"),
     }
     sessions = {}
     for name, (layout, level) in contenders.items():
-        options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads, options.log_severity_level = 1, 1, 3
+        options = session_options(1)  # deamoe-trt's sessions: MatMulNBits at accuracy level 1
         if level:
-            options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", level)
-        sessions[name] = ort.InferenceSession(model(layout, rng), options, providers=["CPUExecutionProvider"])
+            options.add_session_config_entry(MATMULNBITS_ACCURACY, level)
+        sessions[name] = make_session(model(layout, rng), options=options)
     x = rng.random((1, SIZE), dtype=np.float32)
     times: dict[str, list[float]] = {name: [] for name in sessions}
     for session in sessions.values():
