@@ -130,6 +130,31 @@ def select(
     return table.variant(config, dtype, bits, num_tokens) if table else DEFAULT_VARIANT
 
 
+# What each variant changes (native/cuda/KERNELS.md, "Variants"): a name is its parts joined by
+# "+", staged-deep being staged-down+deep-loads. deep-loads changes float gate/up rows only and
+# bit-dequant quantized rows only, so a variant with a part that does not apply to a weight
+# format runs the same kernels there as the variant without it.
+_PARTS = {"staged-deep": ("staged-down", "deep-loads")}
+_FLOAT_ONLY = frozenset({"deep-loads"})
+_QUANTIZED_ONLY = frozenset({"bit-dequant"})
+
+
+def variant_parts(name: str) -> frozenset[str]:
+    """'staged-deep+bit-dequant' -> {'staged-down', 'deep-loads', 'bit-dequant'}; 'default' -> {}."""
+    parts: set[str] = set()
+    for part in name.split("+"):
+        if part != DEFAULT_VARIANT:
+            parts.update(_PARTS.get(part, (part,)))
+    return frozenset(parts)
+
+
+def distinct_variants(names: Iterable[str], bits: int) -> list[str]:
+    """The variants of `names` that run kernels of their own on weights of `bits` (0: float):
+    those none of whose parts is inert for that format, in the given order (the tuner times these)."""
+    inert = _QUANTIZED_ONLY if bits == 0 else _FLOAT_ONLY
+    return [name for name in names if not variant_parts(name) & inert]
+
+
 def fastest(median_us: dict[str, float], margin: float = 0.02) -> str:
     """The variant with the lowest median, but the default unless that one is faster than it by
     more than `margin` (a fraction): a difference within the timing noise changes nothing."""

@@ -377,6 +377,78 @@ DEAMOE_DEVICE void dequantizeCodes(uint4 raw, int sub, float (&q)[8])
     }
 }
 
+// The bit-dequant variant's dequantizeCodes: the same exact floats q - zero point, with fewer
+// integer instructions per weight (sm_90 ptxas: 68 against 112 per int4 chunk of 32 weights,
+// 33 against 48 per int8 chunk of 16). A float whose exponent gives mantissa bit b the weight
+// 1 holds 2^(23-b) + q when OR-ed with code q masked in place at bit b (b + 3 < 23): one LOP3
+// per int4 weight, no shift, for the 5 nibbles below bit 20 and, after one shift by 12, the
+// other 3; int8 codes are moved next to 2^23's exponent byte by one PRMT each. The float
+// subtraction of 2^(23-b) + zp stays, exact as in dequantizeCodes.
+template <uint32_t MASK, uint32_t BITS>
+DEAMOE_DEVICE uint32_t maskOr(uint32_t a)
+{
+#if defined(__CUDA_ARCH__)
+    // Both constants are immediates, one of which ptxas keeps in a register outside the loop:
+    // one LOP3, where the C expression compiles to two (a 3-input LOP3 takes one immediate).
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(a), "n"(MASK), "n"(BITS)); // (a & b) | c
+    return r;
+#else
+    return (a & MASK) | BITS; // the same bits: the lop3 LUT 0xea is (a & b) | c
+#endif
+}
+
+// Code K (0..7) of a word of 8 int4 codes (hi: the word shifted right by 12) as q - 8.
+template <int K>
+DEAMOE_DEVICE float int4Code(uint32_t w, uint32_t hi)
+{
+    constexpr int bit = K < 5 ? 4 * K : 4 * K - 12;                            // its lowest bit in w or hi
+    constexpr uint32_t exponent = static_cast<uint32_t>(127 + 23 - bit) << 23; // 2^(23-bit)
+    constexpr float offset = static_cast<float>(1u << (23 - bit)) + 8.0f;      // 2^(23-bit) + zero point
+    return __uint_as_float(maskOr<0xFu << bit, exponent>(K < 5 ? w : hi)) - offset;
+}
+
+template <int BITS>
+DEAMOE_DEVICE void dequantizeCodesBitTricks(uint4 raw, int sub, float (&q)[8])
+{
+    if constexpr (BITS == 4)
+    {
+        uint32_t const w = word(raw, sub);
+        uint32_t const hi = w >> 12;
+        q[0] = int4Code<0>(w, hi);
+        q[1] = int4Code<1>(w, hi);
+        q[2] = int4Code<2>(w, hi);
+        q[3] = int4Code<3>(w, hi);
+        q[4] = int4Code<4>(w, hi);
+        q[5] = int4Code<5>(w, hi);
+        q[6] = int4Code<6>(w, hi);
+        q[7] = int4Code<7>(w, hi);
+    }
+    else
+    {
+        constexpr float magic = QuantCodes<BITS>::kMagic;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+        {
+            uint32_t const w = word(raw, 2 * sub + h);
+            // Bytes of the result: code k, 0x00, 0x00, 0x4B (selector nibbles k, 4, 4, 7).
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                q[4 * h + k] = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | static_cast<uint32_t>(k))) - magic;
+        }
+    }
+}
+
+// dequantizeCodes (BIT_DEQUANT false) or dequantizeCodesBitTricks: bitwise the same floats.
+template <int BITS, bool BIT_DEQUANT>
+DEAMOE_DEVICE void dequantize(uint4 raw, int sub, float (&q)[8])
+{
+    if constexpr (BIT_DEQUANT)
+        dequantizeCodesBitTricks<BITS>(raw, sub, q);
+    else
+        dequantizeCodes<BITS>(raw, sub, q);
+}
+
 // Chunks per row each lane keeps in flight on quantized rows, gate/up and down alike: 2. A
 // chunk of codes is 16 or 32 weights of work, so two already cover the latency once enough
 // warps run; 4 on the gate/up rows (the float path's) held ~127 registers at 1 token, 4
@@ -409,7 +481,8 @@ struct QuantSubUnroll
 // registers are the float path's: 8 dequantized codes per row, 8 activations, one partial.
 // int4 at group size 16 has two groups per chunk (two scales), otherwise one. The order of
 // operations per (r, t) depends only on the lane and the chunk range: bitwise reproducible.
-template <int BITS, int U, class S, class A, int R, int TT, bool SMEM = false>
+// BIT_DEQUANT: the codes through dequantizeCodesBitTricks (the bit-dequant variant; the same floats).
+template <int BITS, int U, class S, class A, int R, int TT, bool SMEM = false, bool BIT_DEQUANT = false>
 DEAMOE_DEVICE void accumulateQuantRows(QuantRow<S> const (&rows)[R], int groupShift, int chunkBegin, int chunkEnd,
     A const* act, int const (&offset)[TT], uint32_t tokens, float (&acc)[R][TT])
 {
@@ -451,7 +524,7 @@ DEAMOE_DEVICE void accumulateQuantRows(QuantRow<S> const (&rows)[R], int groupSh
                     float q[R][8];
 #pragma unroll
                     for (int r = 0; r < R; ++r)
-                        dequantizeCodes<BITS>(raw[u][r], sub, q[r]);
+                        dequantize<BITS, BIT_DEQUANT>(raw[u][r], sub, q[r]);
 #pragma unroll
                     for (int t = 0; t < TT; ++t)
                     {
@@ -485,7 +558,7 @@ DEAMOE_DEVICE void accumulateQuantRows(QuantRow<S> const (&rows)[R], int groupSh
 // one chunk each, where accumulateQuantRows leaves half of the warp idle. act is in shared
 // memory (SMEM) or global memory. Each (row, token) is still one lane's fixed sequence of
 // operations per chunk: bitwise reproducible.
-template <int BITS, class S, class A, int R, int TT, bool SMEM>
+template <int BITS, class S, class A, int R, int TT, bool SMEM, bool BIT_DEQUANT = false>
 DEAMOE_DEVICE void accumulateQuantRowsNarrow(QuantRow<S> const (&rows)[R], int groupShift, int chunks, A const* act,
     int const (&offset)[TT], uint32_t tokens, float (&acc)[R][TT])
 {
@@ -506,7 +579,7 @@ DEAMOE_DEVICE void accumulateQuantRowsNarrow(QuantRow<S> const (&rows)[R], int g
     for (int sub = 0; sub < Q::kSubs; ++sub)
     {
         float q[8];
-        dequantizeCodes<BITS>(raw, sub, q);
+        dequantize<BITS, BIT_DEQUANT>(raw, sub, q);
         float const s = sub >= Q::kSubs / 2 ? scaleHigh : scaleLow;
 #pragma unroll
         for (int t = 0; t < TT; ++t)

@@ -100,7 +100,7 @@ DEAMOE_DEVICE void stagePartActivations(
 // memory in T (stagePartActivations), so the 4 warps read it from there rather than each
 // through L1 in float32, and quantized rows of at most 16 chunks take whole warps
 // (accumulateQuantRowsNarrow).
-template <class T, int TT, int BITS, bool STAGED = false>
+template <class T, int TT, int BITS, bool STAGED = false, bool BIT_DEQUANT = false>
 __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) downKernel(DownArgs<T> const args)
 {
     beginDependentKernel();
@@ -183,10 +183,10 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
                         partQuant[q].codes, partQuant[q].scales, width, d, args.groupShift, firstRow, rows);
                     int const chunks = width * BITS / 128;
                     if (2 * chunks <= kWarpSize)
-                        accumulateQuantRowsNarrow<BITS, T, T, R, TT, true>(
+                        accumulateQuantRowsNarrow<BITS, T, T, R, TT, true, BIT_DEQUANT>(
                             rows, args.groupShift, chunks, staged, stagedOffset, tokens, acc);
                     else
-                        accumulateQuantRows<BITS, kQuantUnroll, T, T, R, TT, true>(
+                        accumulateQuantRows<BITS, kQuantUnroll, T, T, R, TT, true, BIT_DEQUANT>(
                             rows, args.groupShift, 0, chunks, staged, stagedOffset, tokens, acc);
                 }
                 else
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(kGemvThreads, DownMinBlocks<TT, BITS>::value) 
                     QuantRow<T> rows[R];
                     downQuantRows<BITS>(
                         partQuant[q].codes, partQuant[q].scales, width, d, args.groupShift, firstRow, rows);
-                    accumulateQuantRows<BITS, kQuantUnroll, T, float, R, TT>(
+                    accumulateQuantRows<BITS, kQuantUnroll, T, float, R, TT, false, BIT_DEQUANT>(
                         rows, args.groupShift, 0, width * BITS / 128, partH[q], partOffset[q], tokens, acc);
                 }
                 else

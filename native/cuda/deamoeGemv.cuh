@@ -80,8 +80,9 @@ struct GateUpArgs
 
 // One gate/up block: block index `block` of the K1 or K2 gate/up grid. BITS: 0 for T
 // weights, 4 or 8 for quantized FFN weights (the router rows are T either way). U: chunks
-// per T row in flight (the deep-loads variant: twice Unroll's).
-template <class T, int TT, int BITS = 0, int U = Unroll<TT>::value>
+// per T row in flight (the deep-loads variant: twice Unroll's). BIT_DEQUANT: the bit-dequant
+// variant's code conversion (dequantizeCodesBitTricks).
+template <class T, int TT, int BITS = 0, int U = Unroll<TT>::value, bool BIT_DEQUANT = false>
 DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
 {
     constexpr int E = Elems16<T>::value;
@@ -190,7 +191,7 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
             int const chunksPerRow = d * BITS / 128;
             int const begin = slice * args.codeChunksPerSlice;
             int const end = min(begin + args.codeChunksPerSlice, chunksPerRow);
-            accumulateQuantRows<BITS, kQuantUnroll, T, T, 2, TT>(
+            accumulateQuantRows<BITS, kQuantUnroll, T, T, 2, TT, false, BIT_DEQUANT>(
                 rows, args.groupShift, begin, end, args.x, offset, firstTokens(numTokens), acc);
         }
     }

@@ -28,17 +28,22 @@ constexpr int kRouteThreads = 128;                              // route(): one 
 constexpr size_t kSmemBudget = 48 * 1024;                       // no opt-in attribute needed anywhere
 constexpr size_t kAlign = 256;
 
-// Kernel variants (variantName(), KERNELS.md "Variants"): which kernels a variant id changes.
+// Kernel variants (variantName(), KERNELS.md "Variants"): a variant id is a set of these bits,
+// each changing some kernels, so the ids combine them (3: staged-deep, 5: staged-down+bit-dequant).
 constexpr int32_t kVariantStagedDown = 1; // K3 with each part's h staged in shared memory
 constexpr int32_t kVariantDeepLoads = 2;  // K2's float gate/up rows with twice the loads in flight
-constexpr int32_t kVariantStagedDeep = 3; // both
+constexpr int32_t kVariantBitDequant = 4; // quantized rows' codes to floats by bit tricks (K1, K2, K3)
 inline bool stagesDown(int32_t variant)
 {
-    return variant == kVariantStagedDown || variant == kVariantStagedDeep;
+    return (variant & kVariantStagedDown) != 0;
 }
 inline bool deepLoads(int32_t variant)
 {
-    return variant == kVariantDeepLoads || variant == kVariantStagedDeep;
+    return (variant & kVariantDeepLoads) != 0;
+}
+inline bool bitDequant(int32_t variant)
+{
+    return (variant & kVariantBitDequant) != 0;
 }
 
 // The step's synchronisation words (workspace `counters`), zeroed by K1 for K2.

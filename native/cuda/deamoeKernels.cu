@@ -482,8 +482,28 @@ Status checkSupported(LayerParams const& params, DataType dtype) noexcept
 
 char const* variantName(int32_t variant) noexcept
 {
-    static char const* const names[kNumVariants] = {"default", "staged-down", "deep-loads", "staged-deep"};
+    static char const* const names[kNumVariants] = {"default", "staged-down", "deep-loads", "staged-deep",
+        "bit-dequant", "staged-down+bit-dequant", "deep-loads+bit-dequant", "staged-deep+bit-dequant"};
     return variant >= 0 && variant < kNumVariants ? names[variant] : nullptr;
+}
+
+Status currentDeviceName(char* name, size_t capacity) noexcept
+{
+    if (name == nullptr || capacity == 0)
+        return fail(Status::kINVALID_ARGUMENT, "no room for the device name");
+    name[0] = '\0';
+    int device = 0;
+    cudaDeviceProp props{};
+    cudaError_t error = cudaGetDevice(&device);
+    if (error == cudaSuccess)
+        error = cudaGetDeviceProperties(&props, device);
+    if (error != cudaSuccess)
+    {
+        (void) cudaGetLastError();
+        return fail(Status::kCUDA_ERROR, "no CUDA device: %s", cudaGetErrorName(error));
+    }
+    std::snprintf(name, capacity, "%s", props.name);
+    return Status::kSUCCESS;
 }
 
 Status forward(LayerParams const& params, LayerWeights const& weights, DataType dtype, void const* hidden, void* output,

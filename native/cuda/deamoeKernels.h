@@ -182,14 +182,20 @@ bool programmaticLaunch() noexcept;
 // They compute the same math in the same per-lane order, except where KERNELS.md
 // ("Variants") says what they round differently; 0 is forward()'s. A variant that does not
 // apply to a launch (its shared memory would not fit, say) runs the default kernel there.
-constexpr int32_t kNumVariants = 4;
-// The variant's name ("default", "staged-down", "deep-loads", "staged-deep"), or nullptr for an
-// id out of range.
+constexpr int32_t kNumVariants = 8;
+// The variant's name ("default", "staged-down", "deep-loads", "staged-deep", then the same four
+// with "bit-dequant": "bit-dequant", "staged-down+bit-dequant", ...), or nullptr for an id out
+// of range.
 char const* variantName(int32_t variant) noexcept;
 // forward() with the kernels of `variant` (0 .. kNumVariants - 1; else kINVALID_ARGUMENT).
 Status forwardVariant(LayerParams const& params, LayerWeights const& weights, DataType dtype, int32_t variant,
     void const* hidden, void* output, int32_t numTokens, void* workspace, size_t workspaceBytes,
     cudaStream_t stream) noexcept;
+
+// The current CUDA device's name (cudaDeviceProp::name, as torch.cuda.get_device_name gives
+// it: the per-GPU variant tables are named after it) into name[capacity], NUL-terminated;
+// kCUDA_ERROR without a device.
+Status currentDeviceName(char* name, size_t capacity) noexcept;
 
 } // namespace deamoe
 

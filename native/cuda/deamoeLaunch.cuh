@@ -127,7 +127,7 @@ struct Geometry
 
 // K1: router rows in the activation dtype (numExperts of them, 0 for none) and the shared
 // experts' gate row (logit column numExperts) and gate/up (BITS > 0: quantized, from quant).
-template <class T, int TT, int BITS>
+template <class T, int TT, int BITS, bool BIT_DEQUANT = false>
 Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeight, float const* logitBias,
     int numExperts, T const* sharedGate, int numTokens, float* logits, int logitsStride, T const* sharedGateUp,
     T const* sharedGateUpBias, float* hShared, int32_t* counters, QuantWeights<T> const& quant, cudaStream_t stream)
@@ -166,15 +166,15 @@ Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeig
     }
     int const sharedBlocks = sharedGateUp ? ceilDiv(p.sharedExpertWidth, geo.neuronsPerBlock) : 0;
     return checkLaunch("router/shared gate-up kernel",
-        DEAMOE_LAUNCH(
-            (routerSharedKernel<T, TT, BITS>), args.routerBlocks + sharedBlocks, kGemvThreads, 0, stream, args));
+        DEAMOE_LAUNCH((routerSharedKernel<T, TT, BITS, BIT_DEQUANT>), args.routerBlocks + sharedBlocks, kGemvThreads, 0,
+            stream, args));
 }
 
 // K1 (counters: zeroed for K2, or nullptr for route()). A float32 router weight in a
 // half-precision layer (spec, "Router precision") has its own kernel first; both zero the
 // counters, so they are zero whichever of them runs. routerLogitBias: [N] float32, used
 // when p.hasRouterLogitBias; sharedGateUpBias: [2 f_sh] or nullptr.
-template <class T, int TT, int BITS = 0>
+template <class T, int TT, int BITS = 0, bool BIT_DEQUANT = false>
 Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* routerWeight, void const* routerLogitBias,
     T const* sharedGate, int numTokens, float* logits, int logitsStride, T const* sharedGateUp,
     T const* sharedGateUpBias, float* hShared, int32_t* counters, cudaStream_t stream,
@@ -193,15 +193,17 @@ Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* rou
                 (routerRowsFloatKernel<T, TT>), ceilDiv(numExperts, kGemvWarps), kGemvThreads, 0, stream, rows));
         if (status != Status::kSUCCESS || (sharedGate == nullptr && sharedGateUp == nullptr))
             return status;
-        return launchGateUpK1<T, TT, BITS>(p, hidden, nullptr, nullptr, 0, sharedGate, numTokens, logits + numExperts,
-            logitsStride, sharedGateUp, sharedGateUpBias, hShared, counters, quant, stream);
+        return launchGateUpK1<T, TT, BITS, BIT_DEQUANT>(p, hidden, nullptr, nullptr, 0, sharedGate, numTokens,
+            logits + numExperts, logitsStride, sharedGateUp, sharedGateUpBias, hShared, counters, quant, stream);
     }
-    return launchGateUpK1<T, TT, BITS>(p, hidden, static_cast<T const*>(routerWeight), logitBias, numExperts,
-        sharedGate, numTokens, logits, logitsStride, sharedGateUp, sharedGateUpBias, hShared, counters, quant, stream);
+    return launchGateUpK1<T, TT, BITS, BIT_DEQUANT>(p, hidden, static_cast<T const*>(routerWeight), logitBias,
+        numExperts, sharedGate, numTokens, logits, logitsStride, sharedGateUp, sharedGateUpBias, hShared, counters,
+        quant, stream);
 }
 
-// One tile of the forward; BITS: 0 for T FFN weights, 4 or 8 for quantized ones.
-template <class T, int TT, int BITS>
+// One tile of the forward; BITS: 0 for T FFN weights, 4 or 8 for quantized ones; BIT_DEQUANT:
+// the bit-dequant variant's code conversion in every quantized row loop (BITS > 0).
+template <class T, int TT, int BITS, bool BIT_DEQUANT = false>
 Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden, T* output, int numTokens,
     WorkspaceLayout const& L, char* ws, int variant, cudaStream_t stream)
 {
@@ -223,8 +225,9 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
     auto const bias = [&p](void const* b) { return p.ffnBias ? static_cast<T const*>(b) : nullptr; };
 
     // K1
-    Status status = launchRouterLogits<T, TT, BITS>(p, hidden, w.routerWeight, w.routerLogitBias, sharedGate, numTokens,
-        logits, L.logitsStride, sharedGateUp, bias(w.sharedGateUpBias), hShared, counters, stream, quant);
+    Status status = launchRouterLogits<T, TT, BITS, BIT_DEQUANT>(p, hidden, w.routerWeight, w.routerLogitBias,
+        sharedGate, numTokens, logits, L.logitsStride, sharedGateUp, bias(w.sharedGateUpBias), hShared, counters,
+        stream, quant);
     if (status != Status::kSUCCESS)
         return status;
 
@@ -311,8 +314,8 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         }
         else
             status = checkLaunch("routing/routed gate-up kernel",
-                DEAMOE_LAUNCH(
-                    (routedKernel<T, TT, BITS>), static_cast<unsigned>(blocks), kGemvThreads, smem, stream, args));
+                DEAMOE_LAUNCH((routedKernel<T, TT, BITS, Unroll<TT>::value, BIT_DEQUANT>),
+                    static_cast<unsigned>(blocks), kGemvThreads, smem, stream, args));
         if (status != Status::kSUCCESS)
             return status;
     }
@@ -349,12 +352,17 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         size_t const staged = stagedDownSmemBytes<T>(TT, p.sharedWidth, p.privateWidth);
         if (stagesDown(variant) && staged <= kSmemBudget)
             status = checkLaunch("down kernel (staged)",
-                DEAMOE_LAUNCH((downKernel<T, TT, BITS, true>), static_cast<unsigned>(L.downTiles), kGemvThreads, staged,
-                    stream, args));
+                DEAMOE_LAUNCH((downKernel<T, TT, BITS, true, BIT_DEQUANT>), static_cast<unsigned>(L.downTiles),
+                    kGemvThreads, staged, stream, args));
         else
+        {
+            // bit-dequant's int8 prmt keeps 2^23's bits in a register: at 1 token the unstaged down
+            // kernel (7 blocks per SM, 72 registers) spilled it (sm_90), so it converts as the default.
+            constexpr bool kBitDequantDown = BIT_DEQUANT && !(BITS == 8 && TT == 1);
             status = checkLaunch("down kernel",
-                DEAMOE_LAUNCH(
-                    (downKernel<T, TT, BITS>), static_cast<unsigned>(L.downTiles), kGemvThreads, 0, stream, args));
+                DEAMOE_LAUNCH((downKernel<T, TT, BITS, false, kBitDequantDown>), static_cast<unsigned>(L.downTiles),
+                    kGemvThreads, 0, stream, args));
+        }
     }
     return status;
 }
@@ -387,10 +395,25 @@ Status forwardTyped(LayerParams const& p, LayerWeights const& w, void const* hid
         T* y = static_cast<T*>(output) + static_cast<size_t>(first) * p.hidden;
         Status const status = dispatchTileTokens(n, [&](auto tt) {
             constexpr int TT = decltype(tt)::value;
+            // bit-dequant on fp16/bf16 layers, the dtypes a device decodes in; a float32 layer (the
+            // reference dtype) runs the default conversion, a third fewer kernels to compile.
+            bool const bits = bitDequant(variant) && !std::is_same<T, float>::value;
             switch (p.weightBits) // validated: 0, 4 or 8
             {
-            case 4: return forwardTile<T, TT, 4>(p, w, x, y, n, L, ws, variant, stream);
-            case 8: return forwardTile<T, TT, 8>(p, w, x, y, n, L, ws, variant, stream);
+            case 4:
+                if constexpr (!std::is_same<T, float>::value)
+                {
+                    if (bits)
+                        return forwardTile<T, TT, 4, true>(p, w, x, y, n, L, ws, variant, stream);
+                }
+                return forwardTile<T, TT, 4>(p, w, x, y, n, L, ws, variant, stream);
+            case 8:
+                if constexpr (!std::is_same<T, float>::value)
+                {
+                    if (bits)
+                        return forwardTile<T, TT, 8, true>(p, w, x, y, n, L, ws, variant, stream);
+                }
+                return forwardTile<T, TT, 8>(p, w, x, y, n, L, ws, variant, stream);
             default: return forwardTile<T, TT, 0>(p, w, x, y, n, L, ws, variant, stream);
             }
         });

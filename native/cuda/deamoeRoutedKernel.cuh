@@ -110,7 +110,7 @@ DEAMOE_DEVICE void routingBlock(RoutedArgs<T> const& args, int block)
 
 // The shared experts' down rows of this block (kDownRowsPerTile rows, all tokens) into
 // sharedOut, scaled by the shared-expert gate.
-template <class T, int TT, int BITS>
+template <class T, int TT, int BITS, bool BIT_DEQUANT>
 DEAMOE_DEVICE void sharedDownBlock(RoutedArgs<T> const& args, int block)
 {
     constexpr int E = Elems16<T>::value;
@@ -128,8 +128,9 @@ DEAMOE_DEVICE void sharedDownBlock(RoutedArgs<T> const& args, int block)
         QuantRow<T> rows[kDownRowsPerWarp];
         downQuantRows<BITS>(args.sharedDownCodes, args.sharedDownScales, args.sharedWidth, args.hidden,
             args.gateUp.groupShift, firstRow, rows);
-        accumulateQuantRows<BITS, kQuantUnroll, T, float, kDownRowsPerWarp, TT>(rows, args.gateUp.groupShift, 0,
-            args.sharedWidth * BITS / 128, args.hShared, offset, firstTokens(args.numTokens), acc);
+        accumulateQuantRows<BITS, kQuantUnroll, T, float, kDownRowsPerWarp, TT, false, BIT_DEQUANT>(rows,
+            args.gateUp.groupShift, 0, args.sharedWidth * BITS / 128, args.hShared, offset, firstTokens(args.numTokens),
+            acc);
     }
     else
     {
@@ -156,8 +157,9 @@ struct RoutedMinBlocks
 };
 
 // GATE_UP_UNROLL: chunks per float row in flight in the gate/up blocks (the deep-loads
-// variant: twice Unroll's, for 1-4 tokens on float weights).
-template <class T, int TT, int BITS, int GATE_UP_UNROLL = Unroll<TT>::value>
+// variant: twice Unroll's, for 1-4 tokens on float weights). BIT_DEQUANT: the bit-dequant
+// variant's code conversion (quantized weights).
+template <class T, int TT, int BITS, int GATE_UP_UNROLL = Unroll<TT>::value, bool BIT_DEQUANT = false>
 __global__ void __launch_bounds__(kGemvThreads, RoutedMinBlocks<TT, BITS>::value) routedKernel(RoutedArgs<T> const args)
 {
     beginDependentKernel();
@@ -177,7 +179,7 @@ __global__ void __launch_bounds__(kGemvThreads, RoutedMinBlocks<TT, BITS>::value
     block -= args.routingBlocks;
     if (block < args.sharedDownBlocks)
     {
-        sharedDownBlock<T, TT, BITS>(args, block);
+        sharedDownBlock<T, TT, BITS, BIT_DEQUANT>(args, block);
         return;
     }
     block -= args.sharedDownBlocks;
@@ -187,7 +189,7 @@ __global__ void __launch_bounds__(kGemvThreads, RoutedMinBlocks<TT, BITS>::value
             __nanosleep(256);
     }
     __syncthreads(); // the plan is visible to the whole block from here
-    gateUpBlock<T, TT, BITS, GATE_UP_UNROLL>(args.gateUp, block);
+    gateUpBlock<T, TT, BITS, GATE_UP_UNROLL, BIT_DEQUANT>(args.gateUp, block);
 }
 
 } // namespace detail

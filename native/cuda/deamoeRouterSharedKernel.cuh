@@ -28,7 +28,7 @@ struct GateUpMinBlocks
     static constexpr int value = TT >= 16 ? (kWide ? 3 : 4) : (BITS > 0 && TT == 1 ? kQuantOneTokenMinBlocks : 1);
 };
 
-template <class T, int TT, int BITS>
+template <class T, int TT, int BITS, bool BIT_DEQUANT = false>
 __global__ void __launch_bounds__(kGemvThreads, GateUpMinBlocks<T, TT, BITS>::value)
     routerSharedKernel(GateUpArgs<T> const args)
 {
@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kGemvThreads, GateUpMinBlocks<T, TT, BITS>::va
     // workspace's content on entry is arbitrary, and K2 starts after K1 has completed.
     if (args.counters && blockIdx.x == 0 && threadIdx.x < kNumCounters)
         args.counters[threadIdx.x] = 0;
-    gateUpBlock<T, TT, BITS>(args, static_cast<int>(blockIdx.x));
+    gateUpBlock<T, TT, BITS, Unroll<TT>::value, BIT_DEQUANT>(args, static_cast<int>(blockIdx.x));
 }
 
 } // namespace detail

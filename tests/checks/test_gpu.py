@@ -85,8 +85,9 @@ def test_dry_run_checks_the_gpt_oss_rows(emulated_lib, tmp_path):
 
 @pytest.mark.slow
 def test_dry_run_tune_times_every_variant_and_writes_the_table(emulated_lib, tmp_path):
-    """--tune: every kernel variant timed on each layer made, the table written from the medians
-    (readable by deamoe_trt.cuda.tuning); --sm-limit needs SMs, so the emulator records why not."""
+    """--tune: every kernel variant that runs kernels of its own for the weight format timed on
+    each layer made, the table written from the medians (readable by deamoe_trt.cuda.tuning);
+    --sm-limit needs SMs, so the emulator records why not."""
     from deamoe_trt.cuda import tuning
     from deamoe_trt.cuda._abi import variant_names
 
@@ -95,7 +96,8 @@ def test_dry_run_tune_times_every_variant_and_writes_the_table(emulated_lib, tmp
     assert main(argv) == 0
     results = json.loads((tmp_path / "gpu_check.json").read_text())
     (row,) = results["tuning"]
-    assert set(row["median_us"]) == set(variant_names(emulated_lib))
+    timed = set(row["median_us"])
+    assert timed == set(tuning.distinct_variants(variant_names(emulated_lib), 4)) and "bit-dequant" in timed
     assert row["variant"] == tuning.fastest(row["median_us"]) and row["median_us_16_sms"] is None
     assert any("on 16 SMs" in s for s in results["skipped"])
     table = tuning.load_table("emulated", str(tmp_path))

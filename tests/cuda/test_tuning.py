@@ -114,3 +114,14 @@ def test_every_shipped_table_parses():
     for path in sorted(tuning.TABLE_DIR.glob("*.json")):
         table = tuning.parse_table(json.loads(path.read_text()), str(path))
         assert tuning.device_file_name(table.device) == path.name
+
+
+def test_a_variant_name_is_its_parts_joined():
+    assert tuning.variant_parts("default") == frozenset()
+    assert tuning.variant_parts("staged-deep+bit-dequant") == {"staged-down", "deep-loads", "bit-dequant"}
+
+
+def test_the_tuner_times_only_variants_that_change_kernels_for_the_format():
+    names = ["default", "staged-down", "deep-loads", "staged-deep", "bit-dequant", "staged-down+bit-dequant"]
+    assert tuning.distinct_variants(names, 0) == ["default", "staged-down", "deep-loads", "staged-deep"]
+    assert tuning.distinct_variants(names, 4) == ["default", "staged-down", "bit-dequant", "staged-down+bit-dequant"]

@@ -67,9 +67,9 @@ def tune_layer(bench: Bench, preset: str, layer: DeaMoELayer, tokens: list[int],
     """Times every variant at each token count into results["tuning"] (and, with sm_limit, again
     on that many SMs); the full-GPU medians pick each case's variant (tuning.fastest)."""
     backend = bench.backend
-    names = variant_names(backend.lib)
     c = layer.config
     bits = layer.quant.bits if layer.quant is not None else 0
+    names = tuning.distinct_variants(variant_names(backend.lib), bits)
     dtype = BY_TORCH[layer.dtype].name
     for T in sorted({tuning.tile_tokens(t) for t in tokens}):
         gen = torch.Generator(device=backend.device).manual_seed(2000 + T)

@@ -53,4 +53,8 @@ cudaError_t cudaDeviceGetAttribute(int*, cudaDeviceAttr, int)
 {
     return cudaErrorNoDevice;
 }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp*, int) // cudaGetDeviceProperties_v2 (a macro)
+{
+    return cudaErrorNoDevice;
+}
 }

@@ -277,6 +277,15 @@ inline float __uint_as_float(unsigned v)
     return f;
 }
 
+// prmt.b32's default mode: byte n of the result is byte (s >> 4n) & 7 of the 8 bytes y:x.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s)
+{
+    uint64_t const bytes = (static_cast<uint64_t>(y) << 32) | x;
+    unsigned r = 0;
+    for (int n = 0; n < 4; ++n)
+        r |= static_cast<unsigned>((bytes >> (8 * ((s >> (4 * n)) & 7u))) & 0xffu) << (8 * n);
+    return r;
+}
 using std::max;
 using std::min;
 

@@ -8,7 +8,9 @@ KERNELS.md ("Variants") says so. The default variant is the other emulated tests
 Variants that run the same kernels as another for a weight format are checked bitwise
 equal to it instead of against the reference again (the emulator's time is the cost):
 deep-loads changes only float gate/up rows, so on quantized weights it is the default and
-staged-deep is staged-down.
+staged-deep is staged-down; bit-dequant changes only quantized rows. bit-dequant converts the
+same codes to the same floats by other instructions, so it is also checked bitwise equal to the
+default on codes that take every value at every position.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 
 from configs import DEEPSEEK_STYLE_GROUPED, GATED_QUANTIZABLE, QWEN2_STYLE_GATED_SHARED, deepseek_style
 from deamoe_trt.config import DeaMoEConfig
-from deamoe_trt.cuda import _abi, _ops
+from deamoe_trt.cuda import _abi, _ops, tuning
 from deamoe_trt.errors import UsageError
 from deamoe_trt.layer import DeaMoELayer
 from deamoe_trt.presets import PRESETS
@@ -70,12 +72,13 @@ def variants(lib) -> tuple[str, ...]:
 
 # The variants whose kernels differ from the default's and from each other's, per weight format.
 FLOAT_VARIANTS = ("staged-down", "staged-deep")
-QUANT_VARIANTS = ("staged-down",)
+QUANT_VARIANTS = ("staged-down", "bit-dequant", "staged-down+bit-dequant")
 
 
 def test_the_library_names_its_variants_default_first(emulated_lib):
     names = variants(emulated_lib)
     assert names[:4] == ("default", "staged-down", "deep-loads", "staged-deep")
+    assert names[4:] == ("bit-dequant", *(name + "+bit-dequant" for name in names[1:4]))
     assert emulated_lib.deamoe_variant_name(len(names)) is None
 
 
@@ -142,6 +145,53 @@ def test_on_quantized_weights_deep_loads_run_the_default_gate_up(emulated_lib, b
     runs = {name: _ops.forward_with(emulated_lib, layer, x, variant=name) for name in variants(emulated_lib)}
     assert torch.equal(runs["deep-loads"], runs["default"])
     assert torch.equal(runs["staged-deep"], runs["staged-down"])
+
+
+def every_code_everywhere(layer: DeaMoELayer, seed: int) -> DeaMoELayer:
+    """The layer with its codes replaced by uniformly random bytes (any byte is a valid code
+    pair or code), checked to hold every byte value at every byte position of a 32-bit word:
+    every int8 code, and every int4 code in every nibble, at each place a conversion handles."""
+    gen = torch.Generator().manual_seed(seed)
+    seen = torch.zeros(4, 256, dtype=torch.bool)
+    for name, buffer in layer.named_buffers():
+        if name.endswith("qweight"):
+            buffer.copy_(torch.randint(0, 256, buffer.shape, generator=gen, dtype=torch.uint8))
+            flat = buffer.flatten().long()  # rows are whole 16-byte chunks: positions mod 4 hold
+            seen[torch.arange(flat.numel()) % 4, flat] = True
+    assert seen.all()
+    return layer
+
+
+@pytest.mark.parametrize("num_tokens", [1, 16])
+@pytest.mark.parametrize(("bits", "group_size"), [(4, 16), (4, 32), (8, 32)])
+def test_bit_dequant_converts_every_code_as_the_default_does(emulated_lib, bits, group_size, num_tokens):
+    """Bitwise equal outputs on codes of every value at every position: the conversion is
+    exact (int4 at group size 16: two scales per chunk; 16 tokens: int4's pieces one at a time)."""
+    layer = DeaMoELayer.random(WIDE_ROWS, seed=bits, dtype=torch.bfloat16).quantized(QuantConfig(bits, group_size))
+    layer = every_code_everywhere(layer, seed=group_size)
+    x = hidden(WIDE_ROWS, num_tokens, seed=3, dtype=torch.bfloat16)
+    runs = {name: _ops.forward_with(emulated_lib, layer, x, variant=name) for name in (*QUANT_VARIANTS, "default")}
+    assert torch.equal(runs["bit-dequant"], runs["default"])
+    assert torch.equal(runs["staged-down+bit-dequant"], runs["staged-down"])
+    assert relative_error(runs["bit-dequant"], reference_fp32(layer, x)) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("bits", [0, 4, 8])
+def test_the_variants_the_tuner_leaves_out_run_anothers_kernels(emulated_lib, bits):
+    """check-gpu --tune times tuning.distinct_variants only: each variant it leaves out for a
+    weight format gives bitwise the output of the variant without its inert parts."""
+    names = variants(emulated_lib)
+    kept = tuning.distinct_variants(names, bits)
+    assert "default" in kept and len(kept) < len(names)
+    layer = DeaMoELayer.random(GATED, seed=9, dtype=torch.float16)
+    if bits:
+        layer = layer.quantized(QuantConfig(bits, 32))
+    x = hidden(GATED, 2, seed=9, dtype=torch.float16)
+    runs = {name: _ops.forward_with(emulated_lib, layer, x, variant=name) for name in names}
+    inert = {"bit-dequant"} if bits == 0 else {"deep-loads"}  # KERNELS.md, "Variants"
+    for name in set(names) - set(kept):
+        twin = next(other for other in kept if tuning.variant_parts(other) == tuning.variant_parts(name) - inert)
+        assert torch.equal(runs[name], runs[twin]), (name, twin)
 
 
 def test_a_variant_whose_shared_memory_would_not_fit_runs_the_default(emulated_lib):
