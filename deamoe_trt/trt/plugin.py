@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .. import contract
 from ..checkout import checkout_root
+from ..cuda.tuning import TABLE_DIR
 from ..errors import MissingDependencyError, UsageError
 
 PLUGIN_NAME = contract.OP_TYPE
@@ -26,6 +27,7 @@ PLUGIN_VERSION = contract.PLUGIN_VERSION
 PLUGIN_NAMESPACE = contract.PLUGIN_NAMESPACE
 PYTHON = "python"
 ENV_VAR = "DEAMOE_TRT_PLUGIN"
+TABLES_ENV_VAR = "DEAMOE_TRT_KERNEL_TABLES"  # plugins/deamoe/deamoeVariantTable.h
 
 _LIB_NAMES = (
     ("libdeamoe_plugin.so", "libdeamoe_plugin_dynamic.so")
@@ -135,6 +137,9 @@ def load_plugin(choice: PluginChoice, trt=None) -> str:
         # Already registered (another library, or an earlier call with another path).
         _loaded[path] = None
         return path
+    # The library reads this GPU's kernel variant table from here (plugins/deamoe/README.md,
+    # "Kernel variants"), as the Python bindings do; a folder the caller named stays.
+    os.environ.setdefault(TABLES_ENV_VAR, str(TABLE_DIR))
     try:
         # RTLD_GLOBAL: the kernels' symbols stay resolvable for anything loaded later.
         library = ctypes.CDLL(path, mode=getattr(os, "RTLD_GLOBAL", 0) | getattr(os, "RTLD_NOW", 0))

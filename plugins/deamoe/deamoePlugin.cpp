@@ -16,8 +16,10 @@
 
 #include <NvInferRuntime.h>
 
+#include <cstdlib>
 #include <limits>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -60,6 +62,8 @@ DeaMoEPlugin::DeaMoEPlugin(DeaMoEPlugin const& other)
     , mParams(other.mParams)
     , mInputs(other.mInputs)
     , mMetadata(other.mMetadata)
+    , mTileVariants(other.mTileVariants)
+    , mVariantsResolved(other.mVariantsResolved)
     , mErrorRecorder(other.mErrorRecorder)
 {
     // mSerialFields point into their owner; a copy rebuilds its own in getFieldsToSerialize().
@@ -314,6 +318,39 @@ int32_t DeaMoEPlugin::onShapeChange(
     });
 }
 
+void DeaMoEPlugin::resolveVariants()
+{
+    mVariantsResolved = true;
+    char const* dir = std::getenv(kVARIANT_TABLES_ENV);
+    char device[256];
+    if (dir == nullptr || *dir == '\0' || deamoe::currentDeviceName(device, sizeof(device)) != Status::kSUCCESS)
+    {
+        return;
+    }
+    VariantTable table;
+    try
+    {
+        if (!loadVariantTable(dir, device, table))
+        {
+            return;
+        }
+    }
+    catch (std::invalid_argument const& e)
+    {
+        // A broken table costs speed, not correctness: run the default kernels, say why.
+        logMessage(nvinfer1::ILogger::Severity::kWARNING,
+            "layer '" + mLayerName + "': " + e.what() + "; running the default kernel variant");
+        return;
+    }
+    std::string const shape = variantShapeKey(mParams);
+    for (deamoe::DataType dtype : {deamoe::DataType::kFLOAT, deamoe::DataType::kHALF, deamoe::DataType::kBF16})
+    {
+        mTileVariants[static_cast<size_t>(dtype)] = table.tileVariants(shape, dtype, mParams.weightBits);
+    }
+    logMessage(nvinfer1::ILogger::Severity::kINFO,
+        "layer '" + mLayerName + "': kernel variants from the table of " + table.device() + " in " + dir);
+}
+
 int32_t DeaMoEPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /*outputDesc*/,
     void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept
 {
@@ -374,11 +411,16 @@ int32_t DeaMoEPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDes
             // so the bytes forward() may use are exactly what it asks for at this size.
             int32_t const numTokens = static_cast<int32_t>(tokens);
             size_t const workspaceBytes = deamoe::workspaceSize(params, numTokens, dtype);
-            Status const status = deamoe::forward(
-                params, weights, dtype, inputs[0], outputs[0], numTokens, workspace, workspaceBytes, stream);
+            if (!mVariantsResolved)
+            {
+                resolveVariants();
+            }
+            int32_t const variant = mTileVariants[static_cast<size_t>(dtype)][tileIndex(numTokens)];
+            Status const status = deamoe::forwardVariant(
+                params, weights, dtype, variant, inputs[0], outputs[0], numTokens, workspace, workspaceBytes, stream);
             if (status != Status::kSUCCESS)
             {
-                fail("layer '" + mLayerName + "': deamoe::forward failed for " + std::to_string(tokens)
+                fail("layer '" + mLayerName + "': deamoe::forwardVariant failed for " + std::to_string(tokens)
                     + " token(s): " + kernelError(status));
             }
             return 0;

@@ -8,10 +8,12 @@
 #pragma once
 
 #include "deamoeKernels.h"
+#include "deamoeVariantTable.h"
 
 #include <NvInferRuntime.h>
 #include <NvInferVersion.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -164,6 +166,12 @@ private:
     LayerParams mParams;
     std::vector<InputRole> mInputs;
     std::string mMetadata;
+    // The kernel variant per dtype (deamoe::DataType) and token tile (kTILE_TOKENS) that this
+    // GPU's variant table lists for the layer (deamoeVariantTable.h), read on the first
+    // enqueue (resolveVariants); all 0, the default kernels, without a table.
+    void resolveVariants();
+    std::array<std::array<int32_t, kTILE_TOKENS.size()>, 3> mTileVariants{};
+    bool mVariantsResolved{false};
     // The execution context's error recorder (attachToContext), or nullptr: enqueue
     // failures are reported there as well as to the logger. Not owned.
     nvinfer1::IErrorRecorder* mErrorRecorder{nullptr};

@@ -91,7 +91,8 @@ set(_deamoe_plugin_dir "${CMAKE_CURRENT_LIST_DIR}")
 set(_deamoe_plugin_sources
   "${_deamoe_plugin_dir}/deamoePlugin.cpp" "${_deamoe_plugin_dir}/deamoePlugin.h"
   "${_deamoe_plugin_dir}/deamoePluginFields.cpp" "${_deamoe_plugin_dir}/deamoePluginFields.h"
-  "${_deamoe_plugin_dir}/deamoePluginUtils.cpp" "${_deamoe_plugin_dir}/deamoePluginUtils.h")
+  "${_deamoe_plugin_dir}/deamoePluginUtils.cpp" "${_deamoe_plugin_dir}/deamoePluginUtils.h"
+  "${_deamoe_plugin_dir}/deamoeVariantTable.cpp" "${_deamoe_plugin_dir}/deamoeVariantTable.h")
 
 function(_deamoe_add_plugin_library name dynamic)
   add_library(${name} SHARED ${_deamoe_plugin_sources})

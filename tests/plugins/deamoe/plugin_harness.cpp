@@ -15,6 +15,8 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <unistd.h>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -41,11 +43,14 @@ struct ForwardCall
     void* workspace = nullptr;
     size_t workspaceBytes = 0;
     deamoe::DataType dtype = deamoe::DataType::kFLOAT;
+    int32_t variant = -1;
 };
 ForwardCall gForward;
 deamoe::Status gForwardResult = deamoe::Status::kSUCCESS;
 deamoe::Status gSupportedResult = deamoe::Status::kSUCCESS;
 char const* gLastError = "";
+// The device currentDeviceName reports (a variant table's file is named after it).
+char const* gDeviceName = "Harness GPU (1)";
 
 size_t dtypeBytes(deamoe::DataType dtype)
 {
@@ -104,10 +109,24 @@ Status checkSupported(LayerParams const& p, DataType dtype) noexcept
     return gSupportedResult;
 }
 
-Status forward(LayerParams const& params, LayerWeights const& weights, DataType dtype, void const* hidden, void* output,
-    int32_t numTokens, void* workspace, size_t workspaceBytes, cudaStream_t) noexcept
+// The stub's variants: "default", then "v1" .. "v7" (a table names variants by name).
+char const* variantName(int32_t variant) noexcept
+{
+    static char const* const names[kNumVariants] = {"default", "v1", "v2", "v3", "v4", "v5", "v6", "v7"};
+    return variant >= 0 && variant < kNumVariants ? names[variant] : nullptr;
+}
+
+Status currentDeviceName(char* name, size_t capacity) noexcept
+{
+    std::snprintf(name, capacity, "%s", gDeviceName);
+    return Status::kSUCCESS;
+}
+
+Status forwardVariant(LayerParams const& params, LayerWeights const& weights, DataType dtype, int32_t variant,
+    void const* hidden, void* output, int32_t numTokens, void* workspace, size_t workspaceBytes, cudaStream_t) noexcept
 {
     gForward.calls++;
+    gForward.variant = variant;
     gForward.params = params;
     gForward.weights = weights;
     gForward.hidden = hidden;
@@ -822,7 +841,11 @@ void testWorkspaceAndEnqueue()
     char workspace[4];
     gForward = ForwardCall{};
     int32_t rc = runtime->enqueue(rin.data(), &rout, inputs, outputs, workspace, nullptr);
-    check(rc == 0 && gForward.calls == 1, "enqueue calls deamoe::forward once");
+    check(rc == 0 && gForward.calls == 1, "enqueue calls deamoe::forwardVariant once");
+    if (std::getenv(deamoe::plugin::kVARIANT_TABLES_ENV) == nullptr)
+    {
+        check(gForward.variant == 0, "no variant table: the default variant");
+    }
     deamoe::LayerWeights const& w = gForward.weights;
     check(gForward.hidden == inputs[0] && gForward.output == outputs[0], "hidden and output pointers");
     check(w.routerWeight == inputs[1] && w.routerBias == inputs[2] && w.departmentGateUp == inputs[3]
@@ -1093,6 +1116,109 @@ void testBiased()
 
 } // namespace
 
+// A plugin of fullFields' layer enqueued with `tokens` fp16 tokens: the variant it ran.
+int32_t variantAt(int64_t tokens)
+{
+    auto f = fullFields();
+    PluginPtr plugin = create(f);
+    if (!plugin)
+    {
+        return -1;
+    }
+    auto* runtime = static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    std::vector<PluginTensorDesc> rin;
+    for (auto const& s : fullShapes(tokens))
+    {
+        rin.push_back(desc(s, DataType::kHALF));
+    }
+    PluginTensorDesc rout = desc({tokens, 32}, DataType::kHALF);
+    FakeBuffers buffers(10);
+    char workspace[4];
+    gForward = ForwardCall{};
+    int32_t const rc = runtime->enqueue(rin.data(), &rout, buffers.inputs.data(), buffers.outputs, workspace, nullptr);
+    return rc == 0 && gForward.calls == 1 ? gForward.variant : -1;
+}
+
+// The plugin's copy of tuning.py's names (tests/plugins/deamoe/test_plugin_cpp.py checks the
+// same against tuning.py), its tiles, and what a broken or absent table does.
+void testVariantTableReading()
+{
+    using deamoe::plugin::variantTableFileName;
+    check(variantTableFileName("NVIDIA H200") == "NVIDIA_H200.json"
+            && variantTableFileName(" NVIDIA A100-SXM4-80GB ") == "NVIDIA_A100_SXM4_80GB.json"
+            && variantTableFileName("--").empty(),
+        "table file names: runs of other characters one underscore, none at the ends");
+    check(deamoe::plugin::tileIndex(1) == 0 && deamoe::plugin::tileIndex(3) == 2 && deamoe::plugin::tileIndex(16) == 4
+            && deamoe::plugin::tileIndex(40) == 4,
+        "token counts map to the kernels' tiles");
+
+    char const* const saved = std::getenv(deamoe::plugin::kVARIANT_TABLES_ENV);
+    std::string const savedValue = saved ? saved : "";
+    char dir[] = "/tmp/deamoe_harness_XXXXXX";
+    if (mkdtemp(dir) == nullptr)
+    {
+        check(false, "a temporary folder for a table");
+        return;
+    }
+    setenv(deamoe::plugin::kVARIANT_TABLES_ENV, dir, 1);
+    std::string const path = std::string(dir) + "/Harness_GPU_1.json";
+    {
+        std::FILE* file = std::fopen(path.c_str(), "w");
+        std::fputs("{\"device\": \"Harness GPU (1)\", \"entries\": [{\"shape\": 1}]}", file);
+        std::fclose(file);
+    }
+    gFinder.logger.last.clear();
+    check(variantAt(1) == 0 && lastErrorHas("entry 0 needs shape, dtype, bits, tokens and variant")
+            && lastErrorHas("running the default kernel variant"),
+        "a malformed table: the default variant, the problem logged: " + gFinder.logger.last);
+    {
+        std::FILE* file = std::fopen(path.c_str(), "w");
+        std::fputs("{\"device\": \"Harness GPU (1)\", \"entries\": [", file);
+        std::fclose(file);
+    }
+    check(variantAt(1) == 0 && lastErrorHas("not valid JSON"), "truncated JSON: the default variant, logged");
+    std::remove(path.c_str());
+    check(variantAt(1) == 0, "no file for this GPU: the default variant");
+    rmdir(dir);
+    if (saved)
+    {
+        setenv(deamoe::plugin::kVARIANT_TABLES_ENV, savedValue.c_str(), 1);
+    }
+    else
+    {
+        unsetenv(deamoe::plugin::kVARIANT_TABLES_ENV);
+    }
+}
+
+// DEAMOE_HARNESS_EXPECT="tokens:id,...": the variants a table written by tuning.py (in the
+// folder DEAMOE_TRT_KERNEL_TABLES names) must make the plugin run (test_plugin_cpp.py).
+void testVariantsFromTable()
+{
+    char const* expect = std::getenv("DEAMOE_HARNESS_EXPECT");
+    if (expect == nullptr)
+    {
+        return;
+    }
+    std::string spec(expect);
+    size_t pos = 0;
+    int cases = 0;
+    while (pos < spec.size())
+    {
+        size_t const comma = spec.find(',', pos);
+        std::string const item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        size_t const colon = item.find(':');
+        int64_t const tokens = std::stoll(item.substr(0, colon));
+        int32_t const id = std::stoi(item.substr(colon + 1));
+        int32_t const got = variantAt(tokens);
+        check(got == id,
+            "tuning.py's table: " + std::to_string(tokens) + " token(s) run variant " + std::to_string(id) + ", got "
+                + std::to_string(got));
+        ++cases;
+        pos = comma == std::string::npos ? spec.size() : comma + 1;
+    }
+    check(cases > 0, "DEAMOE_HARNESS_EXPECT lists cases");
+}
+
 int main()
 {
     setLoggerFinder(&gFinder);
@@ -1105,6 +1231,8 @@ int main()
     testWorkspaceAndEnqueue();
     testQuantized();
     testBiased();
+    testVariantTableReading();
+    testVariantsFromTable();
     std::printf("%d passed, %d failed\n", gPassed, gFailed);
     return gFailed == 0 ? 0 : 1;
 }
