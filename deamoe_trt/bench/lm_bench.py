@@ -80,6 +80,8 @@ from ..lm.config import LMConfig
 from ..lm.model import TWINS
 from ..presets import get_preset
 from ..quant import QuantConfig
+from ..runtimes.base import BatchDecoder, Decoder
+from ..runtimes.cpu_kernel import CpuDecoder
 from ..traffic import BYTES_PER_WEIGHT, weights_loaded
 
 
@@ -146,7 +148,7 @@ def bench_config(layers: int = 2, departments: int = 4, vocab: int = 8192, conte
 class Contender:
     twin: str
     runtime: str
-    decoder: object
+    decoder: Decoder
     token: int = 0
     step_s: list[float] = field(default_factory=list)  # steps that followed one of its own
     switch_s: list[float] = field(default_factory=list)  # the first step of each burst
@@ -184,6 +186,7 @@ def _contender(base, twin: str, runtime: str, threads: int) -> Contender:
     if runtime == "cpu-native":
         return Contender(twin, runtime, runtimes.get("cpu").decoder(base, threads=threads, twin=twin, step="native"))
     decoder = runtimes.get(runtime).decoder(base, threads=threads, twin=twin, step="torch")
+    assert isinstance(decoder, CpuDecoder)  # the decoder whose packed FFNs can be swapped for recording ones
     contender = Contender(twin, runtime, decoder, layers=decoder.ffns)
     decoder.ffns = {i: _Recording(ffn, contender.sink) for i, ffn in decoder.ffns.items()}
     return contender
@@ -672,7 +675,7 @@ class BatchContender:
 
     twin: str
     sequences: int
-    batch: object  # the twin's BatchDecoder (NativeBatchDecoder, CudaBatchDecoder)
+    batch: BatchDecoder  # NativeBatchDecoder, CudaBatchDecoder, ...
     prompts: list[list[int]]
     seqs: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # the next token of each sequence
