@@ -46,12 +46,6 @@ KNOWN = {
     # contenders through an interface the integration fills.
     ("deamoe_trt.bench.lm_bench", "deamoe_trt.integrations.llamacpp.bench"),
     ("deamoe_trt.bench.lm_bench", "deamoe_trt.integrations.llamacpp.export"),
-    # doctor reports the Edge-LLM environment beside the other tools; it moves when doctor takes
-    # its checks from the integrations.
-    ("deamoe_trt.trt.doctor", "deamoe_trt.integrations.edgellm"),
-    # export's --target genai; it moves when export takes its targets through an interface the
-    # integration fills.
-    ("deamoe_trt.export.run", "deamoe_trt.integrations.genai.export"),
 }
 
 

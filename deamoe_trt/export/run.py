@@ -10,6 +10,7 @@ through export_lm (export.lm), or with target "genai" as an ONNX Runtime GenAI f
 from __future__ import annotations
 
 import dataclasses
+import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,12 @@ _ONLY = {
     "twin": ("lm", "which of a language model's twins to export"),
     "target": ("lm", "a language model's onnx file or GenAI folder"),
 }
+
+
+# The targets that write a folder an outside engine loads, each a "module:function" named rather
+# than imported (this stage imports no integration; pkgutil.resolve_name finds it when used):
+# function(model, folder, form, dtype, opset, *, tokenizer, twin) -> the folder written.
+FOLDER_TARGETS = {"genai": "deamoe_trt.integrations.genai.export:export_genai"}
 
 
 @dataclass(frozen=True)
@@ -130,16 +137,17 @@ def _settings(options: ExportOptions):
 
 def _export_lm(found: Checkpoint, output: Path, options: ExportOptions) -> Exported:
     form, dtype, twin = options.form or "ort", options.dtype or "fp32", options.twin or "deamoe"
-    if options.target == "genai":
-        from ..integrations.genai.export import MODEL_FILE, export_genai
-
+    if options.target in FOLDER_TARGETS:
         if options.external_data_threshold is not None:
-            raise UsageError("--external-data-threshold places a single ONNX file's weights; not with --target genai")
+            raise UsageError(
+                f"--external-data-threshold places a single ONNX file's weights; not with --target {options.target}"
+            )
         loaded = found.lm()
-        folder = export_genai(
+        write_folder = pkgutil.resolve_name(FOLDER_TARGETS[options.target])
+        folder = write_folder(
             loaded.model.twin(twin), output, form, dtype, options.opset, tokenizer=loaded.tokenizer, twin=twin
         )
-        size = sum(p.stat().st_size for p in folder.glob(MODEL_FILE + "*"))
+        size = sum(p.stat().st_size for p in folder.glob("*.onnx*"))  # the graph and its weights
         return Exported(folder, found, f"{twin}, {form} form, {dtype}, {format_bytes(size)}")
     from .lm import export_lm
 

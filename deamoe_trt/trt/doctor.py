@@ -7,8 +7,10 @@ plugin needs nvcc and TensorRT's headers, running an engine does not).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
+import pkgutil
 import platform
 import re
 import shutil
@@ -75,6 +77,16 @@ def _guard(name: str, needed: bool, fn: Callable[[], Check]) -> Check:
         return Check(name, FAILED, one_line(exc), needed=needed)
     except Exception as exc:
         return Check(name, FAILED, f"{type(exc).__name__}: {one_line(exc)}", needed=needed)
+
+
+# Outside engines' lines, each a "module:function" returning a Check, named rather than imported
+# (this stage imports no integration; pkgutil.resolve_name finds it when doctor runs).
+ENGINE_CHECKS = {"TensorRT Edge-LLM": "deamoe_trt.integrations.edgellm.environment:doctor_check"}
+
+
+def _engine_check(where: str) -> Check:
+    check: Check = pkgutil.resolve_name(where)()  # resolved inside the guard: an import error is a failed line
+    return check
 
 
 # ---------------------------------------------------------------------------------------
@@ -228,24 +240,6 @@ def kernel_self_test() -> str:
     return f"tiny preset, fp32 and fp16, 1/4/16 tokens: max |error| {worst:.1e} vs the PyTorch reference"
 
 
-def check_edgellm() -> Check:
-    """Edge-LLM's exporter (export-edgellm) and its version, from the Python that would run it."""
-    from ..integrations.edgellm import TESTED_VERSIONS, check_version, edgellm_python, installed_version
-
-    name = "TensorRT Edge-LLM"
-    fix = f"only for export-edgellm: scripts/setup.sh makes .venv-edgellm (tensorrt-edgellm=={TESTED_VERSIONS[-1]})"
-    try:
-        python = edgellm_python()
-        version = installed_version(python)
-    except DeaMoEError as exc:
-        return Check(name, MISSING, one_line(exc), fix, needed=False)
-    try:
-        check_version(version)
-    except DeaMoEError as exc:
-        return Check(name, FAILED, one_line(exc), fix, needed=False)
-    return Check(name, OK, f"{version} ({python})", needed=False)
-
-
 def check_nvcc() -> Check:
     nvcc = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if Path(p).is_file()), None)
     if nvcc is None:
@@ -354,5 +348,6 @@ def run_doctor(plugin: str | None = None, *, query_gpu: Callable[[], tg.GpuInfo]
     add(_guard("kernel self-test", True, check_kernels))
     add(_guard("CUDA toolkit (nvcc)", False, check_nvcc))
     add(_guard("TensorRT headers", False, check_tensorrt_headers))
-    add(_guard("TensorRT Edge-LLM", False, check_edgellm))
+    for name, where in ENGINE_CHECKS.items():
+        add(_guard(name, False, functools.partial(_engine_check, where)))
     return report

@@ -11,9 +11,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...checkout import checkout_root
-from ...errors import DeaMoEError, MissingDependencyError, UsageError
+from ...errors import DeaMoEError, MissingDependencyError, UsageError, one_line
+
+if TYPE_CHECKING:
+    from ...trt.doctor import Check
 
 # Edge-LLM releases this export is tested with (the graph it writes changes between minor releases).
 TESTED_VERSIONS = ("0.11.0",)
@@ -68,3 +72,22 @@ def installed_version(python: Path) -> str:
         lines = result.stderr.strip().splitlines()
         raise DeaMoEError(f"{python} cannot import tensorrt_edgellm: {lines[-1] if lines else result.returncode}")
     return result.stdout.strip()
+
+
+def doctor_check() -> Check:
+    """`deamoe-trt doctor`'s line (a trt.doctor.Check): Edge-LLM's exporter (export-edgellm) and its
+    version, from the Python that would run it."""
+    from ...trt.doctor import FAILED, MISSING, OK, Check
+
+    name = "TensorRT Edge-LLM"
+    fix = f"only for export-edgellm: scripts/setup.sh makes .venv-edgellm (tensorrt-edgellm=={TESTED_VERSIONS[-1]})"
+    try:
+        python = edgellm_python()
+        version = installed_version(python)
+    except DeaMoEError as exc:
+        return Check(name, MISSING, one_line(exc), fix, needed=False)
+    try:
+        check_version(version)
+    except DeaMoEError as exc:
+        return Check(name, FAILED, one_line(exc), fix, needed=False)
+    return Check(name, OK, f"{version} ({python})", needed=False)

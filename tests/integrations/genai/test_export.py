@@ -221,3 +221,11 @@ def test_padded_rows_give_the_logits_of_the_unpadded_prompt_in_prefill_and_decod
     expected_next, _ = alone.run(np.asarray([[32]]), expected_cache)
     np.testing.assert_allclose(logits[1, : len(short)], expected[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(next_logits[1, 0], expected_next[0, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_export_target_genai_names_this_writer():
+    import pkgutil
+
+    from deamoe_trt.export.run import FOLDER_TARGETS
+
+    assert pkgutil.resolve_name(FOLDER_TARGETS["genai"]) is genai.export_genai
