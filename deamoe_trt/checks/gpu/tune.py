@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 from collections.abc import Iterator, Sequence
+from typing import Any, cast
 
 import torch
 
@@ -31,7 +32,8 @@ def sm_limited(backend: CudaRuntime, sms: int | None) -> Iterator[None]:
         raise RuntimeError("the emulated kernels have no SMs to limit")
     from torch.cuda.green_contexts import GreenContext
 
-    context = GreenContext.create(num_sms=sms, device_id=backend.device.index or 0)
+    # torch annotates create's result as object; it is a GreenContext.
+    context = cast(GreenContext, GreenContext.create(num_sms=sms, device_id=backend.device.index or 0))
     context.set_context()
     try:
         with torch.cuda.stream(context.Stream()):
@@ -80,7 +82,7 @@ def tune_layer(bench: Bench, preset: str, layer: DeaMoELayer, tokens: list[int],
         mean_bytes = statistics.mean(step_bytes(c, backend.route(layer, x), BY_TORCH[layer.dtype].bytes, layer.quant)
                                      for x in xs)  # fmt: skip
         full = time_variants(bench, layer, xs, names)
-        entry = {
+        entry: dict[str, Any] = {
             "shape": tuning.shape_key(c),
             "preset": preset,
             "dtype": dtype,
