@@ -11,7 +11,8 @@
   ours, the one DeaMoE node.
 - `node_checks(ours, lm)`: each DeaMoE node cut out into a model of its own and run on ONNX
   Runtime through the reference op (validation/plugin_op.py), against the LM checkpoint's
-  layer (PyTorch, fp16); and its weight inputs against the checkpoint's tensors.
+  layer (PyTorch, fp16) through validation's adapter (pair.compare_layers); and its weight
+  inputs against the checkpoint's tensors.
 
 The whole graph's numerics need Edge-LLM's AttentionPlugin, which exists only as a TensorRT
 plugin on a GPU (docs/edge-llm.md).
@@ -22,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -205,8 +207,11 @@ class NodeCheck:
 
 def node_checks(ours: str | Path, lm_dir: str | Path, *, tokens: int = 16, seed: int = 0) -> list[NodeCheck]:
     """Each DeaMoE node of the export at ours against the LM at lm_dir (see the module docstring)."""
+    from ... import runtimes
     from ...lm.checkpoint import load_lm
+    from ...runtimes.base import Prepared, as_numpy
     from ...runtimes.onnxruntime import make_session
+    from ...validation.pair import compare_layers
     from .tensors import node_tensors
 
     model = onnx.load(Path(ours) / LLM / MODEL)
@@ -227,11 +232,15 @@ def node_checks(ours: str | Path, lm_dir: str | Path, *, tokens: int = 16, seed:
             for s, e in zip(stored, expected.values(), strict=True)
         )
         x = (torch.randn(tokens, layer.config.hidden_size, generator=gen) * 0.5).half()
-        reference = layer.to(torch.float16)
-        with torch.no_grad():
-            want = reference.forward_routed(x, reference.route(x)).float().numpy()
+        reference = runtimes.get("torch").prepare(layer.to(torch.float16))
+        tolerance = 2e-3 * max(1.0, float(reference(x).float().abs().max()))
         session = make_session(cut_out(model, node))
-        got = session.run(None, {node.input[0]: x.numpy()})[0].astype(np.float32)
-        tolerance = 2e-3 * max(1.0, float(np.abs(want).max()))
-        checks.append(NodeCheck(index, node.name, weights_match, float(np.abs(got - want).max()), tolerance))
+        run = partial(_run_node, session, node.input[0])
+        alone = Prepared("ort", run, to_input=as_numpy, to_torch=torch.from_numpy)
+        (row,) = compare_layers(alone, reference, [x], atol=tolerance, rtol=0.0)
+        checks.append(NodeCheck(index, node.name, weights_match, row.max_abs, tolerance))
     return checks
+
+
+def _run_node(session, name: str, x: np.ndarray) -> np.ndarray:
+    return session.run(None, {name: x})[0]
