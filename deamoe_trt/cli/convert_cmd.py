@@ -12,6 +12,7 @@ import json
 import shutil
 
 from . import args as common
+from . import convert_method
 
 
 def register(subparsers) -> None:
@@ -20,18 +21,15 @@ def register(subparsers) -> None:
     )
     common.add_checkpoint(parser, name="source", help="layer/stack or language-model checkpoint of a vanilla MoE")
     common.add_output(parser, help="checkpoint directory to write (same kind as the source)", directory=True)
-    parser.add_argument(
-        "--departments", type=common.positive_int, required=True, metavar="D", help="D (divides the experts)"
-    )
-    size = parser.add_mutually_exclusive_group(required=True)
+    parser.add_argument("--departments", type=common.positive_int, metavar="D", help="D (divides the experts)")
+    size = parser.add_mutually_exclusive_group()
     size.add_argument("--shared-size", type=common.non_negative_int, metavar="F_S", help="shared neurons/department")
     size.add_argument("--shared-fraction", type=common.unit_fraction, metavar="X", help="f_s / the expert width f")
     parser.add_argument(
         "--private-size", type=common.non_negative_int, metavar="F_P", help="private neurons per expert (default f-f_s)"
     )
-    parser.add_argument(
-        "--top-departments", type=common.positive_int, required=True, metavar="G", help="departments per token"
-    )
+    parser.add_argument("--top-departments", type=common.positive_int, metavar="G", help="departments per token")
+    convert_method.add_arguments(parser)
     parser.add_argument(
         "--grouping", choices=("cluster", "keep"), default="cluster", help="cluster experts (default) or keep order"
     )
@@ -160,6 +158,7 @@ def _run(args) -> int:
     found = read(args.source)
     is_lm = found.artifact == "lm"
     ours = _check_outputs(args, is_lm)
+    size = convert_method.check(args, found.config.moe if is_lm else found.config)
     torch.manual_seed(args.seed)
     settings = ConvertSettings(
         departments=args.departments,
@@ -226,6 +225,8 @@ def _run(args) -> int:
         hidden = read_calibration_tensor(args.calibration, "hidden_states") if args.calibration else None
         source = stack_source(stack, hidden, seed=args.seed, tokens=args.calibration_tokens)
 
+    if size is not None:
+        return convert_method.write(args, source, settings, size, ours, loaded.tokenizer if is_lm else None, data)
     sweep = SWEEP if args.plot else ()
     work = work_dir(args.output)
     result, report = convert_model(

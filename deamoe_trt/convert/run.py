@@ -472,3 +472,69 @@ def _describe(source: Source) -> dict:
     if source.lm is not None:
         out["kind"] = "language model"
     return out
+
+
+# The report's alternatives a user can write instead of the converted model (`convert --method`).
+ALTERNATIVES = {"pruned": baselines.PRUNED, "top-k": baselines.TOP_K}
+
+
+def alternative_model(
+    source: Source,
+    settings: ConvertSettings,
+    method: str,
+    size: int,
+    *,
+    progress: bool = True,
+    work: str | None = None,
+    work_writer: bool = True,
+) -> tuple[Variant, dict]:
+    """The report's `method` model ("pruned": experts of `size` neurons; "top-k": top-`size`
+    routing), built by the functions the report uses and healed as it heals a baseline when
+    settings.heal_steps; and a report of it (and its unhealed self) against the source.
+    settings carry healing, ridge and seed only. Pieces resume from work like convert_model's."""
+    cache = None
+    if work is not None:
+        key = fingerprint(_source_tensors(source), settings, method=method, size=size)
+        distributed = world()[1] > 1
+        if distributed and not work_writer:
+            torch.distributed.barrier()
+        cache = open_work(work, key, writer=work_writer, log=sys.stderr if progress else _Quiet())
+        if distributed and work_writer:
+            torch.distributed.barrier()
+    name = ALTERNATIVES[method]
+    layers: list[DeaMoELayer] = []
+    for i, (layer, x) in enumerate(zip(source.layers, source.calibration, strict=True)):
+        if method == "top-k":
+            layers.append(baselines.lowered_topk_layer(layer, size))
+            continue
+
+        def pack(value: DeaMoELayer):
+            tensors: dict[str, torch.Tensor] = {}
+            return tensors, pack_module(value, "layer.", tensors)
+
+        layers.append(
+            _piece(
+                cache,
+                f"{method}-{i}",
+                lambda layer=layer, x=x: baselines.pruned_layer(layer, x, size, ridge=settings.ridge),
+                pack,
+                lambda tensors, meta, layer=layer: unpack_module(meta, "layer.", tensors, layer),
+            )
+        )
+    n = source.layers[0].config.num_experts
+    detail = {"expert_width": size} if method == "pruned" else {"top_k": size}
+    variant = Variant(name, 0.0, cast(list, layers), [torch.arange(n)] * len(layers), detail=detail)
+    variant.lm = _lm_with(source.lm, variant.layers) if source.lm is not None else None
+    rows = [
+        _row(cache, "source", lambda: _measure(source, _source_variant(source), source)),
+        _measured(cache, source, variant, settings),
+    ]
+    if settings.heal_steps:
+        variant = _heal(source, variant, settings, progress, cache)
+        rows.append(_measured(cache, source, variant, settings))
+    report: dict = {
+        "source": _describe(source),
+        "settings": {"method": method, **detail, "heal_steps": settings.heal_steps, "seed": settings.seed},
+        "rows": rows,
+    }
+    return variant, report
