@@ -42,10 +42,6 @@ KNOWN = {
     # check-gpu's arguments are still parsed by the check (check-trt and check-edgellm: by their
     # commands); it goes when check-gpu's command parses them.
     ("deamoe_trt.checks.gpu.cli", "deamoe_trt.cli.args"),
-    # bench-lm runs llama.cpp as one of its contenders; they move out when bench-lm takes its
-    # contenders through an interface the integration fills.
-    ("deamoe_trt.bench.lm_bench", "deamoe_trt.integrations.llamacpp.bench"),
-    ("deamoe_trt.bench.lm_bench", "deamoe_trt.integrations.llamacpp.export"),
 }
 
 

@@ -62,11 +62,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -75,7 +77,6 @@ from .. import runtimes as registry
 from ..config import DeaMoEConfig
 from ..console import format_bytes, format_table
 from ..errors import UsageError
-from ..integrations.llamacpp import bench as llama_cpp
 from ..lm.config import LMConfig
 from ..lm.model import TWINS
 from ..presets import get_preset
@@ -97,6 +98,9 @@ def _one_sequence_runtimes() -> tuple[str, ...]:
 
 RUNTIMES = _one_sequence_runtimes()
 LLAMA = "llama.cpp"
+# llama.cpp's tools and GGUF writer are its integration's; named here rather than imported (a
+# stage imports no integration) and loaded only when --llama-bench runs it.
+LLAMA_CPP = "deamoe_trt.integrations.llamacpp"
 PPL_CONTEXT = 128  # tokens per llama-perplexity chunk (the evaluation length of train-tiny)
 PPL_CHUNKS = 4
 LLAMA_ROUNDS = 2  # llama-bench calls per GGUF file and runtime phase
@@ -246,18 +250,21 @@ def _quantized(config: LMConfig, quant: QuantConfig | None, linears: tuple[str, 
     return config.replace(quantization=quant, quantized_linears=tuple(linears))
 
 
-def _llama_tools(llama_bench: Path | None, config: LMConfig, *needed: str) -> llama_cpp.LlamaTools | None:
-    """llama.cpp's tools beside the llama-bench binary (None without one), the binaries needed
-    present there, and config's vanilla twin one a GGUF file can hold."""
+def _llama_cpp(part: str = "bench") -> Any:
+    """The llama.cpp integration's module part: "bench" (its tools) or "export" (the GGUF writer)."""
+    return importlib.import_module(f"{LLAMA_CPP}.{part}")
+
+
+def _llama_tools(llama_bench: Path | None, config: LMConfig, *needed: str) -> Any:
+    """llama.cpp's tools (its LlamaTools) beside the llama-bench binary (None without one), the
+    binaries needed present there, and config's vanilla twin one a GGUF file can hold."""
     if llama_bench is None:
         return None
-    from ..integrations.llamacpp.export import check_writable_as_gguf
-
-    tools = llama_cpp.LlamaTools.beside(llama_bench)
+    tools = _llama_cpp().LlamaTools.beside(llama_bench)
     for name in needed:
         if not llama_bench.with_name(name).is_file():
             raise UsageError(f"{llama_bench.with_name(name)} is missing (scripts/build_llama_cpp.sh builds it)")
-    check_writable_as_gguf(config.replace(quantization=None, quantized_linears=()).vanilla())
+    _llama_cpp("export").check_writable_as_gguf(config.replace(quantization=None, quantized_linears=()).vanilla())
     return tools
 
 
@@ -386,7 +393,8 @@ def _run_contenders(base, config, runtimes, twins, steps, prompt, threads, seed,
             r["roof_ms"] = r["bytes_per_token"] / roof * 1e3
             r["of_roof"] = r["roof_ms"] / r["tpot_ms"]
     matching = next(
-        (r for r in rows if r["runtime"] == LLAMA and r["gguf_type"] == llama_cpp.MATCHING_TYPE[_bits(config)]), None
+        (r for r in rows if r["runtime"] == LLAMA and r["gguf_type"] == _llama_cpp().MATCHING_TYPE[_bits(config)]),
+        None,
     )
     for r in rows:
         r["vs_llama"] = matching["tpot_ms"] / r["tpot_ms"] if matching and r["runtime"] != LLAMA else None
@@ -431,7 +439,7 @@ def _our_perplexity(base, twins, ids: torch.Tensor) -> dict[str, float]:
     for twin in ("deamoe", "vanilla"):
         if twin in twins or (twin == "deamoe" and "expanded" in twins):
             model = base.twin(twin).eval()
-            out[twin] = llama_cpp.chunked_perplexity(model, ids, PPL_CONTEXT, PPL_CHUNKS)
+            out[twin] = _llama_cpp().chunked_perplexity(model, ids, PPL_CONTEXT, PPL_CHUNKS)
             del model
             gc.collect()
     if "deamoe" in out:
@@ -443,22 +451,26 @@ class _LlamaContenders:
     """The vanilla twin as F16, Q8_0 and Q4_0 GGUF files in folder, each scored on the
     held-out text by llama-perplexity and timed by llama-bench one call at a time."""
 
-    def __init__(self, tools, base, folder: Path, threads: int, progress, kinds=llama_cpp.GGUF_TYPES, score=True):
-        """kinds: the GGUF types written (f16 always); score: their perplexities too."""
-        from ..integrations.llamacpp.export import write_gguf
+    def __init__(self, tools, base, folder: Path, threads: int, progress, kinds=None, score=True):
+        """kinds: the GGUF types written (f16 always; default every type llama.cpp's GGUF_TYPES
+        names); score: their perplexities too."""
         from ..lm.tokenizer import ByteTokenizer
+
+        llama_cpp = _llama_cpp()
+        kinds = llama_cpp.GGUF_TYPES if kinds is None else kinds
+        self.llama_cpp = llama_cpp
 
         self.tools, self.threads = tools, threads
         kinds = ("f16", *(k for k in kinds if k != "f16"))
         progress(f"  writing the vanilla twin as GGUF ({', '.join(kinds)}) in {folder} ...")
         vanilla = base.vanilla()
-        self.files = {"f16": write_gguf(vanilla, folder / "vanilla-f16.gguf")}
+        self.files = {"f16": _llama_cpp("export").write_gguf(vanilla, folder / "vanilla-f16.gguf")}
         del vanilla
         gc.collect()
         for kind in kinds[1:]:
             target = folder / f"vanilla-{kind}.gguf"
             self.files[kind] = llama_cpp.quantize(tools, self.files["f16"], target, kind, threads)
-        self.samples: dict[str, list[llama_cpp.BenchSample]] = {kind: [] for kind in self.files}
+        self.samples: dict[str, list] = {kind: [] for kind in self.files}  # llama_cpp.BenchSample
         self.perplexity: dict[str, float] = {}
         if not score:
             return
@@ -474,7 +486,7 @@ class _LlamaContenders:
     def time_round(self, tokens: int, depth: int) -> None:
         for kind, path in self.files.items():
             self.samples[kind].append(
-                llama_cpp.bench(self.tools, path, tokens=tokens, depth=depth, threads=self.threads)
+                self.llama_cpp.bench(self.tools, path, tokens=tokens, depth=depth, threads=self.threads)
             )
 
     def rows(self) -> list[dict]:
@@ -490,7 +502,7 @@ class _LlamaContenders:
                     "mean_ms": statistics.fmean(per_token) * 1e3,
                     "step_ms": [t * 1e3 for t in per_token],  # per call: the mean of its decode steps
                     "ffn_bytes_per_token": None,
-                    "bytes_per_token": llama_cpp.bytes_per_token(path),
+                    "bytes_per_token": self.llama_cpp.bytes_per_token(path),
                     "perplexity": self.perplexity[kind],
                 }
             )
@@ -503,7 +515,7 @@ class _LlamaContenders:
             "cpu": sample.cpu,
             "command": f"llama-bench -m FILE -p 0 -n {tokens} -d PROMPT -t {self.threads} -r 1 -o json",
             "calls_per_file": len(next(iter(self.samples.values()))),
-            "tensor_types": {kind: llama_cpp.gguf_type_summary(path) for kind, path in self.files.items()},
+            "tensor_types": {kind: self.llama_cpp.gguf_type_summary(path) for kind, path in self.files.items()},
         }
 
 
@@ -576,7 +588,7 @@ def lm_bench_table(result: dict) -> str:
         rows.append(row)
     headers = ["contender", "weights/token", "TPOT ms", "of roof", "vs expanded", "vs vanilla"]
     if llama:
-        headers += [f"vs llama.cpp {llama_cpp.MATCHING_TYPE[_bits(LMConfig.from_dict(result['config']))]}", "PPL"]
+        headers += [f"vs llama.cpp {_llama_cpp().MATCHING_TYPE[_bits(LMConfig.from_dict(result['config']))]}", "PPL"]
     c = result["config"]
     weights = _weights(LMConfig.from_dict(c))
     title = (
@@ -797,7 +809,7 @@ def run_lm_batch_bench(
         f"{_weights(config)}, seed {seed}; sequences {','.join(map(str, sequences))} on {runtime}"
     )
     base = DeaMoELM.random(config.replace(quantization=None, quantized_linears=()), seed=seed, dtype=torch.float16)
-    matching = llama_cpp.MATCHING_TYPE[_bits(config)]
+    matching = _llama_cpp().MATCHING_TYPE[_bits(config)] if tools is not None else None
     with contextlib.ExitStack() as stack:
         llama = None
         if tools is not None:
@@ -826,7 +838,8 @@ def run_lm_batch_bench(
                 c.untimed = list(c.tokens)
                 c.tokens = [int(t) for t in np.argmax(c.batch.step(c.seqs, c.tokens), axis=1)]
                 contenders.append(c)
-        llama_samples: dict[str, list[llama_cpp.BatchedSample]] = {k: [] for k in (llama.files if llama else {})}
+        # llama.cpp's BatchedSamples per GGUF type
+        llama_samples: dict[str, list] = {k: [] for k in (llama.files if llama else {})}
         bursts = -(-steps // BURST)
         progress(
             f"  {steps} batched steps per contender{' and llama-batched-bench' if llama else ''}, "
@@ -835,7 +848,7 @@ def run_lm_batch_bench(
         for burst in range(bursts):
             for _ in range(sum(i * bursts // LLAMA_ROUNDS == burst for i in range(LLAMA_ROUNDS)) if llama else 0):
                 for kind, path in llama.files.items():
-                    llama_samples[kind] += llama_cpp.batched_bench(
+                    llama_samples[kind] += llama.llama_cpp.batched_bench(
                         tools, path, sequences=sequences, tokens=llama_tokens, depth=prompt, threads=threads
                     )
             roofs += probe(ROOF_PROBE_BYTES, 3)
@@ -891,7 +904,7 @@ def run_lm_batch_bench(
                             "sequences": n,
                             "tpot_ms": statistics.median(per_step) * 1e3,
                             "step_ms": [x * 1e3 for x in per_step],
-                            "bytes_per_step": llama_cpp.bytes_per_token(path, experts_read=fraction, tokens=n)
+                            "bytes_per_step": llama.llama_cpp.bytes_per_token(path, experts_read=fraction, tokens=n)
                             if fraction is not None or n == 1
                             else None,
                         }

@@ -45,6 +45,13 @@ def test_chunked_perplexity_of_a_uniform_model_is_its_vocabulary():
         chunked_perplexity(_Uniform(50), ids, 16, 7)
 
 
+def test_bench_lm_names_this_integrations_modules():
+    from deamoe_trt.bench import lm_bench
+    from deamoe_trt.integrations.llamacpp import bench, export
+
+    assert lm_bench._llama_cpp() is bench and lm_bench._llama_cpp("export") is export
+
+
 @pytest.mark.slow
 def test_bench_lm_times_llama_cpp_beside_our_runtimes():
     from llama_cpp_tools import llama_tools
