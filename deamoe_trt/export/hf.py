@@ -31,7 +31,7 @@ from ..hf.fields import hf_fields
 from ..hf.remote_code import write_remote_code
 from ..lm.checkpoint_format import stored_state
 from ..lm.model import DeaMoELM
-from ..lm.tokenizer import ByteTokenizer, HFTokenizer, NoTokenizer, Tokenizer, byte_level_tokenizer_json
+from ..lm.tokenizer import Tokenizer, write_tokenizer
 
 INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_SHARD_BYTES = 2 * 2**30
@@ -89,19 +89,3 @@ def _shards(tensors: dict[str, torch.Tensor], limit: int) -> list[list[str]]:
         shards[-1].append(name)
         size += nbytes
     return shards
-
-
-def write_tokenizer(tokenizer: Tokenizer, folder: Path) -> int | None:
-    """The tokenizer files into folder; returns the end-of-text id (None: the byte tokenizer's
-    models have none, so generation runs to its length limit)."""
-    if isinstance(tokenizer, NoTokenizer):
-        return None
-    if isinstance(tokenizer, HFTokenizer):
-        tokenizer.save(folder)
-        eos = tokenizer.eos_ids()
-        return eos[0] if eos else None
-    assert isinstance(tokenizer, ByteTokenizer)
-    (folder / "tokenizer.json").write_text(json.dumps(byte_level_tokenizer_json(tokenizer)))
-    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "add_prefix_space": False, "model_max_length": 10**6}
-    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
-    return None

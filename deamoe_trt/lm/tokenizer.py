@@ -247,6 +247,29 @@ def byte_level_tokenizer_json(tokenizer: ByteTokenizer) -> dict:
     }
 
 
+def write_tokenizer(tokenizer: Tokenizer, folder: Path, *, chat_template: str | None = None) -> int | None:
+    """The tokenizer files into folder; returns the end-of-text id (None: the byte tokenizer's
+    models have none, so generation runs to its length limit). chat_template: the byte
+    tokenizer's, for servers that apply one (a Hugging Face tokenizer keeps its own)."""
+    if isinstance(tokenizer, NoTokenizer):
+        return None
+    if isinstance(tokenizer, HFTokenizer):
+        tokenizer.save(folder)
+        eos = tokenizer.eos_ids()
+        return eos[0] if eos else None
+    assert isinstance(tokenizer, ByteTokenizer)
+    (folder / "tokenizer.json").write_text(json.dumps(byte_level_tokenizer_json(tokenizer)))
+    settings: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "add_prefix_space": False,
+        "model_max_length": 10**6,
+    }
+    if chat_template is not None:
+        settings["chat_template"] = chat_template
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+    return None
+
+
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte-to-character table: printable bytes stand for themselves, the rest are
     shifted past 255 so every byte has a visible, whitespace-free character."""

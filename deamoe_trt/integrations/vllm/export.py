@@ -32,7 +32,7 @@ from ...errors import UsageError
 from ...lm.checkpoint import load_lm, read_lm_header, stored_state
 from ...lm.config import LMConfig
 from ...lm.model import DeaMoELM
-from ...lm.tokenizer import ByteTokenizer, HFTokenizer, NoTokenizer, Tokenizer, byte_level_tokenizer_json
+from ...lm.tokenizer import NoTokenizer, Tokenizer, write_tokenizer
 from .checks import check_servable
 from .compressed import compressed_state, quantization_config
 
@@ -83,7 +83,7 @@ def write_lm_dir(model: DeaMoELM, tokenizer: Tokenizer, directory: str | Path) -
         if config.quantization is not None:
             tensors = compressed_state(tensors, config)
         save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
-        eos = _write_tokenizer(tokenizer, staging)
+        eos = write_tokenizer(tokenizer, staging, chat_template=BYTE_CHAT_TEMPLATE)
         generation = {"eos_token_id": eos} if eos is not None else {}
         (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         hf = {**hf_fields(config), "dtype": dtype_name(model.dtype)}
@@ -94,21 +94,3 @@ def write_lm_dir(model: DeaMoELM, tokenizer: Tokenizer, directory: str | Path) -
         (staging / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
     return directory
 
-
-def _write_tokenizer(tokenizer: Tokenizer, folder: Path) -> int | None:
-    """The tokenizer files and chat template into folder; returns the end-of-text id (None:
-    the byte tokenizer's models have none, so generation runs to max_tokens)."""
-    if isinstance(tokenizer, HFTokenizer):
-        tokenizer.save(folder)
-        eos = tokenizer.eos_ids()
-        return eos[0] if eos else None
-    assert isinstance(tokenizer, ByteTokenizer)
-    (folder / "tokenizer.json").write_text(json.dumps(byte_level_tokenizer_json(tokenizer)))
-    settings = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_prefix_space": False,
-        "model_max_length": 10**6,
-        "chat_template": BYTE_CHAT_TEMPLATE,
-    }
-    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
-    return None
