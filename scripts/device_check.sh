@@ -23,7 +23,7 @@ if [ -n "${DEAMOE_TRT_KERNELS_LIB:-}" ] &&
     unset DEAMOE_TRT_KERNELS_LIB
 fi
 
-"$python" -m deamoe_trt.checks.gpu --out "$out" "$@" 2>&1 | tee "$out/check_gpu.log"
+"$python" -m deamoe_trt check-gpu --out "$out" "$@" 2>&1 | tee "$out/check_gpu.log"
 check=${PIPESTATUS[0]}
 "$python" -m pytest -m gpu -q -p no:cacheprovider -rs tests/runtimes/test_cuda.py tests/cuda/test_cuda_binding.py \
     2>&1 | tee "$out/pytest_gpu.log" | tail -25

@@ -7,16 +7,24 @@ import re
 
 import pytest
 
-from deamoe_trt.checks.gpu import main, shrink
-from deamoe_trt.cli.main import main as cli_main
+from deamoe_trt.checks.gpu import shrink
+from deamoe_trt.cli.main import main
 from deamoe_trt.presets import PRESETS
+
+
+def cli_main(argv: list[str]) -> int:
+    """The CLI's exit status, argparse's refusals (SystemExit 2) included."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
 
 
 @pytest.mark.slow
 def test_dry_run_checks_and_times_through_the_emulator(emulated_lib, tmp_path):
     argv = ["--dry-run", "--library", emulated_lib._name, "--presets", "deepseek-v3-layer", "--tokens", "1",
             "--bits", "0", "--out", str(tmp_path)]  # fmt: skip
-    assert main(argv) == 0
+    assert cli_main(["check-gpu", *argv]) == 0
     results = json.loads((tmp_path / "gpu_check.json").read_text())
     assert results["correctness"] and all(r["pass"] for r in results["correctness"])
     assert {r["preset"] for r in results["correctness"]} == {"deepseek-v3-layer"}
@@ -41,7 +49,7 @@ def test_dry_run_checks_and_times_the_int4_rows(emulated_lib, tmp_path):
     packed codes plus scales, the int4 target reported."""
     argv = ["--dry-run", "--library", emulated_lib._name, "--presets", "deepseek-v3-layer", "--tokens", "1",
             "--bits", "4", "--out", str(tmp_path)]  # fmt: skip
-    assert main(argv) == 0
+    assert cli_main(["check-gpu", *argv]) == 0
     results = json.loads((tmp_path / "gpu_check.json").read_text())
     assert [r["dtype"] for r in results["correctness"]] == ["bf16-int4"] and results["correctness"][0]["pass"]
     (bench,) = results["benchmarks"]
@@ -63,9 +71,9 @@ def test_dry_run_checks_and_times_the_int4_rows(emulated_lib, tmp_path):
 def test_bad_arguments_are_one_line_and_exit_2(tmp_path, capsys):
     assert cli_main(["check-gpu", "--presets", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown preset(s) nope" in capsys.readouterr().err
-    assert main(["--out", str(tmp_path), "--presets", "tiny"]) == 2  # no GPU here, no --dry-run
+    assert cli_main(["check-gpu", "--out", str(tmp_path), "--presets", "tiny"]) == 2  # no GPU here, no --dry-run
     assert "needs a CUDA GPU" in capsys.readouterr().err
-    assert main(["--out", str(tmp_path), "--dry-run", "--bits", "4,3"]) == 2
+    assert cli_main(["check-gpu", "--out", str(tmp_path), "--dry-run", "--bits", "4,3"]) == 2
     assert "argument --bits: takes 0, 4 and/or 8" in capsys.readouterr().err
 
 
@@ -75,7 +83,7 @@ def test_dry_run_checks_the_gpt_oss_rows(emulated_lib, tmp_path):
     int4, checked against the float32 reference with its biases and activation."""
     argv = ["--dry-run", "--library", emulated_lib._name, "--presets", "gpt-oss-20b-style", "--bits", "0,4",
             "--skip-bench", "--out", str(tmp_path)]  # fmt: skip
-    assert main(argv) == 0
+    assert cli_main(["check-gpu", *argv]) == 0
     results = json.loads((tmp_path / "gpu_check.json").read_text())
     rows = results["correctness"]
     assert [r["dtype"] for r in rows] == ["bf16", "fp16", "bf16-int4"] and all(r["pass"] for r in rows)
@@ -93,7 +101,7 @@ def test_dry_run_tune_times_every_variant_and_writes_the_table(emulated_lib, tmp
 
     argv = ["--dry-run", "--library", emulated_lib._name, "--presets", "qwen3-30b-a3b-layer", "--tokens", "1",
             "--bits", "4", "--skip-bench", "--sm-limit", "16", "--out", str(tmp_path)]  # fmt: skip
-    assert main(argv) == 0
+    assert cli_main(["check-gpu", *argv]) == 0
     results = json.loads((tmp_path / "gpu_check.json").read_text())
     (row,) = results["tuning"]
     timed = set(row["median_us"])

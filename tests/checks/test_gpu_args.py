@@ -3,8 +3,25 @@ written; good ones are parsed into their values (the twin of test_trt_device.py'
 
 import pytest
 
-from deamoe_trt.checks import gpu
-from deamoe_trt.cli.main import main as cli_main
+from deamoe_trt.checks.gpu import run as gpu_run
+from deamoe_trt.cli.main import main
+
+
+def cli_main(argv: list[str]) -> int:
+    """The CLI's exit status, argparse's refusals (SystemExit 2) included."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+
+
+def parsed(monkeypatch, argv: list[str]):
+    """The options check-gpu hands its check for argv (the check itself not run)."""
+    seen = []
+    monkeypatch.setattr(gpu_run, "run_check", lambda options: seen.append(options) or 0)
+    assert cli_main(["check-gpu", *argv]) == 0
+    (options,) = seen
+    return options
 
 
 @pytest.mark.parametrize(
@@ -38,7 +55,7 @@ def test_a_positional_folder_is_refused_in_one_line(tmp_path, capsys):
 def test_an_out_that_is_a_file_is_refused_before_the_run(tmp_path, capsys):
     taken = tmp_path / "taken"
     taken.write_text("")
-    assert gpu.main(["--out", str(taken), "--dry-run"]) == 2
+    assert cli_main(["check-gpu", "--out", str(taken), "--dry-run"]) == 2
     assert "it is a file" in capsys.readouterr().err
 
 
@@ -48,14 +65,15 @@ def test_without_a_gpu_nothing_is_written(tmp_path, capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")
     out = tmp_path / "out"
-    assert gpu.main(["--out", str(out)]) == 2
+    assert cli_main(["check-gpu", "--out", str(out)]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err and not out.exists()
 
 
-def test_values_are_parsed(tmp_path):
-    args = gpu.parse_args(["--out", str(tmp_path), "--tokens", "1,4", "--bits", "0,8", "--presets", "tiny,tiny"])
+def test_values_are_parsed(tmp_path, monkeypatch):
+    args = parsed(monkeypatch, ["--out", str(tmp_path), "--tokens", "1,4", "--bits", "0,8", "--presets", "tiny,tiny"])
     assert args.tokens == [1, 4] and args.bits == {0, 8} and args.presets == ["tiny"]
     assert args.pdl_tokens == [1, 4, 16] and args.iters == 40
-    defaults = gpu.parse_args(["--out", str(tmp_path)])
+    assert args.out == tmp_path
+    defaults = parsed(monkeypatch, ["--out", str(tmp_path)])
     assert defaults.presets == ["tiny", "deepseek-v3-layer", "qwen3-30b-a3b-layer", "gpt-oss-20b-style"]
     assert defaults.bits == {0, 4, 8} and defaults.tokens == [1, 2, 4, 8, 16]

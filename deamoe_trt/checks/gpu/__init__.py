@@ -1,6 +1,6 @@
-"""GPU check of the DeaMoE CUDA kernels: `deamoe-trt check-gpu` (its --help: the cli module)."""
+"""GPU check of the DeaMoE CUDA kernels: `deamoe-trt check-gpu` (what it does: the run module)."""
 
 from .cases import shrink
-from .cli import main, parse_args
+from .run import GpuCheckOptions, run_check
 
-__all__ = ["main", "parse_args", "shrink"]
+__all__ = ["GpuCheckOptions", "run_check", "shrink"]

@@ -1,6 +1,6 @@
 """GPU check of the DeaMoE CUDA kernels: correctness against the PyTorch reference, then speed.
 
-    deamoe-trt check-gpu --out DIR        (or: python -m deamoe_trt.checks.gpu --out DIR)
+    deamoe-trt check-gpu --out DIR
 
 On any CUDA machine with PyTorch. It
 1. builds the kernels for the local GPU only (CMake + nvcc, cached in ~/.cache/deamoe_trt);
@@ -34,117 +34,60 @@ enforced), 1 otherwise. Designed to finish in under 5 minutes on an H200 (--budg
 (deamoe_trt.checks.emulated, built from the sources shipped in the package) with shrunken
 presets: a check of this script, not of the GPU.
 
-Modules: cli (arguments and the run's order), cases (the layers checked), correctness,
+Modules: run (the run's order, from the command's values), cases (the layers checked), correctness,
 timing (bandwidth, benchmarks, per-kernel profile) and report (the tables and targets).
 The kernels are reached through deamoe_trt.runtimes.cuda.
 
-check-gpu's arguments (checked before anything is written: one line, exit 2) and the run:
+The run (the command, deamoe_trt.cli.check_gpu_cmd, parses and checks the arguments):
 environment, kernel library, bandwidth, then per planned layer its correctness rows and
 benchmarks, gpu_check.json and gpu_check.txt rewritten after each.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ...cli import args as common
 from ...cuda import tuning
 from ...cuda.tuning import device_file_name
 from ...dtypes import BY_TORCH
+from ...errors import UsageError
 from ...runtimes.cuda import CudaRuntime
 from ...traffic import layer_bytes
-from .cases import CASES, CHECK_TOKENS, PLAN, case_config, free, quantized_layer, random_layer
+from .cases import CHECK_TOKENS, PLAN, case_config, free, quantized_layer, random_layer
 from .correctness import check_correctness
 from .report import Clock, table, targets
 from .timing import Bench, bench_preset, measure_bandwidth
 from .tune import table_entries, tune_layer, tuning_text
 
-PROG = "deamoe-trt check-gpu"
 DEFAULT_PRESETS = "tiny,deepseek-v3-layer,qwen3-30b-a3b-layer,gpt-oss-20b-style"
 WEIGHT_BITS = (0, 4, 8)
 
 
-def weight_bits(text: str) -> set[int]:
-    """'0,4' -> {0, 4}: FFN weight formats, 0 float, 4 int4, 8 int8."""
-    parts = [part.strip() for part in text.split(",") if part.strip()]
-    if not parts or any(p not in {str(b) for b in WEIGHT_BITS} for p in parts):
-        raise argparse.ArgumentTypeError(f"takes 0, 4 and/or 8 (float, int4, int8), got {text!r}")
-    return {int(p) for p in parts}
+@dataclass(frozen=True)
+class GpuCheckOptions:
+    """What to check, as the command's flags say (deamoe-trt check-gpu --help)."""
 
-
-def output_folder(text: str) -> Path:
-    return Path(common.writable_directory(text))
-
-
-def _library(text: str) -> str:
-    """A shared library file, as an absolute path: dlopen searches the library path for a bare
-    name and would report an existing file as missing."""
-    path = Path(text)
-    try:
-        with path.open("rb") as f:
-            magic = f.read(4)
-    except OSError as exc:
-        raise argparse.ArgumentTypeError(f"cannot read {text}: {exc.strerror}") from None
-    if magic != b"\x7fELF":
-        raise argparse.ArgumentTypeError(f"{text} is not a shared library (no ELF header)")
-    return str(path.resolve())
-
-
-def build_parser() -> argparse.ArgumentParser:
-    # --help shows what the check does; the module map after it is for readers of the code.
-    doc = (__doc__ or "").split("\nModules:")[0]
-    parser = common.Parser(prog=PROG, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, type=output_folder, help="folder for gpu_check.json and gpu_check.txt")
-    parser.add_argument(
-        "--library", type=_library, help="a built libdeamoe_kernels.so (default: build for this GPU, cached)"
-    )
-    common.add_tokens(parser, default="1,2,4,8,16")
-    parser.add_argument("--iters", type=common.positive_int, default=40, help="timed iterations per kernel measurement")
-    parser.add_argument(
-        "--torch-iters", type=common.positive_int, default=10, help="timed iterations of the PyTorch reference"
-    )
-    parser.add_argument(
-        "--pdl-tokens",
-        type=common.token_counts,
-        default=[1, 4, 16],
-        metavar="N,N,...",
-        help="token counts also timed with programmatic launch (default 1,4,16)",
-    )
-    parser.add_argument("--skip-bench", action="store_true", help="correctness only")
-    parser.add_argument(
-        "--tune", action="store_true", help="time every kernel variant and write this GPU's variant table to --out"
-    )
-    parser.add_argument(
-        "--sm-limit",
-        type=common.positive_int,
-        metavar="N",
-        help="--tune, and time the variants again with the kernels on N SMs (16: an Orin's bytes per SM)",
-    )
-    parser.add_argument("--budget-s", type=float, default=270.0, help="stop starting benchmarks after this many s")
-    parser.add_argument("--dry-run", action="store_true", help="CPU + SIMT-emulated kernels, shrunken presets")
-    parser.add_argument(
-        "--presets",
-        type=common.name_list(tuple(CASES), "preset"),
-        default=DEFAULT_PRESETS.split(","),
-        help=f"presets to run (default {DEFAULT_PRESETS})",
-    )
-    parser.add_argument(
-        "--bits", type=weight_bits, default=set(WEIGHT_BITS), help="FFN weight formats: 0 float, 4 int4, 8 int8"
-    )
-    return parser
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace | int:
-    """The arguments, or the exit status when they are bad (after one line on stderr) or --help."""
-    return common.parse(build_parser(), argv)
+    out: Path
+    library: str | None = None  # a built kernel library (default: build for this GPU, cached)
+    tokens: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    iters: int = 40
+    torch_iters: int = 10
+    pdl_tokens: list[int] = field(default_factory=lambda: [1, 4, 16])
+    skip_bench: bool = False
+    tune: bool = False
+    sm_limit: int | None = None
+    budget_s: float = 270.0
+    dry_run: bool = False
+    presets: list[str] = field(default_factory=lambda: DEFAULT_PRESETS.split(","))
+    bits: set[int] = field(default_factory=lambda: set(WEIGHT_BITS))
 
 
 def environment(dry_run: bool) -> dict:
@@ -172,7 +115,7 @@ def write_table(path: Path, results: dict) -> None:
     measured = {
         "date": time.strftime("%Y-%m-%d"),
         "commit": source_commit(),
-        "command": "deamoe-trt check-gpu " + " ".join(sys.argv[1:]),
+        "command": "deamoe-trt " + " ".join(sys.argv[1:]),  # the check runs as `deamoe-trt check-gpu ...`
         "capability": env.get("capability"),
         "sms": env.get("sms"),
         "torch": env.get("torch"),
@@ -193,16 +136,13 @@ def source_commit() -> str | None:
     return done.stdout.strip() or None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if isinstance(args, int):
-        return args
+def run_check(args: GpuCheckOptions) -> int:
+    """Run the check; 0 when every correctness check passed, 1 otherwise, 2 without a GPU."""
     clock = Clock()  # --budget-s counts from here, not from the import
     dry = args.dry_run
     backend = CudaRuntime.emulated(args.library) if dry else CudaRuntime(library=args.library)
     if reason := backend.available():
-        print(f"{PROG}: error: this check {reason}; --dry-run runs it on the CPU", file=sys.stderr)
-        return 2
+        raise UsageError(f"this check {reason}; --dry-run runs it on the CPU")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     tokens, iters, torch_iters = list(args.tokens), args.iters, args.torch_iters
