@@ -127,6 +127,16 @@ def register(subparsers) -> None:
         help="skip the baselines; a language model without --heal-steps or --plot is then converted one block at "
         "a time in bounded memory (every mode resumes a killed run rerun with the same arguments: OUTPUT.work)",
     )
+    parser.add_argument(
+        "--lm-eval",
+        nargs="?",
+        const=0,
+        type=common.non_negative_int,
+        metavar="DOCS",
+        help="language models: also run lm-evaluation-harness's local tasks (held-out perplexity, a multiple-choice "
+        "continuation task, deamoe_trt/hf/lm_eval_task.py) on the source and the converted model, offline; "
+        "into --report and printed (DOCS: the first DOCS documents of each task; default all)",
+    )
     parser.add_argument("--threads", type=common.thread_count, default=1, help="torch CPU threads (default 1)")
     common.add_seed(parser)
     common.add_force(parser)
@@ -134,10 +144,37 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from ..convert.distill import world
     from ..train.determinism import deterministic_threads
 
     with deterministic_threads(args.threads):
-        return _run(args)
+        code = _run(args)
+        if code == 0 and args.lm_eval is not None and world()[0] == 0:
+            _lm_eval(args)
+        return code
+
+
+def _lm_eval(args) -> None:
+    """The local lm-eval tasks on the source and the written model; into the report."""
+    import tempfile
+    from pathlib import Path
+
+    from .._io import atomic_write_text
+    from ..hf.lm_eval_task import run_local_tasks
+    from ..lm.checkpoint import load_lm
+
+    source, converted = load_lm(args.source), load_lm(args.output)
+    models = {"source": source.model, "converted": converted.model}
+    with tempfile.TemporaryDirectory(prefix="deamoe-lm-eval-") as folder:
+        results = run_local_tasks(models, converted.tokenizer, folder, limit=args.lm_eval or None)
+    for name, tasks in results.items():
+        for task, metrics in tasks.items():
+            print(f"lm-eval {name} {task}: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
+    if args.report:
+        report = json.loads(Path(args.report).read_text())
+        report["lm_eval"] = {"limit": args.lm_eval or None, "results": results}
+        atomic_write_text(args.report, json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.report} (with lm-eval)")
 
 
 def _run(args) -> int:
@@ -157,6 +194,12 @@ def _run(args) -> int:
 
     found = read(args.source)
     is_lm = found.artifact == "lm"
+    if args.lm_eval is not None:  # before the conversion, not after it
+        from ..hf.lm_eval_task import check_tokenizer
+
+        if not is_lm:
+            raise UsageError("--lm-eval evaluates language models; the source is a layer checkpoint")
+        check_tokenizer(found.header["tokenizer"])
     ours = _check_outputs(args, is_lm)
     size = convert_method.check(args, found.config.moe if is_lm else found.config)
     torch.manual_seed(args.seed)

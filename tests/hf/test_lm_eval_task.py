@@ -10,7 +10,16 @@ import pytest
 
 from configs import MICRO_LM
 from deamoe_trt.export.hf import write_hf_dir
-from deamoe_trt.hf.lm_eval_task import TASK, task_perplexity, write_held_out_task
+from deamoe_trt.hf.lm_eval_task import (
+    CHOICE_TASK,
+    CHOICES,
+    TASK,
+    held_out_windows,
+    task_accuracy,
+    task_perplexity,
+    write_choice_task,
+    write_held_out_task,
+)
 from deamoe_trt.lm.model import DeaMoELM
 from deamoe_trt.lm.tokenizer import default_tokenizer
 from deamoe_trt.quantize.lm import held_out_loss
@@ -54,3 +63,38 @@ def test_lm_eval_perplexity_equals_deamoe_trts_own(tmp_path, monkeypatch):
     harness = results["results"][TASK]["token_perplexity,none"]
     ours = task_perplexity(lm, folder, tokenizer)
     assert harness == pytest.approx(ours, rel=1e-4)
+
+
+def test_the_continuation_task_offers_each_window_its_own_ending_among_others(tmp_path):
+    tokenizer = default_tokenizer(256)
+    folder = write_choice_task(tmp_path / "task", tokenizer, seq_len=48)
+    docs = [json.loads(line) for line in (folder / "continuation.jsonl").read_text().splitlines()]
+    windows = [tokenizer.decode(w) for w in held_out_windows(tokenizer, 48).tolist()]
+    assert len(docs) == len(windows) == 128
+    for doc, window in zip(docs, windows, strict=True):
+        assert len(doc["choices"]) == CHOICES and len(set(doc["choices"])) == CHOICES
+        assert window.startswith(doc["context"]) and window.endswith(doc["choices"][doc["gold"]])
+    assert {d["gold"] for d in docs} == set(range(CHOICES))
+
+
+def test_lm_eval_accuracy_on_the_continuation_task_equals_deamoe_trts_own(tmp_path, monkeypatch):
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    tokenizer = default_tokenizer(256)
+    lm = DeaMoELM.random(MICRO_LM, seed=1).eval()
+    directory = write_hf_dir(lm, tokenizer, tmp_path / "hf")
+    folder = write_choice_task(tmp_path / "task", tokenizer, seq_len=MICRO_LM.max_position_embeddings - 1)
+    results = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={directory},dtype=float32,prefix_token_id=0",
+        tasks=[CHOICE_TASK],
+        task_manager=TaskManager(include_path=str(folder)),
+        batch_size=16,
+        device="cpu",
+        limit=24,
+    )
+    assert results["results"][CHOICE_TASK]["acc,none"] == task_accuracy(lm, folder, tokenizer, limit=24)
