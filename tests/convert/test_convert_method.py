@@ -140,3 +140,30 @@ def test_healed_alternatives_are_the_reports_healed_rows(source_dir, tmp_path):
         perplexity = _written_perplexity(source_dir, out)
         assert round(perplexity, 4) == rows[f"{name} + healed"]["perplexity"]
         assert perplexity != pytest.approx(rows[name]["perplexity"], abs=1e-4)  # healing changed it
+
+
+@pytest.mark.slow
+def test_healed_lower_top_k_is_the_report_healing(source_dir, tmp_path):
+    """The report heals only the two baselines closest to the source (here not lower top-k):
+    the written healed model against the report's healing of it, run here."""
+    from deamoe_trt.convert.core import ConvertSettings
+    from deamoe_trt.convert.run import Variant, _heal, _lm_with
+
+    out = tmp_path / "top1"
+    heal = ["--heal-steps", "3", "--heal-batch", "2"]
+    assert (
+        cli(["convert", str(source_dir), "-o", str(out), "--method", "top-k", "--top-k", "1", *heal, *_data(tmp_path)])
+        == 0
+    )
+    lm = load_lm(source_dir).model
+    source = lm_source(lm, ByteTokenizer(), TEXT, heldout_windows=WINDOWS)
+    layers = [lowered_topk_layer(layer, 1) for layer in source.layers]
+    variant = Variant(TOP_K, 0.0, list(layers), [torch.arange(4)] * len(layers), lm=_lm_with(lm, layers))
+    healed = _heal(source, variant, ConvertSettings(1, 1, shared_size=0, heal_steps=3, heal_batch=2), False, None)
+    windows = source.heldout_windows
+    with torch.no_grad():
+        expected = lm_quality(healed.lm, lm(windows[:, :-1]).logits, windows)["perplexity"]
+        unhealed = lm_quality(variant.lm, lm(windows[:, :-1]).logits, windows)["perplexity"]
+    perplexity = _written_perplexity(source_dir, out)
+    assert perplexity == pytest.approx(expected, rel=1e-6)
+    assert perplexity != pytest.approx(unhealed, rel=1e-4)
