@@ -167,3 +167,22 @@ def test_healed_lower_top_k_is_the_report_healing(source_dir, tmp_path):
     perplexity = _written_perplexity(source_dir, out)
     assert perplexity == pytest.approx(expected, rel=1e-6)
     assert perplexity != pytest.approx(unhealed, rel=1e-4)
+
+
+def test_a_stack_is_written_as_a_stack_of_pruned_experts(tmp_path, capsys):
+    from configs import QWEN2_STYLE_GATED_SHARED
+    from deamoe_trt import DeaMoEStack
+
+    source = DeaMoEStack.random(QWEN2_STYLE_GATED_SHARED, 2, seed=1)
+    src = source.save_pretrained(tmp_path / "src")
+    out = tmp_path / "out"
+    argv = ["convert", str(src), "-o", str(out), "--method", "pruned", "--keep-fraction", "0.5"]
+    assert cli([*argv, "--calibration-tokens", "256"]) == 0
+    written = DeaMoEStack.from_pretrained(out)
+    f = QWEN2_STYLE_GATED_SHARED.expert_intermediate_size
+    assert [layer.config.expert_intermediate_size for layer in written.layers] == [round(0.5 * f)] * 2
+    # the gated shared expert and the router are the source's
+    for layer, src_layer in zip(written.layers, source.layers, strict=True):
+        assert torch.equal(layer.router.weight, src_layer.router.weight)
+        for name, tensor in src_layer.shared_experts.state_dict().items():
+            assert torch.equal(layer.shared_experts.state_dict()[name], tensor)
