@@ -14,8 +14,10 @@ The directory holds:
 - a chat template (the tokenizer's, or for the byte tokenizer one that passes the user's
   text through, as `deamoe-trt generate` feeds it) and generation_config.json.
 
-Written into a temporary folder beside DIR and moved in file by file, config.json last, so a
-failed export leaves nothing vLLM would load. No vLLM is needed to write it.
+Written whole into a temporary folder beside DIR, which then takes DIR's place
+(_io.replaced_directory): a failed export leaves nothing vLLM would load, and no file of an
+earlier export (a stale weight shard vLLM would load too) survives. DIR is replaced only when
+it is empty or this tool's own vLLM model directory, or with force. No vLLM is needed to write it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 from safetensors.torch import save_file
 
-from ..._io import staged_folder
+from ..._io import replaced_directory
 from ...checkpoint import CONFIG_FILE, WEIGHTS_FILE, dtype_name
 from ...errors import UsageError
 from ...lm.checkpoint import load_lm, read_lm_header, stored_state
@@ -51,7 +53,17 @@ def hf_fields(config: LMConfig) -> dict[str, Any]:
     return fields(config)
 
 
-def write_model_dir(checkpoint: str | Path, directory: str | Path, *, twin: str = "deamoe") -> Path:
+def is_vllm_dir(folder: Path) -> bool:
+    """A directory this module wrote: its config.json carries the DeaMoE LM's own config."""
+    try:
+        return "deamoe_lm" in json.loads((folder / CONFIG_FILE).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def write_model_dir(
+    checkpoint: str | Path, directory: str | Path, *, twin: str = "deamoe", force: bool = False, note=None
+) -> Path:
     """Write the vLLM model directory of the LM checkpoint (or of its expanded or vanilla twin,
     for comparisons); see the module docstring."""
     checkpoint, directory = Path(checkpoint), Path(directory)
@@ -61,7 +73,7 @@ def write_model_dir(checkpoint: str | Path, directory: str | Path, *, twin: str 
     if directory.exists() and directory.resolve() == checkpoint.resolve():
         raise UsageError(f"the vLLM model directory must differ from the checkpoint {checkpoint}")
     loaded = load_lm(checkpoint)
-    return write_lm_dir(loaded.model.twin(twin), loaded.tokenizer, directory)
+    return write_lm_dir(loaded.model.twin(twin), loaded.tokenizer, directory, force=force, note=note)
 
 
 def check_tokenizer(tokenizer: Tokenizer) -> None:
@@ -72,13 +84,16 @@ def check_tokenizer(tokenizer: Tokenizer) -> None:
         )
 
 
-def write_lm_dir(model: DeaMoELM, tokenizer: Tokenizer, directory: str | Path) -> Path:
-    """Write model and tokenizer as a vLLM model directory; see the module docstring."""
+def write_lm_dir(
+    model: DeaMoELM, tokenizer: Tokenizer, directory: str | Path, *, force: bool = False, note=None
+) -> Path:
+    """Write model and tokenizer as a vLLM model directory; see the module docstring. note(text)
+    hears of a replaced directory."""
     directory = Path(directory)
     config = model.config
     check_servable(config)
     check_tokenizer(tokenizer)
-    with staged_folder(directory, "the vLLM model directory", last=CONFIG_FILE) as staging:
+    with replaced_directory(directory, is_vllm_dir, "vLLM model directory", force=force, note=note) as staging:
         tensors = {name: t.detach().cpu().contiguous() for name, t in stored_state(model.state_dict(), config).items()}
         if config.quantization is not None:
             tensors = compressed_state(tensors, config)
@@ -93,4 +108,3 @@ def write_lm_dir(model: DeaMoELM, tokenizer: Tokenizer, directory: str | Path) -
             hf["eos_token_id"] = eos
         (staging / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
     return directory
-

@@ -98,3 +98,17 @@ def test_export_vllm_refuses_a_file_in_the_way(tmp_path, capsys):
     code, _, err = cli(capsys, "export-vllm", TINY_LM, "-o", tmp_path / "out")
     assert code == 2 and len(err) == 1 and "out" in err[0]
     assert (tmp_path / "out").read_text() == "not a folder"
+
+
+def test_export_vllm_over_an_earlier_export_leaves_no_file_of_it(tmp_path, capsys):
+    # An earlier export of another model left a second weight shard, which vLLM would load too.
+    assert cli(capsys, "export-vllm", TINY_LM, "-o", tmp_path / "vllm")[0] == 0
+    (tmp_path / "vllm" / "model-00002-of-00002.safetensors").write_bytes(b"stale")
+    code, _, err = cli(capsys, "export-vllm", CONVERTED_LM, "-o", tmp_path / "vllm")
+    assert code == 0 and len(err) == 1 and "replaced" in err[0], err
+    assert cli(capsys, "export-vllm", CONVERTED_LM, "-o", tmp_path / "fresh")[0] == 0
+    names = sorted(p.name for p in (tmp_path / "vllm").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "fresh").iterdir())
+    for name in names:
+        assert (tmp_path / "vllm" / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes(), name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "vllm"]  # no temporary left
