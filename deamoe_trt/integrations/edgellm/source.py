@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ...errors import UsageError
+from ...hf.fields import derived_fields
 from ...lm.config import LMConfig
 from ...lm.tokenizer import HF_FILES, HFTokenizer, Tokenizer
 
@@ -153,18 +154,10 @@ def hf_config(config: LMConfig, eos_token_id: Any, bos_token_id: Any) -> dict[st
     return {
         "architectures": [ARCHITECTURE],
         "model_type": MODEL_TYPE,
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.hidden_size,
-        "num_hidden_layers": config.num_layers,
-        "num_attention_heads": config.num_heads,
-        "num_key_value_heads": config.num_key_value_heads,
-        "head_dim": config.head_dim,
-        "max_position_embeddings": config.max_position_embeddings,
+        **derived_fields(config),
         "rope_parameters": {"rope_theta": config.rope_theta, "rope_type": "default"},
-        "rms_norm_eps": config.rms_norm_eps,
         "attention_bias": config.qkv_bias,
         "hidden_act": "silu",
-        "tie_word_embeddings": config.tie_word_embeddings,
         "intermediate_size": config.dense_intermediate_size,
         "mlp_only_layers": list(config.dense_layers),
         "decoder_sparse_step": 1,
