@@ -69,6 +69,7 @@ def _add_flags(parser) -> None:
         help="onnx: one ONNX file (default); genai: an ONNX Runtime GenAI model folder (model.onnx, "
         "genai_config.json, tokenizer files)",
     )
+    common.add_force(lm)
     parser.set_defaults(func=run)
 
 
@@ -101,9 +102,10 @@ def run(args) -> int:
         recipe=args.recipe,
         twin=args.twin,
         target=args.target,
+        force=args.force,
     )
     # Big layers take a while: a progress line on a terminal; nothing in logs, so errors stay one line.
-    exported = export_checkpoint(args.checkpoint, args.output, options, progress=sys.stderr.isatty())
+    exported = export_checkpoint(args.checkpoint, args.output, options, progress=sys.stderr.isatty(), note=common.note)
     print(exported.message())
     if args.validate:
         from ..validation import validate

@@ -14,7 +14,7 @@ import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._io import check_not_input, check_writable
+from .._io import check_not_input, check_replaceable, check_writable
 from ..console import Progress, format_bytes
 from ..errors import UsageError
 from ..lm.checkpoint import ARTIFACTS, Checkpoint, read
@@ -36,6 +36,7 @@ class ExportOptions:
     # Language models only.
     twin: str | None = None  # deamoe (default) | expanded | vanilla
     target: str | None = None  # onnx (default) | genai
+    force: bool = False  # replace a non-empty folder that is not the target's own output
 
 
 # The options each artifact does not take, with what they are for.
@@ -50,8 +51,10 @@ _ONLY = {
 
 # The targets that write a folder an outside engine loads, each a "module:function" named rather
 # than imported (this stage imports no integration; pkgutil.resolve_name finds it when used):
-# function(model, folder, form, dtype, opset, *, tokenizer, twin) -> the folder written.
+# function(model, folder, form, dtype, opset, *, tokenizer, twin, force, note) -> the folder written,
+# and the test of a folder that says it is that target's own output (which it may replace).
 FOLDER_TARGETS = {"genai": "deamoe_trt.integrations.genai.export:export_genai"}
+FOLDER_TESTS = {"genai": ("deamoe_trt.integrations.genai.export:is_genai_folder", "GenAI folder")}
 
 
 @dataclass(frozen=True)
@@ -77,15 +80,15 @@ def refuse_inapplicable(options: ExportOptions, checkpoint: Checkpoint) -> None:
 
 
 def export_checkpoint(
-    checkpoint: str | Path, output: str | Path, options: ExportOptions, *, progress: bool = False
+    checkpoint: str | Path, output: str | Path, options: ExportOptions, *, progress: bool = False, note=None
 ) -> Exported:
     """Export the checkpoint in directory checkpoint to output (see the module docstring);
-    progress: a progress line on stderr for a layer export."""
+    progress: a progress line on stderr for a layer export; note(text): told of a folder replaced."""
     check_not_input(output, [checkpoint])  # before reading: the input stays whole
     found = read(checkpoint)
     refuse_inapplicable(options, found)
     if found.artifact == "lm":
-        return _export_lm(found, Path(output), options)
+        return _export_lm(found, Path(output), options, note)
     return _export_layers(found, Path(output), options, progress)
 
 
@@ -135,17 +138,27 @@ def _settings(options: ExportOptions):
     return settings.overridden(dtype=settings.dtype or "fp32").check()
 
 
-def _export_lm(found: Checkpoint, output: Path, options: ExportOptions) -> Exported:
+def _export_lm(found: Checkpoint, output: Path, options: ExportOptions, note=None) -> Exported:
     form, dtype, twin = options.form or "ort", options.dtype or "fp32", options.twin or "deamoe"
     if options.target in FOLDER_TARGETS:
         if options.external_data_threshold is not None:
             raise UsageError(
                 f"--external-data-threshold places a single ONNX file's weights; not with --target {options.target}"
             )
+        test, what = FOLDER_TESTS[options.target]
+        check_replaceable(output, pkgutil.resolve_name(test), what, force=options.force)  # before loading
         loaded = found.lm()
         write_folder = pkgutil.resolve_name(FOLDER_TARGETS[options.target])
         folder = write_folder(
-            loaded.model.twin(twin), output, form, dtype, options.opset, tokenizer=loaded.tokenizer, twin=twin
+            loaded.model.twin(twin),
+            output,
+            form,
+            dtype,
+            options.opset,
+            tokenizer=loaded.tokenizer,
+            twin=twin,
+            force=options.force,
+            note=note,
         )
         size = sum(p.stat().st_size for p in folder.glob("*.onnx*"))  # the graph and its weights
         return Exported(folder, found, f"{twin}, {form} form, {dtype}, {format_bytes(size)}")

@@ -28,8 +28,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..._io import staged_folder
-from ...errors import MissingDependencyError, UsageError, one_line
+from ..._io import replaced_directory
+from ...errors import MissingDependencyError, UsageError
 from ...export.lm import INPUT_IDS, LOGITS, build_lm_model
 from ...export.save import save_model
 from ...lm.model import DeaMoELM
@@ -50,6 +50,7 @@ FORMS = ("ort", "onnx")  # the plugin form needs TensorRT's DeaMoE plugin, which
 DTYPES = ("fp32", "fp16")
 BYTE_EOS = 0
 ATTENTION_MASK, POSITION_IDS = "attention_mask", "position_ids"
+LOG_ID = "deamoe-trt"  # the sessions' log id, and the mark of a folder this module wrote
 
 
 def check_genai_version(version: str) -> None:
@@ -82,7 +83,7 @@ def genai_config(model: DeaMoELM, *, eos_ids: list[int], bos_id: int, pad_id: in
             "vocab_size": c.vocab_size,
             "decoder": {
                 "filename": MODEL_FILE,
-                "session_options": {"log_id": "deamoe-trt", "provider_options": []},
+                "session_options": {"log_id": LOG_ID, "provider_options": []},
                 "head_size": c.head_dim,
                 "hidden_size": c.hidden_size,
                 "num_attention_heads": c.num_heads,
@@ -133,6 +134,15 @@ def check_genai_model(model: DeaMoELM, form: str, dtype: str, tokenizer: Tokeniz
         )
 
 
+def is_genai_folder(folder: Path) -> bool:
+    """A folder this module wrote: its genai_config.json names deamoe-trt as the session's log id."""
+    try:
+        config = json.loads((folder / CONFIG_FILE).read_text())
+        return config["model"]["decoder"]["session_options"]["log_id"] == LOG_ID
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
+
+
 def export_genai(
     model: DeaMoELM,
     folder: str | Path,
@@ -142,16 +152,20 @@ def export_genai(
     *,
     tokenizer: Tokenizer | None = None,
     twin: str = "deamoe",
+    force: bool = False,
+    note=None,
 ) -> Path:
     """Write the GenAI model folder (see the module docstring); returns folder.
 
-    Everything is written to a temporary folder beside it first, then moved in file by
-    file with genai_config.json last, so a failed export leaves no folder GenAI would load.
+    The whole folder is written to a temporary folder beside it, which then takes its place
+    (_io.replaced_directory): a failed export leaves no folder GenAI would load, and no file of
+    an earlier export stays. An existing folder is replaced only when empty or this module's
+    own (or with force); note(text) hears of a replacement.
     """
     folder = Path(folder)
     tokenizer = tokenizer or default_tokenizer(model.config.vocab_size)
     check_genai_model(model, form, dtype, tokenizer)
-    with staged_folder(folder, "the GenAI folder", last=CONFIG_FILE) as staging:
+    with replaced_directory(folder, is_genai_folder, "GenAI folder", force=force, note=note) as staging:
         proto = build_lm_model(model, form, dtype, opset, tokenizer=tokenizer, twin=twin)
         add_padding_inputs(proto)
         save_model(proto, staging / MODEL_FILE)
@@ -169,12 +183,6 @@ def export_genai(
             eos_ids, bos_id, pad_id = [BYTE_EOS], BYTE_EOS, BYTE_EOS
         config = genai_config(model, eos_ids=eos_ids, bos_id=bos_id, pad_id=pad_id)
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        external_data = (staging / (MODEL_FILE + ".data")).exists()
-    if not external_data:  # a stale one from an earlier, larger export
-        try:
-            (folder / (MODEL_FILE + ".data")).unlink(missing_ok=True)
-        except OSError as exc:
-            raise UsageError(f"cannot write {folder}: {one_line(exc)}") from None
     return folder
 
 

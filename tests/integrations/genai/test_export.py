@@ -120,6 +120,32 @@ def test_a_second_export_replaces_the_folder_contents_atomically(tiny_lm, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["genai"]  # no staging folder left
 
 
+def test_an_export_over_an_earlier_one_leaves_no_file_of_it(tmp_path, capsys):
+    # An earlier export of a model with a Hugging Face tokenizer left its special_tokens_map.json,
+    # which GenAI's tokenizer would read beside this model's byte-level tokenizer.json.
+    export = ("export-lm", TINY_LM, "--target", "genai", "--form", "onnx", "-o")
+    assert cli(capsys, "export-lm", TINY_LM, "--target", "genai", "-o", tmp_path / "genai")[0] == 0
+    (tmp_path / "genai" / "special_tokens_map.json").write_text('{"eos_token": "</s>"}')
+    code, err = cli(capsys, *export, tmp_path / "genai")
+    assert code == 0 and len(err) == 1 and "replaced" in err[0], err
+    assert cli(capsys, *export, tmp_path / "fresh")[0] == 0
+    names = sorted(p.name for p in (tmp_path / "genai").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "fresh").iterdir())
+    for name in names:
+        assert (tmp_path / "genai" / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes(), name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "genai"]  # no temporary left
+
+
+def test_a_folder_not_written_by_an_export_is_replaced_only_with_force(tmp_path, capsys):
+    (tmp_path / "genai").mkdir()
+    (tmp_path / "genai" / "notes.txt").write_text("mine")
+    code, err = cli(capsys, "export-lm", TINY_LM, "--target", "genai", "-o", tmp_path / "genai")
+    assert code == 2 and len(err) == 1 and "--force" in err[0], err
+    assert [p.name for p in (tmp_path / "genai").iterdir()] == ["notes.txt"]
+    assert cli(capsys, "export-lm", TINY_LM, "--target", "genai", "--force", "-o", tmp_path / "genai")[0] == 0
+    assert not (tmp_path / "genai" / "notes.txt").exists() and genai.is_genai_folder(tmp_path / "genai")
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
