@@ -83,11 +83,13 @@ def _run_model(args) -> int:
     model_dir, output = Path(args.model_dir), Path(args.output)
     read_config(model_dir)
     check_not_input(output, [model_dir])
-    # Written in place, tensor by tensor: only over a language-model checkpoint (or with --force).
+    # Refused before the import; import_hf_lm checks again as it replaces the folder.
     check_replaceable(output, json_format_is(FORMAT), "language-model checkpoint", force=args.force)
     dtype = None if args.dtype == "auto" else common.DTYPE_NAMES[args.dtype]
     print(f"importing {model_dir} (streamed, block by block)")
-    config, summary = import_hf_lm(model_dir, output, dtype=dtype, progress=sys.stdout)
+    config, summary = import_hf_lm(
+        model_dir, output, dtype=dtype, progress=sys.stdout, force=args.force, note=common.note
+    )
     moe = config.moe
     dense = f", dense layers {', '.join(map(str, config.dense_layers))}" if config.dense_layers else ""
     print(

@@ -23,14 +23,13 @@ Order of work, so that bad input leaves nothing behind:
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 
-from .._io import atomic_path, atomic_write_text
+from .._io import json_format_is, replaced_directory
 from ..checkpoint import CONFIG_FILE, DTYPES, WEIGHTS_FILE, dtype_name
 from ..config import ConfigError, top_k_moe
 from ..errors import UsageError
@@ -296,9 +295,15 @@ def import_hf_lm(
     *,
     dtype: torch.dtype | None = None,
     progress: TextIO | None = None,
+    force: bool = False,
+    note=None,
 ) -> tuple[LMConfig, dict[str, Any]]:
     """Import the whole model in model_dir as an lm checkpoint in output; see the module docstring.
 
+    The checkpoint is written whole beside output, which it then replaces (_io.replaced_directory):
+    no file of an earlier checkpoint stays (an old tokenizer beside a new model's weights), and
+    an existing output is replaced only when it is a language-model checkpoint (or with force);
+    note(text) hears of a replacement.
     dtype: the checkpoint's dtype; None keeps the stored one (the embedding's).
     Returns the config and a summary {"model_type", "dtype", "tensors", "bytes", "seconds"}.
     """
@@ -327,12 +332,11 @@ def import_hf_lm(
 
     if output.exists() and not output.is_dir():
         raise UsageError(f"-o {output} exists and is not a directory")
-    created = not output.exists()
-    output.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     total = sum(t.numel() * t.itemsize for t in (torch.empty(s, dtype=d, device="meta") for s, d in schema.values()))
-    try:
-        with atomic_path(output / WEIGHTS_FILE) as tmp, tmp.open("wb") as f:
+    ours = json_format_is(FORMAT)
+    with replaced_directory(output, ours, "language-model checkpoint", force=force, note=note) as staging:
+        with (staging / WEIGHTS_FILE).open("wb") as f:
             writer = StreamingWriter(f, schema)
             groups = _groups(plan, config.num_layers)
             for g, (label, names) in enumerate(groups):
@@ -349,7 +353,7 @@ def import_hf_lm(
             writer.close()
         if progress is not None:
             progress.write("\n")
-        tokenizer_meta = tokenizer.save(output) if tokenizer is not None else {"type": "none"}
+        tokenizer_meta = tokenizer.save(staging) if tokenizer is not None else {"type": "none"}
         header = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -358,11 +362,7 @@ def import_hf_lm(
             "tokenizer": {**tokenizer_meta, "vocab_size": config.vocab_size},
             "source": {"hf_model_type": hf["model_type"], "hf_dir": str(model_dir.resolve())},
         }
-        atomic_write_text(output / CONFIG_FILE, json.dumps(header, indent=2) + "\n")
-    except BaseException:
-        if created:
-            shutil.rmtree(output, ignore_errors=True)
-        raise
+        (staging / CONFIG_FILE).write_text(json.dumps(header, indent=2) + "\n")
     summary = {
         "model_type": hf["model_type"],
         "dtype": dtype_name(dtype),

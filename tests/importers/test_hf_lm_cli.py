@@ -124,3 +124,21 @@ def test_bad_model_dirs_fail_in_one_line_with_nothing_written(qwen3_dir, tmp_pat
     assert err.count("\n") == 1 and err.startswith("deamoe-trt import-hf: error: "), err
     assert re.search(message, err), err
     assert not (tmp_path / "lm").exists()
+
+
+def test_an_import_over_an_earlier_import_leaves_no_file_of_it(qwen3_dir, tmp_path, capsys):
+    # A model without a tokenizer over one with: the old tokenizer must not stay as this model's.
+    other = tmp_path / "other"
+    build_hf_model("qwen3_moe", other, seed=1)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (other / name).unlink()
+    assert run(capsys, "import-hf", qwen3_dir, "-o", tmp_path / "lm")[0] == 0
+    assert (tmp_path / "lm" / "tokenizer.json").is_file()
+    code, _, err = run(capsys, "import-hf", other, "-o", tmp_path / "lm")
+    assert code == 0 and "replaced" in err, err
+    assert run(capsys, "import-hf", other, "-o", tmp_path / "fresh")[0] == 0
+    names = sorted(p.name for p in (tmp_path / "lm").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "fresh").iterdir())
+    for name in names:
+        assert (tmp_path / "lm" / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes(), name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "lm", "other"]  # no temporary left
