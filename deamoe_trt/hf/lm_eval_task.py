@@ -12,9 +12,10 @@ continuation token: held_out_loss's perplexity, less the few predictions those c
 Nothing is downloaded: the documents are a JSON-lines file beside the task.
 
 deamoe_continuation (write_choice_task): each held-out window's first characters are the
-context and its last CHOICE_CHARS characters the right continuation, among three wrong ones
-(the endings of the next three windows), the right one at position window index mod 4; the
-metric is lm-eval's acc (the choice of highest log-likelihood) and acc_norm.
+context and its last CHOICE_CHARS characters (and the whitespace before them, which a context
+must not end in) the right continuation, among three wrong ones (the endings of the next three
+windows), the right one at position window index mod 4; the metrics are lm-eval's acc (the
+choice of highest log-likelihood) and acc_norm (per byte).
 run_local_tasks runs both tasks with `lm_eval`'s Python API on models written by export-hf
 (what `convert --lm-eval` reports for the source and the converted model).
 
@@ -161,15 +162,19 @@ def write_choice_task(folder: str | Path, tokenizer: Tokenizer, seq_len: int) ->
         raise UsageError(f"the continuation task needs windows longer than {CHOICE_CHARS} tokens, got {seq_len}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    texts = [tokenizer.decode(w) for w in held_out_windows(tokenizer, seq_len).tolist()]
+    splits = []
+    for window in held_out_windows(tokenizer, seq_len).tolist():
+        text = tokenizer.decode(window)
+        cut = len(text) - CHOICE_CHARS
+        while cut > 1 and text[cut - 1].isspace():  # the harness would move it out of the context
+            cut -= 1
+        splits.append((text[:cut], text[cut:]))
     data = folder / "continuation.jsonl"
     with data.open("w") as f:
-        for i, text in enumerate(texts):
-            endings = [t[-CHOICE_CHARS:] for t in (texts[(i + j) % len(texts)] for j in range(CHOICES))]
+        for i, (context, _) in enumerate(splits):
+            endings = [splits[(i + j) % len(splits)][1] for j in range(CHOICES)]
             gold = i % CHOICES
             endings[0], endings[gold] = endings[gold], endings[0]
-            # The harness moves a context's trailing whitespace into each choice: keep it out.
-            context = text[:-CHOICE_CHARS].rstrip() or text[:1]
             f.write(json.dumps({"context": context, "choices": endings, "gold": gold}) + "\n")
     (folder / f"{CHOICE_TASK}.yaml").write_text(_CHOICE_YAML.replace("DATA", json.dumps(str(data.resolve()))))
     return folder

@@ -73,7 +73,7 @@ def test_the_continuation_task_offers_each_window_its_own_ending_among_others(tm
     assert len(docs) == len(windows) == 128
     for doc, window in zip(docs, windows, strict=True):
         assert len(doc["choices"]) == CHOICES and len(set(doc["choices"])) == CHOICES
-        assert window.startswith(doc["context"]) and window.endswith(doc["choices"][doc["gold"]])
+        assert doc["context"] + doc["choices"][doc["gold"]] == window and not doc["context"][-1].isspace()
     assert {d["gold"] for d in docs} == set(range(CHOICES))
 
 
