@@ -165,9 +165,12 @@ Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeig
         args.sharedGateUpScales = sharedGateUp ? quant.sharedGateUpScales : nullptr;
     }
     int const sharedBlocks = sharedGateUp ? ceilDiv(p.sharedExpertWidth, geo.neuronsPerBlock) : 0;
+    // bit-dequant's int8 prmt keeps 2^23's bits in a register: at 16 tokens K1 (4 blocks per SM,
+    // 128 registers) spilled it on sm_86/87/89 in bf16, so it converts as the default there.
+    constexpr bool kBitDequantK1 = BIT_DEQUANT && !(BITS == 8 && TT == 16);
     return checkLaunch("router/shared gate-up kernel",
-        DEAMOE_LAUNCH((routerSharedKernel<T, TT, BITS, BIT_DEQUANT>), args.routerBlocks + sharedBlocks, kGemvThreads, 0,
-            stream, args));
+        DEAMOE_LAUNCH((routerSharedKernel<T, TT, BITS, kBitDequantK1>), args.routerBlocks + sharedBlocks, kGemvThreads,
+            0, stream, args));
 }
 
 // K1 (counters: zeroed for K2, or nullptr for route()). A float32 router weight in a
