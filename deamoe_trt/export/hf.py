@@ -25,13 +25,13 @@ import torch
 from safetensors.torch import save_file
 
 from .._io import staged_folder
-from ..checkpoint import CONFIG_FILE, dtype_name
+from ..checkpoint import CONFIG_FILE
 from ..errors import UsageError
-from ..hf.fields import hf_fields
+from ..hf.directory import write_model_files
 from ..hf.remote_code import write_remote_code
 from ..lm.checkpoint_format import stored_state
 from ..lm.model import DeaMoELM
-from ..lm.tokenizer import Tokenizer, write_tokenizer
+from ..lm.tokenizer import Tokenizer
 
 INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_SHARD_BYTES = 2 * 2**30
@@ -66,14 +66,8 @@ def write_hf_dir(
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (staging / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-        eos = write_tokenizer(tokenizer, staging)
-        generation = {"eos_token_id": eos} if eos is not None else {}
-        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         auto_map = write_remote_code(staging)
-        hf = {**hf_fields(config), "dtype": dtype_name(model.dtype), "auto_map": auto_map}
-        if eos is not None:
-            hf["eos_token_id"] = eos
-        (staging / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
+        write_model_files(staging, model, tokenizer, auto_map=auto_map)
     return directory
 
 

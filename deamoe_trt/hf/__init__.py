@@ -6,6 +6,8 @@
   transformers' PreTrainedModel and GenerationMixin, decoding with transformers' caches;
 - remote_code: the modules a saved directory carries so that
   `from_pretrained(dir, trust_remote_code=True)` works with only transformers and torch;
+- directory: the files of a model directory besides its weights (config.json, tokenizer,
+  generation config), for export-hf and export-vllm;
 - registration: AutoConfig / AutoModelForCausalLM registration once transformers loads.
 
 Importing this package imports no transformers; its submodules configuration and modeling do.

@@ -29,12 +29,13 @@ from typing import Any
 from safetensors.torch import save_file
 
 from ..._io import replaced_directory
-from ...checkpoint import CONFIG_FILE, WEIGHTS_FILE, dtype_name
+from ...checkpoint import CONFIG_FILE, WEIGHTS_FILE
 from ...errors import UsageError
+from ...hf.directory import write_model_files
 from ...lm.checkpoint import load_lm, read_lm_header, stored_state
 from ...lm.config import LMConfig
 from ...lm.model import DeaMoELM
-from ...lm.tokenizer import NoTokenizer, Tokenizer, write_tokenizer
+from ...lm.tokenizer import NoTokenizer, Tokenizer
 from .checks import check_servable
 from .compressed import compressed_state, quantization_config
 
@@ -98,13 +99,6 @@ def write_lm_dir(
         if config.quantization is not None:
             tensors = compressed_state(tensors, config)
         save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
-        eos = write_tokenizer(tokenizer, staging, chat_template=BYTE_CHAT_TEMPLATE)
-        generation = {"eos_token_id": eos} if eos is not None else {}
-        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-        hf = {**hf_fields(config), "dtype": dtype_name(model.dtype)}
-        if config.quantization is not None:
-            hf["quantization_config"] = quantization_config(config)
-        if eos is not None:
-            hf["eos_token_id"] = eos
-        (staging / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
+        extra = {} if config.quantization is None else {"quantization_config": quantization_config(config)}
+        write_model_files(staging, model, tokenizer, chat_template=BYTE_CHAT_TEMPLATE, **extra)
     return directory
