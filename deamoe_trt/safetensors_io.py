@@ -227,6 +227,16 @@ class StreamingWriter:
         self.begin(name)
         self.append(tensor)
 
+    def skip(self, names: list[str]) -> None:
+        """Move past names, the next ones in order, whose bytes the file already holds (what a
+        killed run finished): the file position moves on by their sizes, nothing is written."""
+        self._finish_current()
+        for name in names:
+            if self._next >= len(self._order) or self._order[self._next] != name:
+                raise AssertionError(f"writer cannot skip {name} here")
+            self.f.seek(self._sizes[name], 1)
+            self._next += 1
+
     def _finish_current(self) -> None:
         if self._current is not None and self._written != self._sizes[self._current]:
             raise AssertionError(f"{self._current}: wrote {self._written} of {self._sizes[self._current]} bytes")

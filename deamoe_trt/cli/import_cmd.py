@@ -4,7 +4,8 @@ By default the whole model (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, gpt-oss) becom
 checkpoint that `generate` and `export` read: attention, norms, dense layers, embeddings
 and head copied, each MoE block a DeaMoE layer with the same outputs, tokenizer.json kept.
 It is streamed from the safetensors shards tensor by tensor, so it needs about one tensor's
-memory, not the model's; the peak resident memory is printed.
+memory, not the model's; the peak resident memory is printed. A killed import rerun with the
+same arguments writes only the blocks after those it finished (kept in OUTPUT.work).
 
 With --layers-only (or --layers) only the MoE layers are imported, as a layer checkpoint
 (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3, gpt-oss with float experts), through

@@ -16,26 +16,32 @@ Order of work, so that bad input leaves nothing behind:
    does not know would otherwise be silently dropped);
 3. the output's safetensors header is written from the config, then the data block by
    block, each tensor (each expert's rows) read, converted and appended in turn; peak memory
-   is about the largest tensor plus the shards' pages of one block;
-4. tokenizer files, then config.json, last.
+   is about the largest tensor plus the shards' pages of one block. The file grows in
+   OUTPUT.work (deamoe_trt.work_folder) with a record of the blocks it holds whole: a killed
+   import rerun with the same arguments (and unchanged shards) writes only the blocks after them;
+4. tokenizer files, then config.json, beside it; the folder then replaces OUTPUT.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 
-from .._io import json_format_is, replaced_directory
+from .._io import atomic_write_text, check_replaceable, json_format_is, read_json, replaced_directory
 from ..checkpoint import CONFIG_FILE, DTYPES, WEIGHTS_FILE, dtype_name
 from ..config import ConfigError, top_k_moe
-from ..errors import UsageError
+from ..errors import DeaMoEError, UsageError
 from ..lm.config import LMConfig
 from ..resources import peak_rss_bytes
 from ..safetensors_io import ST_DTYPES, ShardReader, StreamingWriter, index_checkpoint
+from ..work_folder import open_work, work_dir
 from .derived import Derived
 from .families import FAMILIES, gpt_oss
 from .families.common import HFConfig, check_silu, dense_mlp, lm_fields, norms, rope_from_hf, routed_experts, shared_mlp
@@ -335,24 +341,42 @@ def import_hf_lm(
     start = time.perf_counter()
     total = sum(t.numel() * t.itemsize for t in (torch.empty(s, dtype=d, device="meta") for s, d in schema.values()))
     ours = json_format_is(FORMAT)
-    with replaced_directory(output, ours, "language-model checkpoint", force=force, note=note) as staging:
-        with (staging / WEIGHTS_FILE).open("wb") as f:
-            writer = StreamingWriter(f, schema)
-            groups = _groups(plan, config.num_layers)
+    check_replaceable(output, ours, "language-model checkpoint", force=force)  # before the work
+    work = open_work(
+        work_dir(output), _fingerprint(model_dir, hf, dtype, schema), command="import-hf", what="import"
+    ).folder
+    weights, record = work / WEIGHTS_FILE, work / PROGRESS_FILE
+    groups = _groups(plan, config.num_layers)
+    # The blocks a killed run wrote whole (their bytes flushed before the record says so).
+    done = int(read_json(record).get("blocks", 0)) if record.is_file() and weights.is_file() else 0
+    try:
+        with weights.open("r+b" if done else "wb") as f:
+            writer = StreamingWriter(f, schema)  # the same header again: the schema is the fingerprint's
             for g, (label, names) in enumerate(groups):
+                if g < done:
+                    writer.skip(names)
+                    continue
                 reader = ShardReader(index)
                 try:
                     for name in names:
                         _write_tensor(writer, reader, name, plan[name])
                 finally:
                     reader.close()
+                f.flush()
+                os.fsync(f.fileno())
+                atomic_write_text(record, json.dumps({"blocks": g + 1}) + "\n")
                 if progress is not None:
                     rss = peak_rss_bytes() / 2**20
                     progress.write(f"\r  {label:<12} {g + 1}/{len(groups)}  peak RSS {rss:,.0f} MiB")
                     progress.flush()
             writer.close()
-        if progress is not None:
-            progress.write("\n")
+    except DeaMoEError:  # bad input: a rerun would stop at the same tensor
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    if progress is not None:
+        progress.write("\n")
+    with replaced_directory(output, ours, "language-model checkpoint", force=force, note=note) as staging:
+        os.replace(weights, staging / WEIGHTS_FILE)
         tokenizer_meta = tokenizer.save(staging) if tokenizer is not None else {"type": "none"}
         header = {
             "format": FORMAT,
@@ -363,6 +387,7 @@ def import_hf_lm(
             "source": {"hf_model_type": hf["model_type"], "hf_dir": str(model_dir.resolve())},
         }
         (staging / CONFIG_FILE).write_text(json.dumps(header, indent=2) + "\n")
+    shutil.rmtree(work, ignore_errors=True)
     summary = {
         "model_type": hf["model_type"],
         "dtype": dtype_name(dtype),
@@ -371,6 +396,18 @@ def import_hf_lm(
         "seconds": time.perf_counter() - start,
     }
     return config, summary
+
+
+PROGRESS_FILE = "import.json"  # in OUTPUT.work: how many blocks model.safetensors holds whole
+
+
+def _fingerprint(model_dir: Path, hf: dict, dtype: torch.dtype, schema: dict) -> str:
+    """What the work folder's bytes depend on: the config, the dtype, the tensors written and
+    the shards (by name, size and modification time: hashing them would cost a full read)."""
+    shards = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in safetensors_files(model_dir)]
+    tensors = {name: [list(shape), str(d)] for name, (shape, d) in schema.items()}
+    what = {"hf": hf, "dtype": str(dtype), "tensors": tensors, "shards": shards, "dir": str(model_dir.resolve())}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _groups(plan: dict[str, Any], layers: int) -> list[tuple[str, list[str]]]:

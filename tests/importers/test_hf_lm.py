@@ -119,3 +119,58 @@ def test_import_to_bf16_rounds_every_weight_once(tmp_path):
     assert torch.equal(model.layers[0].self_attn.q_norm.weight, want)
     gate_up = hf.model.layers[0].mlp.experts.gate_up_proj.to(torch.bfloat16)
     assert torch.equal(model.layers[0].mlp.experts.gate_up, gate_up)
+
+
+def test_a_killed_import_of_a_sharded_model_resumes_after_its_finished_blocks(tmp_path, monkeypatch, capsys):
+    from deamoe_trt.importers import hf_lm
+
+    hf = build_hf_model("qwen2_moe", tmp_path / "hf")
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    (tmp_path / "sharded" / "tokenizer.json").write_bytes((tmp_path / "hf" / "tokenizer.json").read_bytes())
+    import_hf_lm(tmp_path / "sharded", tmp_path / "whole")
+    write = hf_lm._write_tensor
+    written: list[str] = []
+
+    def killed_in_block_1(writer, reader, name, recipe):  # after some of its tensors are written
+        if name.startswith("layers.1.") and any(n.startswith("layers.1.") for n in written):
+            raise KeyboardInterrupt
+        written.append(name)
+        write(writer, reader, name, recipe)
+
+    monkeypatch.setattr(hf_lm, "_write_tensor", killed_in_block_1)
+    with pytest.raises(KeyboardInterrupt):
+        import_hf_lm(tmp_path / "sharded", tmp_path / "lm")
+    assert not (tmp_path / "lm").exists() and (tmp_path / "lm.work").is_dir()
+    finished = {n for n in written if not n.startswith("layers.1.")}  # the blocks before the kill
+    written.clear()
+    monkeypatch.setattr(hf_lm, "_write_tensor", lambda w, r, n, p: (written.append(n), write(w, r, n, p)))
+    import_hf_lm(tmp_path / "sharded", tmp_path / "lm")
+    assert "resuming" in capsys.readouterr().err
+    assert written and finished and not finished & set(written)  # no finished block written again
+    names = sorted(p.name for p in (tmp_path / "lm").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "whole").iterdir())
+    for name in names:
+        assert (tmp_path / "lm" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    assert not (tmp_path / "lm.work").exists()
+
+
+def test_the_work_of_a_killed_import_with_other_arguments_is_set_aside(tmp_path, monkeypatch, capsys):
+    from deamoe_trt.importers import hf_lm
+
+    build_hf_model("qwen2_moe", tmp_path / "hf")
+    import_hf_lm(tmp_path / "hf", tmp_path / "whole", dtype=torch.bfloat16)
+    write = hf_lm._write_tensor
+
+    def killed_in_block_1(writer, reader, name, recipe):
+        if name.startswith("layers.1."):
+            raise KeyboardInterrupt
+        write(writer, reader, name, recipe)
+
+    monkeypatch.setattr(hf_lm, "_write_tensor", killed_in_block_1)
+    with pytest.raises(KeyboardInterrupt):
+        import_hf_lm(tmp_path / "hf", tmp_path / "lm")  # fp32: another run's bytes
+    monkeypatch.setattr(hf_lm, "_write_tensor", write)
+    import_hf_lm(tmp_path / "hf", tmp_path / "lm", dtype=torch.bfloat16)
+    assert "starting over" in capsys.readouterr().err
+    weights = [(tmp_path / folder / "model.safetensors").read_bytes() for folder in ("lm", "whole")]
+    assert weights[0] == weights[1]
