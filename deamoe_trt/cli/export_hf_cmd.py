@@ -35,26 +35,21 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from .._io import check_not_input, check_replaceable
     from ..errors import UsageError
-    from ..export.hf import write_hf_dir
+    from ..export.hf import is_hf_dir, write_hf_dir
     from ..lm.checkpoint import load_lm
 
     if args.max_shard_size < 1:
         raise UsageError(f"--max-shard-size must be at least 1 (MiB), got {args.max_shard_size}")
     check_not_input(args.output, [args.checkpoint])
-    check_replaceable(args.output, _is_hf_dir, "Hugging Face model directory", force=args.force)
+    check_replaceable(args.output, is_hf_dir, "Hugging Face model directory", force=args.force)  # before loading
     loaded = load_lm(args.checkpoint)
     out = write_hf_dir(
-        loaded.model.twin(args.twin), loaded.tokenizer, args.output, max_shard_bytes=args.max_shard_size * 2**20
+        loaded.model.twin(args.twin),
+        loaded.tokenizer,
+        args.output,
+        max_shard_bytes=args.max_shard_size * 2**20,
+        force=args.force,
+        note=common.note,
     )
     print(f"wrote {out} (Hugging Face model directory, {args.twin}; AutoModelForCausalLM.from_pretrained)")
     return 0
-
-
-def _is_hf_dir(folder) -> bool:
-    """A directory this command wrote: its config.json carries the DeaMoE LM's own config."""
-    import json
-
-    try:
-        return "deamoe_lm" in json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError, TypeError):
-        return False

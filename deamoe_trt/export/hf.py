@@ -12,7 +12,8 @@ The directory holds:
   tokenizer.json that splits text into the same ids) and generation_config.json;
 - the remote code: the package's own modules (deamoe_trt.hf.remote_code).
 
-Written into a temporary folder beside DIR and moved in file by file, config.json last.
+Written whole into a temporary folder beside DIR, which then takes its place (no file of an
+earlier export stays).
 `deamoe-trt import-hf DIR` reads it back (deamoe_trt.importers.families.deamoe).
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .._io import staged_folder
+from .._io import replaced_directory
 from ..checkpoint import CONFIG_FILE
 from ..errors import UsageError
 from ..hf.directory import write_model_files
@@ -42,10 +43,29 @@ def hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {(name if name == "lm_head.weight" else "model." + name): t for name, t in state.items()}
 
 
+def is_hf_dir(folder: Path) -> bool:
+    """A directory this tool wrote: its config.json carries the DeaMoE LM's own config."""
+    try:
+        return "deamoe_lm" in json.loads((folder / CONFIG_FILE).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def write_hf_dir(
-    model: DeaMoELM, tokenizer: Tokenizer, directory: str | Path, *, max_shard_bytes: int = DEFAULT_SHARD_BYTES
+    model: DeaMoELM,
+    tokenizer: Tokenizer,
+    directory: str | Path,
+    *,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    force: bool = False,
+    note=None,
 ) -> Path:
-    """Write model and tokenizer as a Hugging Face model directory; see the module docstring."""
+    """Write model and tokenizer as a Hugging Face model directory; see the module docstring.
+
+    The whole directory is written beside it and then takes its place (_io.replaced_directory):
+    no shard of an earlier export stays (a model.safetensors beside a new index is what
+    transformers would load). It is replaced only when empty or this tool's own, or with force;
+    note(text) hears of a replacement."""
     directory = Path(directory)
     config = model.config
     if config.quantization is not None:
@@ -57,7 +77,7 @@ def write_hf_dir(
         raise UsageError(f"the shard size must be at least 1 byte, got {max_shard_bytes}")
     tensors = {n: t.detach().cpu().contiguous() for n, t in hf_names(stored_state(model.state_dict(), config)).items()}
     shards = _shards(tensors, max_shard_bytes)
-    with staged_folder(directory, "the Hugging Face model directory", last=CONFIG_FILE) as staging:
+    with replaced_directory(directory, is_hf_dir, "Hugging Face model directory", force=force, note=note) as staging:
         weight_map = {}
         for i, names in enumerate(shards):
             file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"

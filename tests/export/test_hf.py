@@ -84,3 +84,21 @@ def test_import_hf_refuses_tensors_that_do_not_match_the_config_in_one_line(tmp_
     code, _, err = cli(capsys, "import-hf", tmp_path / "hf", "-o", tmp_path / "back")
     assert code == 2 and len(err) == 1 and "has shape [4, 16, 32], but config.json implies [4, 32, 32]" in err[0]
     assert not (tmp_path / "back").exists()
+
+
+def test_an_export_over_an_earlier_one_leaves_no_file_of_it(tmp_path, capsys):
+    # A single model.safetensors left beside the new shards' index (as an exporter writing one
+    # file leaves it) is what transformers would load first: no file of the earlier export stays.
+    for seed, name in ((1, "first"), (2, "second")):
+        DeaMoELM.random(MICRO_LM, seed=seed).save_pretrained(tmp_path / name)
+    assert cli(capsys, "export-hf", tmp_path / "first", "-o", tmp_path / "hf")[0] == 0
+    (tmp_path / "hf" / "model.safetensors").write_bytes(b"stale")
+    code, _, err = cli(capsys, "export-hf", tmp_path / "second", "-o", tmp_path / "hf")
+    assert code == 0 and len(err) == 1 and "replaced" in err[0], err
+    assert cli(capsys, "export-hf", tmp_path / "second", "-o", tmp_path / "fresh")[0] == 0
+    names = sorted(p.name for p in (tmp_path / "hf").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "fresh").iterdir())
+    for name in names:
+        if (tmp_path / "hf" / name).is_file():
+            assert (tmp_path / "hf" / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes(), name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first", "fresh", "hf", "second"]  # no temporary left
