@@ -270,29 +270,3 @@ def read_json(path: Path, error: type[UsageError] = UsageError):
 def atomic_write_text(target: str | Path, text: str) -> None:
     with atomic_path(target) as tmp:
         tmp.write_text(text)
-
-
-@contextlib.contextmanager
-def staged_folder(folder: str | Path, what: str, last: str) -> Iterator[Path]:
-    """Yield a temporary folder beside folder to write into; when the block succeeds, move its
-    files into folder one by one, `last` last (a reader that looks for it finds the others
-    already there). An OSError ends in one line; the temporary folder never stays."""
-    folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"cannot write {what} {folder}: a file is in the way")
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = temporary_folder(folder)
-    except OSError as exc:
-        raise UsageError(f"cannot write {folder}: {one_line(exc)}") from None
-    try:
-        yield staging
-        folder.mkdir(exist_ok=True)
-        for name in sorted(sorted(p.name for p in staging.iterdir()), key=lambda n: n == last):
-            if (staging / name).is_file():
-                (staging / name).chmod(_umask_mode())
-            os.replace(staging / name, folder / name)
-    except OSError as exc:
-        raise UsageError(f"cannot write {folder}: {one_line(exc)}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
