@@ -35,13 +35,14 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from .._io import check_not_input, check_replaceable
     from ..errors import UsageError
-    from ..export.hf import is_hf_dir, write_hf_dir
+    from ..export.hf import write_hf_dir
+    from ..hf.directory import is_model_dir
     from ..lm.checkpoint import load_lm
 
     if args.max_shard_size < 1:
         raise UsageError(f"--max-shard-size must be at least 1 (MiB), got {args.max_shard_size}")
     check_not_input(args.output, [args.checkpoint])
-    check_replaceable(args.output, is_hf_dir, "Hugging Face model directory", force=args.force)  # before loading
+    check_replaceable(args.output, is_model_dir, "Hugging Face model directory", force=args.force)  # before loading
     loaded = load_lm(args.checkpoint)
     out = write_hf_dir(
         loaded.model.twin(args.twin),

@@ -26,10 +26,11 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from .._io import check_not_input, check_replaceable
-    from ..integrations.vllm.export import is_vllm_dir, write_model_dir
+    from ..hf.directory import is_model_dir
+    from ..integrations.vllm.export import write_model_dir
 
     check_not_input(args.output, [args.checkpoint])
-    check_replaceable(args.output, is_vllm_dir, "vLLM model directory", force=args.force)  # before loading
+    check_replaceable(args.output, is_model_dir, "vLLM model directory", force=args.force)  # before loading
     out = write_model_dir(args.checkpoint, args.output, twin=args.twin, force=args.force, note=common.note)
     print(f"wrote {out} (vLLM model directory, {args.twin}; serve it with: vllm serve {out})")
     return 0

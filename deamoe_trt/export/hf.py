@@ -26,9 +26,8 @@ import torch
 from safetensors.torch import save_file
 
 from .._io import replaced_directory
-from ..checkpoint import CONFIG_FILE
 from ..errors import UsageError
-from ..hf.directory import write_model_files
+from ..hf.directory import is_model_dir, write_model_files
 from ..hf.remote_code import write_remote_code
 from ..lm.checkpoint_format import stored_state
 from ..lm.model import DeaMoELM
@@ -41,14 +40,6 @@ DEFAULT_SHARD_BYTES = 2 * 2**30
 def hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The LM checkpoint's tensor names as the Hugging Face model's."""
     return {(name if name == "lm_head.weight" else "model." + name): t for name, t in state.items()}
-
-
-def is_hf_dir(folder: Path) -> bool:
-    """A directory this tool wrote: its config.json carries the DeaMoE LM's own config."""
-    try:
-        return "deamoe_lm" in json.loads((folder / CONFIG_FILE).read_text())
-    except (OSError, ValueError, TypeError):
-        return False
 
 
 def write_hf_dir(
@@ -77,7 +68,7 @@ def write_hf_dir(
         raise UsageError(f"the shard size must be at least 1 byte, got {max_shard_bytes}")
     tensors = {n: t.detach().cpu().contiguous() for n, t in hf_names(stored_state(model.state_dict(), config)).items()}
     shards = _shards(tensors, max_shard_bytes)
-    with replaced_directory(directory, is_hf_dir, "Hugging Face model directory", force=force, note=note) as staging:
+    with replaced_directory(directory, is_model_dir, "Hugging Face model directory", force=force, note=note) as staging:
         weight_map = {}
         for i, names in enumerate(shards):
             file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"

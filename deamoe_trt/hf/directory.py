@@ -14,6 +14,14 @@ from ..lm.tokenizer import Tokenizer, write_tokenizer
 from .fields import hf_fields
 
 
+def is_model_dir(folder: Path) -> bool:
+    """A directory write_model_files wrote: its config.json carries the DeaMoE LM's own config."""
+    try:
+        return "deamoe_lm" in json.loads((folder / CONFIG_FILE).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def write_model_files(
     folder: Path, model: DeaMoELM, tokenizer: Tokenizer, *, chat_template: str | None = None, **extra: Any
 ) -> None:

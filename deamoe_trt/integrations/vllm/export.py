@@ -22,16 +22,15 @@ it is empty or this tool's own vLLM model directory, or with force. No vLLM is n
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from safetensors.torch import save_file
 
 from ..._io import replaced_directory
-from ...checkpoint import CONFIG_FILE, WEIGHTS_FILE
+from ...checkpoint import WEIGHTS_FILE
 from ...errors import UsageError
-from ...hf.directory import write_model_files
+from ...hf.directory import is_model_dir, write_model_files
 from ...lm.checkpoint import load_lm, read_lm_header, stored_state
 from ...lm.config import LMConfig
 from ...lm.model import DeaMoELM
@@ -52,14 +51,6 @@ def hf_fields(config: LMConfig) -> dict[str, Any]:
     from ...hf.fields import hf_fields as fields
 
     return fields(config)
-
-
-def is_vllm_dir(folder: Path) -> bool:
-    """A directory this module wrote: its config.json carries the DeaMoE LM's own config."""
-    try:
-        return "deamoe_lm" in json.loads((folder / CONFIG_FILE).read_text())
-    except (OSError, ValueError, TypeError):
-        return False
 
 
 def write_model_dir(
@@ -94,7 +85,7 @@ def write_lm_dir(
     config = model.config
     check_servable(config)
     check_tokenizer(tokenizer)
-    with replaced_directory(directory, is_vllm_dir, "vLLM model directory", force=force, note=note) as staging:
+    with replaced_directory(directory, is_model_dir, "vLLM model directory", force=force, note=note) as staging:
         tensors = {name: t.detach().cpu().contiguous() for name, t in stored_state(model.state_dict(), config).items()}
         if config.quantization is not None:
             tensors = compressed_state(tensors, config)
