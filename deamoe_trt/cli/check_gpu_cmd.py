@@ -85,6 +85,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    import shlex
+
     from ..checks.gpu.run import GpuCheckOptions, run_check
 
     return run_check(
@@ -102,5 +104,6 @@ def run(args) -> int:
             dry_run=args.dry_run,
             presets=list(args.presets),
             bits=set(args.bits),
+            command="deamoe-trt " + shlex.join(args.argv),
         )
     )

@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # The argument checks touch the file system (writable outputs): inside the boundary.
         args = parser.parse_args(argv)
+        # The command line as given, for the records a command stamps with how it was run.
+        args.argv = list(sys.argv[1:] if argv is None else argv)
         prog = f"deamoe-trt {args.command}"
         return int(args.func(args) or 0)
     except DeaMoEError as exc:

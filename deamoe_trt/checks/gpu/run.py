@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import json
 import platform
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -88,6 +87,7 @@ class GpuCheckOptions:
     dry_run: bool = False
     presets: list[str] = field(default_factory=lambda: DEFAULT_PRESETS.split(","))
     bits: set[int] = field(default_factory=lambda: set(WEIGHT_BITS))
+    command: str = "deamoe-trt check-gpu"  # how the check was run, stamped into the variant table
 
 
 def environment(dry_run: bool) -> dict:
@@ -109,13 +109,13 @@ def environment(dry_run: bool) -> dict:
     return env
 
 
-def write_table(path: Path, results: dict) -> None:
+def write_table(path: Path, results: dict, command: str) -> None:
     """This GPU's variant table (deamoe_trt.cuda.tuning) from the tuning rows so far, stamped."""
     env = results["environment"]
     measured = {
         "date": time.strftime("%Y-%m-%d"),
         "commit": source_commit(),
-        "command": "deamoe-trt " + " ".join(sys.argv[1:]),  # the check runs as `deamoe-trt check-gpu ...`
+        "command": command,
         "capability": env.get("capability"),
         "sms": env.get("sms"),
         "torch": env.get("torch"),
@@ -218,7 +218,7 @@ def run_check(args: GpuCheckOptions) -> int:
                 write()
                 if tuner is not None and preset != "tiny":
                     tune_layer(tuner, preset, layer, tokens, copy_GBps, args.sm_limit, results, clock)
-                    write_table(table_path, results)
+                    write_table(table_path, results, args.command)
                 if bench is not None and dtype == bench_dtype:
                     if clock.elapsed() > args.budget_s:
                         results["skipped"].append(f"{preset} {name} benchmarks: time budget")
