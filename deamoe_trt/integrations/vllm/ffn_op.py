@@ -8,9 +8,10 @@ layers where `ffn_choice` says so:
 
 - DEAMOE_VLLM_FFN=cpu-kernel or fusedmoe chooses outright (every process of the engine
   inherits it);
-- otherwise DEFAULT_FFN for floating-point models and QUANTIZED_DEFAULT_FFN for int4/int8
-  ones, each the measured choice (`python -m deamoe_trt.integrations.vllm.bench --ffn
-  [--quantized 4]`; docs/benchmarks.md, "The DeaMoE FFN on vLLM's CPU engine").
+- otherwise DEFAULT_FFN for floating-point models (the faster where measured) and
+  QUANTIZED_DEFAULT_FFN for int4/int8 ones (the exact one, within 12% of vLLM's int4 kernel
+  where measured): `python -m deamoe_trt.integrations.vllm.bench --ffn [--quantized 4]`;
+  docs/benchmarks.md, "The DeaMoE FFN on vLLM's CPU engine".
 
 The CPU kernel runs float32 and float16 models (their int4/int8 FFNs too, from the checkpoint's
 codes and scales: the checkpoint's own math, where vLLM's CPU int4 MoE kernel rounds the
