@@ -6,18 +6,10 @@ import json
 import re
 
 import pytest
+from cli_status import cli_main
 
 from deamoe_trt.checks.gpu import shrink
-from deamoe_trt.cli.main import main
 from deamoe_trt.presets import PRESETS
-
-
-def cli_main(argv: list[str]) -> int:
-    """The CLI's exit status, argparse's refusals (SystemExit 2) included."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 2
 
 
 @pytest.mark.slow

@@ -2,17 +2,9 @@
 written; good ones are parsed into their values (the twin of test_trt_device.py's)."""
 
 import pytest
+from cli_status import cli_main
 
 from deamoe_trt.checks.gpu import run as gpu_run
-from deamoe_trt.cli.main import main
-
-
-def cli_main(argv: list[str]) -> int:
-    """The CLI's exit status, argparse's refusals (SystemExit 2) included."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 2
 
 
 def parsed(monkeypatch, argv: list[str]):

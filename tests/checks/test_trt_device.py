@@ -2,17 +2,9 @@
 without TensorRT, a run that records why each device step cannot run and does not pass."""
 
 import pytest
+from cli_status import cli_main
 
 from deamoe_trt.checks import trt_device
-from deamoe_trt.cli.main import main
-
-
-def cli_main(argv: list[str]) -> int:
-    """The CLI's exit status, argparse's refusals (SystemExit 2) included."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 2
 
 
 @pytest.mark.parametrize(

@@ -2,16 +2,7 @@
 is written (no Edge-LLM needed, unlike test_device_check.py)."""
 
 import pytest
-
-from deamoe_trt.cli.main import main
-
-
-def cli_main(argv: list[str]) -> int:
-    """The CLI's exit status, argparse's refusals (SystemExit 2) included."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 2
+from cli_status import cli_main
 
 
 @pytest.mark.parametrize(
