@@ -181,7 +181,6 @@ def _run(args) -> int:
     import torch
 
     from .._io import atomic_write_text, replaced_directory
-    from ..convert.blockwise import work_dir
     from ..convert.core import ConvertSettings
     from ..convert.distill import init_distributed
     from ..convert.metrics import STEP_TOKENS
@@ -191,6 +190,7 @@ def _run(args) -> int:
     from ..convert.sources import HELDOUT_WINDOWS, lm_source, read_calibration_tensor, read_text, stack_source
     from ..errors import UsageError
     from ..lm.checkpoint import read
+    from ..work_folder import work_dir
 
     found = read(args.source)
     is_lm = found.artifact == "lm"

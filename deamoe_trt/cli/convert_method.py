@@ -94,10 +94,10 @@ def check(args, moe) -> int | None:
 def write(args, source, settings, size: int, ours, tokenizer, data) -> int:
     """Build (resumably, in OUTPUT.work), write the checkpoint and, with --report, its report."""
     from .._io import atomic_write_text, replaced_directory
-    from ..convert.blockwise import work_dir
     from ..convert.distill import world
     from ..convert.report import report_table
     from ..convert.run import alternative_model
+    from ..work_folder import work_dir
 
     rank = world()[0]
     work = work_dir(args.output)
