@@ -34,7 +34,7 @@ ENTRY_POINTS = frozenset({"deamoe_trt", "deamoe_trt.__main__"})
 KERNELS = frozenset({"cpu", "cuda"})
 INTEGRATIONS = "integrations"
 # Old import paths kept for one release, each only re-exporting its new home in integrations/:
-# serving/: Triton model repositories written before the move import deamoe_trt.serving.decode_model.
+# serving/: Triton model repositories an earlier release wrote import deamoe_trt.serving.decode_model.
 ALIASES = frozenset({"serving"})
 
 # (importer, imported) module pairs that break a rule and are still to be moved, each with why.

@@ -4,7 +4,7 @@ import importlib.util
 import sys
 import types
 
-# The model.py `deamoe-trt triton-repo lm` wrote before the move (its import line is what changed).
+# The model.py `deamoe-trt triton-repo lm` of an earlier release wrote (its import line is what differs).
 OLD_MODEL_PY = '''"""Triton Python-backend entry of the deamoe-trt LM decode service (from `deamoe-trt triton-repo`)."""
 
 import os
