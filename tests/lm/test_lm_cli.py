@@ -16,44 +16,6 @@ def run_cli(*args):
     )
 
 
-def test_generate_prints_text_and_a_tpot_table(micro_checkpoint, capsys):
-    assert main(["generate", str(micro_checkpoint), "--prompt", "Anne", "--max-new-tokens", "12", "--twin", "all"]) == 0
-    out = capsys.readouterr().out
-    assert sum(line.startswith("--- ") for line in out.splitlines()) == 3 and "(same tokens as deamoe)" in out
-    assert "TPOT ms" in out and "tokens/s" in out and "vanilla" in out
-
-
-def test_generate_on_ort_matches_torch(micro_checkpoint, capsys):
-    args = ["generate", str(micro_checkpoint), "--prompt", "Anne", "--max-new-tokens", "10"]
-    assert main(args) == 0
-    torch_text = capsys.readouterr().out.split("\n")[1]
-    assert main([*args, "--runtime", "ort"]) == 0
-    out = capsys.readouterr().out
-    assert out.split("\n")[1] == torch_text
-    assert "\nort " in out
-
-
-def test_generate_with_sampling_is_reproducible(micro_checkpoint, capsys):
-    args = [
-        "generate",
-        str(micro_checkpoint),
-        "--prompt",
-        "A",
-        "--max-new-tokens",
-        "20",
-        "--temperature",
-        "1.0",
-        "--top-k",
-        "8",
-        "--seed",
-        "3",
-    ]
-    main(args)
-    first = capsys.readouterr().out.split("\n")[1]
-    main(args)
-    assert capsys.readouterr().out.split("\n")[1] == first
-
-
 @pytest.mark.parametrize(
     ("prompt", "message"),
     [
@@ -145,26 +107,6 @@ def test_plugin_export_of_a_quantized_language_model_carries_the_codes(int4_chec
     for node in nodes:
         attributes = {a.name: a.i for a in node.attribute if a.name.startswith("weight_")}
         assert attributes == {"weight_bits": 4, "weight_group_size": 16}
-
-
-@pytest.mark.parametrize("runtime", ["torch", "cpu"])
-def test_generate_decodes_several_prompts_together_as_each_alone(micro_checkpoint, tmp_path, capsys, runtime):
-    from deamoe_trt import runtimes
-    from deamoe_trt.runtimes.decode import generate
-
-    if runtimes.get(runtime).available() is not None:
-        pytest.skip(runtimes.get(runtime).available())
-    prompts_file = tmp_path / "prompts.txt"
-    prompts_file.write_text("The cat\n\nOnce\n", encoding="utf-8")
-    args = ["generate", str(micro_checkpoint), "--prompt", "Anne", "--prompt", "B", "--prompts-file", str(prompts_file)]
-    assert main([*args, "--max-new-tokens", "8", "--max-sequences", "2", "--runtime", runtime]) == 0
-    out = capsys.readouterr().out
-    loaded = load_lm(micro_checkpoint)
-    for i, prompt in enumerate(["Anne", "B", "The cat", "Once"]):
-        ids = loaded.tokenizer.encode(prompt)
-        alone = generate(runtimes.get(runtime).decoder(loaded.model, threads=1), ids, 8).new_ids
-        assert f"[{i}] {prompt}{loaded.tokenizer.decode(alone)}\n" in out
-    assert "4 sequences, at most 2 at once" in out and "tokens/s aggregate" in out
 
 
 def test_generate_without_a_prompt_is_one_line(micro_checkpoint, tmp_path, capsys):
