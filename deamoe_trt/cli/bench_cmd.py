@@ -25,7 +25,6 @@ kept for one release. See docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from . import args as common
@@ -242,119 +241,9 @@ def refuse_other_form(args) -> None:
 
 
 def run(args) -> int:
+    from dataclasses import fields
+
+    from ..bench.run import BenchRequest, run_requested
+
     refuse_other_form(args)
-    if args.lm:
-        return run_lm(args)
-    from ..bench import BenchOptions, format_result, run_bench, write_json, write_plot
-    from ..bench.plot import pyplot
-
-    if args.plot:
-        pyplot()  # before minutes of benchmarking, not after them
-    if args.quantized is not None:
-        return run_quantized(args)
-    if args.group_size is not None:
-        from ..errors import UsageError
-
-        raise UsageError("--group-size goes with --quantized")
-
-    changes = {"threads": args.threads, "only": args.only}
-    if args.ort_spinning is not None:
-        changes["ort_spinning"] = args.ort_spinning == "on"
-    for name in ("preset", "tokens", "steps", "warmup", "layers", "dtype", "seed", "stack_dtype"):
-        if getattr(args, name) is not None:
-            changes[name] = getattr(args, name)
-    if args.gap_ms is not None:
-        changes["gap_ms"] = args.gap_ms
-    if args.memory_fraction is not None:
-        changes["memory_fraction"] = args.memory_fraction
-    options = BenchOptions.quick_run(**changes) if args.quick else BenchOptions(**changes)
-    result = run_bench(options)
-    print(format_result(result))
-    if args.json:
-        print(f"\nwrote {write_json(result, args.json)}")
-    if args.plot:
-        print(f"wrote {write_plot(result, args.plot)}")
-    return 0
-
-
-def run_quantized(args) -> int:
-    from ..bench import write_json
-    from ..bench.quantized import QuantBenchOptions, format_quant_result, run_quant_bench
-
-    changes = {"bits": args.quantized, "threads": args.threads}
-    for name in ("preset", "tokens", "steps", "warmup", "group_size", "gap_ms", "seed"):
-        if getattr(args, name) is not None:
-            changes[name] = getattr(args, name)
-    options = QuantBenchOptions.quick_run(**changes) if args.quick else QuantBenchOptions(**changes)
-    result = run_quant_bench(options)
-    print(format_quant_result(result))
-    if args.json:
-        print(f"\nwrote {write_json(result, args.json)}")
-    return 0
-
-
-def run_lm(args) -> int:
-    """bench --lm (what bench-lm runs): defaults of a language model's benchmark filled in."""
-    from ..bench.lm_bench import RUNTIMES, lm_bench_table, run_lm_bench, write_plot
-    from ..errors import UsageError
-
-    if args.sequences is not None:
-        return _run_batched(args)
-    text = args.runtimes or "cpu,cpu-native,ort"
-    runtimes = tuple(r.strip() for r in text.split(",") if r.strip())
-    if not runtimes or any(r not in RUNTIMES for r in runtimes):
-        raise UsageError(f"--runtimes takes a comma-separated list of {', '.join(RUNTIMES)}, got {text!r}")
-    result = run_lm_bench(**_lm_shape(args), runtimes=runtimes, attention=args.attention or "gqa")
-    print(lm_bench_table(result))
-    _write_json(result, args.json)
-    if args.plot:
-        write_plot(result, Path(args.plot))
-    return 0
-
-
-def _lm_shape(args) -> dict:
-    """The keyword arguments the one-sequence and batched LM benchmarks share, defaults filled in."""
-    from ..quant import QuantConfig
-
-    quant = QuantConfig(args.quantized, args.group_size or 64) if args.quantized else None
-    return {
-        "layers": 2 if args.layers is None else args.layers,
-        "departments": args.departments or 4,
-        "steps": args.steps or 32,
-        "threads": args.threads or 2,
-        "max_memory": (8.0 if args.max_memory_gb is None else args.max_memory_gb) * 2**30,
-        "quant": quant,
-        "linears": tuple(p.strip() for p in (args.linears or "").split(",") if p.strip()),
-        "llama_bench": args.llama_bench,
-        "llama_tokens": args.llama_tokens or 64,
-        "gguf_dir": args.gguf_dir,
-        "seed": args.seed or 0,
-    }
-
-
-def _write_json(result, path) -> None:
-    if path:
-        Path(path).write_text(json.dumps(result, indent=2) + "\n")
-
-
-def _run_batched(args) -> int:
-    from ..bench.lm_bench import BATCH_RUNTIMES, lm_batch_table, run_lm_batch_bench
-    from ..errors import UsageError
-
-    runtime = (args.runtimes or "cpu-native").strip()
-    if runtime not in BATCH_RUNTIMES:
-        raise UsageError(
-            "--sequences times the native step's batch decoder (cpu-native) or the CUDA decoder (cuda, "
-            f"cuda-emulated): give one of them to --runtimes, got {args.runtimes!r}"
-        )
-    attention = args.attention or "gqa"
-    if attention != "gqa" and runtime == "cpu-native":
-        raise UsageError("--sequences runs the native step, which does not run MLA; drop --attention mla")
-    if args.plot:
-        raise UsageError("--plot draws the one-sequence table; drop it with --sequences")
-    result = run_lm_batch_bench(
-        sequences=tuple(args.sequences), **_lm_shape(args), runtime=runtime, attention=attention
-    )
-    print(lm_batch_table(result))
-    _write_json(result, args.json)
-    return 0
+    return run_requested(BenchRequest(**{f.name: getattr(args, f.name) for f in fields(BenchRequest)}))
