@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -395,10 +396,7 @@ def _configure(trt, builder, network, options: BuildOptions, plan: _Plan, progre
             raise DeaMoEError(f"this TensorRT ({trt.__version__}) has no BuilderFlag.{name}")
         config.set_flag(flag)
     if shapes:
-        opt_profile = builder.create_optimization_profile()
-        for name, (mn, opt, mx) in shapes.items():
-            opt_profile.set_shape(name, mn, opt, mx)
-        config.add_optimization_profile(opt_profile)
+        add_profiles(builder, config, [shapes])
 
     cache_path = _timing_cache_path(options, plan.profile, plan.gpu, plan.version)
     if cache_path is not None:
@@ -429,9 +427,7 @@ def _write(options: BuildOptions, serialized) -> Path:
     """The engine, then the model's export metadata beside it (both atomically)."""
     from ..export.metadata import write_engine_metadata
 
-    output = Path(options.output)
-    with atomic_path(output) as tmp, open(tmp, "wb") as f:
-        f.write(memoryview(serialized))
+    output = write_engine(options.output, serialized)
     write_engine_metadata(output, read_metadata(options.model))
     return output
 
@@ -449,7 +445,7 @@ def _parse(trt, parser, options: BuildOptions, choice: PluginChoice) -> None:
         ok = parser.parse_from_file(str(model))
     if ok:
         return
-    errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+    errors = parser_errors(parser)
     first = errors[0] if errors else "no error message"
     if PLUGIN_NAME in first and "lugin" in first:
         raise MissingDependencyError(
@@ -458,6 +454,32 @@ def _parse(trt, parser, options: BuildOptions, choice: PluginChoice) -> None:
         )
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     raise UsageError(f"TensorRT could not parse {model}: {first}{more}")
+
+
+# The steps every engine build takes the same way (this one and trt.lm_engine's).
+
+
+def add_profiles(builder, config, profiles: Sequence[Mapping[str, tuple[tuple[int, ...], ...]]]) -> None:
+    """One optimisation profile per entry of profiles (input name -> (min, opt, max) shape),
+    added in order, so that profile i of the engine is profiles[i]."""
+    for shapes in profiles:
+        profile = builder.create_optimization_profile()
+        for name, (mn, opt, mx) in shapes.items():
+            profile.set_shape(name, mn, opt, mx)
+        config.add_optimization_profile(profile)
+
+
+def parser_errors(parser) -> list[str]:
+    """The ONNX parser's errors, in its order."""
+    return [str(parser.get_error(i)) for i in range(parser.num_errors)]
+
+
+def write_engine(path: str | Path, serialized) -> Path:
+    """The serialized engine written to path atomically (an older engine stays if this fails)."""
+    path = Path(path)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(memoryview(serialized))
+    return path
 
 
 def _timing_cache_path(options: BuildOptions, profile, gpu, version) -> Path | None:

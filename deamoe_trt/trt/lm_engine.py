@@ -54,9 +54,9 @@ def build_lm_engine(
     verbose: bool = False,
 ) -> Path:
     """Parse the plugin-form export at onnx_path and write an engine with both profiles to engine_path."""
-    from .._io import atomic_path
-    from ..trt._tensorrt import import_tensorrt, make_logger
-    from ..trt.plugin import load_plugin, resolve_plugin
+    from ._tensorrt import import_tensorrt, make_logger
+    from .builder import add_profiles, parser_errors, write_engine
+    from .plugin import load_plugin, resolve_plugin
 
     trt = import_tensorrt()
     choice = resolve_plugin(plugin)
@@ -67,21 +67,14 @@ def build_lm_engine(
     network = builder.create_network(0)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
-        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        errors = "; ".join(parser_errors(parser))
         raise DeaMoEError(f"TensorRT cannot parse {onnx_path}: {errors or 'no message'} (plugin: {choice.describe()})")
     builder_config = builder.create_builder_config()
     builder_config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mib << 20)
     if fp16:
         builder_config.set_flag(trt.BuilderFlag.FP16)
-    for shapes in lm_profiles(config):
-        profile = builder.create_optimization_profile()
-        for name, (mn, opt, mx) in shapes.items():
-            profile.set_shape(name, mn, opt, mx)
-        builder_config.add_optimization_profile(profile)
+    add_profiles(builder, builder_config, lm_profiles(config))
     serialized = builder.build_serialized_network(network, builder_config)
     if serialized is None:
         raise DeaMoEError("TensorRT could not build the language-model engine (its errors are above)")
-    engine_path = Path(engine_path)
-    with atomic_path(engine_path) as tmp:
-        tmp.write_bytes(memoryview(serialized))
-    return engine_path
+    return write_engine(engine_path, serialized)
