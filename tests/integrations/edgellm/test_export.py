@@ -15,6 +15,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import onnx
@@ -73,6 +74,11 @@ def build_qwen3_moe(directory: Path, *, chat_template: bool = True) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(settings))
 
 
+# Each export is a process of its own that spends most of its time importing and tracing on one
+# core: the fixtures run two at a time, one per core of a two-core CI machine.
+EXPORTS_AT_ONCE = 2
+
+
 def edgellm_export(hf_dir: Path, out: Path) -> None:
     """Edge-LLM's own `tensorrt-edgellm-export` of hf_dir."""
     script = "import sys; from tensorrt_edgellm.scripts.export import main; sys.exit(main())"
@@ -118,15 +124,15 @@ def exports(tmp_path_factory):
     build_qwen3_moe(hf)
     from deamoe_trt.importers.hf_lm import import_hf_lm
 
-    import_hf_lm(hf, root / "lm")
-    out = {"vanilla": root / "vanilla"}
-    edgellm_export(hf, out["vanilla"])
-    lms = {"lm": root / "lm"}
-    for kind in ("int8", "converted-int4"):
-        lms[kind] = save_variant(root / "lm", root / f"lm-{kind}", kind)
-    for kind, lm in lms.items():
-        out[kind] = (lm, export_edgellm(lm, root / f"ours-{kind}"))
-    return out
+    with ThreadPoolExecutor(max_workers=EXPORTS_AT_ONCE) as pool:
+        vanilla = pool.submit(edgellm_export, hf, root / "vanilla")
+        import_hf_lm(hf, root / "lm")
+        lms = {"lm": root / "lm"}
+        for kind in ("int8", "converted-int4"):
+            lms[kind] = save_variant(root / "lm", root / f"lm-{kind}", kind)
+        ours = {kind: pool.submit(export_edgellm, lm, root / f"ours-{kind}") for kind, lm in lms.items()}
+        vanilla.result()
+        return {"vanilla": root / "vanilla"} | {kind: (lm, ours[kind].result()) for kind, lm in lms.items()}
 
 
 KINDS = ("lm", "int8", "converted-int4")
@@ -229,15 +235,18 @@ def gptq_exports(tmp_path_factory):
     root = tmp_path_factory.mktemp("edgellm-gptq")
     build_qwen3_moe(root / "hf")
     write_gptq_source(root / "hf", root / "hf-gptq", 64)
-    edgellm_export(root / "hf-gptq", root / "vanilla")
-    import_hf_lm(root / "hf", root / "lm")
-    loaded = load_lm(root / "lm")
-    save_lm(
-        loaded.model.quantized(QuantConfig(4, 64), linears=("attention", "dense")),
-        root / "lm-q",
-        tokenizer=loaded.tokenizer,
-    )
-    return root / "vanilla", root / "lm-q", export_edgellm(root / "lm-q", root / "ours")
+    with ThreadPoolExecutor(max_workers=EXPORTS_AT_ONCE) as pool:
+        vanilla = pool.submit(edgellm_export, root / "hf-gptq", root / "vanilla")
+        import_hf_lm(root / "hf", root / "lm")
+        loaded = load_lm(root / "lm")
+        save_lm(
+            loaded.model.quantized(QuantConfig(4, 64), linears=("attention", "dense")),
+            root / "lm-q",
+            tokenizer=loaded.tokenizer,
+        )
+        ours = export_edgellm(root / "lm-q", root / "ours")
+        vanilla.result()
+    return root / "vanilla", root / "lm-q", ours
 
 
 @needs_edgellm
