@@ -28,7 +28,11 @@ def register(subparsers) -> None:
     parser.add_argument("--top-departments", type=common.positive_int, metavar="G", help="departments per token")
     convert_method.add_arguments(parser)
     parser.add_argument(
-        "--grouping", choices=("cluster", "keep"), default="cluster", help="cluster experts (default) or keep order"
+        "--grouping",
+        choices=("cluster", "coverage", "keep"),
+        default="cluster",
+        help="cluster experts (default); coverage: then swap them to keep more of each token's routing weight "
+        "in its G departments; keep: the source's order",
     )
     parser.add_argument(
         "--department-score",

@@ -20,7 +20,7 @@ from . import grouping
 from .department_fit import ALIGNED, NAIVE, DepartmentParts, build_department, merge_department, tokens_of
 from .experts import ExpertWeights
 
-GROUPINGS = ("cluster", "keep")
+GROUPINGS = ("cluster", "coverage", "keep")
 METHODS = ("aligned", "naive", "merged")
 # Fewer calibration tokens per expert than this and the fits are mostly the ridge's prior.
 MIN_TOKENS_PER_EXPERT = 8
@@ -215,6 +215,8 @@ def plan_order(
         routing = routing if routing is not None else source.route(x)
         similarity = grouping.expert_similarity(ExpertWeights.of(source), x, routing, seed=settings.seed)
         groups = grouping.balanced_groups(similarity, settings.departments)
+        if settings.grouping == "coverage":
+            groups = grouping.coverage_groups(routing, groups, settings.top_departments)
     return torch.tensor([e for g in groups for e in g])
 
 
@@ -272,3 +274,14 @@ def expert_agreement(source: Routing, converted: Routing, order: torch.Tensor) -
     a = torch.zeros(source.num_tokens, n).scatter_(1, source.expert_ids, 1.0)
     b = torch.zeros(converted.num_tokens, n).scatter_(1, mapped, 1.0)
     return float((a * b).sum(1).mean() / source.expert_ids.shape[1])
+
+
+def weight_kept(source: Routing, converted: Routing, order: torch.Tensor) -> float:
+    """Mean over tokens of the share of the source's routing weight on experts the converted
+    routing also keeps (converted ids mapped back to source ids through order): what
+    department-first routing keeps of the source's choices, each weighed as the source does."""
+    n = order.numel()
+    mapped = order.to(converted.expert_ids.device)[converted.expert_ids]
+    weights = torch.zeros(source.num_tokens, n).scatter_(1, source.expert_ids, source.weights.detach().float())
+    kept = torch.zeros(converted.num_tokens, n).scatter_(1, mapped, 1.0)
+    return float(((weights * kept).sum(1) / weights.sum(1).clamp_min(1e-12)).mean())

@@ -7,6 +7,9 @@ signals measured on the source layer:
   down @ up @ P, P a fixed random projection), since neurons have no order to compare;
 - co-selection: how often tokens pick both experts (normalised), so that a token's experts
   tend to land in one department and department-first routing keeps the source's choices.
+`coverage` starts from `cluster`'s groups and swaps experts between them while that raises
+what department-first routing can keep of the source's choices: the mean over calibration
+tokens of the source's routing weight inside the token's G heaviest departments.
 `keep` takes the source's own order: consecutive blocks of m (DeepSeek-V3's groups when
 D = n_group, the identity when D = 1).
 """
@@ -82,6 +85,40 @@ def balanced_groups(similarity: torch.Tensor, num_departments: int, *, passes: i
         if not _improve(groups, sim):
             break
     return sorted(sorted(g) for g in groups)
+
+
+def kept_mass(routing: Routing, groups: list[list[int]], top_departments: int) -> float:
+    """Mean over tokens of the source's routing weight on experts in the token's
+    top_departments heaviest groups, as a share of its total weight."""
+    department = torch.empty(sum(len(g) for g in groups), dtype=torch.long)
+    for j, group in enumerate(groups):
+        department[group] = j
+    weights = routing.weights.detach().float()
+    per_group = torch.zeros(routing.num_tokens, len(groups)).scatter_add_(1, department[routing.expert_ids], weights)
+    kept = per_group.topk(top_departments, dim=1).values.sum(1)
+    return float((kept / weights.sum(1).clamp_min(1e-12)).mean())
+
+
+def coverage_groups(routing: Routing, groups: list[list[int]], top_departments: int) -> list[list[int]]:
+    """groups after best-improving swaps of two experts between two groups, repeated while
+    one raises kept_mass (deterministic: the first best swap in index order wins)."""
+    groups = [list(g) for g in groups]
+    best = kept_mass(routing, groups, top_departments)
+    while True:
+        found = None
+        for a in range(len(groups)):
+            for b in range(a + 1, len(groups)):
+                for i in range(len(groups[a])):
+                    for j in range(len(groups[b])):
+                        groups[a][i], groups[b][j] = groups[b][j], groups[a][i]
+                        value = kept_mass(routing, groups, top_departments)
+                        groups[a][i], groups[b][j] = groups[b][j], groups[a][i]
+                        if value > best + 1e-9:
+                            best, found = value, (a, i, b, j)
+        if found is None:
+            return sorted(sorted(g) for g in groups)
+        a, i, b, j = found
+        groups[a][i], groups[b][j] = groups[b][j], groups[a][i]
 
 
 def _improve(groups: list[list[int]], sim: torch.Tensor) -> bool:

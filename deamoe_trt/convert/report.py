@@ -79,7 +79,9 @@ def report_table(report: dict, *, fraction: float | None = None, markdown: bool 
     rows.sort(key=lambda r: (r["shared_fraction"], method_rank(r["method"])))
     is_lm = any("perplexity" in r for r in rows)
     split = all("routing_error" in r for r in rows)
+    kept = all("weight_kept" in r for r in rows)
     headers = ["method", "f_s/f", "size", "bytes/step", "vs source", "rel. error", "expert agreement"]
+    headers += ["weight kept"] if kept else []
     headers += ["routing err.", "weights err."] if split else []
     if is_lm:
         headers += ["perplexity", "vs source", "next-token agr."]
@@ -98,6 +100,8 @@ def report_table(report: dict, *, fraction: float | None = None, markdown: bool 
             f"{_mean(r['relative_error']):.4f}",
             f"{_mean(r['expert_agreement']):.1%}",
         ]
+        if kept:
+            cells.append(f"{_mean(r['weight_kept']):.1%}")
         if split:
             cells += [f"{_mean(r['routing_error']):.4f}", f"{_mean(r['weights_error']):.4f}"]
         if is_lm:
@@ -113,7 +117,8 @@ def report_table(report: dict, *, fraction: float | None = None, markdown: bool 
         f"Conversion of {s['layers']} layer(s) of {s['num_experts']} experts (width {s['expert_width']}, "
         f"top-{s['top_k']}); held-out {s['heldout_tokens']} tokens per layer; bytes per step at {tokens} token(s) "
         "per step; errors and agreement: mean over layers; "
-        "routing err.: the source's experts on the method's choices; weights err.: the rest; "
+        + ("weight kept: the share of the source's routing weight on experts the method also picks; " if kept else "")
+        + "routing err.: the source's experts on the method's choices; weights err.: the rest; "
         "frontier: no other row is both smaller and better there"
     )
     return format_table(headers, out, title=title, markdown=markdown)

@@ -31,7 +31,15 @@ from . import baselines
 if TYPE_CHECKING:
     from ..lm.model import DeaMoELM
 from ..work_folder import WorkCache, fingerprint, open_work
-from .core import ConvertSettings, LayerConversion, convert_layer, expert_agreement, plan_order, score_agreement
+from .core import (
+    ConvertSettings,
+    LayerConversion,
+    convert_layer,
+    expert_agreement,
+    plan_order,
+    score_agreement,
+    weight_kept,
+)
 from .distill import world
 from .heal import heal_layer, heal_lm
 from .metrics import (
@@ -407,7 +415,7 @@ def _lm_with(lm, layers: list[DeaMoELayer]):
 
 @torch.no_grad()
 def _measure(source: Source, variant: Variant, reference: Source, *, settings: ConvertSettings | None = None) -> dict:
-    errors, agreements, split = [], [], []
+    errors, agreements, kept, split = [], [], [], []
     bytes_at = dict.fromkeys(STEP_TOKENS, 0.0)
     source_at = dict.fromkeys(STEP_TOKENS, 0.0)
     for layer, src, x in zip(variant.layers, reference.layers, reference.heldout, strict=True):
@@ -417,6 +425,7 @@ def _measure(source: Source, variant: Variant, reference: Source, *, settings: C
         order = variant.orders[len(errors) - 1]
         routing = layer.route(x)
         agreements.append(expert_agreement(src.route(x), routing, order))
+        kept.append(weight_kept(src.route(x), routing, order))
         split.append(error_split(layer, src, order, x))
         for tokens in STEP_TOKENS:
             bytes_at[tokens] += layer_step_bytes(layer, routing, tokens)
@@ -438,6 +447,7 @@ def _measure(source: Source, variant: Variant, reference: Source, *, settings: C
         "bytes_vs_source_at": {str(t): round(b / source_at[t], 4) for t, b in bytes_at.items()},
         "relative_error": [round(e, 5) for e in errors],
         "expert_agreement": [round(a, 4) for a in agreements],
+        "weight_kept": [round(w, 4) for w in kept],
         "routing_error": [round(r, 5) for r, _ in split],
         "weights_error": [round(w, 5) for _, w in split],
         **variant.detail,
