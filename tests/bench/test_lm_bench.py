@@ -21,9 +21,16 @@ def test_bench_config_keeps_qwen3_30b_a3b_ffn_shapes():
     assert moe.shared_intermediate_size == moe.private_intermediate_size == 384
 
 
+@pytest.fixture(scope="module")
+def cpu_run():
+    """One block on the CPU kernel, 3 steps: each twin at Qwen3-30B-A3B's expert shapes takes
+    seconds to build, so the tests that read this run share it."""
+    return run_lm_bench(layers=1, departments=2, steps=3, prompt=4, threads=1, runtimes=("cpu",), progress=None)
+
+
 @pytest.mark.slow
-def test_one_block_bench_on_the_cpu_kernel(tmp_path):
-    result = run_lm_bench(layers=1, departments=2, steps=3, prompt=4, threads=1, runtimes=("cpu",), progress=None)
+def test_one_block_bench_on_the_cpu_kernel(cpu_run, tmp_path):
+    result = cpu_run
     rows = {r["twin"]: r for r in result["rows"]}
     assert set(rows) == {"deamoe", "expanded", "vanilla"}
     # One burst of 3 steps each: the first, after another contender's, is kept apart.
@@ -71,11 +78,10 @@ def test_mla_bench_config_has_deepseek_v2_lite_attention_and_counts_its_weights(
 
 
 @pytest.mark.slow
-def test_the_native_step_joins_as_a_contender_with_its_own_fp16_bytes():
+def test_the_native_step_joins_as_a_contender_with_its_own_fp16_bytes(cpu_run):
     # Two runs, so that the native rows count their FFN bytes themselves (by replaying their tokens).
-    native_run, cpu_run = (
-        run_lm_bench(layers=1, departments=2, steps=2, prompt=4, threads=1, runtimes=(runtime,), progress=None)
-        for runtime in ("cpu-native", "cpu")
+    native_run = run_lm_bench(
+        layers=1, departments=2, steps=2, prompt=4, threads=1, runtimes=("cpu-native",), progress=None
     )
     rows = {(r["runtime"], r["twin"]): r for r in native_run["rows"] + cpu_run["rows"]}
     assert {runtime for runtime, _ in rows} == {"cpu", "cpu-native"}
