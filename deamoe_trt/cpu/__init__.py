@@ -13,7 +13,7 @@ the design and _build.py for how it is built (at first use, with the system C++ 
 
 from ._build import build, cache_dir, load
 from .layer import ROUTINGS, CpuDeaMoE, CpuDeaMoEStack
-from .runtime import INT4_MODES, Pool, default_threads, int4_mode, pool, simd, stream_read
+from .runtime import INT4_MODES, Pool, amx_available, amx_mode, default_threads, int4_mode, pool, simd, stream_read
 
 __all__ = [
     "INT4_MODES",
@@ -21,6 +21,8 @@ __all__ = [
     "CpuDeaMoE",
     "CpuDeaMoEStack",
     "Pool",
+    "amx_available",
+    "amx_mode",
     "build",
     "cache_dir",
     "default_threads",

@@ -29,7 +29,7 @@ LOCAL_HEADERS = (Path(__file__).with_name("deamoe_cpu_model.h"),)
 # The routing is the CUDA kernels' (native/cuda/deamoeRouting.cuh, or the wheel's copy).
 ROUTING_HEADER = "deamoeRouting.cuh"
 FLAGS = ("-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-pthread", "-DNDEBUG")
-ABI_VERSION = 11
+ABI_VERSION = 12
 LIBRARY_NAME = "libdeamoe_cpu.so"
 
 _lib: ctypes.CDLL | None = None
@@ -158,6 +158,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "dm_stream_read": (f64, [ptr, ptr, i64]),
         "dm_busy_wait": (None, [ptr, i64]),
         "dm_int4_mode": (i32, [i32]),
+        "dm_amx_mode": (i32, [i32]),
+        "dm_amx_available": (i32, []),
         "dm_lm_create": (ptr, [ptr, ptr]),
         "dm_lm_destroy": (None, [ptr]),
         "dm_lm_position": (i64, [ptr]),

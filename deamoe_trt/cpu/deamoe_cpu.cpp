@@ -49,6 +49,8 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "deamoeRouting.cuh"  // native/cuda/ (or the wheel's copy): the routing, shared with CUDA
 
@@ -641,6 +643,156 @@ std::atomic<int> g_int4_mode{[] {
 }()};
 
 // ----------------------------------------------------------------------------------------
+// AMX (Intel's tile multiply, from Sapphire Rapids on): the quantized loops at several tokens.
+// With many tokens the AVX-512 loops stop being memory-bound and become bound by fp32
+// multiply-adds (one per weight per token); AMX-BF16's TDPBF16PS does a 16x32 by 32x16 bf16
+// product into 16x16 fp32 sums, about 30x the multiply-adds per second of AVX-512 on one core
+// (Intel Xeon VM, a loop of independent products). It is exact here:
+//   - weights: an int4 code less its zero point (-8..7) and an int8 code (-128..127) are
+//     exact bf16 values (int4 by a 32-entry vpermw table indexed by the nibble);
+//   - activations: an fp32 x is split into three bf16 parts, hi = x truncated to bf16,
+//     mid = (x - hi) truncated, lo = x - hi - mid. Each subtraction is exact, and lo has at most
+//     8 significant bits, so x = hi + mid + lo exactly (a part below fp32's normal range is
+//     flushed to zero by AMX: a relative 2^-126 of nothing the model can tell);
+//   - a bf16 x bf16 product is exact in fp32, so three TDPBF16PS (hi, mid, lo against the same
+//     weights) give the fp32 dot product up to the order of fp32 summation, as the AVX-512
+//     loops do (not their bits: their order differs);
+//   - per quantization group the tile's sums are stored and multiplied by the group's scales
+//     in fp32, as the AVX-512 loops apply them;
+//   - tokens are the tiles' columns and each column's sums are its own: a token gets the same
+//     bits whichever other tokens share its tile (the loops at fewer tokens: other bits,
+//     within fp32 rounding).
+// Weights keep their packed layout (the AVX-512 loops read the same bytes): the codes of 16
+// rows x 32 columns are widened to bf16 in vector registers and stored for a tile load.
+// The tiles are configured at the start of every job (another library in the process, e.g.
+// oneDNN under torch, may have left its own configuration on the calling thread) and
+// released at its end. Linux hands a process the tile state only when asked
+// (arch_prctl(ARCH_REQ_XCOMP_PERM)): done once at load; without it, or without AMX at build
+// time, the AVX-512 loops run. dm_amx_mode switches the path per process (tests run both).
+// ----------------------------------------------------------------------------------------
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512VBMI__) && \
+    defined(__AVX512BW__)
+#define DEAMOE_AMX 1
+#endif
+
+// Fewest tokens a projection, and an FFN block (a department's shared part, an expert), take
+// the tiles with. A tile product costs the same for 1 token as for 16, the loops one pass per
+// 2 tokens: measured on the whole int4 step of bench-lm's shape (Intel Xeon VM, 1 thread,
+// the FFN's and the projections' tiles switched apart), projections gained from 2 tokens on,
+// blocks lost at 2 and gained from 4 (4 sequences: 0.95x the loops' time, 16: 0.57x).
+constexpr int64_t kAmxMinTokens = 2;
+constexpr int64_t kAmxMinBlockTokens = 4;
+// Tokens per tile: a tile holds 16 rows of 64 bytes.
+constexpr int kAmxTokens = 16;
+
+std::atomic<int> g_amx_mode{[] {
+#if defined(DEAMOE_AMX)
+  constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0 ? 1 : 0;
+#else
+  return 0;
+#endif
+}()};
+const bool g_amx_available = g_amx_mode.load() == 1;
+
+#if defined(DEAMOE_AMX)
+namespace amx {
+
+struct TileConfig {
+  uint8_t palette, start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Tiles of 16 rows, for products over n <= 16 tokens: weights (tile 5: 16 rows of 32 bf16)
+// times activations (tiles 3, 6, 7: 16 column pairs of n tokens, the three parts of x) into
+// sums (tiles 0, 1, 2, 4: 16 rows of n tokens). n is the tokens', not 16: the activations,
+// which every 16 weight rows read again from L2, are then no bigger than they are. The FFN's
+// down projection takes n = 16 (tiles of 16 rows of 64 bytes, whatever their use).
+inline void configure(int n) {
+  TileConfig c{};
+  c.palette = 1;
+  for (int i = 0; i < 8; ++i) c.rows[i] = 16, c.colsb[i] = 64;
+  for (int i : {0, 1, 2, 4, 3, 6, 7}) c.colsb[i] = static_cast<uint16_t>(4 * n);
+  _tile_loadconfig(&c);
+}
+
+// A tile job's configuration: set for n tokens (anew only when n changes), released at the end.
+class Tiles {
+ public:
+  void use(int n) {
+    if (n != n_) configure(n);
+    n_ = n;
+  }
+  ~Tiles() {
+    if (n_) _tile_release();
+  }
+
+ private:
+  int n_ = 0;
+};
+
+// bf16(i % 16 - 8) at index i of 32: vpermw reads an index's low 5 bits, of which the int4
+// code is the low 4 (the fifth belongs to the next code: both halves are the same table).
+inline __m512i int4_table() {
+  alignas(64) static const uint16_t table[32] = {0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80,
+                                                 0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
+                                                 0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80,
+                                                 0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0};
+  return _mm512_load_si512(table);
+}
+
+// Word indices: the even / odd words of two vectors (64 words), in order.
+inline __m512i even_words() {
+  alignas(64) static const uint16_t idx[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30,
+                                               32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
+  return _mm512_load_si512(idx);
+}
+inline __m512i odd_words() { return _mm512_add_epi16(even_words(), _mm512_set1_epi16(1)); }
+
+// x = hi + mid + lo, each part a bf16 value held as an fp32 (its low 16 bits zero).
+inline void split3(__m512 x, __m512 (&part)[3]) {
+  const __m512i top = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  part[0] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), top));
+  const __m512 rest = _mm512_sub_ps(x, part[0]);
+  part[1] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(rest), top));
+  part[2] = _mm512_sub_ps(rest, part[1]);
+}
+
+// The bf16 words of 32 such values a (first 16) and b, in order: their top halves.
+inline __m512i bf16_words(__m512 a, __m512 b, __m512i odd) {
+  return _mm512_permutex2var_epi16(_mm512_castps_si512(a), odd, _mm512_castps_si512(b));
+}
+
+// Activations of T <= 16 tokens as tiles 3, 6, 7 read them: for each chunk of 32 columns kc
+// and part p, 16 rows (column pairs 2i, 2i+1) of T dwords (token t: its two bf16 values).
+// out: [cols / 32][3][16][T].
+inline void build_x(const float* x, int64_t x_stride, int T, int64_t cols, uint32_t* out) {
+  const __m512i odd = odd_words();
+  const __m512i rows =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(T));
+  for (int t = 0; t < T; ++t)
+    for (int64_t kc = 0; kc < cols / 32; ++kc) {
+      __m512 a[3], b[3];
+      split3(_mm512_loadu_ps(x + t * x_stride + 32 * kc), a);
+      split3(_mm512_loadu_ps(x + t * x_stride + 32 * kc + 16), b);
+      for (int p = 0; p < 3; ++p)
+        _mm512_i32scatter_epi32(out + (kc * 3 + p) * 16 * T + t, rows, bf16_words(a[p], b[p], odd), 4);
+    }
+}
+
+// A row of tile 1 (32 bf16 values, in order) from 32 int8 codes at p and q (16 each).
+inline __m512i int8_words(const uint8_t* p, const uint8_t* q) {
+  const __m512 a = _mm512_cvtepi32_ps(load_s8(p)), b = _mm512_cvtepi32_ps(load_s8(q));
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));  // a's into the low half
+}
+
+}  // namespace amx
+#endif
+
+// ----------------------------------------------------------------------------------------
 // Thread pool: the calling thread is thread 0, n-1 workers. A worker spins briefly after a
 // job (the next one often follows at once: the next layer), then sleeps on a futex
 // (std::atomic::wait), so an idle pool costs nothing and leaves the cores to others. wake()
@@ -889,6 +1041,8 @@ struct Step {
   std::vector<float> x_shifted;  // int4 kSubnormal: x * 2^kSubnormalXShift, [tokens, dp]
   float* partial;                // [slices, tokens, dp]
   Activation act{0, 1.0f, 0.0f};
+  bool amx = false;          // quantized blocks of kAmxMinBlockTokens or more tokens take the tiles
+  std::vector<uint32_t> xb;  // then: every token's x as the tiles read it (amx::build_x)
 };
 
 // y_t += w_t * b * unit for the task's tokens, from the one slice whose share of the block
@@ -933,6 +1087,256 @@ void run_tasks(const Step& s, int slice, int slices) {
   }
 }
 
+#if defined(DEAMOE_AMX)
+// Row i of tile 2's 32 bf16 values from column chunk pair w (2 * q_chunk_bytes<BITS>): the
+// 8 rows of a neuron group into a[0..7].
+template <int BITS>
+inline void gate_up_rows(const uint8_t* w, uint16_t (*a)[32], __m512i table, __m512i even, __m512i odd) {
+  if constexpr (BITS == 4) {
+    // Lane c: column c's 8 rows; shifted by 4r, its low word holds row r's code and its high
+    // word row r + 4's: the even and odd words of the two chunks, in order.
+    const __m512i l0 = _mm512_loadu_si512(w), l1 = _mm512_loadu_si512(w + 64);
+    for (int r = 0; r < 4; ++r) {
+      const __m512i s0 = _mm512_srli_epi32(l0, 4 * r), s1 = _mm512_srli_epi32(l1, 4 * r);
+      _mm512_store_si512(a[r], _mm512_permutexvar_epi16(_mm512_permutex2var_epi16(s0, even, s1), table));
+      _mm512_store_si512(a[r + 4], _mm512_permutexvar_epi16(_mm512_permutex2var_epi16(s0, odd, s1), table));
+    }
+  } else {
+    for (int r = 0; r < R; ++r) _mm512_store_si512(a[r], amx::int8_words(w + r * W, w + q_chunk_bytes<8>() + r * W));
+  }
+}
+
+// (Macros: GCC's tile intrinsics take the tile's number as a literal.)
+// 16 weight rows (tile 5) times the three parts of a column chunk's activations (tiles 3, 6,
+// 7), into their sums in tile CT.
+#define DEAMOE_GATE_UP_PAIR(CT) \
+  do {                          \
+    _tile_dpbf16ps(CT, 5, 3);   \
+    _tile_dpbf16ps(CT, 5, 6);   \
+    _tile_dpbf16ps(CT, 5, 7);   \
+  } while (0)
+
+// One chunk of 16 outputs: its 32 neurons' codes (tile BT, from b) times the three parts of h
+// (tiles 5-7), into the sums in tile CT.
+#define DEAMOE_DOWN_CHUNK(CT, BT, b) \
+  do {                               \
+    _tile_loadd(BT, b, 64);          \
+    _tile_zero(CT);                  \
+    _tile_dpbf16ps(CT, 5, BT);       \
+    _tile_dpbf16ps(CT, 6, BT);       \
+    _tile_dpbf16ps(CT, 7, BT);       \
+  } while (0)
+
+// A quantized block's groups [g0, g1) for the task's T <= 16 tokens on the tiles (see "AMX"
+// above). Gate/up: two neuron groups at a time, their 16 rows (the first group's 8, then the
+// second's) the weight tile against the tokens' activations, sums 16 rows x 16 tokens; per
+// quantization group the sums are scaled into `total` (row, token lanes), and the activation
+// runs on those vectors, all tokens at once. Down: up to 8 neuron groups (32 neurons, one
+// row of down scales) at a time, h (16 tokens x 32, in three parts) against the 32 neurons'
+// codes of 16 outputs, sums 16 tokens x 16 outputs, times the outputs' scales into y.
+// Pipelined, because a tile load waits for the vector stores of its bytes to complete, a tile
+// store for the products into its tile, and vector loads for that store: the codes of the
+// next chunk are widened (into the other of two buffers) before this chunk's are loaded, a
+// tile's sums are stored once the next tile's products are issued, and read back one step
+// later. Without it the int4 layer at 16 tokens ran 4x slower (profile: the loads waiting).
+// xb: the tokens' activations as tiles 3, 6, 7 read them (amx::build_x); unit: the partials'
+// (kInt4DownUnit); ys: the tokens' partial outputs.
+template <int BITS>
+void amx_ffn_task(const Step& s, const Task& task, int64_t g0, int64_t g1, const uint32_t* xb, int T, float unit,
+                  float* const* ys, amx::Tiles& tiles) {
+  const int64_t dp = s.dp, gs = s.group_size;
+  const int sd = s.scale_dtype, sbytes = scale_bytes(sd);
+  const int64_t group_bytes = q_group_bytes(BITS, gs, dp, sd), scale_area = q_scale_area_bytes(gs, dp, sd);
+  const int64_t gate_up = q_gate_up_bytes(BITS, gs, dp, sd);
+  const auto* base = static_cast<const uint8_t*>(task.weights);
+  const __m512i table = amx::int4_table(), even = amx::even_words(), odd = amx::odd_words();
+  // int8 down: the words of two neurons' outputs (16 each) interleaved, output by output.
+  alignas(64) static const uint16_t pair_idx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                    8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i pairs = _mm512_load_si512(pair_idx);
+  const __mmask16 live = static_cast<__mmask16>((1u << T) - 1);
+  const V tok_w = _mm512_maskz_loadu_ps(live, s.tok_w.data() + task.tok_begin);
+  alignas(64) uint16_t a[2][16][32];        // weights, in turn
+  alignas(64) float sums[4][16][16] = {};   // stored sums
+  alignas(64) float hT[16][32];             // h, token x neuron
+  alignas(64) uint16_t hp[3][16][32] = {};  // its parts; tokens from T on stay 0
+  alignas(64) uint16_t bd[2][16][32];       // down codes, in turn
+  alignas(32) float scale[8][8];            // per group of the chunk, its rows' scales
+  alignas(64) float total[8][8][16];        // per group, row, token: the scaled sums
+  const int64_t per_scale = gs / NB;        // neuron groups per row of down scales
+  std::vector<float> widened;               // 16-bit down scales: the row in use, widened once
+  const uint8_t* widened_row = nullptr;
+  const int64_t kcs = gs / 32;  // chunks of 32 columns per quantization group
+  for (int64_t g = g0; g < g1;) {
+    const int64_t ge = std::min({g + 8, g1, (g / per_scale + 1) * per_scale});
+    std::memset(hT, 0, sizeof hT);
+    // Gate/up, column chunk by column chunk: the chunk's activations are loaded once (tiles 3,
+    // 6, 7) for every pair of groups, each pair's sums in its own tile (0, 1, 2, 4).
+    const int ng = static_cast<int>(ge - g), np = (ng + 1) / 2;
+    tiles.use(T);
+    // The next chunk's groups: their scales and first codes (this chunk's codes are asked for
+    // kPrefetchBytes ahead, as in group_pass_q, but its scales and first codes would not be).
+    for (int64_t next = ge; next < std::min(ge + 8, g1); ++next)
+      for (int64_t b = 0; b < scale_area + kPrefetchBytes; b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(base + next * group_bytes + b), _MM_HINT_T1);
+    if (ng % 2) std::memset(a[0][8], 0, 8 * sizeof a[0][0]), std::memset(a[1][8], 0, 8 * sizeof a[1][0]);
+    const uint8_t* grp = base + g * group_bytes;
+    auto build_rows = [&](int64_t step) {  // step = kc * np + pair: its codes into a[step % 2]
+      const int64_t kc = step / np, p = step % np;
+      for (int i = 0; i < 2 && 2 * p + i < ng; ++i) {
+        const uint8_t* w = grp + (2 * p + i) * group_bytes + scale_area + kc * 2 * q_chunk_bytes<BITS>();
+        prefetch_ahead<true>(w, 2 * q_chunk_bytes<BITS>());
+        gate_up_rows<BITS>(w, a[step % 2] + 8 * i, table, even, odd);
+      }
+    };
+    const int64_t chunks = dp / 32, steps = chunks * np;
+    build_rows(0);
+    for (int64_t q = 0; q < dp / gs; ++q) {
+      for (int i = 0; i < ng; ++i) _mm256_store_ps(scale[i], load_scales8(grp + i * group_bytes + q * R * sbytes, sd));
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(4);
+      for (int64_t kc = q * kcs; kc < (q + 1) * kcs; ++kc) {
+        const uint32_t* x = xb + kc * 3 * 16 * T;
+        _tile_loadd(3, x, 4 * T);
+        _tile_loadd(6, x + 16 * T, 4 * T);
+        _tile_loadd(7, x + 32 * T, 4 * T);
+        for (int p = 0; p < np; ++p) {
+          const int64_t step = kc * np + p;
+          if (step + 1 < steps) build_rows(step + 1);
+          _tile_loadd(5, a[step % 2], 64);
+          if (p == 0) DEAMOE_GATE_UP_PAIR(0);
+          if (p == 1) DEAMOE_GATE_UP_PAIR(1);
+          if (p == 2) DEAMOE_GATE_UP_PAIR(2);
+          if (p == 3) DEAMOE_GATE_UP_PAIR(4);
+        }
+      }
+      for (int p = 0; p < np; ++p) {
+        if (p == 0) _tile_stored(0, sums[p], 64);
+        if (p == 1) _tile_stored(1, sums[p], 64);
+        if (p == 2) _tile_stored(2, sums[p], 64);
+        if (p == 3) _tile_stored(4, sums[p], 64);
+      }
+      for (int p = 0; p < np; ++p)
+        for (int m = 0; m < 16 && 8 * p + m < 8 * ng; ++m) {
+          float* tot = total[2 * p + m / 8][m % 8];
+          _mm512_store_ps(tot, vfma(_mm512_load_ps(sums[p][m]), vset1(scale[2 * p + m / 8][m % 8]),
+                                    q ? _mm512_load_ps(tot) : vzero()));
+        }
+    }
+    for (int i = 0; i < ng; ++i) {
+      const float* bias = task.gate_up_bias ? task.gate_up_bias + (g + i) * R : nullptr;
+      for (int n = 0; n < NB; ++n) {
+        const V gate = vadd(_mm512_load_ps(total[i][2 * n]), vset1(bias ? bias[2 * n] : 0.0f));
+        const V up = vadd(_mm512_load_ps(total[i][2 * n + 1]), vset1(bias ? bias[2 * n + 1] : 0.0f));
+        alignas(64) float h[16];
+        vstore(h, vactivate(s.act, gate, up, tok_w));
+        for (int t = 0; t < T; ++t) hT[t][i * NB + n] = h[t];
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      __m512 lo[3], hi[3];
+      amx::split3(_mm512_load_ps(hT[t]), lo);
+      amx::split3(_mm512_load_ps(hT[t] + 16), hi);
+      for (int p = 0; p < 3; ++p) _mm512_store_si512(hp[p][t], amx::bf16_words(lo[p], hi[p], odd));
+    }
+    tiles.use(kAmxTokens);
+    _tile_loadd(5, hp[0], 64);
+    _tile_loadd(6, hp[1], 64);
+    _tile_loadd(7, hp[2], 64);
+    if (ng < 8)
+      std::memset(bd[0][2 * ng], 0, (16 - 2 * ng) * sizeof bd[0][0]),
+          std::memset(bd[1][2 * ng], 0, (16 - 2 * ng) * sizeof bd[0][0]);
+    // This chunk's row of down scales, widened to fp32 when stored in 16 bits.
+    const uint8_t* row = base + task.groups * group_bytes + g / per_scale * dp * sbytes;
+    const float* dscale = reinterpret_cast<const float*>(row);
+    if (sd != kScaleF32) {
+      if (row != widened_row) {
+        widened.resize(static_cast<size_t>(dp));
+        float* out = widened.data();
+        for (int64_t c = 0; c < dp; c += 8) _mm256_storeu_ps(out + c, load_scales8(row + 2 * c, sd));
+        widened_row = row;
+      }
+      dscale = widened.data();
+    }
+    const V vunit = vset1(unit);
+    auto build = [&](int64_t j) {  // output chunk j's codes into bd[j % 2]
+      uint16_t (*b)[32] = bd[j % 2];
+      for (int i = 0; i < ng; ++i) {
+        const uint8_t* w = base + (g + i) * group_bytes + gate_up + j * (BITS == 4 ? 2 * W : NB * W);
+        prefetch_ahead<true>(w, BITS == 4 ? 2 * W : NB * W);
+        if constexpr (BITS == 4) {
+          // Lane o: output o's 4 neuron codes. z | z << 12 puts neuron 1's code in the high word,
+          // shifted by 8 neurons 2 and 3 come down to the low nibbles of the two words.
+          const __m512i z = load_u16(w), v = _mm512_or_si512(z, _mm512_slli_epi32(z, 12));
+          _mm512_store_si512(b[2 * i], _mm512_permutexvar_epi16(v, table));
+          _mm512_store_si512(b[2 * i + 1], _mm512_permutexvar_epi16(_mm512_srli_epi32(v, 8), table));
+        } else {
+          for (int n = 0; n < NB; n += 2)
+            _mm512_store_si512(b[2 * i + n / 2],
+                               _mm512_permutexvar_epi16(pairs, amx::int8_words(w + n * W, w + (n + 1) * W)));
+        }
+      }
+    };
+    auto store = [&](int64_t j) {  // output chunk j's sums, from tile j % 2
+      if (j % 2 == 0)
+        _tile_stored(0, sums[0], 64);
+      else
+        _tile_stored(1, sums[1], 64);
+    };
+    auto added = [&](int64_t j) {  // ... stored, times the outputs' scales, into y
+      const V sc = vmul(vload(dscale + j * W), vunit);
+      for (int t = 0; t < T; ++t) vstore(ys[t] + j * W, vfma(_mm512_load_ps(sums[j % 2][t]), sc, vload(ys[t] + j * W)));
+    };
+    const int64_t outs = dp / W;
+    build(0);
+    for (int64_t j = 0; j < outs; ++j) {
+      if (j + 1 < outs) build(j + 1);
+      if (j % 2 == 0)
+        DEAMOE_DOWN_CHUNK(0, 3, bd[0]);
+      else
+        DEAMOE_DOWN_CHUNK(1, 4, bd[1]);
+      if (j >= 1) store(j - 1);
+      if (j >= 2) added(j - 2);
+    }
+    store(outs - 1);
+    if (outs >= 2) added(outs - 2);
+    added(outs - 1);
+    g = ge;
+  }
+}
+
+// A task on the tiles: its tokens' columns of the step's activations (all of them in order
+// as they are, else gathered), then its groups.
+template <int BITS, int MODE>
+void amx_task(const Step& s, const Task& task, int64_t g0, int64_t g1, float* mine, amx::Tiles& tiles) {
+  const int T = static_cast<int>(task.tok_count);
+  alignas(64) int32_t idx[16] = {};
+  float* ys[16];
+  bool in_order = task.tok_count == s.tokens;
+  for (int t = 0; t < T; ++t) {
+    idx[t] = static_cast<int32_t>(s.tok_idx[task.tok_begin + t]);
+    in_order = in_order && idx[t] == t;
+    ys[t] = mine + idx[t] * s.dp;
+  }
+  const uint32_t* xb = s.xb.data();
+  thread_local std::vector<uint32_t> gathered;
+  if (!in_order) {  // row by row (s.tokens dwords each: s.xb has room for a vector past the last)
+    const int64_t rows = s.dp / 32 * 3 * 16;
+    gathered.resize(static_cast<size_t>(rows * T));
+    const __m512i pick = _mm512_load_si512(idx);
+    const __mmask16 live = static_cast<__mmask16>((1u << T) - 1);
+    uint32_t* out = gathered.data();
+    for (int64_t r = 0; r < rows; ++r)
+      _mm512_mask_storeu_epi32(out + r * T, live,
+                               _mm512_permutexvar_epi32(pick, _mm512_loadu_si512(xb + r * s.tokens)));
+    xb = out;
+  }
+  amx_ffn_task<BITS>(s, task, g0, g1, xb, T, BITS == 4 ? kInt4DownUnit[MODE] : 1.0f, ys, tiles);
+}
+#endif
+
 template <int BITS, int MODE>
 void run_tasks_q(const Step& s, int slice, int slices) {
   const int64_t dp = s.dp, gs = s.group_size;
@@ -947,11 +1351,21 @@ void run_tasks_q(const Step& s, int slice, int slices) {
   thread_local std::vector<float> widened;
   if (sd != kScaleF32 && static_cast<int64_t>(widened.size()) < dp) widened.resize(static_cast<size_t>(dp));
   const uint8_t* widened_row = nullptr;
+#if defined(DEAMOE_AMX)
+  amx::Tiles tiles;
+#endif
   for (const Task& task : s.tasks) {
     int64_t g0, g1;
     split(task.groups, slice, slices, &g0, &g1);
     const auto* base = static_cast<const uint8_t*>(task.weights);
     const uint8_t* dscales = base + task.groups * group_bytes;
+#if defined(DEAMOE_AMX)
+    if (s.amx && task.tok_count >= kAmxMinBlockTokens) {
+      if (g0 < g1) amx_task<BITS, MODE>(s, task, g0, g1, mine, tiles);
+      add_down_bias(s, task, g0, g1, mine, BITS == 4 ? kInt4DownUnit[MODE] : 1.0f);
+      continue;
+    }
+#endif
     for (int64_t t0 = 0; t0 < task.tok_count; t0 += kMaxTokensPerPassQ) {
       const int tt = static_cast<int>(std::min<int64_t>(kMaxTokensPerPassQ, task.tok_count - t0));
       for (int t = 0; t < tt; ++t) {
@@ -1067,13 +1481,21 @@ void busy_job(void* ctx, int, int) {
 
 extern "C" {
 
-int dm_abi_version() { return 11; }
+int dm_abi_version() { return 12; }
 // The int4 code-to-float mode (see kConvert / kSubnormal): set it with 0 or 1 (tests run
 // both), pass -1 to only read it. Returns the mode in force.
 int dm_int4_mode(int mode) {
   if (mode == kConvert || mode == kSubnormal) g_int4_mode.store(mode);
   return g_int4_mode.load();
 }
+// The AMX path (see "AMX"): 1 on (only where the build and the OS allow it), 0 off; -1 only
+// reads it. Returns the mode in force.
+int dm_amx_mode(int mode) {
+  if (mode == 0 || (mode == 1 && g_amx_available)) g_amx_mode.store(mode);
+  return g_amx_mode.load();
+}
+// Whether the build and the OS allow the AMX path (dm_amx_mode can turn it on).
+int dm_amx_available() { return g_amx_available ? 1 : 0; }
 const char* dm_simd() { return DEAMOE_SIMD; }
 int64_t dm_row_pad() { return kPad; }
 int64_t dm_neurons_per_group() { return NB; }
@@ -1367,6 +1789,14 @@ void run_step(Pool* pool, const dm_layer& L, const float* x, int64_t tokens, con
       if (!(largest < 0x1p60f)) s.int4_mode = kConvert;
     }
   }
+#if defined(DEAMOE_AMX)
+  s.amx = L.weight_bits && g_amx_mode.load(std::memory_order_relaxed) == 1 && tokens >= kAmxMinBlockTokens &&
+          tokens <= kAmxTokens && L.group_size % 32 == 0;
+  if (s.amx) {
+    s.xb.resize(static_cast<size_t>(dp / 32 * 3 * 16 * tokens + 16));
+    amx::build_x(x, dp, static_cast<int>(tokens), dp, s.xb.data());
+  }
+#endif
   const int64_t esize = L.dtype == 1 ? 2 : 4;
   auto block = [&](const void* base, int64_t index, int64_t groups) {
     if (L.weight_bits)  // groups, then the block's down scales

@@ -80,6 +80,7 @@ struct LinearRows {
   const float* xsum;       // int4: [tokens, cols / group_size] sums of x per group
   const float* x_shifted;  // int4 kSubnormal: x * 2^kSubnormalXShift, [tokens, x_stride]
   int int4_mode;
+  const uint32_t* xb = nullptr;  // quantized on the tiles: x as they read it (gemv_quads_q_amx)
 };
 
 // y[t, r] = w[r] . x[t] (+ bias[r]) for tokens [t0, t0 + TT) and the four rows of one quad:
@@ -288,8 +289,101 @@ void gemv_quad_q_tokens(const LinearRows& J, int64_t quad, int64_t t0) {
 // registers.
 constexpr int kQTokenTile = 2;
 
+#if defined(DEAMOE_AMX)
+// Quads [q0, q1) of a quantized projection on the tiles (deamoe_cpu.cpp, "AMX"), for tokens in
+// tiles of up to 16: up to 16 quads at a time, column chunk by column chunk: the chunk's
+// activations loaded once (tiles 3, 6, 7: J.xb) for the four sets of four quads, each set's 16
+// rows the weight tile (5) with its sums in a tile of its own (0, 1, 2, 4); per quantization
+// group the sums are stored and scaled into `total`. The codes of the next set are widened
+// before this set's are loaded (a tile load waits for the vector stores of its bytes), into
+// the other of two buffers. The table's codes are q - 8 (int4) and int8's are stored signed:
+// no zero point to take off.
+template <int BITS, int SD>
+void gemv_quads_q_amx(const LinearRows& J, int64_t q0, int64_t q1) {
+  const int64_t cols = J.L.cols_p, gs = J.L.group_size, rows = J.L.rows;
+  constexpr int sbytes = kQuad * scale_bytes(SD);
+  const int64_t quad_bytes = q_quad_bytes(BITS, cols, gs, SD), group_bytes = q_group_bytes(BITS, gs, SD);
+  constexpr int64_t chunk_bytes = BITS == 4 ? 64 : 128;  // 32 columns of a quad
+  const int64_t kcs = gs / 32, chunks = cols / 32;
+  const __m512i table = amx::int4_table();
+  amx::Tiles tiles;
+  alignas(64) uint16_t a[2][16][32];
+  alignas(64) float sums[4][16][16] = {};
+  alignas(32) float scale[16][kQuad];
+  alignas(64) float total[64][16];
+  const uint8_t* w = static_cast<const uint8_t*>(J.L.w);
+  for (int64_t t0 = 0; t0 < J.tokens; t0 += kAmxTokens) {
+    const int T = static_cast<int>(std::min<int64_t>(kAmxTokens, J.tokens - t0));
+    tiles.use(T);
+    const uint32_t* xb = J.xb + t0 * chunks * 3 * 16;
+    for (int64_t qs = q0; qs < q1; qs += 16) {
+      const int nq = static_cast<int>(std::min<int64_t>(16, q1 - qs)), sets = (nq + 3) / 4;
+      if (nq % 4)
+        for (int i = 0; i < 2; ++i) std::memset(a[i][4 * (nq % 4)], 0, (16 - 4 * (nq % 4)) * sizeof a[0][0]);
+      const uint8_t* quads = w + qs * quad_bytes;
+      auto build = [&](int64_t step) {  // step = kc * sets + set: its quads' codes into a[step % 2]
+        const int64_t kc = step / sets, set = step % sets;
+        for (int i = 0; i < 4 && 4 * set + i < nq; ++i) {
+          const uint8_t* p =
+              quads + (4 * set + i) * quad_bytes + kc / kcs * group_bytes + sbytes + kc % kcs * chunk_bytes;
+          if (t0 == 0) prefetch_ahead<true>(p, chunk_bytes);
+          uint16_t (*rows4)[32] = a[step % 2] + 4 * i;
+          if constexpr (BITS == 4) {
+            const __m512i lanes = _mm512_loadu_si512(p);  // column c's four codes in lane c
+            for (int r = 0; r < kQuad; ++r)
+              _mm512_store_si512(rows4[r], _mm512_permutexvar_epi16(_mm512_srli_epi16(lanes, 4 * r), table));
+          } else {
+            for (int r = 0; r < kQuad; ++r) _mm512_store_si512(rows4[r], amx::int8_words(p + r * W, p + 64 + r * W));
+          }
+        }
+      };
+      const int64_t steps = chunks * sets;
+      build(0);
+      for (int64_t q = 0; q < cols / gs; ++q) {
+        for (int i = 0; i < nq; ++i) _mm_store_ps(scale[i], load_scales(quads + i * quad_bytes + q * group_bytes, SD));
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(4);
+        for (int64_t kc = q * kcs; kc < (q + 1) * kcs; ++kc) {
+          const uint32_t* x = xb + kc * 3 * 16 * T;
+          _tile_loadd(3, x, 4 * T);
+          _tile_loadd(6, x + 16 * T, 4 * T);
+          _tile_loadd(7, x + 32 * T, 4 * T);
+          for (int set = 0; set < sets; ++set) {
+            const int64_t step = kc * sets + set;
+            if (step + 1 < steps) build(step + 1);
+            _tile_loadd(5, a[step % 2], 64);
+            if (set == 0) DEAMOE_GATE_UP_PAIR(0);
+            if (set == 1) DEAMOE_GATE_UP_PAIR(1);
+            if (set == 2) DEAMOE_GATE_UP_PAIR(2);
+            if (set == 3) DEAMOE_GATE_UP_PAIR(4);
+          }
+        }
+        _tile_stored(0, sums[0], 64);
+        if (sets > 1) _tile_stored(1, sums[1], 64);
+        if (sets > 2) _tile_stored(2, sums[2], 64);
+        if (sets > 3) _tile_stored(4, sums[3], 64);
+        for (int m = 0; m < 4 * nq; ++m)
+          _mm512_store_ps(total[m], vfma(_mm512_load_ps(sums[m / 16][m % 16]), vset1(scale[m / 4][m % 4]),
+                                         q ? _mm512_load_ps(total[m]) : vzero()));
+      }
+      for (int m = 0; m < 4 * nq; ++m) {
+        const int64_t row = qs * kQuad + m;
+        if (row >= rows) break;
+        const float bias = J.L.bias ? J.L.bias[row] : 0.0f;
+        for (int t = 0; t < T; ++t) J.y[(t0 + t) * J.y_stride + row] = total[m][t] + bias;
+      }
+    }
+  }
+}
+#endif
+
 template <int BITS, int MODE, int SD>
 void gemv_quads_q(const LinearRows& J, int64_t q0, int64_t q1) {
+#if defined(DEAMOE_AMX)
+  if (J.xb) return gemv_quads_q_amx<BITS, SD>(J, q0, q1);
+#endif
   const int64_t cols = J.L.cols_p, gs = J.L.group_size, rows = J.L.rows;
   constexpr int sbytes = kQuad * scale_bytes(SD);
   const int64_t quad_bytes = q_quad_bytes(BITS, cols, gs, SD);
@@ -418,6 +512,7 @@ void gemv_job(void* ctx, int tid, int nthreads) {
 // in kSubnormal mode, x * 2^kSubnormalXShift.
 struct Int4Inputs {
   std::vector<float> xsum, x_shifted;
+  std::vector<uint32_t> xb;  // quantized projections on the tiles: x as they read it (amx::build_x)
 };
 
 void gemv(Pool* pool, GemvJob& job, Int4Inputs& in) {
@@ -462,6 +557,36 @@ void gemv(Pool* pool, GemvJob& job, Int4Inputs& in) {
     sum_at += J.tokens * groups;
     shifted_at += n;
   }
+#if defined(DEAMOE_AMX)
+  // Quantized projections of kAmxMinTokens tokens or more take the tiles (deamoe_cpu.cpp, "AMX").
+  if (g_amx_mode.load(std::memory_order_relaxed) == 1) {
+    int64_t words = 0;
+    auto amx_rows = [](const LinearRows& J) {
+      return J.L.bits && J.tokens >= kAmxMinTokens && J.L.cols_p % 32 == 0 && J.L.group_size % 32 == 0;
+    };
+    auto tile_words = [](const LinearRows& J) { return J.tokens * (J.L.cols_p / 32) * 3 * 16; };
+    for (int m = 0; m < job.count; ++m)
+      if (amx_rows(job.mats[m])) words += tile_words(job.mats[m]);
+    if (static_cast<int64_t>(in.xb.size()) < words) in.xb.resize(static_cast<size_t>(words));
+    int64_t at = 0;
+    for (int m = 0; m < job.count; ++m) {
+      LinearRows& J = job.mats[m];
+      if (!amx_rows(J)) continue;
+      const LinearRows* prev = m > 0 ? &job.mats[m - 1] : nullptr;
+      if (prev && prev->xb && prev->x == J.x && prev->L.cols_p == J.L.cols_p && prev->tokens == J.tokens &&
+          prev->x_stride == J.x_stride) {  // q, k and v: the same input
+        J.xb = prev->xb;
+        continue;
+      }
+      uint32_t* xb = in.xb.data() + at;
+      for (int64_t t0 = 0; t0 < J.tokens; t0 += kAmxTokens)
+        amx::build_x(J.x + t0 * J.x_stride, J.x_stride, static_cast<int>(std::min<int64_t>(kAmxTokens, J.tokens - t0)),
+                     J.L.cols_p, xb + t0 * (J.L.cols_p / 32) * 3 * 16);
+      J.xb = xb;
+      at += tile_words(J);
+    }
+  }
+#endif
   if (pool->size() == 1)
     gemv_job(&job, 0, 1);
   else

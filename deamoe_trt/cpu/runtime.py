@@ -81,6 +81,18 @@ def int4_mode(mode: str | None = None) -> str:
     return INT4_MODES[load().dm_int4_mode(-1 if mode is None else INT4_MODES.index(mode))]
 
 
+def amx_mode(on: bool | None = None) -> bool:
+    """Whether the quantized loops take AMX tiles at several tokens (deamoe_cpu.cpp, "AMX"):
+    on by default where the CPU, the build and the OS allow it. Sets the process-wide switch
+    when given (on is refused quietly where AMX is unavailable); returns the mode in force."""
+    return bool(load().dm_amx_mode(-1 if on is None else int(on)))
+
+
+def amx_available() -> bool:
+    """Whether this CPU, the kernel's build and the OS allow the AMX path."""
+    return bool(load().dm_amx_available())
+
+
 def simd() -> str:
     """The vector ISA the kernel was built for: 'avx512' or 'avx2'."""
     return load().dm_simd().decode()
