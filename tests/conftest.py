@@ -8,7 +8,8 @@ once per session.
   the SIMT emulator (deamoe_trt/cuda/simt_emulator/simt_emulator.h), exporting the real C ABI;
   needs a C++20 compiler and the CUDA headers (no GPU).
 Each skips with the reason when its tools are missing, and is built once per content of its
-sources (cached_build: later sessions load the same build).
+sources (host_lib: cached_build, under .pytest_cache; emulated_lib: the package's own cache,
+deamoe_trt.checks.emulated.cached_emulated_library): later sessions load the same build.
 
 Tests marked `scale` (real sizes) skip unless DEAMOE_SCALE_TESTS=1.
 """
@@ -25,13 +26,7 @@ import pytest
 import torch
 
 from configs import MICRO_LM
-from deamoe_trt.checks.emulated import (
-    EMULATOR_DIR,
-    KERNEL_DIR,
-    emulated_library_command,
-    find_cuda_include,
-    find_cxx,
-)
+from deamoe_trt.checks.emulated import KERNEL_DIR, cached_emulated_library, find_cuda_include, find_cxx
 from deamoe_trt.lm import DeaMoELM
 
 # Tests at real sizes prove what only a real size shows (memory bounds, protobuf's 2 GiB);
@@ -118,23 +113,17 @@ def host_lib(request: pytest.FixtureRequest) -> ctypes.CDLL:
 
 
 @pytest.fixture(scope="session")
-def emulated_lib(request: pytest.FixtureRequest) -> ctypes.CDLL:
+def emulated_lib() -> ctypes.CDLL:
     from deamoe_trt.cuda._abi import bind
 
-    cxx = find_cxx()
-    if cxx is None:
+    if find_cxx() is None:
         pytest.skip("no C++ compiler on PATH to build the SIMT-emulated kernel library")
-    include = find_cuda_include()
-    if include is None:
+    if find_cuda_include() is None:
         pytest.skip("no CUDA toolkit headers (cuda_fp16.h) found via CUDA_HOME, nvcc or /usr/local/cuda")
-    # The toolkit's half and bfloat16 headers the emulated kernels compile against.
-    toolkit = [path for path in include.glob("cuda_*.h*") if path.is_file()]
-
-    def command(output: Path) -> list[str]:
-        return emulated_library_command(cxx, include, output)
-
-    out = cached_build(request, "libdeamoe_emulated.so", command, [*files_under(KERNEL_DIR, EMULATOR_DIR), *toolkit])
-    return bind(ctypes.CDLL(str(out)))
+    # The package's own cached build (keyed by its sources, headers and compiler): the cuda-emulated
+    # runtime and `check-gpu --dry-run`, which tests and the doc-block test run, load the same file,
+    # so the library compiles once per source, not once for the tests and again for those.
+    return bind(ctypes.CDLL(str(cached_emulated_library())))
 
 
 # The micro language model (configs.MICRO_LM), random weights, and its checkpoint.

@@ -64,8 +64,9 @@ def build_emulated_library(output: Path) -> Path:
 
 def cached_emulated_library() -> Path:
     """The emulated library built once per source: under deamoe_trt.native.cache_dir()/
-    cuda-emulated/<hash of the kernel and emulator sources, the CUDA headers and the compiler>/
-    (a build to a temporary name, renamed), so each process after the first loads it at once."""
+    cuda-emulated/<hash of the kernel and emulator sources, the CUDA headers, the compiler's
+    command and version>/ (a build to a temporary name, renamed), so each process after the
+    first loads it at once; the kernel tests load this build too."""
     import hashlib
     import tempfile
 
@@ -82,6 +83,10 @@ def cached_emulated_library() -> Path:
             digest.update(file.name.encode())
             digest.update(file.read_bytes())
     digest.update(f"{cxx} {include}".encode())
+    if cxx is not None and include is not None:
+        digest.update(" ".join(emulated_library_command(cxx, include, Path("OUTPUT"))).encode())
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
+        digest.update(version.stdout.encode())
     library = cache_dir() / "cuda-emulated" / digest.hexdigest()[:16] / "libdeamoe_emulated.so"
     if library.is_file():
         return library
