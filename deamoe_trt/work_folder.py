@@ -6,7 +6,8 @@ a JSON description of what they rebuild, and torch's global random state after t
 computed, restored when the piece is loaded so that what follows draws the same numbers an
 uninterrupted run draws. state.json holds a fingerprint of the source weights, the data and
 the settings: a folder of another run is set aside with a one-line note and the run starts
-over. convert (deamoe_trt.convert.resume's modules) and quantize's AWQ keep their pieces here.
+over. convert (deamoe_trt.convert.resume's modules), quantize's AWQ and train (each model
+trained whole, beside the checkpoints of the one in training) keep their pieces here.
 """
 
 from __future__ import annotations

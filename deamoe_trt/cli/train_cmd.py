@@ -34,37 +34,10 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     import dataclasses
-    from pathlib import Path
 
-    from .. import runtimes
-    from .._io import check_replaceable, json_format_is, replaced_directory
-    from ..console import format_bytes, format_table
-    from ..lm.checkpoint import FORMAT
-    from ..runtimes.decode import generate
-    from ..train.lm import QUICK, TEXT_SOURCE, TrainSettings, save_trained, train
+    from ..train.lm import QUICK, TrainSettings
+    from ..train.tiny import run_train_tiny
 
     base = QUICK if args.quick else TrainSettings(steps=DEFAULT_STEPS)
     settings = dataclasses.replace(base, steps=args.steps or base.steps, seed=args.seed, threads=args.threads)
-    out, ours, what = Path(args.output or "tiny-lm"), json_format_is(FORMAT), "language-model checkpoint"
-    check_replaceable(out, ours, what, force=args.force)  # before the training, not after it
-    print(f"training tiny-lm for {settings.steps} steps on {TEXT_SOURCE} (seed {settings.seed})")
-    result = train(settings=settings)
-    with replaced_directory(out, ours, what, force=args.force, note=common.note) as staging:
-        save_trained(result, settings, staging)
-    size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
-    print(
-        format_table(
-            ("loss (nats per byte)", "value"),
-            [
-                ("validation, before training", f"{result.initial_val_loss:.3f}"),
-                ("train (last 10% of steps)", f"{result.train_loss:.3f}"),
-                ("validation, after training", f"{result.val_loss:.3f}"),
-            ],
-            title=f"Trained in {result.seconds:.0f} s",
-        )
-    )
-    prompt = "Anne"
-    sample = generate(runtimes.get("torch").decoder(result.model), result.tokenizer.encode(prompt), 80)
-    print(f"\ngreedy sample: {prompt + result.tokenizer.decode(sample.new_ids)!r}")
-    print(f"\nwrote {out} ({format_bytes(size)})")
-    return 0
+    return run_train_tiny(args.output or "tiny-lm", settings, force=args.force, note=common.note)

@@ -56,41 +56,19 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    import dataclasses
-    import json
-    from pathlib import Path
+    from ..train.compare import run_comparison
 
-    from .._io import check_replaceable, json_format_is, replaced_directory
-    from ..convert.distill import init_distributed
-    from ..convert.sharding import fsdp_requested
-    from ..train.compare import REPORT_FORMAT, compare, get_preset, report_table
-
-    out = Path(args.output)
-    ours, what = json_format_is(REPORT_FORMAT, "report.json"), "training comparison"
-    check_replaceable(out, ours, what, force=args.force)  # before the training, not after it
-    rank, size = init_distributed("cpu")
-    preset = get_preset(args.preset)
-    if args.text:
-        preset = dataclasses.replace(preset, corpus=args.text)
-    if rank == 0:
-        print(f"training a DeaMoE LM and its matched vanilla MoE ({preset.description}) on {size} process(es)")
-    report, models = compare(
-        preset,
+    return run_comparison(
+        args.output,
+        preset_name=args.preset,
+        text=args.text,
         steps=args.steps,
         dense_steps=args.dense_steps,
         upcycled=args.upcycle,
         scratch=not args.upcycled_only,
         seed=args.seed,
         threads=args.threads,
-        progress=rank == 0,
-        fsdp=fsdp_requested(args.fsdp),
+        fsdp=args.fsdp,
+        force=args.force,
+        note=common.note,
     )
-    report["settings"]["processes"] = size
-    if rank == 0:
-        with replaced_directory(out, ours, what, force=args.force, note=common.note) as staging:
-            for name, model in models.items():
-                model.save_pretrained(staging / name)
-            (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-        print(report_table(report))
-        print(f"\nwrote {out}")
-    return 0

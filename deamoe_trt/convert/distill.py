@@ -193,6 +193,27 @@ def save_checkpoint(
 ) -> Path:
     """Write the checkpoint (if write). Sharded parameters are gathered whole first, a
     collective: then every process calls this, and one writes."""
+    meta = {"step": step, "losses": losses, "settings": settings.fingerprint()}
+    return save_training_state(Path(str(settings.checkpoint)), "healing", meta, params, optimizer, gen, write=write)
+
+
+def _resume(settings: DistillSettings, params, optimizer, gen: torch.Generator, losses: list[float]) -> int:
+    """Load settings.checkpoint into params, optimizer, gen and losses if it exists; its step."""
+    path, expected = Path(str(settings.checkpoint)), {"settings": settings.fingerprint()}
+    meta = load_training_state(path, "healing", expected, params, optimizer, gen)
+    if meta is None:
+        return 0
+    losses[:] = meta["losses"]
+    return int(meta["step"])
+
+
+def save_training_state(
+    path: Path, kind: str, meta: dict, params, optimizer, gen: torch.Generator, *, write: bool = True
+) -> Path:
+    """A training run's state in one safetensors file written whole (if write): params, their
+    Adam(W) state and gen's state as tensors, meta (JSON: the step, the losses, what must
+    match to resume) under the metadata key kind. Sharded values are gathered whole first, a
+    collective: then every process calls this, and one writes."""
     from safetensors.torch import save_file
 
     tensors = {"generator": gen.get_state()}
@@ -203,40 +224,36 @@ def save_checkpoint(
             tensors[f"step.{i}"] = torch.as_tensor(state["step"]).detach().cpu().reshape(1)
             tensors[f"exp_avg.{i}"] = full(state["exp_avg"].detach()).cpu().contiguous()
             tensors[f"exp_avg_sq.{i}"] = full(state["exp_avg_sq"].detach()).cpu().contiguous()
-    path = Path(settings.checkpoint)
     if not write:
         return path
-    meta = {
-        "step": step,
-        "losses": losses,
-        "settings": settings.fingerprint(),
-        "shapes": [list(p.shape) for p in params],
-    }
+    meta = {**meta, "shapes": [list(p.shape) for p in params]}
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={"healing": json.dumps(meta)})
+        save_file(tensors, str(tmp), metadata={kind: json.dumps(meta)})
     return path
 
 
-def _resume(settings: DistillSettings, params, optimizer, gen: torch.Generator, losses: list[float]) -> int:
-    """Load settings.checkpoint into params, optimizer, gen and losses if it exists; its step."""
+def load_training_state(path: Path, kind: str, expected: dict, params, optimizer, gen: torch.Generator) -> dict | None:
+    """Load the state save_training_state wrote to path into params, optimizer and gen; its
+    meta, or None when there is no file. A one-line UsageError when it is unreadable or its
+    meta differs from expected (or its shapes from params')."""
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
-    path = Path(settings.checkpoint)
+    what = f"{kind} checkpoint"
     if not path.exists():
-        return 0
+        return None
     try:
         with safe_open(str(path), framework="pt") as f:
-            meta = json.loads((f.metadata() or {}).get("healing", "null"))
+            meta = json.loads((f.metadata() or {}).get(kind, "null"))
         tensors = load_file(str(path))
     except (SafetensorError, OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"healing checkpoint {path} is unreadable: {exc}") from None
+        raise UsageError(f"{what} {path} is unreadable: {exc}") from None
     if not isinstance(meta, dict) or "step" not in meta:
-        raise UsageError(f"{path} is not a healing checkpoint")
-    if meta["settings"] != settings.fingerprint() or meta["shapes"] != [list(p.shape) for p in params]:
+        raise UsageError(f"{path} is not a {what}")
+    if any(meta.get(k) != v for k, v in expected.items()) or meta["shapes"] != [list(p.shape) for p in params]:
+        theirs = ", ".join(str(meta.get(k)) for k in expected)
         raise UsageError(
-            f"healing checkpoint {path} is of another run ({meta['settings']}, {len(meta['shapes'])} tensors); "
-            "remove it or give another path"
+            f"{what} {path} is of another run ({theirs}, {len(meta['shapes'])} tensors); remove it or give another path"
         )
     with torch.no_grad():
         for i, p in enumerate(params):
@@ -248,5 +265,4 @@ def _resume(settings: DistillSettings, params, optimizer, gen: torch.Generator, 
                     "exp_avg_sq": like(p, tensors[f"exp_avg_sq.{i}"]),
                 }
     gen.set_state(tensors["generator"])
-    losses[:] = meta["losses"]
-    return int(meta["step"])
+    return meta

@@ -18,23 +18,39 @@ each department's shared part its first f_s neurons, each private part the rest)
 fresh routers, and train the remaining steps. With weights renormalised over the kept
 experts (norm_topk_prob) an upcycled model computes exactly the dense model's function at
 its first step.
+
+Resume (`work`, OUTPUT.work beside the output; deamoe_trt.work_folder): each model trained
+whole is kept there as a piece, and the one in training checkpoints its state every tenth of
+its steps (deamoe_trt.train.lm): a killed run, rerun with the same arguments, takes the
+finished models, continues the unfinished one from its last checkpoint and ends with the
+weights an uninterrupted run ends with. Work of other arguments (or another number of
+processes) is set aside and the run starts over; run_comparison removes the folder once the
+output is written.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
 import math
+import shutil
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
 from ..config import DeaMoEConfig, top_k_moe
+from ..convert.distill import world
 from ..convert.metrics import STEP_TOKENS, departments_per_token, layer_step_bytes
 from ..errors import UsageError
 from ..lm.config import LMConfig
 from ..lm.model import DeaMoELM
 from ..lm.tokenizer import ByteTokenizer
+from ..work_folder import WorkCache, fingerprint, open_work, work_dir
 from .lm import CORPORA, TrainResult, TrainSettings, shipped_text, split_text, train
 
 REPORT_FORMAT = "deamoe-trt-train-comparison"
@@ -254,13 +270,16 @@ def compare(
     threads: int = 1,
     progress: bool = True,
     fsdp: bool = False,
+    work: Path | None = None,
+    work_writer: bool = True,
 ) -> tuple[dict, dict[str, DeaMoELM]]:
     """Train the DeaMoE and its matched vanilla MoE from scratch (and, with upcycled, both
     from one dense model; without scratch, only those), the same steps in all; (report,
     models by name). Runs as one
     process or as every process of a torchrun job (deamoe_trt.train.lm's data parallelism):
     every process returns the same report and weights, within float rounding; fsdp: sharded
-    over the processes."""
+    over the processes. work: the folder to resume from and keep the finished models and the
+    checkpoints in (written by the process with work_writer)."""
     settings = dataclasses.replace(
         preset.settings, steps=steps or preset.settings.steps, seed=seed, threads=threads, fsdp=fsdp
     )
@@ -272,27 +291,48 @@ def compare(
     configs = {"deamoe": preset.config, "vanilla": preset.vanilla()}
     tokenizer = ByteTokenizer(vocab_size=preset.config.vocab_size)
     text = shipped_text(preset.corpus)
+    cache = None
+    if work is not None:
+        more = {"preset": dataclasses.asdict(preset), "dense_steps": dense_steps, "upcycled": upcycled}
+        key = fingerprint([], settings, command="train", scratch=scratch, processes=world()[1], **more)
+        cache = _open_work(work, key, work_writer, progress)
+
+    def trained(name: str, run: Callable[[Path | None], TrainResult]) -> TrainResult:
+        if cache is None:
+            return run(None)
+        return _trained(cache, name, run)
+
+    def fresh(config: LMConfig, settings: TrainSettings, label: str) -> Callable[[Path | None], TrainResult]:
+        return lambda at: train(
+            config, settings, text=text, tokenizer=tokenizer, progress=progress, label=label, checkpoint=at
+        )
+
+    def upcycled_from(
+        dense: DeaMoELM, config: LMConfig, settings: TrainSettings, label: str
+    ) -> Callable[[Path | None], TrainResult]:
+        return lambda at: train(
+            settings=settings,
+            text=text,
+            tokenizer=tokenizer,
+            model=upcycle(dense, config, seed=seed),
+            progress=progress,
+            label=label,
+            checkpoint=at,
+        )
+
     rows, models = [], {}
     for name, config in configs.items() if scratch else ():
-        result = train(config, settings, text=text, tokenizer=tokenizer, progress=progress, label=f"train {name}")
+        result = trained(name, fresh(config, settings, f"train {name}"))
         rows.append(_row(name, result, preset, settings, {"moe": settings.steps}))
         models[name] = result.model
     if upcycled:
         first = dataclasses.replace(settings, steps=dense_steps)
-        dense = train(preset.dense(), first, text=text, tokenizer=tokenizer, progress=progress, label="train dense")
+        dense = trained("dense", fresh(preset.dense(), first, "train dense"))
         rows.append(_row("dense", dense, preset, first, {"dense": dense_steps}))
         models["dense"] = dense.model
         rest = dataclasses.replace(settings, steps=settings.steps - dense_steps)
         for name, config in configs.items():
-            start = upcycle(dense.model, config, seed=seed)
-            result = train(
-                settings=rest,
-                text=text,
-                tokenizer=tokenizer,
-                model=start,
-                progress=progress,
-                label=f"train {name} (upcycled)",
-            )
+            result = trained(f"{name}-upcycled", upcycled_from(dense.model, config, rest, f"train {name} (upcycled)"))
             steps_taken = {"dense": dense_steps, "moe": rest.steps}
             rows.append(_row(f"{name}-upcycled", result, preset, rest, steps_taken))
             models[f"{name}-upcycled"] = result.model
@@ -314,6 +354,96 @@ def compare(
         "rows": rows,
     }
     return report, models
+
+
+def _open_work(work: Path, key: str, writer: bool, progress: bool) -> WorkCache:
+    import torch.distributed as dist
+
+    distributed = world()[1] > 1
+    if distributed and not writer:
+        dist.barrier()  # the writer makes or clears the folder first: no half-made folder seen
+    log = sys.stderr if progress else io.StringIO()
+    cache = open_work(work, key, writer=writer, log=log, command="train", what="training comparison")
+    if distributed and writer:
+        dist.barrier()
+    return cache
+
+
+def _trained(cache: WorkCache, name: str, run: Callable[[Path | None], TrainResult]) -> TrainResult:
+    """The model `name` trained by run (given its checkpoint file), or as a finished run kept it."""
+    checkpoint = cache.folder / f"{name}.checkpoint.safetensors"
+
+    def pack(result: TrainResult) -> tuple[dict[str, torch.Tensor], dict]:
+        meta = {f: getattr(result, f) for f in ("initial_val_loss", "train_loss", "val_loss", "losses", "seconds")}
+        meta.update(text_source=result.text_source, config=result.model.config.to_dict())
+        return dict(result.model.state_dict()), meta
+
+    def unpack(tensors: dict[str, torch.Tensor], meta: dict) -> TrainResult:
+        model = DeaMoELM(LMConfig.from_dict(meta.pop("config")))
+        model.load_state_dict({k: v for k, v in tensors.items() if not k.startswith("__")})
+        vocab = model.config.vocab_size
+        return TrainResult(model=model.eval(), tokenizer=ByteTokenizer(vocab_size=vocab), **meta)
+
+    result = cache.piece(name, lambda: run(checkpoint), pack, unpack)
+    if cache.writer:
+        checkpoint.unlink(missing_ok=True)  # the finished model is kept whole now
+    return result
+
+
+def run_comparison(
+    output: str | Path,
+    *,
+    preset_name: str,
+    text: str | None = None,
+    steps: int | None = None,
+    dense_steps: int | None = None,
+    upcycled: bool = False,
+    scratch: bool = True,
+    seed: int = 0,
+    threads: int = 1,
+    fsdp: bool = False,
+    force: bool = False,
+    note=None,
+) -> int:
+    """`deamoe-trt train`: compare (resumably, in OUTPUT.work), then write one checkpoint per
+    model and report.json to output (process 0); the exit status."""
+    from .._io import check_replaceable, json_format_is, replaced_directory
+    from ..convert.distill import init_distributed
+    from ..convert.sharding import fsdp_requested
+
+    out = Path(output)
+    ours, what = json_format_is(REPORT_FORMAT, "report.json"), "training comparison"
+    check_replaceable(out, ours, what, force=force)  # before the training, not after it
+    rank, size = init_distributed("cpu")
+    preset = get_preset(preset_name)
+    if text:
+        preset = dataclasses.replace(preset, corpus=text)
+    if rank == 0:
+        print(f"training a DeaMoE LM and its matched vanilla MoE ({preset.description}) on {size} process(es)")
+    work = work_dir(out)
+    report, models = compare(
+        preset,
+        steps=steps,
+        dense_steps=dense_steps,
+        upcycled=upcycled,
+        scratch=scratch,
+        seed=seed,
+        threads=threads,
+        progress=rank == 0,
+        fsdp=fsdp_requested(fsdp),
+        work=work,
+        work_writer=rank == 0,
+    )
+    report["settings"]["processes"] = size
+    if rank == 0:
+        with replaced_directory(out, ours, what, force=force, note=note) as staging:
+            for name, model in models.items():
+                model.save_pretrained(staging / name)
+            (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        shutil.rmtree(work, ignore_errors=True)  # the finished pieces, once the output is written
+        print(report_table(report))
+        print(f"\nwrote {out}")
+    return 0
 
 
 def report_table(report: dict, *, markdown: bool = False) -> str:

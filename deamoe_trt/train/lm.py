@@ -19,10 +19,17 @@ all-reduce of the gradients gives every process the one-process gradient and the
 R processes give one process's result within float rounding; one process computes exactly
 as before. With fsdp the blocks and the rest of the model are sharded over the processes
 instead (deamoe_trt.convert.sharding), their gradients summed by FSDP's reduce-scatter.
+
+Resume: given a checkpoint path, the run writes its state there every checkpoint_every
+steps (the weights, AdamW's state and the batch generator's state as safetensors, the step,
+the losses and the settings as JSON; deamoe_trt.convert.distill.save_training_state, written
+whole by process 0, sharded values gathered first) and, when the file is there at the start,
+continues from it: the batches, steps and weights are those of an uninterrupted run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import lzma
 import math
 import time
@@ -34,7 +41,7 @@ import torch
 from torch.nn import functional as F
 
 from ..console import Progress
-from ..convert.distill import sum_across_ranks, world
+from ..convert.distill import load_training_state, save_training_state, sum_across_ranks, world
 from ..convert.sharding import sharded
 from ..errors import UsageError
 from ..lm.config import LMConfig
@@ -98,6 +105,14 @@ class TrainSettings:
         for name in ("steps", "batch_size", "seq_len", "eval_batches", "log_every", "threads"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+
+
+# Resumable runs checkpoint this many times over their steps (about; at least every step).
+CHECKPOINTS_PER_RUN = 10
+
+
+def checkpoint_every(steps: int) -> int:
+    return max(1, steps // CHECKPOINTS_PER_RUN)
 
 
 # `--quick`: seconds, for tests and a first look; the loss still drops visibly.
@@ -185,11 +200,13 @@ def train(
     model: DeaMoELM | None = None,
     label: str = "train-tiny",
     corpus: str = "persuasion",
+    checkpoint: Path | None = None,
 ) -> TrainResult:
     """Train config (default tiny-lm) on text (default the shipped corpus named `corpus`);
     deterministic given settings.seed and settings.threads. `model`: start from these weights
     (trained in place, its config replaces `config`) instead of a random init, e.g. an
-    upcycled model."""
+    upcycled model. checkpoint: a file to resume from, if there, and to write the run's
+    state to every checkpoint_every(settings.steps) steps."""
     config = model.config if model is not None else config or get_lm_preset("tiny-lm")
     settings = settings or TrainSettings()
     tokenizer = tokenizer or ByteTokenizer(vocab_size=config.vocab_size)
@@ -204,21 +221,21 @@ def train(
         torch.manual_seed(settings.seed)
         if model is None:
             model = DeaMoELM.random(config, seed=settings.seed)
-        result = _train(model, tokenizer, train_ids, val_ids, settings, progress, label)
+        result = _train(model, tokenizer, train_ids, val_ids, settings, progress, label, checkpoint)
     result.text_source = source
     return result
 
 
-def _train(model, tokenizer, train_ids, val_ids, settings: TrainSettings, progress: bool, label: str) -> TrainResult:
+def _train(model, tokenizer, train_ids, val_ids, settings: TrainSettings, progress: bool, label: str, checkpoint):
     if settings.fsdp and world()[1] > 1:
         with sharded(model, [f"layers.{i}" for i in range(len(model.layers))], root=True) as work:
-            result = _train_loop(work, tokenizer, train_ids, val_ids, settings, progress, label)
+            result = _train_loop(work, tokenizer, train_ids, val_ids, settings, progress, label, checkpoint)
         result.model = model.eval()  # the trained values, gathered back whole
         return result
-    return _train_loop(model, tokenizer, train_ids, val_ids, settings, progress, label)
+    return _train_loop(model, tokenizer, train_ids, val_ids, settings, progress, label, checkpoint)
 
 
-def _train_loop(model, tokenizer, train_ids, val_ids, settings: TrainSettings, progress: bool, label: str):
+def _train_loop(model, tokenizer, train_ids, val_ids, settings: TrainSettings, progress: bool, label: str, checkpoint):
     start = time.perf_counter()
     initial_val = evaluate(model, val_ids, settings)
     fsdp = settings.fsdp and world()[1] > 1
@@ -239,8 +256,15 @@ def _train_loop(model, tokenizer, train_ids, val_ids, settings: TrainSettings, p
     losses: list[float] = []
     num_experts = model.config.moe.num_experts
     params = list(model.parameters())
+    first, every = 0, checkpoint_every(settings.steps)
+    expected = {"settings": dataclasses.asdict(settings)}
+    if checkpoint is not None:
+        meta = load_training_state(checkpoint, "training", expected, params, optimizer, gen)
+        if meta is not None:
+            first, losses[:], initial_val = int(meta["step"]), meta["losses"], float(meta["initial_val_loss"])
+            bar.update(f"resumed at step {first}", step=first)
     model.train()
-    for step in range(settings.steps):
+    for step in range(first, settings.steps):
         for group in optimizer.param_groups:
             group["lr"] = _lr(step, settings)
         x, y = windows(train_ids, settings.batch_size, settings.seq_len, gen)
@@ -262,6 +286,10 @@ def _train_loop(model, tokenizer, train_ids, val_ids, settings: TrainSettings, p
         torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
         optimizer.step()
         losses.append(ce.item())
+        done = step + 1
+        if checkpoint is not None and (rank == 0 or fsdp) and done % every == 0 and done < settings.steps:
+            meta = {"step": done, "losses": losses, "initial_val_loss": initial_val, **expected}
+            save_training_state(checkpoint, "training", meta, params, optimizer, gen, write=rank == 0)
         last = step + 1 == settings.steps
         if (step + 1) % settings.log_every == 0 or last:
             window = losses[-settings.log_every :]
