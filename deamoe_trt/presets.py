@@ -1,9 +1,16 @@
-"""Reference shapes from the spec ("Reference shapes (presets)")."""
+"""Reference shapes from the spec ("Reference shapes (presets)"), and `init`'s random
+checkpoint of one (write_random)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 from .config import DeaMoEConfig
 from .errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 PRESETS: dict[str, DeaMoEConfig] = {
     # Small enough for every test; softmax, max department score.
@@ -57,3 +64,22 @@ def get_preset(name: str) -> DeaMoEConfig:
         return PRESETS[name]
     except KeyError:
         raise UsageError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}") from None
+
+
+def write_random(
+    output: str | Path, preset: str, layers: int, *, seed: int, dtype: torch.dtype, force: bool = False, note=None
+) -> Path:
+    """`deamoe-trt init`: a stack of `layers` randomly initialised layers of preset, written
+    as a layer checkpoint to output (a layer checkpoint there is replaced whole; anything else
+    only with force)."""
+    from ._io import json_format_is, replaced_directory
+    from .checkpoint import FORMAT
+    from .layer import DeaMoEStack
+    from .resources import check_fits
+    from .traffic import layer_bytes
+
+    config = get_preset(preset)
+    check_fits(layers * layer_bytes(config, dtype), f"{layers:,} layer(s) of {preset}")
+    with replaced_directory(output, json_format_is(FORMAT), "layer checkpoint", force=force, note=note) as staging:
+        DeaMoEStack.random(config, layers, seed=seed, dtype=dtype).save_pretrained(staging)
+    return Path(output)

@@ -103,18 +103,11 @@ def _run_model(args) -> int:
 
 
 def _run_layers(args) -> int:
-    from .._io import check_not_input, json_format_is, replaced_directory
-    from ..checkpoint import FORMAT
-    from ..importers.hf_layers import load_moe_layers, read_layers_config
+    from ..importers.hf_layers import import_hf_layers
 
     model_dir, output = Path(args.model_dir), Path(args.output)
-    read_layers_config(model_dir)  # bad input fails before anything heavy is imported
-    check_not_input(output, [model_dir])
-    ours = json_format_is(FORMAT)
-    with replaced_directory(output, ours, "layer checkpoint", force=args.force, note=common.note) as staging:
-        dtype = None if args.dtype == "auto" else common.DTYPE_NAMES[args.dtype]
-        stack = load_moe_layers(model_dir, layers=args.layers, dtype=dtype)
-        stack.save_pretrained(staging)
+    dtype = None if args.dtype == "auto" else common.DTYPE_NAMES[args.dtype]
+    stack = import_hf_layers(model_dir, output, layers=args.layers, dtype=dtype, force=args.force, note=common.note)
     c = stack.config
     layers = stack.source["layers"]
     print(

@@ -19,20 +19,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from .._io import json_format_is, replaced_directory
-    from ..checkpoint import FORMAT
-    from ..layer import DeaMoEStack
-    from ..presets import get_preset
-    from ..resources import check_fits
-    from ..traffic import layer_bytes
+    from ..presets import write_random
 
-    config = get_preset(args.preset)
     dtype = common.DTYPE_NAMES[args.dtype]
-    check_fits(args.layers * layer_bytes(config, dtype), f"{args.layers:,} layer(s) of {args.preset}")
-    # A layer checkpoint this command wrote is replaced whole; anything else only with --force.
-    ours = json_format_is(FORMAT)
-    with replaced_directory(args.output, ours, "layer checkpoint", force=args.force, note=common.note) as staging:
-        stack = DeaMoEStack.random(config, args.layers, seed=args.seed, dtype=dtype)
-        stack.save_pretrained(staging)
+    write_random(args.output, args.preset, args.layers, seed=args.seed, dtype=dtype, force=args.force, note=common.note)
     print(f"wrote {args.preset} ({args.layers} layer(s), {args.dtype}) to {args.output}")
     return 0

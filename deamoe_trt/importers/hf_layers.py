@@ -100,6 +100,30 @@ def load_moe_layers(
     return from_hf_model(model, layers=layers, dtype=dtype)
 
 
+def import_hf_layers(
+    model_dir: str | Path,
+    output: str | Path,
+    *,
+    layers: Sequence[int] | None = None,
+    dtype: torch.dtype | None = None,
+    force: bool = False,
+    note=None,
+) -> DeaMoEStack:
+    """`import-hf --layers-only`: the MoE layers of model_dir (all, or the HF layer indices
+    `layers`) written as a layer checkpoint to output; the stack written. Bad input fails
+    before anything heavy is imported or the output is touched."""
+    from .._io import check_not_input, json_format_is, replaced_directory
+    from ..checkpoint import FORMAT
+
+    model_dir, output = Path(model_dir), Path(output)
+    read_layers_config(model_dir)
+    check_not_input(output, [model_dir])
+    with replaced_directory(output, json_format_is(FORMAT), "layer checkpoint", force=force, note=note) as staging:
+        stack = load_moe_layers(model_dir, layers=layers, dtype=dtype)
+        stack.save_pretrained(staging)
+    return stack
+
+
 def _check_stored_weights(model_dir: Path, prefixes: list[str]) -> None:
     """What the whole-model import checks of the stored tensors, from their headers, before
     transformers reads them: every file whole, and the MoE layers' weights in a float dtype

@@ -19,16 +19,7 @@ WRITERS = frozenset(
     {"replaced_directory", "atomic_write_text", "atomic_path", "save_pretrained", "write_text", "write_bytes"}
 )
 # (module, writer) pairs still to be moved into their stage; entries must exist, so the list only shrinks.
-KNOWN = {
-    ("deamoe_trt.cli.import_cmd", "replaced_directory"),  # import-hf --layers-only writes its stack here
-    ("deamoe_trt.cli.import_cmd", "save_pretrained"),
-    ("deamoe_trt.cli.init_cmd", "replaced_directory"),  # init: a random stack
-    ("deamoe_trt.cli.init_cmd", "save_pretrained"),
-    ("deamoe_trt.cli.train_cmd", "replaced_directory"),  # train-tiny
-    ("deamoe_trt.cli.train_compare_cmd", "replaced_directory"),  # train: both models and the report
-    ("deamoe_trt.cli.train_compare_cmd", "save_pretrained"),
-    ("deamoe_trt.cli.train_compare_cmd", "write_text"),
-}
+KNOWN: set[tuple[str, str]] = set()
 
 
 def writes(package: Path) -> set[tuple[str, str]]:
