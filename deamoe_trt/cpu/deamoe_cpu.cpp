@@ -686,15 +686,19 @@ constexpr int64_t kAmxMinBlockTokens = 4;
 // Tokens per tile: a tile holds 16 rows of 64 bytes.
 constexpr int kAmxTokens = 16;
 
-std::atomic<int> g_amx_mode{[] {
+const bool g_amx_available = [] {
 #if defined(DEAMOE_AMX)
   constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0 ? 1 : 0;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
 #else
-  return 0;
+  return false;
 #endif
+}();
+// On where available, unless DEAMOE_TRT_CPU_AMX=0 (benchmarks time both paths).
+std::atomic<int> g_amx_mode{[] {
+  const char* v = std::getenv("DEAMOE_TRT_CPU_AMX");
+  return g_amx_available && !(v && std::strcmp(v, "0") == 0) ? 1 : 0;
 }()};
-const bool g_amx_available = g_amx_mode.load() == 1;
 
 #if defined(DEAMOE_AMX)
 namespace amx {
