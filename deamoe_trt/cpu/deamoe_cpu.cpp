@@ -714,28 +714,34 @@ struct TileConfig {
 // times activations (tiles 3, 6, 7: 16 column pairs of n tokens, the three parts of x) into
 // sums (tiles 0, 1, 2, 4: 16 rows of n tokens). n is the tokens', not 16: the activations,
 // which every 16 weight rows read again from L2, are then no bigger than they are. The FFN's
-// down projection takes n = 16 (tiles of 16 rows of 64 bytes, whatever their use).
-inline void configure(int n) {
+// down projection (down) has the tokens as rows instead: h (tiles 5, 6, 7: n rows of 32 bf16)
+// times the codes (tiles 3, 4: 16 neuron pairs of 16 outputs) into sums (tiles 0, 1: n rows
+// of 16 outputs); a product's time grows with its rows.
+inline void configure(int n, bool down) {
   TileConfig c{};
   c.palette = 1;
   for (int i = 0; i < 8; ++i) c.rows[i] = 16, c.colsb[i] = 64;
-  for (int i : {0, 1, 2, 4, 3, 6, 7}) c.colsb[i] = static_cast<uint16_t>(4 * n);
+  if (down)
+    for (int i : {0, 1, 5, 6, 7}) c.rows[i] = static_cast<uint8_t>(n);
+  else
+    for (int i : {0, 1, 2, 4, 3, 6, 7}) c.colsb[i] = static_cast<uint16_t>(4 * n);
   _tile_loadconfig(&c);
 }
 
-// A tile job's configuration: set for n tokens (anew only when n changes), released at the end.
+// A tile job's configuration: set for n tokens (anew only when it changes), released at the end.
 class Tiles {
  public:
-  void use(int n) {
-    if (n != n_) configure(n);
-    n_ = n;
+  void use(int n, bool down = false) {
+    const int key = down ? -n : n;
+    if (key != key_) configure(n, down);
+    key_ = key;
   }
   ~Tiles() {
-    if (n_) _tile_release();
+    if (key_) _tile_release();
   }
 
  private:
-  int n_ = 0;
+  int key_ = 0;
 };
 
 // bf16(i % 16 - 8) at index i of 32: vpermw reads an index's low 5 bits, of which the int4
@@ -1136,8 +1142,8 @@ inline void gate_up_rows(const uint8_t* w, uint16_t (*a)[32], __m512i table, __m
 // second's) the weight tile against the tokens' activations, sums 16 rows x 16 tokens; per
 // quantization group the sums are scaled into `total` (row, token lanes), and the activation
 // runs on those vectors, all tokens at once. Down: up to 8 neuron groups (32 neurons, one
-// row of down scales) at a time, h (16 tokens x 32, in three parts) against the 32 neurons'
-// codes of 16 outputs, sums 16 tokens x 16 outputs, times the outputs' scales into y.
+// row of down scales) at a time, h (T tokens x 32, in three parts) against the 32 neurons'
+// codes of 16 outputs, sums T tokens x 16 outputs, times the outputs' scales into y.
 // Pipelined, because a tile load waits for the vector stores of its bytes to complete, a tile
 // store for the products into its tile, and vector loads for that store: the codes of the
 // next chunk are widened (into the other of two buffers) before this chunk's are loaded, a
@@ -1245,7 +1251,7 @@ void amx_ffn_task(const Step& s, const Task& task, int64_t g0, int64_t g1, const
       amx::split3(_mm512_load_ps(hT[t] + 16), hi);
       for (int p = 0; p < 3; ++p) _mm512_store_si512(hp[p][t], amx::bf16_words(lo[p], hi[p], odd));
     }
-    tiles.use(kAmxTokens);
+    tiles.use(T, true);
     _tile_loadd(5, hp[0], 64);
     _tile_loadd(6, hp[1], 64);
     _tile_loadd(7, hp[2], 64);
