@@ -1,5 +1,8 @@
-"""Every ```bash block of README.md and docs/*.md runs as written, in order, in a fresh copy of
-the repository (its tracked files in a temporary folder, the installed package on PATH).
+"""Every ```bash block of README.md and docs/*.md runs as written, in order, each document in a
+fresh copy of the repository of its own (its tracked files in a temporary folder, the installed
+package on PATH), so each page runs as a reader who opened only that page would run it.
+Every command runs on one thread; two documents run at a time, one per core of a two-core CI
+machine.
 
 A command is skipped only when it needs what a test machine lacks or takes too long: a GPU,
 TensorRT, a download or a long run. SKIPS lists each with its reason; a skip that matches no
@@ -15,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -127,32 +131,57 @@ def test_every_skip_matches_a_command():
         assert any(doc == file and re.search(pattern, c) for doc, c in listed), (file, pattern, reason)
 
 
-@pytest.mark.slow
-def test_every_doc_command_runs_as_written_in_a_fresh_checkout(tmp_path):
+def fresh_checkout(work: Path) -> Path:
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    work = tmp_path / "checkout"
     for name in tracked.decode().split("\0"):
         if name and (ROOT / name).is_file():
             (work / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, work / name)
+    return work
+
+
+def run_doc(doc: str, commands: list[str], work: Path, env: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The document's commands in order, in work; (a line per command, the failures)."""
+    lines, failures = [], []
+    for command in commands:
+        began = time.perf_counter()
+        try:
+            done = subprocess.run(
+                ["bash", "-e", "-o", "pipefail", "-c", command],
+                cwd=work,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:  # reported with the other documents' results
+            failures.append(f"{doc}: {command}\n  did not finish in {TIMEOUT} s")
+            continue
+        finally:
+            lines.append(f"{time.perf_counter() - began:6.1f} s  {doc}: {command.splitlines()[0][:100]}")
+        if done.returncode != 0:
+            failures.append(f"{doc}: {command}\n  exit {done.returncode}: {done.stderr.strip()[-400:]}")
+    return lines, failures
+
+
+@pytest.mark.slow
+def test_every_doc_command_runs_as_written_in_a_fresh_checkout(tmp_path):
+    by_doc: dict[str, list[str]] = {}
+    for doc, command in doc_commands():
+        if not skip_reason(doc, command):
+            by_doc.setdefault(doc, []).append(command)
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
     env.pop("PYTHONPATH", None)
+    # The documents with the most commands first, so that the two workers finish close together.
+    docs = sorted(by_doc, key=lambda doc: -len(by_doc[doc]))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        checkouts = {doc: fresh_checkout(tmp_path / doc.replace("/", "_")) for doc in docs}
+        runs = [pool.submit(run_doc, doc, by_doc[doc], checkouts[doc], env) for doc in docs]
+        results = [run.result() for run in runs]
     failures = []
-    for doc, command in doc_commands():
-        if skip_reason(doc, command):
-            continue
-        began = time.perf_counter()
-        done = subprocess.run(
-            ["bash", "-e", "-o", "pipefail", "-c", command],
-            cwd=work,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-            stdin=subprocess.DEVNULL,
-        )
-        print(f"{time.perf_counter() - began:6.1f} s  {doc}: {command.splitlines()[0][:100]}")
-        if done.returncode != 0:
-            failures.append(f"{doc}: {command}\n  exit {done.returncode}: {done.stderr.strip()[-400:]}")
+    for lines, failed in results:
+        print("\n".join(lines))
+        failures += failed
     assert not failures, "\n".join(failures)
