@@ -4,6 +4,7 @@ the report's share of the source's routing weight a method keeps (core.weight_ke
 from __future__ import annotations
 
 import itertools
+import json
 
 import torch
 
@@ -147,3 +148,21 @@ def test_report_rows_carry_the_weight_kept_per_layer():
     _, report = convert_model(source, ConvertSettings(4, 1, shared_size=16), compare=False, progress=False)
     converted = next(r for r in report["rows"] if r["method"] == "converted")
     assert len(converted["weight_kept"]) == 2 and all(0.25 <= w < 1.0 for w in converted["weight_kept"])
+
+
+def test_cli_grouping_coverage_reaches_the_conversion(tmp_path):
+    from deamoe_trt.cli.main import main as cli
+
+    src = DeaMoEStack.from_layers([DeaMoELayer.random(TINY, seed=3).vanilla()]).save_pretrained(tmp_path / "src")
+    orders = {}
+    for how in ("cluster", "coverage"):
+        out = tmp_path / how
+        argv = ["convert", str(src), "-o", str(out), "--departments", "4", "--shared-size", "16"]
+        argv += ["--top-departments", "1", "--grouping", how, "--no-compare", "--calibration-tokens", "1024"]
+        assert cli(argv) == 0
+        orders[how] = json.loads((out / "config.json").read_text())["source"]["expert_order"][0]
+    source = DeaMoEStack.from_pretrained(src).layers[0]
+    x = stack_source(DeaMoEStack.from_pretrained(src), seed=0, tokens=1024).calibration[0]
+    routing = source.route(x)
+    kept = {how: grouping.kept_mass(routing, torch.tensor(o).view(4, 4).tolist(), 1) for how, o in orders.items()}
+    assert kept["coverage"] > kept["cluster"]
