@@ -799,6 +799,55 @@ inline __m512i int8_words(const uint8_t* p, const uint8_t* q) {
   return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));  // a's into the low half
 }
 
+// (Macros: GCC's tile intrinsics take the tile's number as a literal.)
+// 16 weight rows (tile 5) times the three parts of a column chunk's activations (tiles 3, 6,
+// 7), into their sums in tile CT.
+#define DEAMOE_GATE_UP_PAIR(CT) \
+  do {                          \
+    _tile_dpbf16ps(CT, 5, 3);   \
+    _tile_dpbf16ps(CT, 5, 6);   \
+    _tile_dpbf16ps(CT, 5, 7);   \
+  } while (0)
+
+// Up to 4 sets of 16 weight rows times T tokens' activations (xb, as build_x lays them out),
+// quantization group by quantization group (groups of kcs column chunks each). Step
+// kc * sets + set's rows are in a[step % 2], built by build(step) one step ahead, so the
+// decoding overlaps the products. Per group: scales(q) before its products, its sums (set s
+// in sums[s]) stored, then collect(q) scales them into the caller's totals.
+template <class Build, class Scales, class Collect>
+inline void group_sums(const uint32_t* xb, int T, int64_t groups, int64_t kcs, int sets, uint16_t (&a)[2][16][32],
+                       float (&sums)[4][16][16], Build&& build, Scales&& scales, Collect&& collect) {
+  const int64_t steps = groups * kcs * sets;
+  build(0);
+  for (int64_t q = 0; q < groups; ++q) {
+    scales(q);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(4);
+    for (int64_t kc = q * kcs; kc < (q + 1) * kcs; ++kc) {
+      const uint32_t* x = xb + kc * 3 * 16 * T;
+      _tile_loadd(3, x, 4 * T);
+      _tile_loadd(6, x + 16 * T, 4 * T);
+      _tile_loadd(7, x + 32 * T, 4 * T);
+      for (int set = 0; set < sets; ++set) {
+        const int64_t step = kc * sets + set;
+        if (step + 1 < steps) build(step + 1);
+        _tile_loadd(5, a[step % 2], 64);
+        if (set == 0) DEAMOE_GATE_UP_PAIR(0);
+        if (set == 1) DEAMOE_GATE_UP_PAIR(1);
+        if (set == 2) DEAMOE_GATE_UP_PAIR(2);
+        if (set == 3) DEAMOE_GATE_UP_PAIR(4);
+      }
+    }
+    _tile_stored(0, sums[0], 64);
+    if (sets > 1) _tile_stored(1, sums[1], 64);
+    if (sets > 2) _tile_stored(2, sums[2], 64);
+    if (sets > 3) _tile_stored(4, sums[3], 64);
+    collect(q);
+  }
+}
+
 }  // namespace amx
 #endif
 
@@ -1117,15 +1166,6 @@ inline void gate_up_rows(const uint8_t* w, uint16_t (*a)[32], __m512i table, __m
 }
 
 // (Macros: GCC's tile intrinsics take the tile's number as a literal.)
-// 16 weight rows (tile 5) times the three parts of a column chunk's activations (tiles 3, 6,
-// 7), into their sums in tile CT.
-#define DEAMOE_GATE_UP_PAIR(CT) \
-  do {                          \
-    _tile_dpbf16ps(CT, 5, 3);   \
-    _tile_dpbf16ps(CT, 5, 6);   \
-    _tile_dpbf16ps(CT, 5, 7);   \
-  } while (0)
-
 // One chunk of 16 outputs: its 32 neurons' codes (tile BT, from b) times the three parts of h
 // (tiles 5-7), into the sums in tile CT.
 #define DEAMOE_DOWN_CHUNK(CT, BT, b) \
@@ -1199,42 +1239,20 @@ void amx_ffn_task(const Step& s, const Task& task, int64_t g0, int64_t g1, const
         gate_up_rows<BITS>(w, a[step % 2] + 8 * i, table, even, odd);
       }
     };
-    const int64_t chunks = dp / 32, steps = chunks * np;
-    build_rows(0);
-    for (int64_t q = 0; q < dp / gs; ++q) {
-      for (int i = 0; i < ng; ++i) _mm256_store_ps(scale[i], load_scales8(grp + i * group_bytes + q * R * sbytes, sd));
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(4);
-      for (int64_t kc = q * kcs; kc < (q + 1) * kcs; ++kc) {
-        const uint32_t* x = xb + kc * 3 * 16 * T;
-        _tile_loadd(3, x, 4 * T);
-        _tile_loadd(6, x + 16 * T, 4 * T);
-        _tile_loadd(7, x + 32 * T, 4 * T);
-        for (int p = 0; p < np; ++p) {
-          const int64_t step = kc * np + p;
-          if (step + 1 < steps) build_rows(step + 1);
-          _tile_loadd(5, a[step % 2], 64);
-          if (p == 0) DEAMOE_GATE_UP_PAIR(0);
-          if (p == 1) DEAMOE_GATE_UP_PAIR(1);
-          if (p == 2) DEAMOE_GATE_UP_PAIR(2);
-          if (p == 3) DEAMOE_GATE_UP_PAIR(4);
-        }
-      }
-      for (int p = 0; p < np; ++p) {
-        if (p == 0) _tile_stored(0, sums[p], 64);
-        if (p == 1) _tile_stored(1, sums[p], 64);
-        if (p == 2) _tile_stored(2, sums[p], 64);
-        if (p == 3) _tile_stored(4, sums[p], 64);
-      }
-      for (int p = 0; p < np; ++p)
-        for (int m = 0; m < 16 && 8 * p + m < 8 * ng; ++m) {
-          float* tot = total[2 * p + m / 8][m % 8];
-          _mm512_store_ps(tot, vfma(_mm512_load_ps(sums[p][m]), vset1(scale[2 * p + m / 8][m % 8]),
-                                    q ? _mm512_load_ps(tot) : vzero()));
-        }
-    }
+    amx::group_sums(
+        xb, T, dp / gs, kcs, np, a, sums, build_rows,
+        [&](int64_t q) {
+          for (int i = 0; i < ng; ++i)
+            _mm256_store_ps(scale[i], load_scales8(grp + i * group_bytes + q * R * sbytes, sd));
+        },
+        [&](int64_t q) {
+          for (int p = 0; p < np; ++p)
+            for (int m = 0; m < 16 && 8 * p + m < 8 * ng; ++m) {
+              float* tot = total[2 * p + m / 8][m % 8];
+              _mm512_store_ps(tot, vfma(_mm512_load_ps(sums[p][m]), vset1(scale[2 * p + m / 8][m % 8]),
+                                        q ? _mm512_load_ps(tot) : vzero()));
+            }
+        });
     for (int i = 0; i < ng; ++i) {
       const float* bias = task.gate_up_bias ? task.gate_up_bias + (g + i) * R : nullptr;
       for (int n = 0; n < NB; ++n) {

@@ -337,37 +337,17 @@ void gemv_quads_q_amx(const LinearRows& J, int64_t q0, int64_t q1) {
           }
         }
       };
-      const int64_t steps = chunks * sets;
-      build(0);
-      for (int64_t q = 0; q < cols / gs; ++q) {
-        for (int i = 0; i < nq; ++i) _mm_store_ps(scale[i], load_scales(quads + i * quad_bytes + q * group_bytes, SD));
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(4);
-        for (int64_t kc = q * kcs; kc < (q + 1) * kcs; ++kc) {
-          const uint32_t* x = xb + kc * 3 * 16 * T;
-          _tile_loadd(3, x, 4 * T);
-          _tile_loadd(6, x + 16 * T, 4 * T);
-          _tile_loadd(7, x + 32 * T, 4 * T);
-          for (int set = 0; set < sets; ++set) {
-            const int64_t step = kc * sets + set;
-            if (step + 1 < steps) build(step + 1);
-            _tile_loadd(5, a[step % 2], 64);
-            if (set == 0) DEAMOE_GATE_UP_PAIR(0);
-            if (set == 1) DEAMOE_GATE_UP_PAIR(1);
-            if (set == 2) DEAMOE_GATE_UP_PAIR(2);
-            if (set == 3) DEAMOE_GATE_UP_PAIR(4);
-          }
-        }
-        _tile_stored(0, sums[0], 64);
-        if (sets > 1) _tile_stored(1, sums[1], 64);
-        if (sets > 2) _tile_stored(2, sums[2], 64);
-        if (sets > 3) _tile_stored(4, sums[3], 64);
-        for (int m = 0; m < 4 * nq; ++m)
-          _mm512_store_ps(total[m], vfma(_mm512_load_ps(sums[m / 16][m % 16]), vset1(scale[m / 4][m % 4]),
-                                         q ? _mm512_load_ps(total[m]) : vzero()));
-      }
+      amx::group_sums(
+          xb, T, cols / gs, kcs, sets, a, sums, build,
+          [&](int64_t q) {
+            for (int i = 0; i < nq; ++i)
+              _mm_store_ps(scale[i], load_scales(quads + i * quad_bytes + q * group_bytes, SD));
+          },
+          [&](int64_t q) {
+            for (int m = 0; m < 4 * nq; ++m)
+              _mm512_store_ps(total[m], vfma(_mm512_load_ps(sums[m / 16][m % 16]), vset1(scale[m / 4][m % 4]),
+                                             q ? _mm512_load_ps(total[m]) : vzero()));
+          });
       for (int m = 0; m < 4 * nq; ++m) {
         const int64_t row = qs * kQuad + m;
         if (row >= rows) break;
