@@ -111,7 +111,6 @@ def _lm_eval(request: ConvertRequest) -> None:
 def _run(request: ConvertRequest, note) -> int:
     import torch
 
-    from .._io import replaced_directory
     from ..lm.checkpoint import read
     from ..work_folder import work_dir
     from .core import ConvertSettings
@@ -224,16 +223,7 @@ def _run(request: ConvertRequest, note) -> int:
         "expert_order": [order.tolist() for order in result.orders],
         "report": [r for r in kept if r["method"] in ("source", result.name)],
     }
-    what = "language-model checkpoint" if is_lm else "layer checkpoint"
-    with replaced_directory(request.output, ours, what, force=request.force, note=note) as staging:
-        if is_lm:
-            result.lm.save_pretrained(staging, tokenizer=tokenizer, training={"conversion": summary})
-        else:
-            from ..layer import DeaMoEStack
-
-            converted = DeaMoEStack.from_layers(result.layers)
-            converted.source = summary
-            converted.save_pretrained(staging)
+    _save_converted(request, ours, note, is_lm, result, tokenizer, summary)
     print(report_table(report, fraction=result.fraction))
     if request.report:
         atomic_write_text(request.report, json.dumps(report, indent=2) + "\n")
@@ -248,6 +238,23 @@ def _run(request: ConvertRequest, note) -> int:
         print(f"wrote {write_frontier_plot(report, frontier_plot_path(request.plot))}")
     print(f"wrote {request.output} ({result.name}, department score {result.layers[0].config.department_score})")
     return 0
+
+
+def _save_converted(request: ConvertRequest, ours, note, is_lm: bool, converted, tokenizer, summary: dict) -> None:
+    """Write the converted model (its .lm with the tokenizer, or its .layers as a stack) to
+    request.output, replacing it only when ours or forced; summary: its provenance."""
+    from .._io import replaced_directory
+
+    what = "language-model checkpoint" if is_lm else "layer checkpoint"
+    with replaced_directory(request.output, ours, what, force=request.force, note=note) as staging:
+        if is_lm:
+            converted.lm.save_pretrained(staging, tokenizer=tokenizer, training={"conversion": summary})
+        else:
+            from ..layer import DeaMoEStack
+
+            stack = DeaMoEStack.from_layers(converted.layers)
+            stack.source = summary
+            stack.save_pretrained(staging)
 
 
 def _check_outputs(request: ConvertRequest, is_lm: bool):
@@ -331,7 +338,6 @@ def check_method(request: ConvertRequest, moe) -> tuple[ConvertRequest, int | No
 
 def _write_alternative(request: ConvertRequest, source, settings, size: int, ours, tokenizer, data, note) -> int:
     """Build (resumably, in OUTPUT.work), write the checkpoint and, with a report, its report."""
-    from .._io import replaced_directory
     from ..work_folder import work_dir
     from .distill import world
     from .report import report_table
@@ -349,17 +355,7 @@ def _write_alternative(request: ConvertRequest, source, settings, size: int, our
         report["data"] = data.summary
     summary = {"converted_from": str(request.source), "source": report["source"], **report["settings"]}
     summary["report"] = report["rows"]
-    is_lm = source.lm is not None
-    what = "language-model checkpoint" if is_lm else "layer checkpoint"
-    with replaced_directory(request.output, ours, what, force=request.force, note=note) as staging:
-        if is_lm:
-            variant.lm.save_pretrained(staging, tokenizer=tokenizer, training={"conversion": summary})
-        else:
-            from ..layer import DeaMoEStack
-
-            stack = DeaMoEStack.from_layers(variant.layers)
-            stack.source = summary
-            stack.save_pretrained(staging)
+    _save_converted(request, ours, note, source.lm is not None, variant, tokenizer, summary)
     print(report_table(report))
     if request.report:
         atomic_write_text(request.report, json.dumps(report, indent=2) + "\n")
