@@ -12,6 +12,7 @@ from deamoe_trt.errors import MissingDependencyError
 from deamoe_trt.inputs import random_hidden
 from deamoe_trt.lm import DeaMoELM
 from deamoe_trt.quant import QuantConfig
+from lm_reference import greedy_batch
 
 try:
     from deamoe_trt import cpu
@@ -114,15 +115,7 @@ def test_a_batch_on_tiles_equals_each_sequence_alone_and_the_loops(bits, amx):
     for on in (True, False):
         amx(on)
         batch = cpu_runtime.batch_decoder(model, max_sequences=len(prompts), threads=1)
-        opened = [batch.open(p) for p in prompts]
-        seqs = [seq for seq, _ in opened]
-        logits = [[first] for _, first in opened]
-        tokens: list[list[int]] = [[] for _ in prompts]
-        for _ in range(steps):
-            for i in range(len(prompts)):
-                tokens[i].append(int(logits[i][-1].argmax()))
-            for i, row in enumerate(batch.step(seqs, [t[-1] for t in tokens])):
-                logits[i].append(row)
+        _, logits, tokens = greedy_batch(batch, prompts, steps)
         runs[on] = (logits, tokens)
     (tiles, tiles_tokens), (loops, loops_tokens) = runs[True], runs[False]
     assert tiles_tokens == loops_tokens

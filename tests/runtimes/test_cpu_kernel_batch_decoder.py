@@ -16,6 +16,7 @@ from deamoe_trt.lm import DeaMoELM, LMConfig
 from deamoe_trt.quant import QuantConfig
 from deamoe_trt.runtimes.base import SerialBatchDecoder
 from deamoe_trt.runtimes.cpu_kernel import NativeBatchDecoder
+from lm_reference import greedy_batch
 
 try:
     from deamoe_trt.cpu import load
@@ -75,17 +76,8 @@ def test_a_batch_of_different_lengths_equals_each_sequence_decoded_alone(kind, t
     steps = 32
     batch = CPU.batch_decoder(model, max_sequences=4, threads=1, twin=twin)
     assert isinstance(batch, NativeBatchDecoder)
-    opened = [batch.open(p) for p in prompts]
-    seqs = [seq for seq, _ in opened]
-    logits = [[first] for _, first in opened]
-    tokens: list[list[int]] = [[] for _ in prompts]
-    for _ in range(steps):
-        for i in range(len(prompts)):
-            tokens[i].append(int(logits[i][-1].argmax()))
-        rows = batch.step(seqs, [t[-1] for t in tokens])
-        assert rows.shape == (len(prompts), model.config.vocab_size) and rows.dtype == np.float32
-        for i, row in enumerate(rows):
-            logits[i].append(row)
+    seqs, logits, tokens = greedy_batch(batch, prompts, steps)
+    assert logits[0][0].shape == (model.config.vocab_size,)
     for i, prompt in enumerate(prompts):
         want_logits, want_tokens = greedy_alone(model, prompt, steps, twin=twin)
         assert tokens[i] == want_tokens
