@@ -300,7 +300,10 @@ DEAMOE_DEVICE void accumulateRows(W const* const (&rows)[R], int chunkBegin, int
                     if ((tokens >> t) & 1u)
                     {
                         float a[E];
-                        loadActivations<SMEM, A, E>(act + offset[t] + static_cast<size_t>(c) * E, a);
+                        // Shared memory: an offset may be negative (a staged window's first
+                        // column subtracted), so the index is summed before the pointer moves.
+                        loadActivations<SMEM, A, E>(
+                            SMEM ? act + (offset[t] + c * E) : act + offset[t] + static_cast<size_t>(c) * E, a);
 #pragma unroll
                         for (int r = 0; r < R; ++r)
                         {
@@ -461,6 +464,10 @@ constexpr int kQuantUnroll = 2;
 // (<= 80 registers), which kQuantUnroll's two chunks fit without spilling; unasked they held
 // ~127 registers, 4 blocks per SM.
 constexpr int kQuantOneTokenMinBlocks = 6;
+// The staged-gate-up variant's gate/up kernels there: 5 (<= 96 registers), as its window loop
+// and staging took K1 to 80 with 8 bytes of spills at 6 (fp16, int4, bit-dequant, sm_90); its 14
+// KiB of staged x per block (deepseek-v3-layer) leave room for 5 per SM anyway.
+constexpr int kStagedQuantOneTokenMinBlocks = 5;
 
 // How many of a chunk's 8-weight pieces the inner loop unrolls: all, except int4's four at
 // 8 and 16 tokens, one at a time (fully unrolled, ptxas hoists every piece's codes and
@@ -531,8 +538,10 @@ DEAMOE_DEVICE void accumulateQuantRows(QuantRow<S> const (&rows)[R], int groupSh
                         if ((tokens >> t) & 1u)
                         {
                             float a[8];
-                            loadActivations<SMEM, A, 8>(
-                                act + offset[t] + static_cast<size_t>(c) * Q::kPerChunk + 8 * sub, a);
+                            loadActivations<SMEM, A, 8>(SMEM
+                                    ? act + (offset[t] + c * Q::kPerChunk + 8 * sub)
+                                    : act + offset[t] + static_cast<size_t>(c) * Q::kPerChunk + 8 * sub,
+                                a);
 #pragma unroll
                             for (int r = 0; r < R; ++r)
                             {

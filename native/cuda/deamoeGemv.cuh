@@ -76,13 +76,99 @@ struct GateUpArgs
     T const* sharedGateUpBias;     // [2 f_sh]
     T const* departmentGateUpBias; // [D][2 f_s]
     T const* expertGateUpBias;     // [N][2 f_p]
+    // The staged-gate-up variant (gateUpBlock's STAGED): columns of x staged per window
+    // (stagedGateUpColumns; the block's dynamic shared memory holds TT rows of them).
+    int32_t stageColumns;
 };
+
+// The gate and up rows (or the router row pair) of unit `unit` of a block's part, T weights.
+template <class T>
+DEAMOE_DEVICE void gateUpFloatRows(
+    GateUpArgs<T> const& args, int kind, int unit, int width, T const* base, T const* (&rows)[2])
+{
+    int const d = args.hidden;
+    if (kind == kKindRouter)
+    {
+        int const row0 = 2 * unit;
+        int const row1 = row0 + 1 < args.routerRows ? row0 + 1 : row0; // odd count: recompute row0, unused
+        rows[0] = row0 < args.numExperts ? args.routerWeight + static_cast<size_t>(row0) * d : args.sharedGateRow;
+        rows[1] = row1 < args.numExperts ? args.routerWeight + static_cast<size_t>(row1) * d : args.sharedGateRow;
+    }
+    else
+    {
+        rows[0] = base + static_cast<size_t>(unit) * d;         // gate row
+        rows[1] = base + static_cast<size_t>(width + unit) * d; // up row
+    }
+}
+
+// The staged-gate-up variant's activations: columns [col0, col0 + columns) of the block's
+// tokens' rows of x (token t's at x + tokenOf(t) * d) copied into staged[t * stride + j], in T:
+// exact, whatever T. 16-byte vectors, spread over the block's threads. Called by every thread.
+template <class T, class Row>
+DEAMOE_DEVICE void stageActivations(
+    T const* x, int d, Row const& tokenOf, int numTokens, int col0, int columns, int stride, T* staged)
+{
+    constexpr int V = Elems16<T>::value;
+    int const vectors = columns / V;
+    for (int i = static_cast<int>(threadIdx.x); i < numTokens * vectors; i += kGemvThreads)
+    {
+        int const t = i / vectors;
+        int const j = (i - t * vectors) * V;
+        *reinterpret_cast<uint4*>(staged + t * stride + j)
+            = __ldg(reinterpret_cast<uint4 const*>(x + static_cast<size_t>(tokenOf(t)) * d + col0 + j));
+    }
+}
+
+// The staged-gate-up variant's dot products of a gate/up block: the block stages its tokens'
+// x window by window (args.stageColumns columns; the last may be shorter) in shared memory, and
+// each warp accumulates its whole rows (the launch sets slices = 1: 4 units, 8 rows, per block)
+// from there: x is read from L1/L2 once per block, not once per warp. Each lane takes the
+// default's chunks in the default's order (a window is a multiple of 32 chunks, or the whole
+// row), so with slices = 1 the sums are bitwise the default's. Called by every thread (barriers).
+template <class T, int TT, int BITS, int U, bool BIT_DEQUANT, class Row>
+DEAMOE_DEVICE void stagedGateUpRows(GateUpArgs<T> const& args, bool quantRows, T const* const (&rows)[2],
+    QuantRow<T> const (&codeRows)[2], Row const& tokenOf, int numTokens, bool active, float (&acc)[2][TT])
+{
+    constexpr int E = Elems16<T>::value;
+    T* const staged = reinterpret_cast<T*>(dynamicSmem());
+    int const d = args.hidden;
+    int const cols = args.stageColumns;
+    int const perChunk = quantRows ? 128 / (BITS > 0 ? BITS : 8) : E; // columns per 16-byte chunk of the rows
+    int const chunksPerRow = d / perChunk;
+    int const windowChunks = cols / perChunk;
+    uint32_t const tokens = firstTokens(numTokens);
+    for (int w0 = 0; w0 < chunksPerRow; w0 += windowChunks)
+    {
+        int const w1 = min(w0 + windowChunks, chunksPerRow);
+        int const col0 = w0 * perChunk;
+        __syncthreads(); // the previous window is consumed
+        stageActivations(args.x, d, tokenOf, numTokens, col0, (w1 - w0) * perChunk, cols, staged);
+        __syncthreads();
+        if (!active)
+            continue;
+        int offset[TT];
+#pragma unroll
+        for (int t = 0; t < TT; ++t)
+            offset[t] = t * cols - col0;
+        if constexpr (BITS > 0)
+        {
+            if (quantRows)
+            {
+                accumulateQuantRows<BITS, kQuantUnroll, T, T, 2, TT, true, BIT_DEQUANT>(
+                    codeRows, args.groupShift, w0, w1, staged, offset, tokens, acc);
+                continue;
+            }
+        }
+        accumulateRows<T, T, 2, TT, true, U>(rows, w0, w1, staged, offset, tokens, acc);
+    }
+}
 
 // One gate/up block: block index `block` of the K1 or K2 gate/up grid. BITS: 0 for T
 // weights, 4 or 8 for quantized FFN weights (the router rows are T either way). U: chunks
 // per T row in flight (the deep-loads variant: twice Unroll's). BIT_DEQUANT: the bit-dequant
 // variant's code conversion (dequantizeCodesBitTricks).
-template <class T, int TT, int BITS = 0, int U = Unroll<TT>::value, bool BIT_DEQUANT = false>
+// STAGED: the staged-gate-up variant (stagedGateUpRows).
+template <class T, int TT, int BITS = 0, int U = Unroll<TT>::value, bool BIT_DEQUANT = false, bool STAGED = false>
 DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
 {
     constexpr int E = Elems16<T>::value;
@@ -165,14 +251,6 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
     int const slice = warp % args.slices;
     bool const active = unit < width;
 
-    int offset[TT];
-#pragma unroll
-    for (int t = 0; t < TT; ++t)
-    {
-        int const token = entries ? (t < numTokens ? entries[t].token : 0) : t;
-        offset[t] = token * d;
-    }
-
     float acc[2][TT];
 #pragma unroll
     for (int r = 0; r < 2; ++r)
@@ -182,38 +260,57 @@ DEAMOE_DEVICE void gateUpBlock(GateUpArgs<T> const& args, int block)
             acc[r][t] = 0.0f;
     }
 
-    if (active && BITS > 0 && kind != kKindRouter)
+    if constexpr (STAGED)
     {
-        if constexpr (BITS > 0)
+        bool const quant = BITS > 0 && kind != kKindRouter;
+        T const* rows[2] = {nullptr, nullptr};
+        QuantRow<T> quantRows[2] = {};
+        if (active && quant)
         {
-            QuantRow<T> const rows[2] = {quantRow<BITS>(quantBase.codes, quantBase.scales, unit, d, args.groupShift),
-                quantRow<BITS>(quantBase.codes, quantBase.scales, width + unit, d, args.groupShift)};
-            int const chunksPerRow = d * BITS / 128;
-            int const begin = slice * args.codeChunksPerSlice;
-            int const end = min(begin + args.codeChunksPerSlice, chunksPerRow);
-            accumulateQuantRows<BITS, kQuantUnroll, T, T, 2, TT, false, BIT_DEQUANT>(
-                rows, args.groupShift, begin, end, args.x, offset, firstTokens(numTokens), acc);
+            if constexpr (BITS > 0)
+            {
+                quantRows[0] = quantRow<BITS>(quantBase.codes, quantBase.scales, unit, d, args.groupShift);
+                quantRows[1] = quantRow<BITS>(quantBase.codes, quantBase.scales, width + unit, d, args.groupShift);
+            }
         }
+        else if (active)
+            gateUpFloatRows(args, kind, unit, width, base, rows);
+        auto const tokenOf = [entries](int t) { return entries ? entries[t].token : t; };
+        stagedGateUpRows<T, TT, BITS, U, BIT_DEQUANT>(args, quant, rows, quantRows, tokenOf, numTokens, active, acc);
     }
-    else if (active)
+    else
     {
-        T const* rows[2];
-        if (kind == kKindRouter)
+        int offset[TT];
+#pragma unroll
+        for (int t = 0; t < TT; ++t)
         {
-            int const row0 = 2 * unit;
-            int const row1 = row0 + 1 < args.routerRows ? row0 + 1 : row0; // odd count: recompute row0, unused
-            rows[0] = row0 < args.numExperts ? args.routerWeight + static_cast<size_t>(row0) * d : args.sharedGateRow;
-            rows[1] = row1 < args.numExperts ? args.routerWeight + static_cast<size_t>(row1) * d : args.sharedGateRow;
+            int const token = entries ? (t < numTokens ? entries[t].token : 0) : t;
+            offset[t] = token * d;
         }
-        else
+
+        if (active && BITS > 0 && kind != kKindRouter)
         {
-            rows[0] = base + static_cast<size_t>(unit) * d;         // gate row
-            rows[1] = base + static_cast<size_t>(width + unit) * d; // up row
+            if constexpr (BITS > 0)
+            {
+                QuantRow<T> const rows[2]
+                    = {quantRow<BITS>(quantBase.codes, quantBase.scales, unit, d, args.groupShift),
+                        quantRow<BITS>(quantBase.codes, quantBase.scales, width + unit, d, args.groupShift)};
+                int const chunksPerRow = d * BITS / 128;
+                int const begin = slice * args.codeChunksPerSlice;
+                int const end = min(begin + args.codeChunksPerSlice, chunksPerRow);
+                accumulateQuantRows<BITS, kQuantUnroll, T, T, 2, TT, false, BIT_DEQUANT>(
+                    rows, args.groupShift, begin, end, args.x, offset, firstTokens(numTokens), acc);
+            }
         }
-        int const chunksPerRow = d / E;
-        int const begin = slice * args.chunksPerSlice;
-        int const end = min(begin + args.chunksPerSlice, chunksPerRow);
-        accumulateRows<T, T, 2, TT, false, U>(rows, begin, end, args.x, offset, firstTokens(numTokens), acc);
+        else if (active)
+        {
+            T const* rows[2];
+            gateUpFloatRows(args, kind, unit, width, base, rows);
+            int const chunksPerRow = d / E;
+            int const begin = slice * args.chunksPerSlice;
+            int const end = min(begin + args.chunksPerSlice, chunksPerRow);
+            accumulateRows<T, T, 2, TT, false, U>(rows, begin, end, args.x, offset, firstTokens(numTokens), acc);
+        }
     }
     if (active)
     {

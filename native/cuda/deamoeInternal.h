@@ -30,9 +30,10 @@ constexpr size_t kAlign = 256;
 
 // Kernel variants (variantName(), KERNELS.md "Variants"): a variant id is a set of these bits,
 // each changing some kernels, so the ids combine them (3: staged-deep, 5: staged-down+bit-dequant).
-constexpr int32_t kVariantStagedDown = 1; // K3 with each part's h staged in shared memory
-constexpr int32_t kVariantDeepLoads = 2;  // K2's float gate/up rows with twice the loads in flight
-constexpr int32_t kVariantBitDequant = 4; // quantized rows' codes to floats by bit tricks (K1, K2, K3)
+constexpr int32_t kVariantStagedDown = 1;   // K3 with each part's h staged in shared memory
+constexpr int32_t kVariantDeepLoads = 2;    // K2's float gate/up rows with twice the loads in flight
+constexpr int32_t kVariantBitDequant = 4;   // quantized rows' codes to floats by bit tricks (K1, K2, K3)
+constexpr int32_t kVariantStagedGateUp = 8; // K1/K2 gate/up: x staged in shared memory, whole rows per warp
 inline bool stagesDown(int32_t variant)
 {
     return (variant & kVariantStagedDown) != 0;
@@ -45,6 +46,14 @@ inline bool bitDequant(int32_t variant)
 {
     return (variant & kVariantBitDequant) != 0;
 }
+inline bool stagesGateUp(int32_t variant)
+{
+    return (variant & kVariantStagedGateUp) != 0;
+}
+// Shared memory the staged-gate-up variant's blocks aim to stage x in at once (a window of
+// columns of the tile's tokens, stagedGateUpColumns): a whole 7168-wide bf16 row at 1 token,
+// while the blocks of K1 and K2 at 1-4 tokens still fit 7 or more per SM of an H100/H200.
+constexpr size_t kStagedGateUpBudget = 16 * 1024;
 
 // The step's synchronisation words (workspace `counters`), zeroed by K1 for K2.
 enum Counter : int32_t

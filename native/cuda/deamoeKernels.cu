@@ -483,7 +483,10 @@ Status checkSupported(LayerParams const& params, DataType dtype) noexcept
 char const* variantName(int32_t variant) noexcept
 {
     static char const* const names[kNumVariants] = {"default", "staged-down", "deep-loads", "staged-deep",
-        "bit-dequant", "staged-down+bit-dequant", "deep-loads+bit-dequant", "staged-deep+bit-dequant"};
+        "bit-dequant", "staged-down+bit-dequant", "deep-loads+bit-dequant", "staged-deep+bit-dequant", "staged-gate-up",
+        "staged-down+staged-gate-up", "deep-loads+staged-gate-up", "staged-deep+staged-gate-up",
+        "bit-dequant+staged-gate-up", "staged-down+bit-dequant+staged-gate-up", "deep-loads+bit-dequant+staged-gate-up",
+        "staged-deep+bit-dequant+staged-gate-up"};
     return variant >= 0 && variant < kNumVariants ? names[variant] : nullptr;
 }
 

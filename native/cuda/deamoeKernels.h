@@ -182,10 +182,11 @@ bool programmaticLaunch() noexcept;
 // They compute the same math in the same per-lane order, except where KERNELS.md
 // ("Variants") says what they round differently; 0 is forward()'s. A variant that does not
 // apply to a launch (its shared memory would not fit, say) runs the default kernel there.
-constexpr int32_t kNumVariants = 8;
+constexpr int32_t kNumVariants = 16;
 // The variant's name ("default", "staged-down", "deep-loads", "staged-deep", then the same four
-// with "bit-dequant": "bit-dequant", "staged-down+bit-dequant", ...), or nullptr for an id out
-// of range.
+// with "bit-dequant": "bit-dequant", "staged-down+bit-dequant", ..., then those eight with
+// "staged-gate-up": "staged-gate-up", "staged-down+staged-gate-up", ...), or nullptr for an id
+// out of range.
 char const* variantName(int32_t variant) noexcept;
 // forward() with the kernels of `variant` (0 .. kNumVariants - 1; else kINVALID_ARGUMENT).
 Status forwardVariant(LayerParams const& params, LayerWeights const& weights, DataType dtype, int32_t variant,

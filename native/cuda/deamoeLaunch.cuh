@@ -113,28 +113,56 @@ struct Geometry
     int neuronsPerBlock;
 
     // A gate/up row of chunksPerRow 16-byte chunks (hidden / Elems16<T> for T weights).
-    explicit Geometry(int chunksPerRow)
+    // wholeRows: one warp per row pair (the staged-gate-up variant: 4 units share the staged x).
+    explicit Geometry(int chunksPerRow, bool wholeRows = false)
     {
         // Split a row over more warps when one warp's share would exceed 256 chunks
         // (4 KiB): short per-warp streams keep the tail of each launch short.
         slices = 1;
-        while (slices < kGemvWarps && chunksPerRow > 256 * slices)
+        while (!wholeRows && slices < kGemvWarps && chunksPerRow > 256 * slices)
             slices *= 2;
         chunksPerSlice = ceilDiv(chunksPerRow, slices);
         neuronsPerBlock = kGemvWarps / slices;
     }
 };
 
+// The staged-gate-up variant's window (GateUpArgs::stageColumns): the whole row when TT rows of
+// it fit kStagedGateUpBudget, else as many columns as fit, a multiple of 32 chunks of either kind
+// of row a block streams (T rows, BITS-bit codes), so that each lane keeps the default's chunks;
+// at least 32 chunks (int4 at 16 tokens: 1024 columns, 32 KiB of bf16).
+template <class T, int TT, int BITS>
+int stagedGateUpColumns(int hidden)
+{
+    size_t const perColumn = TT * sizeof(T);
+    if (static_cast<size_t>(hidden) * perColumn <= kStagedGateUpBudget)
+        return hidden;
+    int const unit = kWarpSize * std::max(Elems16<T>::value, BITS > 0 ? 128 / BITS : 0);
+    int const fit = static_cast<int>(kStagedGateUpBudget / perColumn) / unit * unit;
+    return std::min(std::max(fit, unit), hidden);
+}
+
+template <class T, int TT, int BITS>
+size_t stagedGateUpBytes(int hidden)
+{
+    return static_cast<size_t>(TT) * static_cast<size_t>(stagedGateUpColumns<T, TT, BITS>(hidden)) * sizeof(T);
+}
+
 // K1: router rows in the activation dtype (numExperts of them, 0 for none) and the shared
 // experts' gate row (logit column numExperts) and gate/up (BITS > 0: quantized, from quant).
-template <class T, int TT, int BITS, bool BIT_DEQUANT = false>
+// STAGED: the staged-gate-up variant (the default's kernel where its x would not fit).
+template <class T, int TT, int BITS, bool BIT_DEQUANT = false, bool STAGED = false>
 Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeight, float const* logitBias,
     int numExperts, T const* sharedGate, int numTokens, float* logits, int logitsStride, T const* sharedGateUp,
     T const* sharedGateUpBias, float* hShared, int32_t* counters, QuantWeights<T> const& quant, cudaStream_t stream)
 {
+    size_t const staged = STAGED ? stagedGateUpBytes<T, TT, BITS>(p.hidden) : 0;
+    if (staged > kSmemBudget)
+        return launchGateUpK1<T, TT, BITS, BIT_DEQUANT, false>(p, hidden, routerWeight, logitBias, numExperts,
+            sharedGate, numTokens, logits, logitsStride, sharedGateUp, sharedGateUpBias, hShared, counters, quant,
+            stream);
     // The router rows (T) set the slices; quantized shared-expert rows, 1/2 or 1/4 as many
     // chunks, are cut into as many slices (short per-warp streams, the K1 grid stays full).
-    Geometry<T> const geo(chunksOfRow<T, 0>(p.hidden));
+    Geometry<T> const geo(chunksOfRow<T, 0>(p.hidden), STAGED);
     GateUpArgs<T> args{};
     args.x = hidden;
     args.hidden = p.hidden;
@@ -156,6 +184,7 @@ Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeig
     args.sharedWidth = sharedGateUp ? p.sharedExpertWidth : 0;
     args.hShared = hShared;
     args.counters = counters;
+    args.stageColumns = STAGED ? stagedGateUpColumns<T, TT, BITS>(p.hidden) : 0;
     if constexpr (BITS > 0)
     {
         args.sharedGateUp = nullptr;
@@ -169,15 +198,15 @@ Status launchGateUpK1(LayerParams const& p, T const* hidden, T const* routerWeig
     // 128 registers) spilled it on sm_86/87/89 in bf16, so it converts as the default there.
     constexpr bool kBitDequantK1 = BIT_DEQUANT && !(BITS == 8 && TT == 16);
     return checkLaunch("router/shared gate-up kernel",
-        DEAMOE_LAUNCH((routerSharedKernel<T, TT, BITS, kBitDequantK1>), args.routerBlocks + sharedBlocks, kGemvThreads,
-            0, stream, args));
+        DEAMOE_LAUNCH((routerSharedKernel<T, TT, BITS, kBitDequantK1, STAGED>), args.routerBlocks + sharedBlocks,
+            kGemvThreads, staged, stream, args));
 }
 
 // K1 (counters: zeroed for K2, or nullptr for route()). A float32 router weight in a
 // half-precision layer (spec, "Router precision") has its own kernel first; both zero the
 // counters, so they are zero whichever of them runs. routerLogitBias: [N] float32, used
 // when p.hasRouterLogitBias; sharedGateUpBias: [2 f_sh] or nullptr.
-template <class T, int TT, int BITS = 0, bool BIT_DEQUANT = false>
+template <class T, int TT, int BITS = 0, bool BIT_DEQUANT = false, bool STAGED = false>
 Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* routerWeight, void const* routerLogitBias,
     T const* sharedGate, int numTokens, float* logits, int logitsStride, T const* sharedGateUp,
     T const* sharedGateUpBias, float* hShared, int32_t* counters, cudaStream_t stream,
@@ -196,10 +225,10 @@ Status launchRouterLogits(LayerParams const& p, T const* hidden, void const* rou
                 (routerRowsFloatKernel<T, TT>), ceilDiv(numExperts, kGemvWarps), kGemvThreads, 0, stream, rows));
         if (status != Status::kSUCCESS || (sharedGate == nullptr && sharedGateUp == nullptr))
             return status;
-        return launchGateUpK1<T, TT, BITS, BIT_DEQUANT>(p, hidden, nullptr, nullptr, 0, sharedGate, numTokens,
+        return launchGateUpK1<T, TT, BITS, BIT_DEQUANT, STAGED>(p, hidden, nullptr, nullptr, 0, sharedGate, numTokens,
             logits + numExperts, logitsStride, sharedGateUp, sharedGateUpBias, hShared, counters, quant, stream);
     }
-    return launchGateUpK1<T, TT, BITS, BIT_DEQUANT>(p, hidden, static_cast<T const*>(routerWeight), logitBias,
+    return launchGateUpK1<T, TT, BITS, BIT_DEQUANT, STAGED>(p, hidden, static_cast<T const*>(routerWeight), logitBias,
         numExperts, sharedGate, numTokens, logits, logitsStride, sharedGateUp, sharedGateUpBias, hShared, counters,
         quant, stream);
 }
@@ -212,7 +241,10 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
 {
     int const d = p.hidden;
     int const k = p.topK;
-    Geometry<T> const geo(chunksOfRow<T, BITS>(d)); // K2's gate/up rows
+    // staged-gate-up: K1's and K2's gate/up blocks stage x (the default's kernels where it would not fit).
+    size_t const stagedGateUp = stagedGateUpBytes<T, TT, BITS>(d);
+    bool const stageGateUp = stagesGateUp(variant) && stagedGateUp <= kSmemBudget;
+    Geometry<T> const geo(chunksOfRow<T, BITS>(d), stageGateUp); // K2's gate/up rows
     QuantWeights<T> const quant = BITS > 0 ? QuantWeights<T>(p, w) : QuantWeights<T>{};
     float* logits = reinterpret_cast<float*>(ws + L.logits);
     float* hShared = reinterpret_cast<float*>(ws + L.hShared);
@@ -228,18 +260,22 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
     auto const bias = [&p](void const* b) { return p.ffnBias ? static_cast<T const*>(b) : nullptr; };
 
     // K1
-    Status status = launchRouterLogits<T, TT, BITS, BIT_DEQUANT>(p, hidden, w.routerWeight, w.routerLogitBias,
-        sharedGate, numTokens, logits, L.logitsStride, sharedGateUp, bias(w.sharedGateUpBias), hShared, counters,
-        stream, quant);
+    Status status = stageGateUp ? launchRouterLogits<T, TT, BITS, BIT_DEQUANT, true>(p, hidden, w.routerWeight,
+                                      w.routerLogitBias, sharedGate, numTokens, logits, L.logitsStride, sharedGateUp,
+                                      bias(w.sharedGateUpBias), hShared, counters, stream, quant)
+                                : launchRouterLogits<T, TT, BITS, BIT_DEQUANT>(p, hidden, w.routerWeight,
+                                      w.routerLogitBias, sharedGate, numTokens, logits, L.logitsStride, sharedGateUp,
+                                      bias(w.sharedGateUpBias), hShared, counters, stream, quant);
     if (status != Status::kSUCCESS)
         return status;
 
     // K2
     {
-        size_t const smem = routedSmemBytes(p);
-        if (smem > kSmemBudget)
+        size_t const routingSmem = routedSmemBytes(p);
+        if (routingSmem > kSmemBudget)
             return fail(Status::kUNSUPPORTED, "num_experts %d needs more shared memory for routing than %zu bytes",
                 p.numDepartments * p.expertsPerDepartment, kSmemBudget);
+        size_t const smem = stageGateUp ? std::max(routingSmem, stagedGateUp) : routingSmem;
         RoutedArgs<T> args{};
         args.counters = counters;
         args.routingBlocks = ceilDiv(numTokens, kTokensPerRoutingBlock);
@@ -287,6 +323,7 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         gu.topK = k;
         gu.expertBlocksPerPart = p.privateWidth ? ceilDiv(p.privateWidth, geo.neuronsPerBlock) : 0;
         gu.groupShift = quant.groupShift;
+        gu.stageColumns = stageGateUp ? stagedGateUpColumns<T, TT, BITS>(d) : 0;
         gu.glu = gluParams(p);
         gu.departmentGateUpBias = p.sharedWidth ? bias(w.departmentGateUpBias) : nullptr;
         gu.expertGateUpBias = p.privateWidth ? bias(w.expertGateUpBias) : nullptr;
@@ -303,22 +340,26 @@ Status forwardTile(LayerParams const& p, LayerWeights const& w, T const* hidden,
         long long const blocks = args.routingBlocks + args.sharedDownBlocks
             + static_cast<long long>(L.maxDepartmentParts) * gu.departmentBlocksPerPart
             + static_cast<long long>(L.maxExpertParts) * gu.expertBlocksPerPart;
+        // One launch of routedKernel<T, TT, BITS, U, BIT_DEQUANT, staged-gate-up>.
+        auto const launchRouted = [&](auto unroll, auto staged) {
+            return checkLaunch(staged ? "routing/routed gate-up kernel (staged)" : "routing/routed gate-up kernel",
+                DEAMOE_LAUNCH(
+                    (routedKernel<T, TT, BITS, decltype(unroll)::value, BIT_DEQUANT, decltype(staged)::value>),
+                    static_cast<unsigned>(blocks), kGemvThreads, smem, stream, args));
+        };
+        auto const launchStagedOrNot = [&](auto unroll) {
+            return stageGateUp ? launchRouted(unroll, std::true_type{}) : launchRouted(unroll, std::false_type{});
+        };
         // deep-loads: float rows at 1-4 tokens (quantized rows measured slower with more in flight).
         if constexpr (BITS == 0 && TT <= 4)
         {
             if (deepLoads(variant))
-                status = checkLaunch("routing/routed gate-up kernel (deep loads)",
-                    DEAMOE_LAUNCH((routedKernel<T, TT, BITS, 2 * Unroll<TT>::value>), static_cast<unsigned>(blocks),
-                        kGemvThreads, smem, stream, args));
+                status = launchStagedOrNot(std::integral_constant<int, 2 * Unroll<TT>::value>{});
             else
-                status = checkLaunch("routing/routed gate-up kernel",
-                    DEAMOE_LAUNCH(
-                        (routedKernel<T, TT, BITS>), static_cast<unsigned>(blocks), kGemvThreads, smem, stream, args));
+                status = launchStagedOrNot(std::integral_constant<int, Unroll<TT>::value>{});
         }
         else
-            status = checkLaunch("routing/routed gate-up kernel",
-                DEAMOE_LAUNCH((routedKernel<T, TT, BITS, Unroll<TT>::value, BIT_DEQUANT>),
-                    static_cast<unsigned>(blocks), kGemvThreads, smem, stream, args));
+            status = launchStagedOrNot(std::integral_constant<int, Unroll<TT>::value>{});
         if (status != Status::kSUCCESS)
             return status;
     }

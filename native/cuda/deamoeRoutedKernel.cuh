@@ -149,18 +149,23 @@ DEAMOE_DEVICE void sharedDownBlock(RoutedArgs<T> const& args, int block)
 
 // Blocks per SM K2 asks ptxas to fit: quantized weights at 1 token, kQuantOneTokenMinBlocks,
 // as K1's gate/up (GateUpMinBlocks); otherwise 1, i.e. the registers it needs (its
-// shared-down and routing roles spill at 128 for 16 tokens).
-template <int TT, int BITS>
+// shared-down and routing roles spill at 128 for 16 tokens); kStagedQuantOneTokenMinBlocks
+// for the staged-gate-up variant (STAGED).
+template <int TT, int BITS, bool STAGED = false>
 struct RoutedMinBlocks
 {
-    static constexpr int value = BITS > 0 && TT == 1 ? kQuantOneTokenMinBlocks : 1;
+    static constexpr int value
+        = BITS > 0 && TT == 1 ? (STAGED ? kStagedQuantOneTokenMinBlocks : kQuantOneTokenMinBlocks) : 1;
 };
 
 // GATE_UP_UNROLL: chunks per float row in flight in the gate/up blocks (the deep-loads
 // variant: twice Unroll's, for 1-4 tokens on float weights). BIT_DEQUANT: the bit-dequant
-// variant's code conversion (quantized weights).
-template <class T, int TT, int BITS, int GATE_UP_UNROLL = Unroll<TT>::value, bool BIT_DEQUANT = false>
-__global__ void __launch_bounds__(kGemvThreads, RoutedMinBlocks<TT, BITS>::value) routedKernel(RoutedArgs<T> const args)
+// variant's code conversion (quantized weights). STAGED: the staged-gate-up variant's gate/up
+// blocks (gateUpBlock); their staged x takes the dynamic shared memory the routing blocks use.
+template <class T, int TT, int BITS, int GATE_UP_UNROLL = Unroll<TT>::value, bool BIT_DEQUANT = false,
+    bool STAGED = false>
+__global__ void __launch_bounds__(kGemvThreads, RoutedMinBlocks<TT, BITS, STAGED>::value)
+    routedKernel(RoutedArgs<T> const args)
 {
     beginDependentKernel();
     // Roles by ticket, in the order blocks start (not blockIdx): the routing blocks are
@@ -189,7 +194,7 @@ __global__ void __launch_bounds__(kGemvThreads, RoutedMinBlocks<TT, BITS>::value
             __nanosleep(256);
     }
     __syncthreads(); // the plan is visible to the whole block from here
-    gateUpBlock<T, TT, BITS, GATE_UP_UNROLL, BIT_DEQUANT>(args.gateUp, block);
+    gateUpBlock<T, TT, BITS, GATE_UP_UNROLL, BIT_DEQUANT, STAGED>(args.gateUp, block);
 }
 
 } // namespace detail

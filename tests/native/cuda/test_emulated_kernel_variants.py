@@ -10,7 +10,9 @@ equal to it instead of against the reference again (the emulator's time is the c
 deep-loads changes only float gate/up rows, so on quantized weights it is the default and
 staged-deep is staged-down; bit-dequant changes only quantized rows. bit-dequant converts the
 same codes to the same floats by other instructions, so it is also checked bitwise equal to the
-default on codes that take every value at every position.
+default on codes that take every value at every position. staged-gate-up stages x window by
+window and gives each lane the default's chunks in the default's order, so where the default
+takes whole rows per warp (a row of at most 256 chunks) it is bitwise the default too.
 """
 
 from __future__ import annotations
@@ -53,6 +55,21 @@ WIDE_ROWS = DeaMoEConfig(
 QUANT_CONFIGS = {"gated": GATED, "deepseek-style-grouped": DEEPSEEK_STYLE_GROUPED, "wide-rows": WIDE_ROWS}
 
 
+def wide_hidden(hidden_size: int) -> DeaMoEConfig:
+    """Every part kind on a wide hidden size (the emulator's time grows with it and the tokens):
+    staged-gate-up's windows of x and the default's split of long rows over warps."""
+    return DeaMoEConfig(
+        hidden_size=hidden_size,
+        num_departments=1,
+        experts_per_department=2,
+        shared_intermediate_size=32,
+        private_intermediate_size=32,
+        top_k=1,
+        top_departments=1,
+        shared_expert_intermediate_size=32,
+    )
+
+
 def hidden(c: DeaMoEConfig, num_tokens: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(num_tokens, c.hidden_size, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
@@ -71,14 +88,21 @@ def variants(lib) -> tuple[str, ...]:
 
 
 # The variants whose kernels differ from the default's and from each other's, per weight format.
-FLOAT_VARIANTS = ("staged-down", "staged-deep")
-QUANT_VARIANTS = ("staged-down", "bit-dequant", "staged-down+bit-dequant")
+FLOAT_VARIANTS = ("staged-down", "staged-deep", "staged-gate-up", "staged-deep+staged-gate-up")
+QUANT_VARIANTS = (
+    "staged-down",
+    "bit-dequant",
+    "staged-down+bit-dequant",
+    "staged-gate-up",
+    "staged-down+bit-dequant+staged-gate-up",
+)
 
 
 def test_the_library_names_its_variants_default_first(emulated_lib):
     names = variants(emulated_lib)
     assert names[:4] == ("default", "staged-down", "deep-loads", "staged-deep")
-    assert names[4:] == ("bit-dequant", *(name + "+bit-dequant" for name in names[1:4]))
+    assert names[4:8] == ("bit-dequant", *(name + "+bit-dequant" for name in names[1:4]))
+    assert names[8:] == ("staged-gate-up", *(name + "+staged-gate-up" for name in names[1:8]))
     assert emulated_lib.deamoe_variant_name(len(names)) is None
 
 
@@ -124,6 +148,37 @@ def test_the_staged_variant_runs_its_own_kernel(emulated_lib, bits):
     staged = _ops.forward_with(emulated_lib, layer, x, variant="staged-down")
     assert not torch.equal(default, staged)
     assert torch.equal(staged, _ops.forward_with(emulated_lib, layer, x, variant="staged-down"))  # deterministic
+
+
+@pytest.mark.parametrize(
+    ("bits", "hidden_size", "num_tokens"), [(0, 1024, 16), (4, 2048, 8), (4, 2048, 1), (8, 1024, 1)]
+)
+def test_staged_gate_up_keeps_each_lanes_chunks_so_the_output_is_the_defaults(
+    emulated_lib, bits, hidden_size, num_tokens
+):
+    """bf16 rows of at most 2048 columns are one warp's by default (256 chunks): staged-gate-up's
+    staged x, in two windows of 512 columns (float rows at 16 tokens) or 1024 (int4 codes at 8
+    tokens), or whole (1 token), changes where each activation is read from, not which chunks a
+    lane adds in which order: bitwise equal."""
+    c = wide_hidden(hidden_size)
+    layer = DeaMoELayer.random(c, seed=11, dtype=torch.bfloat16)
+    if bits:
+        layer = layer.quantized(QuantConfig(bits, 32))
+    x = hidden(c, num_tokens, seed=12, dtype=torch.bfloat16)
+    default = _ops.forward_with(emulated_lib, layer, x, variant="default")
+    assert torch.equal(_ops.forward_with(emulated_lib, layer, x, variant="staged-gate-up"), default)
+
+
+def test_staged_gate_up_runs_its_own_kernels(emulated_lib):
+    """float32 rows of 1152 columns (288 chunks) are split over two warps by the default and summed
+    slice by slice; staged-gate-up's warp takes the whole row, so the sums round differently."""
+    c = wide_hidden(1152)
+    layer = DeaMoELayer.random(c, seed=13)
+    x = hidden(c, 1, seed=14, dtype=torch.float32)
+    default = _ops.forward_with(emulated_lib, layer, x, variant="default")
+    staged = _ops.forward_with(emulated_lib, layer, x, variant="staged-gate-up")
+    assert not torch.equal(default, staged)
+    assert relative_error(staged, reference_fp32(layer, x)) < TOLERANCE[torch.float32]
 
 
 @pytest.mark.parametrize("num_tokens", [1, 4])
