@@ -99,6 +99,7 @@ def test_dry_run_tune_times_every_variant_and_writes_the_table(emulated_lib, tmp
     timed = set(row["median_us"])
     assert timed == set(tuning.distinct_variants(variant_names(emulated_lib), 4)) and "bit-dequant" in timed
     assert row["variant"] == tuning.fastest(row["median_us"]) and row["median_us_16_sms"] is None
+    assert set(row["relative_error"]) == timed and max(row["relative_error"].values()) < 1e-2  # bf16's tolerance
     assert any("on 16 SMs" in s for s in results["skipped"])
     table = tuning.load_table("emulated", str(tmp_path))
     c = shrink(PRESETS["qwen3-30b-a3b-layer"], 32)

@@ -1,6 +1,8 @@
 """check-gpu --tune: every kernel variant (deamoeKernels.h, forwardVariant) timed on each layer
 the check makes, at each token count, and the per-GPU variant table (deamoe_trt.cuda.tuning)
-written from the medians. With --sm-limit N the same variants are timed again with the
+written from the medians. Each variant's output is checked first, against float32 math on the
+layer's weights: one outside the dtype's tolerance is an error of the check and never chosen.
+With --sm-limit N the same variants are timed again with the
 kernels confined to N SMs (a CUDA green context), reported beside the full-GPU figures: N = 16
 gives an H100/H200 about the bytes per SM a Jetson AGX Orin has (204.8 GB/s over 16 SMs)."""
 
@@ -18,6 +20,7 @@ from ...cuda._abi import variant_names
 from ...dtypes import BY_TORCH
 from ...layer import DeaMoELayer
 from ...runtimes.cuda import CudaRuntime
+from ...runtimes.expected import TOLERANCE, float32_output, relative_error
 from .report import Clock
 from .timing import Bench, step_bytes
 
@@ -64,6 +67,17 @@ def time_variants(bench: Bench, layer: DeaMoELayer, xs: list[torch.Tensor], name
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def variant_errors(backend: CudaRuntime, layer: DeaMoELayer, x: torch.Tensor, names: Sequence[str]) -> dict[str, float]:
+    """Each variant's relative error against float32 math on the layer's weights, for the kernels'
+    routing of x: what only a GPU shows (blocks that really run at once) checked before timing."""
+    with torch.no_grad():
+        want = float32_output(layer, x, backend.route(layer, x))
+        return {
+            name: relative_error(_ops.forward_with(backend.lib, layer, x, _stream(backend), variant=name), want)
+            for name in names
+        }
+
+
 def tune_layer(bench: Bench, preset: str, layer: DeaMoELayer, tokens: list[int], copy_GBps: float,
                sm_limit: int | None, results: dict, clock: Clock) -> None:  # fmt: skip
     """Times every variant at each token count into results["tuning"] (and, with sm_limit, again
@@ -81,6 +95,13 @@ def tune_layer(bench: Bench, preset: str, layer: DeaMoELayer, tokens: list[int],
         ]
         mean_bytes = statistics.mean(step_bytes(c, backend.route(layer, x), BY_TORCH[layer.dtype].bytes, layer.quant)
                                      for x in xs)  # fmt: skip
+        errors = variant_errors(backend, layer, xs[0], names)
+        wrong = [n for n, e in errors.items() if not e < TOLERANCE[layer.dtype]]  # NaN is wrong too
+        for n in wrong:
+            results["errors"].append(
+                f"{preset} {dtype} int{bits} T={T}: variant {n} relative error {errors[n]:.1e}"
+                f" over {TOLERANCE[layer.dtype]:.0e}: never chosen"
+            )
         full = time_variants(bench, layer, xs, names)
         entry: dict[str, Any] = {
             "shape": tuning.shape_key(c),
@@ -88,8 +109,11 @@ def tune_layer(bench: Bench, preset: str, layer: DeaMoELayer, tokens: list[int],
             "dtype": dtype,
             "bits": bits,
             "tokens": T,
-            "variant": tuning.fastest(full),
+            "variant": tuning.fastest(
+                {n: us for n, us in full.items() if n not in wrong or n == tuning.DEFAULT_VARIANT}
+            ),
             "median_us": full,
+            "relative_error": errors,
             "bytes_per_step_mean": mean_bytes,
             "copy_fraction": {n: mean_bytes / us / 1e3 / copy_GBps for n, us in full.items()} if copy_GBps else {},
         }
@@ -98,7 +122,9 @@ def tune_layer(bench: Bench, preset: str, layer: DeaMoELayer, tokens: list[int],
                 with sm_limited(backend, sm_limit):
                     limited = time_variants(bench, layer, xs, names)
                 entry[f"median_us_{sm_limit}_sms"] = limited
-                entry[f"variant_{sm_limit}_sms"] = tuning.fastest(limited)
+                entry[f"variant_{sm_limit}_sms"] = tuning.fastest(
+                    {n: us for n, us in limited.items() if n not in wrong or n == tuning.DEFAULT_VARIANT}
+                )
             except Exception as exc:  # green contexts need CUDA 12.4+ and PyTorch built with them
                 entry[f"median_us_{sm_limit}_sms"] = None
                 results["skipped"].append(f"{preset} {dtype} int{bits} T={T} on {sm_limit} SMs: {exc}")
