@@ -1,6 +1,8 @@
 """Every kernel variant (deamoeKernels.h, forwardVariant), executed on the CPU by the SIMT
 emulator, against the PyTorch reference: float, int8 and int4 FFN weights, 1, 4 and 16 tokens,
-on the layers the other emulated tests use, plus rows wide enough for the variants' other paths.
+on the layers the other emulated tests use, plus rows wide enough for the variants' other paths
+(int8/int4 against the dequantized reference, and bit-dequant on every code, are in
+test_emulated_quantized_kernel_variants.py; the shared layers in emulated_variants.py).
 
 The reference is float32 math on the layer's weights (a quantized layer: its dequantized
 weights), as in the other emulated tests; a variant may round differently only where
@@ -17,85 +19,30 @@ takes whole rows per warp (a row of at most 256 chunks) it is bitwise the defaul
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
-from configs import DEEPSEEK_STYLE_GROUPED, GATED_QUANTIZABLE, QWEN2_STYLE_GATED_SHARED, deepseek_style
-from deamoe_trt.config import DeaMoEConfig
-from deamoe_trt.cuda import _abi, _ops, tuning
+from deamoe_trt.cuda import _ops, tuning
 from deamoe_trt.errors import UsageError
 from deamoe_trt.layer import DeaMoELayer
 from deamoe_trt.presets import PRESETS
 from deamoe_trt.quant import QuantConfig
+from native.cuda.emulated_variants import (
+    DTYPE_AT,
+    FLOAT_CONFIGS,
+    FLOAT_VARIANTS,
+    GATED,
+    TOKENS,
+    TOLERANCE,
+    WIDE_ROWS,
+    hidden,
+    reference_fp32,
+    relative_error,
+    variants,
+    wide_hidden,
+)
 
 pytestmark = pytest.mark.slow  # compiles the kernel library for the SIMT emulator, then emulates it
-
-TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-TOKENS = [1, 4, 16]
-
-FLOAT_CONFIGS = {
-    "tiny": PRESETS["tiny"],
-    "deepseek-like": deepseek_style(hidden_size=64, experts_per_department=8, shared_expert_intermediate_size=32),
-    "qwen2-moe-like": QWEN2_STYLE_GATED_SHARED,
-}
-# Every part kind at int4 and int8 (rows of 1-2 chunks: the narrow path of whole warps).
-GATED = GATED_QUANTIZABLE
-# Down rows of 17 int4 / 34 int8 chunks: wider than a half warp, the staged rows' other path.
-WIDE_ROWS = DeaMoEConfig(
-    hidden_size=32,
-    num_departments=1,
-    experts_per_department=2,
-    shared_intermediate_size=0,
-    private_intermediate_size=544,
-    top_k=1,
-    top_departments=1,
-)
-QUANT_CONFIGS = {"gated": GATED, "deepseek-style-grouped": DEEPSEEK_STYLE_GROUPED, "wide-rows": WIDE_ROWS}
-
-
-def wide_hidden(hidden_size: int) -> DeaMoEConfig:
-    """Every part kind on a wide hidden size (the emulator's time grows with it and the tokens):
-    staged-gate-up's windows of x and the default's split of long rows over warps."""
-    return DeaMoEConfig(
-        hidden_size=hidden_size,
-        num_departments=1,
-        experts_per_department=2,
-        shared_intermediate_size=32,
-        private_intermediate_size=32,
-        top_k=1,
-        top_departments=1,
-        shared_expert_intermediate_size=32,
-    )
-
-
-def hidden(c: DeaMoEConfig, num_tokens: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
-    return torch.randn(num_tokens, c.hidden_size, generator=torch.Generator().manual_seed(seed)).to(dtype)
-
-
-def reference_fp32(layer: DeaMoELayer, x: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return copy.deepcopy(layer).float()(x.float())
-
-
-def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((y.float() - ref.float()).norm() / ref.float().norm())
-
-
-def variants(lib) -> tuple[str, ...]:
-    return _abi.variant_names(lib)
-
-
-# The variants whose kernels differ from the default's and from each other's, per weight format.
-FLOAT_VARIANTS = ("staged-down", "staged-deep", "staged-gate-up", "staged-deep+staged-gate-up")
-QUANT_VARIANTS = (
-    "staged-down",
-    "bit-dequant",
-    "staged-down+bit-dequant",
-    "staged-gate-up",
-    "staged-down+bit-dequant+staged-gate-up",
-)
 
 
 def test_the_library_names_its_variants_default_first(emulated_lib):
@@ -104,10 +51,6 @@ def test_the_library_names_its_variants_default_first(emulated_lib):
     assert names[4:8] == ("bit-dequant", *(name + "+bit-dequant" for name in names[1:4]))
     assert names[8:] == ("staged-gate-up", *(name + "+staged-gate-up" for name in names[1:8]))
     assert emulated_lib.deamoe_variant_name(len(names)) is None
-
-
-# Each token count in one dtype (every dtype over the three): the emulator's time stays small.
-DTYPE_AT = {1: torch.bfloat16, 4: torch.float16, 16: torch.float32}
 
 
 @pytest.mark.parametrize("num_tokens", TOKENS)
@@ -120,19 +63,6 @@ def test_every_variant_matches_the_reference_on_float_weights(emulated_lib, name
     for variant in FLOAT_VARIANTS:
         y = _ops.forward_with(emulated_lib, layer, x, variant=variant)
         assert y.dtype == dtype and y.shape == x.shape
-        assert relative_error(y, ref) < TOLERANCE[dtype], variant
-
-
-@pytest.mark.parametrize("num_tokens", TOKENS)
-@pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("name", list(QUANT_CONFIGS))
-def test_every_variant_matches_the_dequantized_reference(emulated_lib, name, bits, num_tokens):
-    c, dtype = QUANT_CONFIGS[name], DTYPE_AT[num_tokens]
-    layer = DeaMoELayer.random(c, seed=bits, dtype=dtype).quantized(QuantConfig(bits, 32))
-    x = hidden(c, num_tokens, seed=num_tokens, dtype=dtype)
-    ref = reference_fp32(layer, x)
-    for variant in QUANT_VARIANTS:
-        y = _ops.forward_with(emulated_lib, layer, x, variant=variant)
         assert relative_error(y, ref) < TOLERANCE[dtype], variant
 
 
@@ -197,38 +127,10 @@ def test_deep_loads_keep_each_lanes_order_so_the_output_is_the_defaults(emulated
 def test_on_quantized_weights_deep_loads_run_the_default_gate_up(emulated_lib, bits):
     layer = DeaMoELayer.random(GATED, seed=bits, dtype=torch.bfloat16).quantized(QuantConfig(bits, 32))
     x = hidden(GATED, 1, seed=8, dtype=torch.bfloat16)
-    runs = {name: _ops.forward_with(emulated_lib, layer, x, variant=name) for name in variants(emulated_lib)}
+    pairs = ("default", "deep-loads", "staged-down", "staged-deep")
+    runs = {name: _ops.forward_with(emulated_lib, layer, x, variant=name) for name in pairs}
     assert torch.equal(runs["deep-loads"], runs["default"])
     assert torch.equal(runs["staged-deep"], runs["staged-down"])
-
-
-def every_code_everywhere(layer: DeaMoELayer, seed: int) -> DeaMoELayer:
-    """The layer with its codes replaced by uniformly random bytes (any byte is a valid code
-    pair or code), checked to hold every byte value at every byte position of a 32-bit word:
-    every int8 code, and every int4 code in every nibble, at each place a conversion handles."""
-    gen = torch.Generator().manual_seed(seed)
-    seen = torch.zeros(4, 256, dtype=torch.bool)
-    for name, buffer in layer.named_buffers():
-        if name.endswith("qweight"):
-            buffer.copy_(torch.randint(0, 256, buffer.shape, generator=gen, dtype=torch.uint8))
-            flat = buffer.flatten().long()  # rows are whole 16-byte chunks: positions mod 4 hold
-            seen[torch.arange(flat.numel()) % 4, flat] = True
-    assert seen.all()
-    return layer
-
-
-@pytest.mark.parametrize("num_tokens", [1, 16])
-@pytest.mark.parametrize(("bits", "group_size"), [(4, 16), (4, 32), (8, 32)])
-def test_bit_dequant_converts_every_code_as_the_default_does(emulated_lib, bits, group_size, num_tokens):
-    """Bitwise equal outputs on codes of every value at every position: the conversion is
-    exact (int4 at group size 16: two scales per chunk; 16 tokens: int4's pieces one at a time)."""
-    layer = DeaMoELayer.random(WIDE_ROWS, seed=bits, dtype=torch.bfloat16).quantized(QuantConfig(bits, group_size))
-    layer = every_code_everywhere(layer, seed=group_size)
-    x = hidden(WIDE_ROWS, num_tokens, seed=3, dtype=torch.bfloat16)
-    runs = {name: _ops.forward_with(emulated_lib, layer, x, variant=name) for name in (*QUANT_VARIANTS, "default")}
-    assert torch.equal(runs["bit-dequant"], runs["default"])
-    assert torch.equal(runs["staged-down+bit-dequant"], runs["staged-down"])
-    assert relative_error(runs["bit-dequant"], reference_fp32(layer, x)) < TOLERANCE[torch.bfloat16]
 
 
 @pytest.mark.parametrize("bits", [0, 4, 8])
