@@ -1,7 +1,9 @@
-"""Layers, variants and checks the emulated kernel-variant tests share (test_emulated_kernel_variants.py:
-float weights and the variants' own paths; test_emulated_quantized_kernel_variants.py: int8/int4
-against the dequantized reference and every code bitwise). Two files so a parallel run can give
-them to different workers: the SIMT emulator's time is the suite's largest."""
+"""Layers, inputs and checks the emulated kernel tests share: the inputs and the float32
+reference of test_emulated_kernels_match_reference.py, and the variant tests' layers and
+variants (test_emulated_kernel_variants.py: float weights and the variants' own paths;
+test_emulated_quantized_kernel_variants.py: int8/int4 against the dequantized reference and
+every code bitwise; two files so a parallel run gives them to different workers, the SIMT
+emulator's time being the suite's largest)."""
 
 from __future__ import annotations
 
@@ -53,11 +55,12 @@ def wide_hidden(hidden_size: int) -> DeaMoEConfig:
     )
 
 
-def hidden(c: DeaMoEConfig, num_tokens: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+def hidden(c: DeaMoEConfig, num_tokens: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.randn(num_tokens, c.hidden_size, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
 def reference_fp32(layer: DeaMoELayer, x: torch.Tensor) -> torch.Tensor:
+    """The reference in float32 from the layer's (possibly rounded) weights."""
     with torch.no_grad():
         return copy.deepcopy(layer).float()(x.float())
 

@@ -9,7 +9,6 @@ deamoe_trt/cuda/simt_emulator/simt_emulator.h); `deamoe-trt check-gpu` (deamoe_t
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import os
 
@@ -23,6 +22,7 @@ from deamoe_trt.cuda._ops import KernelError
 from deamoe_trt.layer import DeaMoELayer
 from deamoe_trt.presets import PRESETS
 from deamoe_trt.routing import route_logits
+from native.cuda.emulated_variants import hidden, reference_fp32, relative_error
 
 pytestmark = pytest.mark.slow  # compiles the kernel library for the SIMT emulator, then emulates it
 
@@ -54,20 +54,6 @@ SMALL = DeaMoEConfig(
     top_k=2,
     top_departments=1,
 )
-
-
-def hidden(c: DeaMoEConfig, num_tokens: int, seed: int, dtype=torch.float32) -> torch.Tensor:
-    return torch.randn(num_tokens, c.hidden_size, generator=torch.Generator().manual_seed(seed)).to(dtype)
-
-
-def reference_fp32(layer: DeaMoELayer, x: torch.Tensor) -> torch.Tensor:
-    """The reference in float32 from the layer's (possibly rounded) weights."""
-    with torch.no_grad():
-        return copy.deepcopy(layer).float()(x.float())
-
-
-def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((y.float() - ref.float()).norm() / ref.float().norm())
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
