@@ -1116,6 +1116,27 @@ inline void add_down_bias(const Step& s, const Task& task, int64_t g0, int64_t g
   }
 }
 
+// A block's rows of down scales as fp32: a row stored in 16 bits is widened once, when a
+// thread's job first reads it, for every neuron group (or tile chunk) that reads it next.
+class DownScales {
+ public:
+  const float* row(const uint8_t* row, int sd, int64_t dp) {
+    if (sd == kScaleF32) return reinterpret_cast<const float*>(row);
+    if (row != row_) {
+      if (static_cast<int64_t>(widened_.size()) < dp) widened_.resize(static_cast<size_t>(dp));
+      for (int64_t c = 0; c < dp; c += 8) _mm256_storeu_ps(widened_.data() + c, load_scales8(row + 2 * c, sd));
+      row_ = row;
+    }
+    return widened_.data();
+  }
+  // A job's rows may sit where an earlier job's were, holding other scales: widen anew.
+  void forget() { row_ = nullptr; }
+
+ private:
+  std::vector<float> widened_;
+  const uint8_t* row_ = nullptr;
+};
+
 // Slice `slice` of `slices`: the same share of every block's groups, into its own partial.
 template <typename WT>
 void run_tasks(const Step& s, int slice, int slices) {
@@ -1193,7 +1214,7 @@ inline void gate_up_rows(const uint8_t* w, uint16_t (*a)[32], __m512i table, __m
 // (kInt4DownUnit); ys: the tokens' partial outputs.
 template <int BITS>
 void amx_ffn_task(const Step& s, const Task& task, int64_t g0, int64_t g1, const uint32_t* xb, int T, float unit,
-                  float* const* ys, amx::Tiles& tiles) {
+                  float* const* ys, amx::Tiles& tiles, DownScales& down_scales) {
   const int64_t dp = s.dp, gs = s.group_size;
   const int sd = s.scale_dtype, sbytes = scale_bytes(sd);
   const int64_t group_bytes = q_group_bytes(BITS, gs, dp, sd), scale_area = q_scale_area_bytes(gs, dp, sd);
@@ -1214,9 +1235,7 @@ void amx_ffn_task(const Step& s, const Task& task, int64_t g0, int64_t g1, const
   alignas(32) float scale[8][8];            // per group of the chunk, its rows' scales
   alignas(64) float total[8][8][16];        // per group, row, token: the scaled sums
   const int64_t per_scale = gs / NB;        // neuron groups per row of down scales
-  std::vector<float> widened;               // 16-bit down scales: the row in use, widened once
-  const uint8_t* widened_row = nullptr;
-  const int64_t kcs = gs / 32;  // chunks of 32 columns per quantization group
+  const int64_t kcs = gs / 32;              // chunks of 32 columns per quantization group
   for (int64_t g = g0; g < g1;) {
     const int64_t ge = std::min({g + 8, g1, (g / per_scale + 1) * per_scale});
     std::memset(hT, 0, sizeof hT);
@@ -1276,18 +1295,8 @@ void amx_ffn_task(const Step& s, const Task& task, int64_t g0, int64_t g1, const
     if (ng < 8)
       std::memset(bd[0][2 * ng], 0, (16 - 2 * ng) * sizeof bd[0][0]),
           std::memset(bd[1][2 * ng], 0, (16 - 2 * ng) * sizeof bd[0][0]);
-    // This chunk's row of down scales, widened to fp32 when stored in 16 bits.
-    const uint8_t* row = base + task.groups * group_bytes + g / per_scale * dp * sbytes;
-    const float* dscale = reinterpret_cast<const float*>(row);
-    if (sd != kScaleF32) {
-      if (row != widened_row) {
-        widened.resize(static_cast<size_t>(dp));
-        float* out = widened.data();
-        for (int64_t c = 0; c < dp; c += 8) _mm256_storeu_ps(out + c, load_scales8(row + 2 * c, sd));
-        widened_row = row;
-      }
-      dscale = widened.data();
-    }
+    // This chunk's row of down scales.
+    const float* dscale = down_scales.row(base + task.groups * group_bytes + g / per_scale * dp * sbytes, sd, dp);
     const V vunit = vset1(unit);
     auto build = [&](int64_t j) {  // output chunk j's codes into bd[j % 2]
       uint16_t (*b)[32] = bd[j % 2];
@@ -1338,7 +1347,8 @@ void amx_ffn_task(const Step& s, const Task& task, int64_t g0, int64_t g1, const
 // A task on the tiles: its tokens' columns of the step's activations (all of them in order
 // as they are, else gathered), then its groups.
 template <int BITS, int MODE>
-void amx_task(const Step& s, const Task& task, int64_t g0, int64_t g1, float* mine, amx::Tiles& tiles) {
+void amx_task(const Step& s, const Task& task, int64_t g0, int64_t g1, float* mine, amx::Tiles& tiles,
+              DownScales& down_scales) {
   const int T = static_cast<int>(task.tok_count);
   alignas(64) int32_t idx[16] = {};
   float* ys[16];
@@ -1361,7 +1371,7 @@ void amx_task(const Step& s, const Task& task, int64_t g0, int64_t g1, float* mi
                                _mm512_permutexvar_epi32(pick, _mm512_loadu_si512(xb + r * s.tokens)));
     xb = out;
   }
-  amx_ffn_task<BITS>(s, task, g0, g1, xb, T, BITS == 4 ? kInt4DownUnit[MODE] : 1.0f, ys, tiles);
+  amx_ffn_task<BITS>(s, task, g0, g1, xb, T, BITS == 4 ? kInt4DownUnit[MODE] : 1.0f, ys, tiles, down_scales);
 }
 #endif
 
@@ -1375,10 +1385,8 @@ void run_tasks_q(const Step& s, int slice, int slices) {
   const float* xs[kMaxTokensPerPassQ];
   const float* xsums[kMaxTokensPerPassQ];
   float* ys[kMaxTokensPerPassQ];
-  // 16-bit down scales: the row in use widened to fp32 once, for every neuron group that reads it.
-  thread_local std::vector<float> widened;
-  if (sd != kScaleF32 && static_cast<int64_t>(widened.size()) < dp) widened.resize(static_cast<size_t>(dp));
-  const uint8_t* widened_row = nullptr;
+  thread_local DownScales down_scales;  // its buffer kept from job to job
+  down_scales.forget();
 #if defined(DEAMOE_AMX)
   amx::Tiles tiles;
 #endif
@@ -1389,7 +1397,7 @@ void run_tasks_q(const Step& s, int slice, int slices) {
     const uint8_t* dscales = base + task.groups * group_bytes;
 #if defined(DEAMOE_AMX)
     if (s.amx && task.tok_count >= kAmxMinBlockTokens) {
-      if (g0 < g1) amx_task<BITS, MODE>(s, task, g0, g1, mine, tiles);
+      if (g0 < g1) amx_task<BITS, MODE>(s, task, g0, g1, mine, tiles, down_scales);
       add_down_bias(s, task, g0, g1, mine, BITS == 4 ? kInt4DownUnit[MODE] : 1.0f);
       continue;
     }
@@ -1405,15 +1413,7 @@ void run_tasks_q(const Step& s, int slice, int slices) {
       const float* w = s.tok_w.data() + task.tok_begin + t0;
       for (int64_t g = g0; g < g1; ++g) {
         const float* bias = task.gate_up_bias ? task.gate_up_bias + g * R : nullptr;
-        const uint8_t* row = dscales + g * NB / gs * row_bytes;
-        const float* dscale = reinterpret_cast<const float*>(row);
-        if (sd != kScaleF32) {
-          if (row != widened_row) {
-            for (int64_t c = 0; c < dp; c += 8) _mm256_storeu_ps(widened.data() + c, load_scales8(row + 2 * c, sd));
-            widened_row = row;
-          }
-          dscale = widened.data();
-        }
+        const float* dscale = down_scales.row(dscales + g * NB / gs * row_bytes, sd, dp);
         group_pass_q_any<BITS, MODE>(tt, base + g * group_bytes, dp, gs, sd, dscale, xs, xsums, bias, s.act, w, ys);
       }
     }
