@@ -78,6 +78,11 @@ def variant_errors(backend: CudaRuntime, layer: DeaMoELayer, x: torch.Tensor, na
         }
 
 
+def fastest_right(times: dict[str, float], wrong: list[str]) -> str:
+    """The fastest of times' variants leaving out the wrong ones (the default stands whatever its error)."""
+    return tuning.fastest({n: us for n, us in times.items() if n not in wrong or n == tuning.DEFAULT_VARIANT})
+
+
 def tune_layer(bench: Bench, preset: str, layer: DeaMoELayer, tokens: list[int], copy_GBps: float,
                sm_limit: int | None, results: dict, clock: Clock) -> None:  # fmt: skip
     """Times every variant at each token count into results["tuning"] (and, with sm_limit, again
@@ -109,9 +114,7 @@ def tune_layer(bench: Bench, preset: str, layer: DeaMoELayer, tokens: list[int],
             "dtype": dtype,
             "bits": bits,
             "tokens": T,
-            "variant": tuning.fastest(
-                {n: us for n, us in full.items() if n not in wrong or n == tuning.DEFAULT_VARIANT}
-            ),
+            "variant": fastest_right(full, wrong),
             "median_us": full,
             "relative_error": errors,
             "bytes_per_step_mean": mean_bytes,
@@ -122,9 +125,7 @@ def tune_layer(bench: Bench, preset: str, layer: DeaMoELayer, tokens: list[int],
                 with sm_limited(backend, sm_limit):
                     limited = time_variants(bench, layer, xs, names)
                 entry[f"median_us_{sm_limit}_sms"] = limited
-                entry[f"variant_{sm_limit}_sms"] = tuning.fastest(
-                    {n: us for n, us in limited.items() if n not in wrong or n == tuning.DEFAULT_VARIANT}
-                )
+                entry[f"variant_{sm_limit}_sms"] = fastest_right(limited, wrong)
             except Exception as exc:  # green contexts need CUDA 12.4+ and PyTorch built with them
                 entry[f"median_us_{sm_limit}_sms"] = None
                 results["skipped"].append(f"{preset} {dtype} int{bits} T={T} on {sm_limit} SMs: {exc}")
